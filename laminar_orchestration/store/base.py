@@ -1,0 +1,187 @@
+"""The object-store interface every backend implements.
+
+Conditional writes are the only coordination primitive laminar relies on:
+create-only (`If-None-Match: *`) mints unique names, compare-and-swap on the
+ETag (`If-Match`) advances mutable pointers. Listing exists for audits and
+anti-entropy sweeps only; nothing on a hot path may call it.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ObjectMeta:
+    """What `head` returns: identity and size of one stored object."""
+
+    key: str
+    size: int
+    etag: str
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """What `get` returns: the bytes and the ETag they were read at."""
+
+    key: str
+    data: bytes
+    etag: str
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+class StoreError(Exception):
+    """Base of every error an object store raises."""
+
+
+@dataclass
+class PreconditionFailed(StoreError):
+    """A conditional write lost: the object exists (create-only) or its ETag moved (CAS).
+
+    HTTP 412 on S3. `expected_etag` is None for a create-only write.
+    """
+
+    key: str
+    expected_etag: str | None
+
+    def __str__(self) -> str:
+        if self.expected_etag is None:
+            return f"create-only write of {self.key!r} failed: the object already exists"
+        return f"conditional write of {self.key!r} failed: ETag is no longer {self.expected_etag}"
+
+
+@dataclass
+class ConcurrentModification(StoreError):
+    """Another conditional write on the same key was in flight (HTTP 409 on S3). Retry after re-reading."""
+
+    key: str
+
+    def __str__(self) -> str:
+        return f"concurrent conditional write on {self.key!r} (409 conflict)"
+
+
+@dataclass
+class ObjectNotFound(StoreError):
+    """The key does not exist."""
+
+    key: str
+
+    def __str__(self) -> str:
+        return f"object {self.key!r} not found"
+
+
+@dataclass
+class TransientStoreError(StoreError):
+    """A failure worth retrying: 5xx, throttling, a reset connection, a timeout."""
+
+    operation: str
+    key: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"transient failure in {self.operation} of {self.key!r}: {self.detail}"
+
+
+@dataclass
+class StoreUnavailable(StoreError):
+    """Retries were exhausted, or the store is misconfigured/unreachable."""
+
+    operation: str
+    key: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"store unavailable during {self.operation} of {self.key!r}: {self.detail}"
+
+
+@dataclass
+class InvalidStoreUrl(StoreError):
+    """A store URL that names no supported backend or lacks a part."""
+
+    url: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"invalid store URL {self.url!r}: {self.reason}"
+
+
+@dataclass
+class InvalidKey(StoreError):
+    """A key that is empty, absolute, or escapes the store root."""
+
+    key: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"invalid object key {self.key!r}: {self.reason}"
+
+
+def check_key(key: str) -> str:
+    """Reject keys that could escape a prefix or collide with backend internals."""
+    if not key:
+        raise InvalidKey(key, "empty")
+    if key.startswith("/") or key.endswith("/"):
+        raise InvalidKey(key, "must not start or end with '/'")
+    parts = key.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise InvalidKey(key, "empty, '.' or '..' path segment")
+    if any(p.startswith(".tmp-") for p in parts):
+        raise InvalidKey(key, "segments starting with '.tmp-' are reserved")
+    return key
+
+
+class ObjectStore(abc.ABC):
+    """Conditional-write object storage. Thread-safe; safe across processes."""
+
+    #: A URL that reopens this store from another process (`file://...` or `s3://...`).
+    url: str
+
+    @abc.abstractmethod
+    def put_if_absent(
+        self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
+    ) -> str:
+        """Create `key` only if it does not exist; return the new ETag.
+
+        Raises PreconditionFailed if the key exists.
+        """
+
+    @abc.abstractmethod
+    def put_if_match(
+        self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None
+    ) -> str:
+        """Replace `key` only if its current ETag is `etag`; return the new ETag.
+
+        Raises PreconditionFailed if the ETag moved or the key is gone.
+        """
+
+    @abc.abstractmethod
+    def delete_if_match(self, key: str, etag: str) -> None:
+        """Delete `key` only if its current ETag is `etag`.
+
+        Raises PreconditionFailed if the ETag moved, ObjectNotFound if absent.
+        """
+
+    @abc.abstractmethod
+    def get(self, key: str) -> StoredObject:
+        """Read `key` with its ETag and user metadata. Raises ObjectNotFound."""
+
+    @abc.abstractmethod
+    def head(self, key: str) -> ObjectMeta | None:
+        """Size, ETag and user metadata of `key`, or None if absent."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str) -> Iterator[str]:
+        """Keys under `prefix`, sorted. For audits and anti-entropy only, never a hot path."""
+
+    def get_or_none(self, key: str) -> StoredObject | None:
+        """`get`, but None instead of ObjectNotFound."""
+        try:
+            return self.get(key)
+        except ObjectNotFound:
+            return None
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections or handles. The default holds none."""

@@ -1,0 +1,253 @@
+"""The embedded default: an object store in a local directory.
+
+Correct for several processes on one machine. Every object is one file holding
+a small header (ETag, user metadata, size, checksum) followed by the bytes.
+Writes go to a temporary file in the same directory, are fsynced, and are then
+published atomically (`link` for create-only, `rename` for CAS), so a reader or
+a crash never sees a torn object. Mutations of one key are serialized across
+processes with an `flock` on a per-key lock file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import struct
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from .base import (
+    InvalidKey,
+    ObjectMeta,
+    ObjectNotFound,
+    ObjectStore,
+    PreconditionFailed,
+    StoreError,
+    StoredObject,
+    check_key,
+)
+
+_MAGIC = b"LMOB1\n"
+_HEADER_LEN = struct.Struct("<I")
+_LOCK_DIR = ".locks"
+_TMP_PREFIX = ".tmp-"
+
+
+class CorruptObject(StoreError):
+    """A file in the local store that is not a well-formed object (torn or foreign)."""
+
+    def __init__(self, key: str, path: Path, reason: str) -> None:
+        super().__init__(key, path, reason)
+        self.key = key
+        self.path = path
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"corrupt object {self.key!r} at {self.path}: {self.reason}"
+
+
+class LocalObjectStore(ObjectStore):
+    """An object store rooted at a local directory."""
+
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / _LOCK_DIR).mkdir(exist_ok=True)
+        self.url = self.root.as_uri()
+        self._fsync = fsync
+
+    # -- paths and locks -------------------------------------------------
+
+    def _path(self, key: str) -> Path:
+        check_key(key)
+        if key.split("/", 1)[0] == _LOCK_DIR:
+            raise InvalidKey(key, f"the top-level name {_LOCK_DIR!r} is reserved")
+        return self.root / key
+
+    @contextlib.contextmanager
+    def _locked(self, key: str) -> Iterator[None]:
+        digest = hashlib.sha1(key.encode()).hexdigest()
+        fd = os.open(self.root / _LOCK_DIR / digest, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the flock
+
+    # -- encoding ----------------------------------------------------------
+
+    @staticmethod
+    def _encode(data: bytes, metadata: Mapping[str, str] | None) -> tuple[bytes, str]:
+        etag = secrets.token_hex(12)
+        header = json.dumps(
+            {
+                "etag": etag,
+                "size": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "metadata": dict(metadata or {}),
+            },
+            separators=(",", ":"),
+        ).encode()
+        return _MAGIC + _HEADER_LEN.pack(len(header)) + header, etag
+
+    def _read_header(self, key: str, path: Path, fh: object) -> dict[str, object]:
+        assert hasattr(fh, "read")
+        prefix = fh.read(len(_MAGIC) + _HEADER_LEN.size)
+        if len(prefix) < len(_MAGIC) + _HEADER_LEN.size or not prefix.startswith(_MAGIC):
+            raise CorruptObject(key, path, "missing object header (not written by laminar?)")
+        (hlen,) = _HEADER_LEN.unpack(prefix[len(_MAGIC) :])
+        raw = fh.read(hlen)
+        try:
+            header = json.loads(raw)
+        except ValueError as exc:
+            raise CorruptObject(key, path, f"unreadable header: {exc}") from exc
+        if not isinstance(header, dict) or not {"etag", "size", "sha256", "metadata"} <= header.keys():
+            raise CorruptObject(key, path, "header lacks etag/size/sha256/metadata")
+        return header
+
+    def _write_tmp(self, path: Path, data: bytes, metadata: Mapping[str, str] | None) -> tuple[Path, str]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f"{_TMP_PREFIX}{secrets.token_hex(8)}"
+        head, etag = self._encode(data, metadata)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, head)
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            if self._fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        return tmp, etag
+
+    def _sync_dir(self, path: Path) -> None:
+        if not self._fsync:
+            return
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _current_etag(self, key: str, path: Path) -> str | None:
+        try:
+            with open(path, "rb") as fh:
+                return str(self._read_header(key, path, fh)["etag"])
+        except FileNotFoundError:
+            return None
+
+    # -- ObjectStore -------------------------------------------------------
+
+    def put_if_absent(
+        self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
+    ) -> str:
+        path = self._path(key)
+        tmp, etag = self._write_tmp(path, data, metadata)
+        try:
+            with self._locked(key):
+                try:
+                    os.link(tmp, path)  # atomic create-if-absent, across processes
+                except FileExistsError:
+                    raise PreconditionFailed(key, None) from None
+        finally:
+            os.unlink(tmp)
+        self._sync_dir(path)
+        return etag
+
+    def put_if_match(
+        self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None
+    ) -> str:
+        path = self._path(key)
+        tmp, new_etag = self._write_tmp(path, data, metadata)
+        try:
+            with self._locked(key):
+                if self._current_etag(key, path) != etag:
+                    raise PreconditionFailed(key, etag)
+                os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        self._sync_dir(path)
+        return new_etag
+
+    def delete_if_match(self, key: str, etag: str) -> None:
+        path = self._path(key)
+        with self._locked(key):
+            current = self._current_etag(key, path)
+            if current is None:
+                raise ObjectNotFound(key)
+            if current != etag:
+                raise PreconditionFailed(key, etag)
+            os.unlink(path)
+        self._sync_dir(path)
+
+    def get(self, key: str) -> StoredObject:
+        path = self._path(key)
+        try:
+            with open(path, "rb") as fh:
+                header = self._read_header(key, path, fh)
+                data = fh.read()
+        except FileNotFoundError:
+            raise ObjectNotFound(key) from None
+        except IsADirectoryError:
+            raise ObjectNotFound(key) from None
+        if len(data) != header["size"] or hashlib.sha256(data).hexdigest() != header["sha256"]:
+            raise CorruptObject(key, path, "payload does not match its recorded size/checksum")
+        meta = header["metadata"]
+        assert isinstance(meta, dict)
+        return StoredObject(key=key, data=data, etag=str(header["etag"]), metadata=meta)
+
+    def head(self, key: str) -> ObjectMeta | None:
+        path = self._path(key)
+        try:
+            with open(path, "rb") as fh:
+                header = self._read_header(key, path, fh)
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+        meta = header["metadata"]
+        assert isinstance(meta, dict)
+        size = header["size"]
+        assert isinstance(size, int)
+        return ObjectMeta(key=key, size=size, etag=str(header["etag"]), metadata=meta)
+
+    def list(self, prefix: str) -> Iterator[str]:
+        base = self.root
+        keys: list[str] = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            rel_dir = os.path.relpath(dirpath, base)
+            if rel_dir == ".":
+                dirnames[:] = [d for d in dirnames if d != _LOCK_DIR]
+                rel_dir = ""
+            for name in filenames:
+                if name.startswith(_TMP_PREFIX):
+                    continue
+                key = f"{rel_dir}/{name}" if rel_dir else name
+                if key.startswith(prefix):
+                    keys.append(key)
+        return iter(sorted(keys))
+
+    def sweep_temporaries(self, older_than_s: float = 3600.0) -> int:
+        """Remove temporary files left by writers that crashed mid-write. Returns the count."""
+        import time
+
+        cutoff = time.time() - older_than_s
+        removed = 0
+        for dirpath, _dirs, filenames in os.walk(self.root):
+            for name in filenames:
+                if name.startswith(_TMP_PREFIX):
+                    p = Path(dirpath) / name
+                    try:
+                        if p.stat().st_mtime < cutoff:
+                            p.unlink()
+                            removed += 1
+                    except OSError as exc:
+                        if exc.errno != errno.ENOENT:
+                            raise
+        return removed
