@@ -1,0 +1,74 @@
+"""Backpressure computed from positions, never from listing (seed 004, patch 10).
+
+A partition's lag is the number of events written to its source log but not yet
+reflected in a committed manifest: ``lag = written - committed``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Accept:
+    pending_lag: int
+
+
+@dataclass(frozen=True)
+class AcceptWithWarning:
+    pending_lag: int
+    soft_threshold: int
+
+
+@dataclass(frozen=True)
+class Reject:
+    pending_lag: int
+    hard_threshold: int
+    retry_after_s: float
+
+
+BackpressureDecision = Accept | AcceptWithWarning | Reject
+
+
+@dataclass(frozen=True)
+class BackpressureState:
+    """Positions of one partition and the thresholds that apply to it."""
+
+    partition: int
+    last_written_position: int
+    last_committed_position: int
+    soft_threshold: int
+    hard_threshold: int
+    retry_after_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.soft_threshold <= self.hard_threshold:
+            raise ValueError("thresholds must satisfy 0 < soft <= hard")
+
+    @property
+    def pending_lag(self) -> int:
+        return max(0, self.last_written_position - self.last_committed_position)
+
+    def evaluate(self) -> BackpressureDecision:
+        lag = self.pending_lag
+        if lag >= self.hard_threshold:
+            return Reject(lag, self.hard_threshold, self.retry_after_s)
+        if lag >= self.soft_threshold:
+            return AcceptWithWarning(lag, self.soft_threshold)
+        return Accept(lag)
+
+
+@dataclass
+class Backpressure(Exception):
+    """Raised to a producer when a partition's lag is past the hard threshold."""
+
+    partition: int
+    pending_lag: int
+    hard_threshold: int
+    retry_after_s: float
+
+    def __str__(self) -> str:
+        return (
+            f"partition {self.partition} is {self.pending_lag} events behind "
+            f"(hard limit {self.hard_threshold}); retry after {self.retry_after_s:.1f}s"
+        )

@@ -1,0 +1,16 @@
+"""Identifiers shared by every layer: partitions, nodes and the reserved values."""
+
+from __future__ import annotations
+
+from typing import NewType
+
+#: A partition of the input log, 0-based.
+PartitionId = NewType("PartitionId", int)
+
+#: A worker node, >= 1. Node 0 is the "unassigned" sentinel (seed 000, audit fix C6).
+NodeId = NewType("NodeId", int)
+
+UNASSIGNED = NodeId(0)
+
+#: Epoch 0 is reserved: a partition at epoch 0 has never been granted to anyone.
+RESERVED_EPOCH = 0

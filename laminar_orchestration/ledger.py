@@ -1,0 +1,572 @@
+"""The epoch ledger: who owns which partition at which epoch, kept in the object store.
+
+Ownership of partition p at epoch e is the immutable record
+``ledger/partitions/p/grants/e`` created with create-only semantics: whatever the
+interleaving, exactly one contender creates it. Grants are never deleted, so a
+stalled contender can never re-create a collected name (the SlateDB #352/#1622
+hole). A CAS head record names the current owner without listing; when it lags
+the grants (a grantee died between the two writes) readers roll forward by
+probing the next grant keys.
+
+The ledger is the only code that mints `FencingToken`s.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from .capabilities import LedgerWriter, ledger_key
+from .fencing import FencingToken, NotOwned, StaleEpoch, UnknownPartition, _mint_token
+from .identity import UNASSIGNED, NodeId, PartitionId
+from .records import (
+    CLUSTER_KEY,
+    MEMBERSHIP_KEY,
+    ClusterRecord,
+    EpochGrant,
+    GrantKind,
+    MembershipRecord,
+    NodeRecord,
+    NodeStatus,
+    PartitionHead,
+    PartitionStatus,
+    ReleaseRecord,
+    grant_key,
+    head_key,
+    node_key,
+    now,
+    release_key,
+)
+from .store import ObjectStore, PreconditionFailed
+
+M = TypeVar("M", bound=BaseModel)
+
+
+# --- errors ---------------------------------------------------------------
+
+
+class LedgerError(Exception):
+    """Base of ledger errors."""
+
+
+@dataclass
+class CorruptLedgerObject(LedgerError):
+    """A ledger object that cannot be parsed. Nothing overwrites it."""
+
+    key: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"corrupt ledger object {self.key!r}: {self.reason}"
+
+
+@dataclass
+class ClusterNotInitialized(LedgerError):
+    store_url: str
+
+    def __str__(self) -> str:
+        return f"no cluster in {self.store_url}: run `laminar init --store {self.store_url} --partitions N`"
+
+
+@dataclass
+class ClusterAlreadyInitialized(LedgerError):
+    store_url: str
+    partitions: int
+
+    def __str__(self) -> str:
+        return (
+            f"a cluster with {self.partitions} partitions already exists in {self.store_url}; "
+            "pass --force to re-initialize (epochs are kept, partitions can only be added)"
+        )
+
+
+@dataclass
+class EpochConflict(LedgerError):
+    """Someone else moved the partition's epoch first (seed 003 MigrationError::EpochConflict)."""
+
+    partition: PartitionId
+    expected: int
+    actual: int
+
+    def __str__(self) -> str:
+        return f"epoch conflict for partition {self.partition}: expected={self.expected}, actual={self.actual}"
+
+
+@dataclass
+class NotReleased(LedgerError):
+    """A graceful acquisition of a partition whose current owner has not released it."""
+
+    partition: PartitionId
+    epoch: int
+    owner: NodeId
+
+    def __str__(self) -> str:
+        return (
+            f"partition {self.partition} is held by node {self.owner} at epoch {self.epoch} "
+            "and has not been released; use a forced failover to take it"
+        )
+
+
+@dataclass
+class NodeIdentityConflict(LedgerError):
+    """Another process wrote this node's record: two processes claim one node id."""
+
+    node: NodeId
+    generation: int
+
+    def __str__(self) -> str:
+        return (
+            f"node {self.node} (generation {self.generation}) lost its ledger record to another "
+            "process with the same node id"
+        )
+
+
+# --- values ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """The authoritative owner of a partition as read from the ledger."""
+
+    partition: PartitionId
+    epoch: int
+    owner: NodeId
+    status: PartitionStatus
+    #: True when the head record lagged the grants and was rolled forward.
+    head_lagged: bool = False
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A node record plus its liveness as judged now."""
+
+    record: NodeRecord
+    alive: bool
+    heartbeat_age_s: float
+
+
+def _encode(model: BaseModel) -> bytes:
+    return model.model_dump_json().encode()
+
+
+def parse_record(key: str, data: bytes, model: type[M]) -> M:
+    """Parse one ledger object or raise CorruptLedgerObject naming it."""
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "<root>"
+        raise CorruptLedgerObject(key, f"{where}: {first.get('msg')}") from exc
+    except ValueError as exc:
+        raise CorruptLedgerObject(key, str(exc)) from exc
+
+
+# --- the ledger -----------------------------------------------------------
+
+
+class Ledger:
+    """Epoch grants, releases, node membership and heartbeats, the cluster epoch."""
+
+    def __init__(self, store: ObjectStore, *, read_parallelism: int | None = None) -> None:
+        self.store = store
+        self._writer = LedgerWriter(store)
+        # Remote stores answer slowly but in parallel; the local store is fastest serially.
+        remote = not store.url.startswith("file:")
+        self._parallelism = read_parallelism if read_parallelism is not None else (16 if remote else 1)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    # -- reading -----------------------------------------------------------
+
+    def _read(self, key: str, model: type[M]) -> tuple[M, str] | None:
+        obj = self._writer.get(key)
+        if obj is None:
+            return None
+        return parse_record(key, obj.data, model), obj.etag
+
+    def _require(self, key: str, model: type[M]) -> tuple[M, str]:
+        got = self._read(key, model)
+        if got is None:
+            if key == CLUSTER_KEY:
+                raise ClusterNotInitialized(self.store.url)
+            raise CorruptLedgerObject(key, "missing")
+        return got
+
+    def _map(self, fn: Callable[[PartitionId], Ownership | None], items: list[PartitionId]) -> list[Ownership | None]:
+        if self._parallelism <= 1 or len(items) <= 1:
+            return [fn(i) for i in items]
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._parallelism, thread_name_prefix="ledger-read")
+        return list(self._pool.map(fn, items))
+
+    # -- cluster -----------------------------------------------------------
+
+    def cluster(self) -> ClusterRecord:
+        """The cluster record; raises ClusterNotInitialized if `init` never ran."""
+        return self._require(CLUSTER_KEY, ClusterRecord)[0]
+
+    def is_initialized(self) -> bool:
+        return self._writer.head(CLUSTER_KEY) is not None
+
+    def init_cluster(self, partitions: int, *, force: bool = False) -> ClusterRecord:
+        """Create the cluster record and `partitions` unassigned partitions at epoch 0.
+
+        Re-initialization needs `force`; it never lowers an epoch or removes a
+        partition (that would hand out an epoch twice), it only adds partitions.
+        """
+        if partitions < 1:
+            raise ValueError("a cluster needs at least one partition")
+        record = ClusterRecord(cluster_id=uuid.uuid4().hex, partitions=partitions, created_at=now())
+        try:
+            self._writer.create(ledger_key(CLUSTER_KEY), _encode(record))
+        except PreconditionFailed:
+            existing, etag = self._require(CLUSTER_KEY, ClusterRecord)
+            if not force:
+                raise ClusterAlreadyInitialized(self.store.url, existing.partitions) from None
+            if partitions < existing.partitions:
+                raise ValueError(
+                    f"cannot shrink the cluster from {existing.partitions} to {partitions} partitions"
+                ) from None
+            record = existing.model_copy(update={"partitions": partitions, "reinitialized_at": now()})
+            self._writer.swap(ledger_key(CLUSTER_KEY), _encode(record), etag)
+        for p in range(partitions):
+            head = PartitionHead(
+                partition=p, epoch=0, owner=UNASSIGNED, status=PartitionStatus.UNASSIGNED, updated_at=now()
+            )
+            try:
+                self._writer.create(ledger_key(head_key(p)), _encode(head))
+            except PreconditionFailed:
+                self._require(head_key(p), PartitionHead)  # exists: must at least parse
+        if self._read(MEMBERSHIP_KEY, MembershipRecord) is None:
+            membership = MembershipRecord(cluster_epoch=1, members=[], reason="init", updated_at=now())
+            try:
+                self._writer.create(ledger_key(MEMBERSHIP_KEY), _encode(membership))
+            except PreconditionFailed:
+                pass
+        return record
+
+    def partitions(self) -> list[PartitionId]:
+        return [PartitionId(p) for p in range(self.cluster().partitions)]
+
+    # -- ownership -----------------------------------------------------------
+
+    def ownership(self, partition: PartitionId) -> Ownership | None:
+        """The current owner: the head, rolled forward over any newer grants. None if unknown."""
+        got = self._read(head_key(partition), PartitionHead)
+        if got is None:
+            return None
+        head, _ = got
+        epoch, owner, status, lagged = head.epoch, NodeId(head.owner), head.status, False
+        while True:
+            nxt = self._read(grant_key(partition, epoch + 1), EpochGrant)
+            if nxt is None:
+                break
+            grant = nxt[0]
+            epoch, owner, lagged = grant.epoch, NodeId(grant.node), True
+            status = PartitionStatus.ACTIVE if grant.node != UNASSIGNED else PartitionStatus.UNASSIGNED
+        if lagged and status == PartitionStatus.ACTIVE and self._writer.head(release_key(partition, epoch)):
+            status = PartitionStatus.RELEASED
+        return Ownership(PartitionId(partition), epoch, owner, status, lagged)
+
+    def ownerships(self, partitions: list[PartitionId]) -> dict[PartitionId, Ownership | None]:
+        """`ownership` for many partitions (parallel reads on remote stores)."""
+        return dict(zip(partitions, self._map(self.ownership, partitions), strict=True))
+
+    def grant(self, partition: PartitionId, epoch: int) -> EpochGrant | None:
+        got = self._read(grant_key(partition, epoch), EpochGrant)
+        return got[0] if got else None
+
+    def grants(self, partition: PartitionId) -> Iterator[EpochGrant]:
+        """Every grant of a partition in epoch order (probing keys, no listing)."""
+        epoch = 1
+        while (g := self.grant(partition, epoch)) is not None:
+            yield g
+            epoch += 1
+
+    def release_record(self, partition: PartitionId, epoch: int) -> ReleaseRecord | None:
+        got = self._read(release_key(partition, epoch), ReleaseRecord)
+        return got[0] if got else None
+
+    # -- acquisition: the only place tokens are minted ----------------------
+
+    def acquire(self, partition: PartitionId, node: NodeId, *, expected_epoch: int, reason: str = "") -> FencingToken:
+        """Graceful acquisition of epoch `expected_epoch + 1` for `node`.
+
+        The current epoch must be `expected_epoch` and it must have been released
+        (or be unassigned). Raises EpochConflict if someone else moved first.
+        """
+        current = self._current_or_unknown(partition)
+        if current.epoch != expected_epoch:
+            raise EpochConflict(partition, expected_epoch, current.epoch)
+        if current.owner != UNASSIGNED and self.release_record(partition, current.epoch) is None:
+            raise NotReleased(partition, current.epoch, current.owner)
+        return _mint_token(partition, self._grant(partition, node, current, GrantKind.ACQUIRE, reason), node)
+
+    def fence(
+        self, partition: PartitionId, node: NodeId, *, expected_epoch: int, reason: str
+    ) -> FencingToken | None:
+        """Forced: grant `expected_epoch + 1` to `node` without the old owner's release.
+
+        Anything the old owner still does at its epoch is rejected from here on.
+        `node` may be UNASSIGNED (fence only); then no token is returned.
+        """
+        current = self._current_or_unknown(partition)
+        if current.epoch != expected_epoch:
+            raise EpochConflict(partition, expected_epoch, current.epoch)
+        epoch = self._grant(partition, node, current, GrantKind.FENCE, reason)
+        return None if node == UNASSIGNED else _mint_token(partition, epoch, node)
+
+    def adopt(self, partition: PartitionId, node: NodeId) -> FencingToken:
+        """Mint the token for a grant the control plane already made to `node` (forced path).
+
+        Raises NotOwned if the current grant names another node.
+        """
+        current = self._current_or_unknown(partition)
+        if current.owner != node or current.epoch == 0:
+            raise NotOwned(partition)
+        return _mint_token(partition, current.epoch, node)
+
+    def _current_or_unknown(self, partition: PartitionId) -> Ownership:
+        current = self.ownership(partition)
+        if current is None:
+            raise UnknownPartition(partition)
+        return current
+
+    def _grant(
+        self, partition: PartitionId, node: NodeId, current: Ownership, kind: GrantKind, reason: str
+    ) -> int:
+        """Create grant `current.epoch + 1` for `node` and move the head; returns the epoch."""
+        epoch = current.epoch + 1
+        grant = EpochGrant(
+            partition=partition,
+            epoch=epoch,
+            node=node,
+            grant_kind=kind,
+            previous_epoch=current.epoch,
+            previous_owner=current.owner,
+            reason=reason,
+            granted_at=now(),
+        )
+        try:
+            # The linearization point: exactly one contender creates grant (p, epoch).
+            self._writer.create(ledger_key(grant_key(partition, epoch)), _encode(grant))
+        except PreconditionFailed:
+            raise EpochConflict(partition, current.epoch, self._current_or_unknown(partition).epoch) from None
+        status = PartitionStatus.ACTIVE if node != UNASSIGNED else PartitionStatus.UNASSIGNED
+        # The grant already holds; a successor may supersede it at once, which the
+        # token's guard will then report on its next validate.
+        self._advance_head(partition, epoch, node, status, only_if_epoch=None)
+        return epoch
+
+    def _advance_head(
+        self,
+        partition: PartitionId,
+        epoch: int,
+        owner: NodeId,
+        status: PartitionStatus,
+        *,
+        only_if_epoch: int | None,
+    ) -> bool:
+        """Move the head forward by CAS. Never moves it back; returns whether it wrote."""
+        key = head_key(partition)
+        while True:
+            head, etag = self._require(key, PartitionHead)
+            if only_if_epoch is not None and head.epoch != only_if_epoch:
+                return False
+            if head.epoch > epoch or (head.epoch == epoch and head.status == status and head.owner == owner):
+                return False
+            new = PartitionHead(partition=partition, epoch=epoch, owner=owner, status=status, updated_at=now())
+            try:
+                self._writer.swap(ledger_key(key), _encode(new), etag)
+                return True
+            except PreconditionFailed:
+                continue  # someone else moved it; re-read and decide again
+
+    def release(self, token: FencingToken, *, commit_ulid: str | None, source_offset: int) -> ReleaseRecord:
+        """Record that the owner at `token.epoch` stopped after committing `commit_ulid`.
+
+        Validates ownership first; a superseded owner gets StaleEpoch / NotOwned.
+        """
+        current = self._current_or_unknown(token.partition)
+        if current.epoch > token.epoch:
+            raise StaleEpoch(token.partition, token.epoch, current.epoch)
+        if current.owner != token.node:
+            raise NotOwned(token.partition)
+        record = ReleaseRecord(
+            partition=token.partition,
+            epoch=token.epoch,
+            node=token.node,
+            commit_ulid=commit_ulid,
+            source_offset=source_offset,
+            released_at=now(),
+        )
+        key = release_key(token.partition, token.epoch)
+        try:
+            self._writer.create(ledger_key(key), _encode(record))
+        except PreconditionFailed:
+            existing = self._require(key, ReleaseRecord)[0]
+            if existing.node != token.node:
+                raise NotOwned(token.partition) from None
+            return existing
+        self._advance_head(
+            token.partition, token.epoch, token.node, PartitionStatus.RELEASED, only_if_epoch=token.epoch
+        )
+        return record
+
+    # -- nodes and membership -------------------------------------------------
+
+    def membership(self) -> MembershipRecord:
+        got = self._read(MEMBERSHIP_KEY, MembershipRecord)
+        if got is None:
+            self.cluster()  # raises ClusterNotInitialized when that is the cause
+            raise CorruptLedgerObject(MEMBERSHIP_KEY, "missing")
+        return got[0]
+
+    def _update_membership(self, change: Callable[[MembershipRecord], MembershipRecord | None]) -> MembershipRecord:
+        while True:
+            current, etag = self._require(MEMBERSHIP_KEY, MembershipRecord)
+            new = change(current)
+            if new is None:
+                return current
+            try:
+                self._writer.swap(ledger_key(MEMBERSHIP_KEY), _encode(new), etag)
+                return new
+            except PreconditionFailed:
+                continue
+
+    def bump_cluster_epoch(self, reason: str) -> int:
+        """Advance the cluster epoch (membership generation), e.g. on a rebalance."""
+        rec = self._update_membership(
+            lambda m: m.model_copy(
+                update={"cluster_epoch": m.cluster_epoch + 1, "reason": reason, "updated_at": now()}
+            )
+        )
+        return rec.cluster_epoch
+
+    def register_node(
+        self, node: NodeId, *, heartbeat_timeout_s: float = 10.0, host: str | None = None, pid: int | None = None
+    ) -> NodeHandle:
+        """Join (or re-join, with a new generation) and return the handle that heartbeats."""
+        if node == UNASSIGNED:
+            raise ValueError("node 0 is the 'unassigned' sentinel")
+        self.cluster()
+        key = node_key(node)
+        while True:
+            got = self._read(key, NodeRecord)
+            generation = got[0].generation + 1 if got else 1
+            ts = now()
+            record = NodeRecord(
+                node=node,
+                generation=generation,
+                status=NodeStatus.ALIVE,
+                host=host or socket.gethostname(),
+                pid=pid if pid is not None else os.getpid(),
+                started_at=ts,
+                heartbeat_at=ts,
+                heartbeat_timeout_s=heartbeat_timeout_s,
+            )
+            try:
+                if got is None:
+                    etag = self._writer.create(ledger_key(key), _encode(record))
+                else:
+                    etag = self._writer.swap(ledger_key(key), _encode(record), got[1])
+                break
+            except PreconditionFailed:
+                continue
+
+        def join(m: MembershipRecord) -> MembershipRecord | None:
+            if node in m.members:
+                return None
+            return m.model_copy(
+                update={
+                    "members": sorted([*m.members, node]),
+                    "cluster_epoch": m.cluster_epoch + 1,
+                    "reason": f"node {node} joined",
+                    "updated_at": now(),
+                }
+            )
+
+        self._update_membership(join)
+        return NodeHandle(self._writer, record, etag)
+
+    def remove_node(self, node: NodeId) -> None:
+        """Drop a node from the member set (its record stays for the audit)."""
+
+        def leave(m: MembershipRecord) -> MembershipRecord | None:
+            if node not in m.members:
+                return None
+            return m.model_copy(
+                update={
+                    "members": [n for n in m.members if n != node],
+                    "cluster_epoch": m.cluster_epoch + 1,
+                    "reason": f"node {node} removed",
+                    "updated_at": now(),
+                }
+            )
+
+        self._update_membership(leave)
+
+    def node(self, node: NodeId) -> NodeRecord | None:
+        got = self._read(node_key(node), NodeRecord)
+        return got[0] if got else None
+
+    def nodes(self, *, at: datetime | None = None) -> list[NodeView]:
+        """Every member node with its liveness (heartbeat younger than its timeout)."""
+        ts = at or now()
+        views = []
+        for n in self.membership().members:
+            rec = self.node(NodeId(n))
+            if rec is None:
+                continue
+            age = (ts - rec.heartbeat_at).total_seconds()
+            alive = rec.status == NodeStatus.ALIVE and age <= rec.heartbeat_timeout_s
+            views.append(NodeView(rec, alive, age))
+        return views
+
+
+class NodeHandle:
+    """A node's write access to its own ledger record, and nothing else."""
+
+    def __init__(self, writer: LedgerWriter, record: NodeRecord, etag: str) -> None:
+        self._writer = writer
+        self._record = record
+        self._etag = etag
+        self._lock = threading.Lock()
+
+    @property
+    def record(self) -> NodeRecord:
+        return self._record
+
+    @property
+    def node(self) -> NodeId:
+        return NodeId(self._record.node)
+
+    @property
+    def generation(self) -> int:
+        return self._record.generation
+
+    def heartbeat(self, status: NodeStatus = NodeStatus.ALIVE) -> NodeRecord:
+        """CAS our own record with a fresh timestamp. NodeIdentityConflict if another process took it."""
+        with self._lock:
+            new = self._record.model_copy(update={"heartbeat_at": now(), "status": status})
+            new = NodeRecord.model_validate(new.model_dump() | {"write_id": uuid.uuid4().hex[:16]})
+            key = node_key(self._record.node)
+            try:
+                self._etag = self._writer.swap(ledger_key(key), _encode(new), self._etag)
+            except PreconditionFailed:
+                raise NodeIdentityConflict(self.node, self._record.generation) from None
+            self._record = new
+            return new
+
+    def leave(self) -> NodeRecord:
+        return self.heartbeat(NodeStatus.LEFT)

@@ -1,0 +1,337 @@
+"""Per-partition commit manifests, published under the owner's fencing token (seed 004).
+
+A manifest names what one commit made visible together: the source offset
+reached, the state snapshot and the output files. Publishing is fenced twice:
+
+* the immutable history entry ``manifests/p/history/<seq>`` is created
+  create-only, so exactly one writer commits sequence number `seq`;
+* the new manifest's `fencing_token` (the partition epoch) must be >= the
+  previous one, so a stale holder loses even when it read the freshest
+  version (``validate_succession``, "stale holder with a fresh version").
+
+``manifests/p/current.json`` is a CAS pointer to the newest entry; readers roll
+forward over history entries it has not caught up with, so no listing is needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from .capabilities import OutputCommitter, manifest_key
+from .fencing import ConditionalPutFailed, FencingToken
+from .identity import PartitionId
+from .ledger import LedgerError, parse_record
+from .records import Record, new_write_id, now
+from .store import ObjectStore, PreconditionFailed
+
+SHA256_METADATA = "x-laminar-sha256"
+
+
+def manifest_pointer_key(partition: int) -> str:
+    return f"manifests/{partition:05d}/current.json"
+
+
+def manifest_history_key(partition: int, seq: int) -> str:
+    return f"manifests/{partition:05d}/history/{seq:020d}.json"
+
+
+# --- ULIDs ------------------------------------------------------------------
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_ulid_lock = threading.Lock()
+
+
+def _encode_ulid(value: int) -> str:
+    chars = []
+    for _ in range(26):
+        chars.append(_CROCKFORD[value & 31])
+        value >>= 5
+    return "".join(reversed(chars))
+
+
+def _decode_ulid(text: str) -> int:
+    value = 0
+    for ch in text:
+        value = (value << 5) | _CROCKFORD.index(ch)
+    return value
+
+
+def next_ulid(after: str | None = None) -> str:
+    """A ULID (ms timestamp + randomness) strictly greater than `after`."""
+    with _ulid_lock:
+        value = (int(time.time() * 1000) << 80) | int.from_bytes(os.urandom(10), "big")
+        if after is not None:
+            floor = _decode_ulid(after)
+            if value <= floor:
+                value = floor + 1
+        return _encode_ulid(value)
+
+
+# --- records ----------------------------------------------------------------
+
+
+class ArtifactRef(Record):
+    """An object a manifest depends on, verified by HEAD (size and checksum), never by listing."""
+
+    key: str
+    size: int = Field(ge=0)
+    sha256: str = Field(min_length=64, max_length=64)
+
+
+class PartitionManifest(Record):
+    """One commit of one partition."""
+
+    kind: Literal["partition-manifest"] = "partition-manifest"
+    partition: int = Field(ge=0)
+    seq: int = Field(ge=1)
+    #: The partition epoch of the writer; must never go down.
+    fencing_token: int = Field(ge=1)
+    node: int = Field(ge=1)
+    generation: int = Field(ge=0)
+    commit_ulid: str = Field(min_length=26, max_length=26)
+    #: sha256 of the previous manifest's raw stored bytes; None only for seq 1.
+    parent_hash: str | None
+    cluster_epoch: int = Field(ge=0)
+    #: Source offset reached: every event below it is reflected in state/outputs.
+    source_offset: int = Field(ge=0)
+    state: ArtifactRef | None
+    outputs: list[ArtifactRef]
+    #: Total events applied since the partition began (for audits).
+    events_applied: int = Field(ge=0)
+    note: str = ""
+    committed_at: datetime
+    write_id: str = Field(default_factory=new_write_id)
+
+    def validate_succession(self, previous: PartitionManifest, previous_raw_hash: str) -> None:
+        """Raise a SuccessionError unless this manifest may follow `previous`."""
+        if self.seq != previous.seq + 1:
+            raise SequenceGap(PartitionId(self.partition), previous.seq, self.seq)
+        if self.fencing_token < previous.fencing_token:
+            raise StaleFencingToken(PartitionId(self.partition), self.fencing_token, previous.fencing_token)
+        if self.commit_ulid <= previous.commit_ulid:
+            raise CommitUlidRegression(PartitionId(self.partition), previous.commit_ulid, self.commit_ulid)
+        if self.parent_hash != previous_raw_hash:
+            raise ParentHashMismatch(PartitionId(self.partition), previous_raw_hash, self.parent_hash)
+        if self.source_offset < previous.source_offset:
+            raise SourceOffsetRegression(PartitionId(self.partition), previous.source_offset, self.source_offset)
+
+
+# --- errors -----------------------------------------------------------------
+
+
+class SuccessionError(LedgerError):
+    """A manifest that may not follow its predecessor."""
+
+
+@dataclass
+class StaleFencingToken(ConditionalPutFailed):
+    """Publish with a fencing token below the current manifest's: the writer lost ownership."""
+
+    def __str__(self) -> str:
+        return (
+            f"stale fencing token for partition {self.partition}: attempted {self.expected_epoch} "
+            f"< current {self.actual_epoch}"
+        )
+
+
+@dataclass
+class SequenceGap(SuccessionError):
+    partition: PartitionId
+    previous: int
+    attempted: int
+
+    def __str__(self) -> str:
+        return f"manifest seq of partition {self.partition} must follow {self.previous}, got {self.attempted}"
+
+
+@dataclass
+class CommitUlidRegression(SuccessionError):
+    partition: PartitionId
+    previous: str
+    attempted: str
+
+    def __str__(self) -> str:
+        return f"commit_ulid regression on partition {self.partition}: {self.previous} -> {self.attempted}"
+
+
+@dataclass
+class ParentHashMismatch(SuccessionError):
+    partition: PartitionId
+    expected: str
+    actual: str | None
+
+    def __str__(self) -> str:
+        return f"parent hash mismatch on partition {self.partition}: expected {self.expected}, got {self.actual}"
+
+
+@dataclass
+class SourceOffsetRegression(SuccessionError):
+    partition: PartitionId
+    previous: int
+    attempted: int
+
+    def __str__(self) -> str:
+        return f"source offset regression on partition {self.partition}: {self.previous} -> {self.attempted}"
+
+
+@dataclass
+class ArtifactMissing(LedgerError):
+    key: str
+
+    def __str__(self) -> str:
+        return f"artifact {self.key!r} named by a manifest does not exist"
+
+
+@dataclass
+class ArtifactMismatch(LedgerError):
+    key: str
+    field: str
+    expected: str
+    actual: str
+
+    def __str__(self) -> str:
+        return f"artifact {self.key!r}: {self.field} is {self.actual}, manifest says {self.expected}"
+
+
+# --- reading and publishing ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ManifestVersion:
+    """A manifest with the raw bytes it was stored as (for the parent hash)."""
+
+    manifest: PartitionManifest
+    raw: bytes
+
+    @property
+    def raw_hash(self) -> str:
+        return hashlib.sha256(self.raw).hexdigest()
+
+
+@dataclass(frozen=True)
+class ManifestUpdate:
+    """What a commit wants to make visible."""
+
+    source_offset: int
+    state: ArtifactRef | None
+    outputs: Sequence[ArtifactRef] = ()
+    events_applied: int = 0
+    cluster_epoch: int = 0
+    generation: int = 0
+    note: str = ""
+
+
+class ManifestReader:
+    """Reads current manifests and their history by explicit keys."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self._store = store
+
+    def _entry(self, partition: int, seq: int) -> ManifestVersion | None:
+        key = manifest_history_key(partition, seq)
+        obj = self._store.get_or_none(key)
+        if obj is None:
+            return None
+        return ManifestVersion(parse_record(key, obj.data, PartitionManifest), obj.data)
+
+    def current(self, partition: PartitionId) -> ManifestVersion | None:
+        """The newest manifest: the pointer, rolled forward over newer history entries."""
+        return self._current_with_etag(partition)[0]
+
+    def _current_with_etag(self, partition: int) -> tuple[ManifestVersion | None, str | None]:
+        key = manifest_pointer_key(partition)
+        obj = self._store.get_or_none(key)
+        etag = obj.etag if obj else None
+        version = ManifestVersion(parse_record(key, obj.data, PartitionManifest), obj.data) if obj else None
+        seq = version.manifest.seq if version else 0
+        while (nxt := self._entry(partition, seq + 1)) is not None:
+            version, seq = nxt, seq + 1
+        return version, etag
+
+    def history(self, partition: PartitionId) -> Iterator[ManifestVersion]:
+        """Every committed manifest from seq 1, in order (an audit path: one GET per entry)."""
+        seq = 1
+        while (entry := self._entry(partition, seq)) is not None:
+            yield entry
+            seq += 1
+
+
+class ManifestPublisher(ManifestReader):
+    """Publishes manifests. Holds the `OutputCommitter` capability."""
+
+    def __init__(self, committer: OutputCommitter, store: ObjectStore) -> None:
+        super().__init__(store)
+        self._committer = committer
+
+    def publish(self, token: FencingToken, update: ManifestUpdate) -> ManifestVersion:
+        """Commit `update` for `token.partition`, fenced by `token.epoch`.
+
+        Raises StaleFencingToken if a newer owner already published, and
+        ConditionalPutFailed if one did so concurrently.
+        """
+        p = token.partition
+        previous, pointer_etag = self._current_with_etag(p)
+        if previous is not None and token.epoch < previous.manifest.fencing_token:
+            raise StaleFencingToken(p, token.epoch, previous.manifest.fencing_token)
+        manifest = PartitionManifest(
+            partition=p,
+            seq=previous.manifest.seq + 1 if previous else 1,
+            fencing_token=token.epoch,
+            node=token.node,
+            generation=update.generation,
+            commit_ulid=next_ulid(previous.manifest.commit_ulid if previous else None),
+            parent_hash=previous.raw_hash if previous else None,
+            cluster_epoch=update.cluster_epoch,
+            source_offset=update.source_offset,
+            state=update.state,
+            outputs=list(update.outputs),
+            events_applied=update.events_applied,
+            note=update.note,
+            committed_at=now(),
+        )
+        if previous is not None:
+            manifest.validate_succession(previous.manifest, previous.raw_hash)
+        raw = manifest.model_dump_json().encode()
+        try:
+            # The linearization point of a commit: one writer per sequence number.
+            self._committer.create_manifest(manifest_key(manifest_history_key(p, manifest.seq)), raw)
+        except PreconditionFailed:
+            winner = self.current(p)
+            actual = winner.manifest.fencing_token if winner else token.epoch
+            raise ConditionalPutFailed(p, token.epoch, actual) from None
+        # The pointer is a cache; losing this CAS only means a reader rolls forward.
+        try:
+            if pointer_etag is None:
+                self._committer.create_manifest(manifest_key(manifest_pointer_key(p)), raw)
+            else:
+                self._committer.swap_manifest(manifest_key(manifest_pointer_key(p)), raw, pointer_etag)
+        except PreconditionFailed:
+            pass
+        return ManifestVersion(manifest, raw)
+
+
+def artifact_ref(key: str, data: bytes) -> ArtifactRef:
+    return ArtifactRef(key=key, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+
+def verify_artifacts(store: ObjectStore, manifest: PartitionManifest) -> None:
+    """Check every artifact a manifest names by HEAD: present, right size, right checksum."""
+    refs = ([manifest.state] if manifest.state else []) + list(manifest.outputs)
+    for ref in refs:
+        meta = store.head(ref.key)
+        if meta is None:
+            raise ArtifactMissing(ref.key)
+        if meta.size != ref.size:
+            raise ArtifactMismatch(ref.key, "size", str(ref.size), str(meta.size))
+        recorded = meta.metadata.get(SHA256_METADATA)
+        if recorded != ref.sha256:
+            raise ArtifactMismatch(ref.key, "sha256", ref.sha256, str(recorded))

@@ -1,0 +1,154 @@
+"""Persisted ledger records (pydantic) and their keys in the store.
+
+Every record carries a `write_id`: a random nonce that makes its bytes unique,
+so a writer whose response was lost can tell its own write from another's.
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+LEDGER_PREFIX = "ledger/"
+CLUSTER_KEY = "ledger/cluster.json"
+MEMBERSHIP_KEY = "ledger/membership.json"
+FORMAT_VERSION = 1
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_write_id() -> str:
+    return secrets.token_hex(8)
+
+
+def partition_prefix(partition: int) -> str:
+    return f"ledger/partitions/{partition:05d}"
+
+
+def head_key(partition: int) -> str:
+    return f"{partition_prefix(partition)}/head.json"
+
+
+def grant_key(partition: int, epoch: int) -> str:
+    return f"{partition_prefix(partition)}/grants/{epoch:020d}.json"
+
+
+def release_key(partition: int, epoch: int) -> str:
+    return f"{partition_prefix(partition)}/releases/{epoch:020d}.json"
+
+
+def node_key(node: int) -> str:
+    return f"ledger/nodes/{node:05d}.json"
+
+
+class Record(BaseModel):
+    """Base of persisted records: strict about unknown fields so typos surface."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ClusterRecord(Record):
+    """Created once by `laminar init`."""
+
+    kind: Literal["cluster"] = "cluster"
+    format_version: int = FORMAT_VERSION
+    cluster_id: str
+    partitions: int = Field(ge=1)
+    created_at: datetime
+    reinitialized_at: datetime | None = None
+    write_id: str = Field(default_factory=new_write_id)
+
+
+class PartitionStatus(enum.StrEnum):
+    UNASSIGNED = "unassigned"
+    ACTIVE = "active"
+    RELEASED = "released"
+
+
+class PartitionHead(Record):
+    """CAS pointer naming the current owner, so readers need no listing.
+
+    It may lag the immutable grants (a grantee died before moving it); readers
+    roll forward by probing the next grant keys.
+    """
+
+    kind: Literal["partition-head"] = "partition-head"
+    partition: int = Field(ge=0)
+    epoch: int = Field(ge=0)
+    owner: int = Field(ge=0)
+    status: PartitionStatus
+    updated_at: datetime
+    write_id: str = Field(default_factory=new_write_id)
+
+
+class GrantKind(enum.StrEnum):
+    #: Graceful: the previous epoch was released first.
+    ACQUIRE = "acquire"
+    #: Forced: the previous owner is fenced out without its cooperation.
+    FENCE = "fence"
+
+
+class EpochGrant(Record):
+    """Immutable, create-only: partition `partition` belongs to `node` at `epoch`. Never deleted."""
+
+    kind: Literal["epoch-grant"] = "epoch-grant"
+    partition: int = Field(ge=0)
+    epoch: int = Field(ge=1)
+    node: int = Field(ge=0)
+    grant_kind: GrantKind
+    previous_epoch: int = Field(ge=0)
+    previous_owner: int = Field(ge=0)
+    reason: str = ""
+    granted_at: datetime
+    write_id: str = Field(default_factory=new_write_id)
+
+
+class ReleaseRecord(Record):
+    """Immutable, create-only: the owner of `epoch` stopped and handed over `commit_ulid`."""
+
+    kind: Literal["release"] = "release"
+    partition: int = Field(ge=0)
+    epoch: int = Field(ge=1)
+    node: int = Field(ge=1)
+    commit_ulid: str | None
+    source_offset: int = Field(ge=0)
+    released_at: datetime
+    write_id: str = Field(default_factory=new_write_id)
+
+
+class NodeStatus(enum.StrEnum):
+    ALIVE = "alive"
+    LEAVING = "leaving"
+    LEFT = "left"
+
+
+class NodeRecord(Record):
+    """One node's own record: identity and heartbeat. Only that node writes it."""
+
+    kind: Literal["node"] = "node"
+    node: int = Field(ge=1)
+    generation: int = Field(ge=1)
+    status: NodeStatus
+    host: str
+    pid: int
+    started_at: datetime
+    heartbeat_at: datetime
+    heartbeat_timeout_s: float = Field(gt=0)
+    write_id: str = Field(default_factory=new_write_id)
+
+
+class MembershipRecord(Record):
+    """The member set and the cluster epoch (membership generation), advanced by CAS."""
+
+    kind: Literal["membership"] = "membership"
+    cluster_epoch: int = Field(ge=1)
+    members: list[int]
+    reason: str
+    updated_at: datetime
+    write_id: str = Field(default_factory=new_write_id)
