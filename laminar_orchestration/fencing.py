@@ -308,7 +308,9 @@ class PartitionGuardSet:
     def refresh_all(self, source: OwnershipSource) -> list[PartitionId]:
         """Refresh every cached epoch from one batched ledger read; returns revoked partitions."""
         snapshot = source.ownerships(list(self._guards))
-        return [pid for pid, guard in list(self._guards.items()) if not guard._refresh_from(snapshot.get(pid))]
+        return [
+            pid for pid, guard in list(self._guards.items()) if not guard._refresh_from(snapshot.get(pid))
+        ]
 
     def __len__(self) -> int:
         return len(self._guards)

@@ -13,6 +13,7 @@ The ledger is the only code that mints `FencingToken`s.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -38,10 +39,12 @@ from .records import (
     NodeRecord,
     NodeStatus,
     PartitionHead,
+    PartitionProgress,
     PartitionStatus,
     ReleaseRecord,
     grant_key,
     head_key,
+    new_write_id,
     node_key,
     now,
     release_key,
@@ -98,7 +101,9 @@ class EpochConflict(LedgerError):
     actual: int
 
     def __str__(self) -> str:
-        return f"epoch conflict for partition {self.partition}: expected={self.expected}, actual={self.actual}"
+        return (
+            f"epoch conflict for partition {self.partition}: expected={self.expected}, actual={self.actual}"
+        )
 
 
 @dataclass
@@ -201,7 +206,9 @@ class Ledger:
             raise CorruptLedgerObject(key, "missing")
         return got
 
-    def _map(self, fn: Callable[[PartitionId], Ownership | None], items: list[PartitionId]) -> list[Ownership | None]:
+    def _map(
+        self, fn: Callable[[PartitionId], Ownership | None], items: list[PartitionId]
+    ) -> list[Ownership | None]:
         if self._parallelism <= 1 or len(items) <= 1:
             return [fn(i) for i in items]
         with self._pool_lock:
@@ -249,10 +256,9 @@ class Ledger:
                 self._require(head_key(p), PartitionHead)  # exists: must at least parse
         if self._read(MEMBERSHIP_KEY, MembershipRecord) is None:
             membership = MembershipRecord(cluster_epoch=1, members=[], reason="init", updated_at=now())
-            try:
+            # Losing this race is fine: someone else created the same initial record.
+            with contextlib.suppress(PreconditionFailed):
                 self._writer.create(ledger_key(MEMBERSHIP_KEY), _encode(membership))
-            except PreconditionFailed:
-                pass
         return record
 
     def partitions(self) -> list[PartitionId]:
@@ -299,7 +305,15 @@ class Ledger:
 
     # -- acquisition: the only place tokens are minted ----------------------
 
-    def acquire(self, partition: PartitionId, node: NodeId, *, expected_epoch: int, reason: str = "") -> FencingToken:
+    def acquire(
+        self,
+        partition: PartitionId,
+        node: NodeId,
+        *,
+        expected_epoch: int,
+        reason: str = "",
+        generation: int | None = None,
+    ) -> FencingToken:
         """Graceful acquisition of epoch `expected_epoch + 1` for `node`.
 
         The current epoch must be `expected_epoch` and it must have been released
@@ -310,10 +324,17 @@ class Ledger:
             raise EpochConflict(partition, expected_epoch, current.epoch)
         if current.owner != UNASSIGNED and self.release_record(partition, current.epoch) is None:
             raise NotReleased(partition, current.epoch, current.owner)
-        return _mint_token(partition, self._grant(partition, node, current, GrantKind.ACQUIRE, reason), node)
+        epoch = self._grant(partition, node, current, GrantKind.ACQUIRE, reason, generation)
+        return _mint_token(partition, epoch, node)
 
     def fence(
-        self, partition: PartitionId, node: NodeId, *, expected_epoch: int, reason: str
+        self,
+        partition: PartitionId,
+        node: NodeId,
+        *,
+        expected_epoch: int,
+        reason: str,
+        generation: int | None = None,
     ) -> FencingToken | None:
         """Forced: grant `expected_epoch + 1` to `node` without the old owner's release.
 
@@ -323,17 +344,22 @@ class Ledger:
         current = self._current_or_unknown(partition)
         if current.epoch != expected_epoch:
             raise EpochConflict(partition, expected_epoch, current.epoch)
-        epoch = self._grant(partition, node, current, GrantKind.FENCE, reason)
+        epoch = self._grant(partition, node, current, GrantKind.FENCE, reason, generation)
         return None if node == UNASSIGNED else _mint_token(partition, epoch, node)
 
-    def adopt(self, partition: PartitionId, node: NodeId) -> FencingToken:
+    def adopt(self, partition: PartitionId, node: NodeId, *, generation: int | None = None) -> FencingToken:
         """Mint the token for a grant the control plane already made to `node` (forced path).
 
-        Raises NotOwned if the current grant names another node.
+        Raises NotOwned if the current grant names another node, or another
+        generation of it when both are known.
         """
         current = self._current_or_unknown(partition)
         if current.owner != node or current.epoch == 0:
             raise NotOwned(partition)
+        if generation is not None:
+            grant = self.grant(partition, current.epoch)
+            if grant is None or grant.generation != generation:
+                raise NotOwned(partition)
         return _mint_token(partition, current.epoch, node)
 
     def _current_or_unknown(self, partition: PartitionId) -> Ownership:
@@ -343,7 +369,13 @@ class Ledger:
         return current
 
     def _grant(
-        self, partition: PartitionId, node: NodeId, current: Ownership, kind: GrantKind, reason: str
+        self,
+        partition: PartitionId,
+        node: NodeId,
+        current: Ownership,
+        kind: GrantKind,
+        reason: str,
+        generation: int | None = None,
     ) -> int:
         """Create grant `current.epoch + 1` for `node` and move the head; returns the epoch."""
         epoch = current.epoch + 1
@@ -354,6 +386,7 @@ class Ledger:
             grant_kind=kind,
             previous_epoch=current.epoch,
             previous_owner=current.owner,
+            generation=generation,
             reason=reason,
             granted_at=now(),
         )
@@ -385,7 +418,9 @@ class Ledger:
                 return False
             if head.epoch > epoch or (head.epoch == epoch and head.status == status and head.owner == owner):
                 return False
-            new = PartitionHead(partition=partition, epoch=epoch, owner=owner, status=status, updated_at=now())
+            new = PartitionHead(
+                partition=partition, epoch=epoch, owner=owner, status=status, updated_at=now()
+            )
             try:
                 self._writer.swap(ledger_key(key), _encode(new), etag)
                 return True
@@ -432,7 +467,9 @@ class Ledger:
             raise CorruptLedgerObject(MEMBERSHIP_KEY, "missing")
         return got[0]
 
-    def _update_membership(self, change: Callable[[MembershipRecord], MembershipRecord | None]) -> MembershipRecord:
+    def _update_membership(
+        self, change: Callable[[MembershipRecord], MembershipRecord | None]
+    ) -> MembershipRecord:
         while True:
             current, etag = self._require(MEMBERSHIP_KEY, MembershipRecord)
             new = change(current)
@@ -454,7 +491,12 @@ class Ledger:
         return rec.cluster_epoch
 
     def register_node(
-        self, node: NodeId, *, heartbeat_timeout_s: float = 10.0, host: str | None = None, pid: int | None = None
+        self,
+        node: NodeId,
+        *,
+        heartbeat_timeout_s: float = 10.0,
+        host: str | None = None,
+        pid: int | None = None,
     ) -> NodeHandle:
         """Join (or re-join, with a new generation) and return the handle that heartbeats."""
         if node == UNASSIGNED:
@@ -555,11 +597,20 @@ class NodeHandle:
     def generation(self) -> int:
         return self._record.generation
 
-    def heartbeat(self, status: NodeStatus = NodeStatus.ALIVE) -> NodeRecord:
-        """CAS our own record with a fresh timestamp. NodeIdentityConflict if another process took it."""
+    def heartbeat(
+        self,
+        status: NodeStatus = NodeStatus.ALIVE,
+        partitions: dict[int, PartitionProgress] | None = None,
+    ) -> NodeRecord:
+        """CAS our own record with a fresh timestamp (and progress, if given).
+
+        NodeIdentityConflict if another process took the record.
+        """
         with self._lock:
-            new = self._record.model_copy(update={"heartbeat_at": now(), "status": status})
-            new = NodeRecord.model_validate(new.model_dump() | {"write_id": uuid.uuid4().hex[:16]})
+            update: dict[str, object] = {"heartbeat_at": now(), "status": status, "write_id": new_write_id()}
+            if partitions is not None:
+                update["partitions"] = dict(partitions)
+            new = self._record.model_copy(update=update)
             key = node_key(self._record.node)
             try:
                 self._etag = self._writer.swap(ledger_key(key), _encode(new), self._etag)
@@ -569,4 +620,4 @@ class NodeHandle:
             return new
 
     def leave(self) -> NodeRecord:
-        return self.heartbeat(NodeStatus.LEFT)
+        return self.heartbeat(NodeStatus.LEFT, partitions={})

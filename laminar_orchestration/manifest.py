@@ -104,6 +104,8 @@ class PartitionManifest(Record):
     #: Source offset reached: every event below it is reflected in state/outputs.
     source_offset: int = Field(ge=0)
     state: ArtifactRef | None
+    #: The source offset the state snapshot reflects (<= source_offset; the gap is replayed on restore).
+    state_offset: int = Field(default=0, ge=0)
     outputs: list[ArtifactRef]
     #: Total events applied since the partition began (for audits).
     events_applied: int = Field(ge=0)
@@ -122,7 +124,9 @@ class PartitionManifest(Record):
         if self.parent_hash != previous_raw_hash:
             raise ParentHashMismatch(PartitionId(self.partition), previous_raw_hash, self.parent_hash)
         if self.source_offset < previous.source_offset:
-            raise SourceOffsetRegression(PartitionId(self.partition), previous.source_offset, self.source_offset)
+            raise SourceOffsetRegression(
+                PartitionId(self.partition), previous.source_offset, self.source_offset
+            )
 
 
 # --- errors -----------------------------------------------------------------
@@ -170,7 +174,9 @@ class ParentHashMismatch(SuccessionError):
     actual: str | None
 
     def __str__(self) -> str:
-        return f"parent hash mismatch on partition {self.partition}: expected {self.expected}, got {self.actual}"
+        return (
+            f"parent hash mismatch on partition {self.partition}: expected {self.expected}, got {self.actual}"
+        )
 
 
 @dataclass
@@ -223,6 +229,7 @@ class ManifestUpdate:
 
     source_offset: int
     state: ArtifactRef | None
+    state_offset: int = 0
     outputs: Sequence[ArtifactRef] = ()
     events_applied: int = 0
     cluster_epoch: int = 0
@@ -293,6 +300,7 @@ class ManifestPublisher(ManifestReader):
             cluster_epoch=update.cluster_epoch,
             source_offset=update.source_offset,
             state=update.state,
+            state_offset=update.state_offset,
             outputs=list(update.outputs),
             events_applied=update.events_applied,
             note=update.note,

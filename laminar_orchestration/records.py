@@ -104,6 +104,9 @@ class EpochGrant(Record):
     grant_kind: GrantKind
     previous_epoch: int = Field(ge=0)
     previous_owner: int = Field(ge=0)
+    #: The grantee's node generation when known: a restarted node never adopts
+    #: an epoch granted to its previous incarnation (which may still be a zombie).
+    generation: int | None = None
     reason: str = ""
     granted_at: datetime
     write_id: str = Field(default_factory=new_write_id)
@@ -128,8 +131,26 @@ class NodeStatus(enum.StrEnum):
     LEFT = "left"
 
 
+class PartitionProgress(Record):
+    """A node's report on one partition it runs or is moving, read by the coordinator."""
+
+    partition: int = Field(ge=0)
+    epoch: int = Field(ge=0)
+    #: running | draining | drained | released | restoring | failed | revoked
+    state: str
+    migration_id: str | None = None
+    #: The last migration phase (a `MigrationPhase` value) this node completed.
+    phase_done: str | None = None
+    bytes_moved: int = Field(default=0, ge=0)
+    source_offset: int = Field(default=0, ge=0)
+    events_committed: int = Field(default=0, ge=0)
+    commits: int = Field(default=0, ge=0)
+    last_commit_at: datetime | None = None
+    error: str | None = None
+
+
 class NodeRecord(Record):
-    """One node's own record: identity and heartbeat. Only that node writes it."""
+    """One node's own record: identity, heartbeat, partition progress. Only that node writes it."""
 
     kind: Literal["node"] = "node"
     node: int = Field(ge=1)
@@ -140,6 +161,7 @@ class NodeRecord(Record):
     started_at: datetime
     heartbeat_at: datetime
     heartbeat_timeout_s: float = Field(gt=0)
+    partitions: dict[int, PartitionProgress] = Field(default_factory=dict)
     write_id: str = Field(default_factory=new_write_id)
 
 

@@ -54,7 +54,14 @@ def test_end_to_end_assign_guard_validate_release(ledger: Ledger) -> None:
     PartitionGuard(successor).validate(ledger)
 
 
-def _race(store_url: str, endpoint: str | None, node: int, rounds: int, start: float, out: "mp.Queue[tuple[int, int, bool]]") -> None:
+def _race(
+    store_url: str,
+    endpoint: str | None,
+    node: int,
+    rounds: int,
+    start: float,
+    out: mp.Queue[tuple[int, int, bool]],
+) -> None:
     if endpoint:
         os.environ["AWS_ENDPOINT_URL"] = endpoint
     ledger = Ledger(open_store(store_url))
@@ -78,7 +85,8 @@ def test_split_brain_prevention_across_processes(ledger: Ledger, store: ObjectSt
     start = time.time() + 3.0
     endpoint = getattr(store, "endpoint", None)
     workers = [
-        ctx.Process(target=_race, args=(store.url, endpoint, n, rounds, start, out)) for n in range(1, procs + 1)
+        ctx.Process(target=_race, args=(store.url, endpoint, n, rounds, start, out))
+        for n in range(1, procs + 1)
     ]
     for w in workers:
         w.start()

@@ -142,8 +142,14 @@ def test_readers_roll_forward_when_head_lags(ledger: Ledger, store: ObjectStore)
     ledger.acquire(P(0), N(1), expected_epoch=0)
     # A grantee that died between creating its grant and moving the head.
     orphan = EpochGrant(
-        partition=0, epoch=2, node=3, grant_kind=GrantKind.FENCE, previous_epoch=1,
-        previous_owner=1, reason="test", granted_at=now(),
+        partition=0,
+        epoch=2,
+        node=3,
+        grant_kind=GrantKind.FENCE,
+        previous_epoch=1,
+        previous_owner=1,
+        reason="test",
+        granted_at=now(),
     )
     store.put_if_absent(grant_key(0, 2), orphan.model_dump_json().encode())
     own = ledger.ownership(P(0))

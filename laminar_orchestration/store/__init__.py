@@ -59,22 +59,25 @@ def default_store_url() -> str:
     return (Path.cwd() / DEFAULT_LOCAL_DIR).resolve().as_uri()
 
 
-def open_store(url: str | None = None, *, retrying: bool = True) -> ObjectStore:
-    """Open the store a URL names; S3 stores are wrapped in the retry layer unless asked not to."""
+def open_store(url: str | None = None, *, retrying: bool = True, create: bool = True) -> ObjectStore:
+    """Open the store a URL names; S3 stores are wrapped in the retry layer unless asked not to.
+
+    `create=False` refuses to create a missing local store directory (read-only commands).
+    """
     url = (url or default_store_url()).strip()
     parsed = urlparse(url)
     scheme = parsed.scheme.lower()
-    if scheme == "" :
+    if scheme == "":
         if not url:
             raise InvalidStoreUrl(url, "empty")
-        return LocalObjectStore(Path(url))
+        return LocalObjectStore(Path(url), create=create)
     if scheme == "file":
         if parsed.netloc not in ("", "localhost"):
             raise InvalidStoreUrl(url, "file URLs take no host: use file:///absolute/path")
         path = unquote(parsed.path)
         if not path:
             raise InvalidStoreUrl(url, "file URL has no path")
-        return LocalObjectStore(Path(path))
+        return LocalObjectStore(Path(path), create=create)
     if scheme == "s3":
         bucket = parsed.netloc
         if not bucket:

@@ -94,7 +94,8 @@ class StoreUnavailable(StoreError):
     detail: str
 
     def __str__(self) -> str:
-        return f"store unavailable during {self.operation} of {self.key!r}: {self.detail}"
+        where = f" of {self.key!r}" if self.key else ""
+        return f"store unavailable during {self.operation}{where}: {self.detail}"
 
 
 @dataclass
@@ -140,9 +141,7 @@ class ObjectStore(abc.ABC):
     url: str
 
     @abc.abstractmethod
-    def put_if_absent(
-        self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
-    ) -> str:
+    def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
         """Create `key` only if it does not exist; return the new ETag.
 
         Raises PreconditionFailed if the key exists.

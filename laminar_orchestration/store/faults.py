@@ -122,9 +122,7 @@ class FaultInjectingStore(ObjectStore):
             else:
                 self._latency.pop(op, None)
 
-    def random_faults(
-        self, rate: float, seed: int, *, ops: frozenset[str] | None = None
-    ) -> None:
+    def random_faults(self, rate: float, seed: int, *, ops: frozenset[str] | None = None) -> None:
         """Fail each call of `ops` (all ops if None) with probability `rate`, reproducibly.
 
         Half of the injected write faults are lost responses (applied, then
@@ -191,19 +189,13 @@ class FaultInjectingStore(ObjectStore):
 
     # -- ObjectStore ----------------------------------------------------------------
 
-    def put_if_absent(
-        self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
-    ) -> str:
-        return self._run(
-            "put_if_absent", key, lambda: self.inner.put_if_absent(key, data, metadata)
-        )
+    def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
+        return self._run("put_if_absent", key, lambda: self.inner.put_if_absent(key, data, metadata))
 
     def put_if_match(
         self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None
     ) -> str:
-        return self._run(
-            "put_if_match", key, lambda: self.inner.put_if_match(key, data, etag, metadata)
-        )
+        return self._run("put_if_match", key, lambda: self.inner.put_if_match(key, data, etag, metadata))
 
     def delete_if_match(self, key: str, etag: str) -> None:
         self._run("delete_if_match", key, lambda: self.inner.delete_if_match(key, etag))

@@ -27,8 +27,9 @@ from .base import (
     ObjectNotFound,
     ObjectStore,
     PreconditionFailed,
-    StoreError,
     StoredObject,
+    StoreError,
+    StoreUnavailable,
     check_key,
 )
 
@@ -54,8 +55,11 @@ class CorruptObject(StoreError):
 class LocalObjectStore(ObjectStore):
     """An object store rooted at a local directory."""
 
-    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True, create: bool = True) -> None:
         self.root = Path(root).resolve()
+        if not create and not self.root.is_dir():
+            # A typo in a store path must not silently create an empty store.
+            raise StoreUnavailable("open", "", f"no local store at {self.root} (does the path exist?)")
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / _LOCK_DIR).mkdir(exist_ok=True)
         self.url = self.root.as_uri()
@@ -140,14 +144,12 @@ class LocalObjectStore(ObjectStore):
         try:
             with open(path, "rb") as fh:
                 return str(self._read_header(key, path, fh)["etag"])
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
 
     # -- ObjectStore -------------------------------------------------------
 
-    def put_if_absent(
-        self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
-    ) -> str:
+    def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
         path = self._path(key)
         tmp, etag = self._write_tmp(path, data, metadata)
         try:
@@ -194,9 +196,7 @@ class LocalObjectStore(ObjectStore):
             with open(path, "rb") as fh:
                 header = self._read_header(key, path, fh)
                 data = fh.read()
-        except FileNotFoundError:
-            raise ObjectNotFound(key) from None
-        except IsADirectoryError:
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise ObjectNotFound(key) from None
         if len(data) != header["size"] or hashlib.sha256(data).hexdigest() != header["sha256"]:
             raise CorruptObject(key, path, "payload does not match its recorded size/checksum")
@@ -209,7 +209,7 @@ class LocalObjectStore(ObjectStore):
         try:
             with open(path, "rb") as fh:
                 header = self._read_header(key, path, fh)
-        except (FileNotFoundError, IsADirectoryError):
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
         meta = header["metadata"]
         assert isinstance(meta, dict)

@@ -184,9 +184,7 @@ class RetryingStore(ObjectStore):
 
     # -- conditional writes ----------------------------------------------------
 
-    def put_if_absent(
-        self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
-    ) -> str:
+    def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
         """Create-only write; an unknown outcome is settled by reading the key back."""
         op = "put_if_absent"
         last: Exception | None = None

@@ -162,9 +162,7 @@ class S3ObjectStore(ObjectStore):
             try:
                 client = make_s3_client(endpoint_url)
             except StoreUnavailable as exc:
-                raise StoreUnavailable(
-                    "open", "", f"bucket {bucket!r}: {exc.detail}"
-                ) from exc
+                raise StoreUnavailable("open", "", f"bucket {bucket!r}: {exc.detail}") from exc
         self._client = client
         self.endpoint = str(self._client.meta.endpoint_url)
         # HEAD answers 404 with no body for a missing bucket and a missing key
@@ -204,9 +202,7 @@ class S3ObjectStore(ObjectStore):
             if code == "ConditionalRequestConflict" or status == 409:
                 raise ConcurrentModification(key) from exc
             if code == "NoSuchBucket":
-                raise StoreUnavailable(
-                    op, key, f"{self._where()} does not exist (NoSuchBucket)"
-                ) from exc
+                raise StoreUnavailable(op, key, f"{self._where()} does not exist (NoSuchBucket)") from exc
             if code in ("NoSuchKey", "404", "NotFound") or status == 404:
                 raise ObjectNotFound(key) from exc
             if code in _AUTH_CODES or status == 403:
@@ -215,22 +211,19 @@ class S3ObjectStore(ObjectStore):
                 ) from exc
             if code == "NotImplemented" or status == 501:
                 raise StoreUnavailable(
-                    op, key, f"the endpoint of {self._where()} does not implement this request "
-                    f"(conditional writes need If-None-Match/If-Match support): {message}"
+                    op,
+                    key,
+                    f"the endpoint of {self._where()} does not implement this request "
+                    f"(conditional writes need If-None-Match/If-Match support): {message}",
                 ) from exc
             if code in _TRANSIENT_CODES or status >= 500:
                 raise TransientStoreError(op, key, f"{code or status}: {message}") from exc
             raise StoreUnavailable(
-                op, key, f"unexpected S3 error from {self._where()}: {code} (HTTP {status}): "
-                f"{message}"
+                op, key, f"unexpected S3 error from {self._where()}: {code} (HTTP {status}): {message}"
             ) from exc
         if isinstance(exc, bce.NoCredentialsError | bce.PartialCredentialsError):
-            raise StoreUnavailable(
-                op, key, f"no usable AWS credentials for {self._where()}: {exc}"
-            ) from exc
-        if isinstance(
-            exc, bce.ConnectionError | bce.HTTPClientError | bce.IncompleteReadError
-        ):
+            raise StoreUnavailable(op, key, f"no usable AWS credentials for {self._where()}: {exc}") from exc
+        if isinstance(exc, bce.ConnectionError | bce.HTTPClientError | bce.IncompleteReadError):
             # Refused/reset connections, timeouts, truncated bodies: the request
             # may or may not have been applied; RetryingStore sorts that out.
             raise TransientStoreError(op, key, f"{type(exc).__name__}: {exc}") from exc
@@ -242,9 +235,7 @@ class S3ObjectStore(ObjectStore):
 
     # -- ObjectStore ------------------------------------------------------------
 
-    def put_if_absent(
-        self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
-    ) -> str:
+    def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
         full = self._full(key)
         try:
             resp = self._client.put_object(
@@ -282,9 +273,7 @@ class S3ObjectStore(ObjectStore):
     def delete_if_match(self, key: str, etag: str) -> None:
         full = self._full(key)
         try:
-            self._client.delete_object(
-                Bucket=self.bucket, Key=full, IfMatch=f'"{_unquote_etag(etag)}"'
-            )
+            self._client.delete_object(Bucket=self.bucket, Key=full, IfMatch=f'"{_unquote_etag(etag)}"')
         except (bce.ClientError, bce.BotoCoreError) as exc:
             self._translate(exc, "delete_if_match", key, expected_etag=etag)
 
@@ -333,9 +322,7 @@ class S3ObjectStore(ObjectStore):
         except bce.ClientError as exc:
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
             if status == 404:
-                raise StoreUnavailable(
-                    op, key, f"{self._where()} does not exist (NoSuchBucket)"
-                ) from exc
+                raise StoreUnavailable(op, key, f"{self._where()} does not exist (NoSuchBucket)") from exc
             self._translate(exc, op, key)
         except bce.BotoCoreError as exc:
             self._translate(exc, op, key)

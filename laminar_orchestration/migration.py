@@ -1,0 +1,578 @@
+"""Partition migration (seed 003): the phases, the task record, and the coordinator.
+
+A migration is a `MigrationTask` stored in the partition's desired-state
+record (``ledger/partitions/p/desired.json``), advanced by compare-and-swap
+*before* each phase takes effect. Nodes read that record in their reconcile
+loop and carry out only the phase the record allows, then report completion in
+their own node record; the coordinator (driven by the Dagster ops or the CLI)
+waits on those reports. A crashed orchestrator therefore resumes from the
+recorded phase: nothing is repeated that a node already reported done, and a
+node never runs ahead of what the record allows.
+
+Graceful:  Planned → Draining → Checkpointing → Uploading → Released →
+           Downloading → Restoring → Seeking → Active
+Forced:    Planned → Released (old epoch fenced by the coordinator) →
+           Downloading → Restoring → Seeking → Active
+Any non-terminal phase may go to Failed; phases before Released may be Cancelled.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .capabilities import LedgerWriter, ledger_key
+from .identity import UNASSIGNED, NodeId, PartitionId
+from .ledger import EpochConflict, Ledger, LedgerError, parse_record
+from .records import Record, new_write_id, now, partition_prefix
+from .store import PreconditionFailed
+
+
+class MigrationPhase(enum.StrEnum):
+    PLANNED = "planned"
+    DRAINING = "draining"
+    CHECKPOINTING = "checkpointing"
+    UPLOADING = "uploading"
+    RELEASED = "released"
+    DOWNLOADING = "downloading"
+    RESTORING = "restoring"
+    SEEKING = "seeking"
+    ACTIVE = "active"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+GRACEFUL_PHASES: tuple[MigrationPhase, ...] = (
+    MigrationPhase.PLANNED,
+    MigrationPhase.DRAINING,
+    MigrationPhase.CHECKPOINTING,
+    MigrationPhase.UPLOADING,
+    MigrationPhase.RELEASED,
+    MigrationPhase.DOWNLOADING,
+    MigrationPhase.RESTORING,
+    MigrationPhase.SEEKING,
+    MigrationPhase.ACTIVE,
+)
+FORCED_PHASES: tuple[MigrationPhase, ...] = (
+    MigrationPhase.PLANNED,
+    MigrationPhase.RELEASED,
+    MigrationPhase.DOWNLOADING,
+    MigrationPhase.RESTORING,
+    MigrationPhase.SEEKING,
+    MigrationPhase.ACTIVE,
+)
+TERMINAL_PHASES = frozenset({MigrationPhase.ACTIVE, MigrationPhase.FAILED, MigrationPhase.CANCELLED})
+#: Phases carried out by the old owner; the rest by the new owner.
+SETTING_PHASES = frozenset(
+    {MigrationPhase.DRAINING, MigrationPhase.CHECKPOINTING, MigrationPhase.UPLOADING, MigrationPhase.RELEASED}
+)
+RISING_PHASES = frozenset(
+    {MigrationPhase.DOWNLOADING, MigrationPhase.RESTORING, MigrationPhase.SEEKING, MigrationPhase.ACTIVE}
+)
+
+
+class MigrationKind(enum.StrEnum):
+    GRACEFUL = "graceful"
+    FORCED = "forced"
+
+
+def phase_sequence(kind: MigrationKind) -> tuple[MigrationPhase, ...]:
+    return GRACEFUL_PHASES if kind == MigrationKind.GRACEFUL else FORCED_PHASES
+
+
+def check_transition(kind: MigrationKind, current: MigrationPhase, target: MigrationPhase) -> None:
+    """The one function that decides which phase changes are allowed.
+
+    Linear and non-reversible: only the next phase of the kind's sequence,
+    Failed from any non-terminal phase, Cancelled before the old epoch is released.
+    """
+    if current in TERMINAL_PHASES:
+        raise InvalidTransition(kind, current, target)
+    if target == MigrationPhase.FAILED:
+        return
+    seq = phase_sequence(kind)
+    if target == MigrationPhase.CANCELLED:
+        if seq.index(current) < seq.index(MigrationPhase.RELEASED):
+            return
+        raise InvalidTransition(kind, current, target)
+    if target in seq and seq.index(target) == seq.index(current) + 1:
+        return
+    raise InvalidTransition(kind, current, target)
+
+
+# --- records ------------------------------------------------------------------
+
+
+class MigrationConfig(BaseModel):
+    """Timeouts and limits (seed 003 defaults)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    migration_timeout_s: float = Field(default=30.0, gt=0)
+    release_wait_timeout_s: float = Field(default=15.0, gt=0)
+    checkpoint_transfer_timeout_s: float = Field(default=60.0, gt=0)
+    max_concurrent_migrations: int = Field(default=2, ge=1)
+    max_retries: int = Field(default=3, ge=0)
+    retry_delay_s: float = Field(default=5.0, ge=0)
+
+
+class MigrationTask(Record):
+    """One partition move, persisted in the partition's desired-state record."""
+
+    kind: Literal["migration-task"] = "migration-task"
+    migration_id: str
+    partition: int = Field(ge=0)
+    migration_kind: MigrationKind
+    from_node: int = Field(ge=0)
+    to_node: int = Field(ge=1)
+    from_epoch: int = Field(ge=0)
+    to_epoch: int = Field(ge=1)
+    phase: MigrationPhase
+    #: For Failed: the phase it failed in, and why.
+    failed_phase: MigrationPhase | None = None
+    error: str | None = None
+    commit_ulid: str | None = None
+    source_offset: int | None = None
+    started_at: datetime
+    updated_at: datetime
+    completed_at: datetime | None = None
+    timeout_s: float = Field(gt=0)
+    attempt: int = Field(default=1, ge=1)
+    write_id: str = Field(default_factory=new_write_id)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+
+class DesiredState(Record):
+    """What the control plane wants for one partition: who runs it, and any move in flight."""
+
+    kind: Literal["desired-state"] = "desired-state"
+    partition: int = Field(ge=0)
+    #: The node that should run the partition (0: nobody yet).
+    owner: int = Field(ge=0)
+    migration: MigrationTask | None = None
+    updated_at: datetime
+    write_id: str = Field(default_factory=new_write_id)
+
+
+def desired_key(partition: int) -> str:
+    return f"{partition_prefix(partition)}/desired.json"
+
+
+# --- errors -----------------------------------------------------------------------
+
+
+class MigrationError(LedgerError):
+    """Base of migration errors (seed 003 variants)."""
+
+
+@dataclass
+class InvalidTransition(MigrationError):
+    kind: MigrationKind
+    current: MigrationPhase
+    target: MigrationPhase
+
+    def __str__(self) -> str:
+        return f"{self.kind} migration cannot go from {self.current} to {self.target}"
+
+
+@dataclass
+class MigrationNotOwned(MigrationError):
+    """seed: NotOwned(partition) — the named old owner does not hold the partition."""
+
+    partition: PartitionId
+    node: NodeId
+
+    def __str__(self) -> str:
+        return f"partition {self.partition} is not owned by node {self.node}"
+
+
+@dataclass
+class MigrationTimeout(MigrationError):
+    partition: PartitionId
+    phase: MigrationPhase
+    elapsed_s: float
+
+    def __str__(self) -> str:
+        return f"migration timeout for partition {self.partition} at {self.phase} after {self.elapsed_s:.1f}s"
+
+
+@dataclass
+class CheckpointFailed(MigrationError):
+    partition: PartitionId
+    source: str
+
+    def __str__(self) -> str:
+        return f"checkpoint failed for partition {self.partition}: {self.source}"
+
+
+@dataclass
+class UploadFailed(MigrationError):
+    partition: PartitionId
+    source: str
+
+    def __str__(self) -> str:
+        return f"upload failed for partition {self.partition}: {self.source}"
+
+
+@dataclass
+class DownloadFailed(MigrationError):
+    partition: PartitionId
+    checkpoint: str
+    source: str
+
+    def __str__(self) -> str:
+        return f"download failed for partition {self.partition} (checkpoint {self.checkpoint}): {self.source}"
+
+
+@dataclass
+class RestoreFailed(MigrationError):
+    partition: PartitionId
+    source: str
+
+    def __str__(self) -> str:
+        return f"restore failed for partition {self.partition}: {self.source}"
+
+
+@dataclass
+class LedgerCommitFailed(MigrationError):
+    """seed: RaftCommitFailed — the ledger write of a release or acquisition failed."""
+
+    partition: PartitionId
+    source: str
+
+    def __str__(self) -> str:
+        return f"ledger commit failed for partition {self.partition}: {self.source}"
+
+
+@dataclass
+class OldOwnerCrashed(MigrationError):
+    """The old owner stopped heartbeating mid-release; fall back to the forced path."""
+
+    partition: PartitionId
+    last_known_epoch: int
+
+    def __str__(self) -> str:
+        return f"old owner crashed for partition {self.partition} at epoch {self.last_known_epoch}"
+
+
+@dataclass
+class MigrationEpochConflict(MigrationError):
+    """Another migration of the partition is in progress, or its epoch moved."""
+
+    partition: PartitionId
+    expected: int
+    actual: int
+
+    def __str__(self) -> str:
+        return (
+            f"epoch conflict for partition {self.partition}: expected={self.expected}, actual={self.actual}"
+        )
+
+
+@dataclass
+class SeekFailed(MigrationError):
+    partition: PartitionId
+    source: str
+
+    def __str__(self) -> str:
+        return f"source seek failed for partition {self.partition}: {self.source}"
+
+
+@dataclass
+class MigrationFailed(MigrationError):
+    """A node reported a failure for the phase it was carrying out."""
+
+    partition: PartitionId
+    phase: MigrationPhase
+    error: str
+
+    def __str__(self) -> str:
+        return f"migration of partition {self.partition} failed at {self.phase}: {self.error}"
+
+
+@dataclass
+class NoLiveNode(MigrationError):
+    node: NodeId
+
+    def __str__(self) -> str:
+        return f"node {self.node} is not a live member: it cannot receive a partition"
+
+
+# --- desired state store -----------------------------------------------------------
+
+
+class DesiredStates:
+    """CAS access to the desired-state records (control plane writes, nodes read)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self._writer = LedgerWriter(ledger.store)
+
+    def read(self, partition: PartitionId) -> tuple[DesiredState, str | None]:
+        key = desired_key(partition)
+        obj = self._writer.get(key)
+        if obj is None:
+            return DesiredState(partition=partition, owner=UNASSIGNED, updated_at=now()), None
+        return parse_record(key, obj.data, DesiredState), obj.etag
+
+    def update(
+        self, partition: PartitionId, change: Callable[[DesiredState], DesiredState | None]
+    ) -> DesiredState:
+        """Apply `change` by compare-and-swap, re-reading on conflict. `change` may raise to abort."""
+        key = ledger_key(desired_key(partition))
+        while True:
+            current, etag = self.read(partition)
+            new = change(current)
+            if new is None:
+                return current
+            new = new.model_copy(update={"updated_at": now(), "write_id": new_write_id()})
+            data = new.model_dump_json().encode()
+            try:
+                if etag is None:
+                    self._writer.create(key, data)
+                else:
+                    self._writer.swap(key, data, etag)
+                return new
+            except PreconditionFailed:
+                continue
+
+    def all(self) -> dict[PartitionId, DesiredState]:
+        return {p: self.read(p)[0] for p in self.ledger.partitions()}
+
+
+@dataclass(frozen=True)
+class PhaseReport:
+    """What one phase did, for the Dagster op's metadata."""
+
+    phase: MigrationPhase
+    duration_s: float
+    bytes_moved: int
+    detail: str
+
+
+def new_migration_id(partition: int, from_epoch: int) -> str:
+    return f"p{partition}-e{from_epoch}-{int(time.time() * 1000)}"
+
+
+def deadline_passed(task: MigrationTask, at: datetime | None = None) -> bool:
+    return (at or now()) - task.started_at > timedelta(seconds=task.timeout_s)
+
+
+# --- the coordinator ------------------------------------------------------------------
+
+_PROGRESS_ORDER = {phase: i for i, phase in enumerate(GRACEFUL_PHASES)}
+
+
+class MigrationCoordinator:
+    """Plans migrations and drives them phase by phase (used by the Dagster ops and the CLI).
+
+    Each `run_phase` persists the phase in the desired-state record first, then
+    performs the coordinator's own part (the forced fence), then waits for the
+    responsible node to report the phase done.
+    """
+
+    def __init__(
+        self, ledger: Ledger, config: MigrationConfig | None = None, *, poll_interval_s: float = 0.02
+    ) -> None:
+        self.ledger = ledger
+        self.desired = DesiredStates(ledger)
+        self.config = config or MigrationConfig()
+        self.poll_interval_s = poll_interval_s
+
+    # -- planning ---------------------------------------------------------------
+
+    def current(self, partition: PartitionId) -> MigrationTask | None:
+        return self.desired.read(partition)[0].migration
+
+    def plan(self, partition: PartitionId, to_node: NodeId, *, forced: bool = False) -> MigrationTask:
+        """Record a new migration of `partition` to `to_node` (phase Planned).
+
+        Resumes instead if an unfinished migration to the same node exists;
+        raises MigrationEpochConflict if one to another node is in flight.
+        """
+        alive = {v.record.node for v in self.ledger.nodes() if v.alive}
+        if to_node not in alive:
+            raise NoLiveNode(to_node)
+        own = self.ledger.ownership(partition)
+        if own is None:
+            raise MigrationNotOwned(partition, UNASSIGNED)
+        if own.owner == to_node and not forced:
+            raise MigrationNotOwned(partition, own.owner)  # nothing to move
+        kind = MigrationKind.FORCED if forced or own.owner == UNASSIGNED else MigrationKind.GRACEFUL
+        ts = now()
+        task = MigrationTask(
+            migration_id=new_migration_id(partition, own.epoch),
+            partition=partition,
+            migration_kind=kind,
+            from_node=own.owner,
+            to_node=to_node,
+            from_epoch=own.epoch,
+            to_epoch=own.epoch + 1,
+            phase=MigrationPhase.PLANNED,
+            started_at=ts,
+            updated_at=ts,
+            timeout_s=self.config.migration_timeout_s,
+        )
+
+        def claim(state: DesiredState) -> DesiredState:
+            running = state.migration
+            if running is not None and not running.is_terminal:
+                raise MigrationEpochConflict(partition, own.epoch, running.from_epoch)
+            return state.model_copy(update={"migration": task})
+
+        self.desired.update(partition, claim)
+        return task
+
+    def plan_or_resume(
+        self, partition: PartitionId, to_node: NodeId, *, forced: bool = False
+    ) -> MigrationTask:
+        running = self.current(partition)
+        if running is not None and not running.is_terminal:
+            if running.to_node == to_node:
+                return running
+            raise MigrationEpochConflict(partition, running.from_epoch, running.from_epoch)
+        return self.plan(partition, to_node, forced=forced)
+
+    # -- phase changes ------------------------------------------------------------
+
+    def _transition(
+        self, partition: PartitionId, migration_id: str, target: MigrationPhase, **fields: object
+    ) -> MigrationTask:
+        def change(state: DesiredState) -> DesiredState | None:
+            task = state.migration
+            if task is None or task.migration_id != migration_id:
+                raise MigrationEpochConflict(partition, -1, -1)
+            if task.phase == target:
+                return None  # already recorded (a resumed orchestrator)
+            check_transition(task.migration_kind, task.phase, target)
+            update: dict[str, object] = {"phase": target, "updated_at": now(), **fields}
+            owner = state.owner
+            if target == MigrationPhase.ACTIVE:
+                update["completed_at"] = now()
+                owner = task.to_node
+            if target == MigrationPhase.FAILED:
+                update["completed_at"] = now()
+            return state.model_copy(update={"migration": task.model_copy(update=update), "owner": owner})
+
+        state = self.desired.update(partition, change)
+        assert state.migration is not None
+        return state.migration
+
+    def fail(self, partition: PartitionId, migration_id: str, error: str) -> MigrationTask:
+        task = self.current(partition)
+        failed_phase = task.phase if task else None
+        return self._transition(
+            partition, migration_id, MigrationPhase.FAILED, failed_phase=failed_phase, error=error
+        )
+
+    def cancel(self, partition: PartitionId, migration_id: str) -> MigrationTask:
+        return self._transition(partition, migration_id, MigrationPhase.CANCELLED)
+
+    def run_phase(self, partition: PartitionId, migration_id: str, phase: MigrationPhase) -> PhaseReport:
+        """Persist `phase`, do the coordinator's part of it, wait until the node reports it done."""
+        started = time.monotonic()
+        task = self.current(partition)
+        if task is None or task.migration_id != migration_id:
+            raise MigrationEpochConflict(partition, -1, -1)
+        seq = phase_sequence(task.migration_kind)
+        if phase not in seq:
+            return PhaseReport(phase, 0.0, 0, f"not part of a {task.migration_kind} migration")
+        if task.phase in TERMINAL_PHASES and task.phase != MigrationPhase.ACTIVE:
+            raise MigrationFailed(partition, task.failed_phase or task.phase, task.error or str(task.phase))
+        if seq.index(task.phase) < seq.index(phase):
+            task = self._transition(partition, migration_id, phase)
+        if task.migration_kind == MigrationKind.FORCED and phase == MigrationPhase.RELEASED:
+            self._fence_old_owner(task)
+            return PhaseReport(phase, time.monotonic() - started, 0, f"epoch {task.from_epoch} fenced")
+        if phase == MigrationPhase.PLANNED:
+            return PhaseReport(phase, time.monotonic() - started, 0, "planned")
+        progress = self._wait_for_node(task, phase)
+        return PhaseReport(
+            phase,
+            time.monotonic() - started,
+            progress.bytes_moved if progress else 0,
+            f"node {self._responsible(task, phase)} reported {phase}",
+        )
+
+    def _fence_old_owner(self, task: MigrationTask) -> None:
+        p = PartitionId(task.partition)
+        own = self.ledger.ownership(p)
+        if own is None:
+            raise MigrationNotOwned(p, NodeId(task.from_node))
+        if own.epoch == task.to_epoch and own.owner == task.to_node:
+            return  # done before a crash of the orchestrator
+        target = self.ledger.node(NodeId(task.to_node))
+        try:
+            self.ledger.fence(
+                p,
+                NodeId(task.to_node),
+                expected_epoch=task.from_epoch,
+                reason=f"migration {task.migration_id}: fence node {task.from_node}",
+                generation=target.generation if target else None,
+            )
+        except EpochConflict as exc:
+            raise MigrationEpochConflict(p, exc.expected, exc.actual) from None
+
+    @staticmethod
+    def _responsible(task: MigrationTask, phase: MigrationPhase) -> NodeId:
+        return NodeId(task.from_node if phase in SETTING_PHASES else task.to_node)
+
+    def _wait_for_node(self, task: MigrationTask, phase: MigrationPhase) -> PartitionProgressView | None:
+        p = PartitionId(task.partition)
+        node = self._responsible(task, phase)
+        limit = (
+            self.config.release_wait_timeout_s
+            if phase in SETTING_PHASES
+            else self.config.checkpoint_transfer_timeout_s
+        )
+        limit = min(limit, self.config.migration_timeout_s)
+        start = time.monotonic()
+        while True:
+            record = self.ledger.node(node)
+            progress = record.partitions.get(task.partition) if record else None
+            if progress is not None and progress.migration_id == task.migration_id:
+                if progress.error:
+                    raise MigrationFailed(p, phase, progress.error)
+                done = progress.phase_done
+                if done is not None and _PROGRESS_ORDER[MigrationPhase(done)] >= _PROGRESS_ORDER[phase]:
+                    return PartitionProgressView(progress.bytes_moved)
+            elapsed = time.monotonic() - start
+            if phase in SETTING_PHASES and record is not None:
+                view = next((v for v in self.ledger.nodes() if v.record.node == node), None)
+                if view is not None and not view.alive:
+                    raise OldOwnerCrashed(p, task.from_epoch)
+            if elapsed > limit:
+                raise MigrationTimeout(p, phase, elapsed)
+            time.sleep(self.poll_interval_s)
+
+    def run(
+        self,
+        partition: PartitionId,
+        to_node: NodeId,
+        *,
+        forced: bool = False,
+        on_phase: Callable[[PhaseReport], None] | None = None,
+    ) -> MigrationTask:
+        """Plan (or resume) and drive a whole migration; what the CLI does."""
+        task = self.plan_or_resume(partition, to_node, forced=forced)
+        for phase in phase_sequence(task.migration_kind):
+            report = self.run_phase(partition, task.migration_id, phase)
+            if on_phase is not None:
+                on_phase(report)
+        final = self.current(partition)
+        assert final is not None
+        return final
+
+
+@dataclass(frozen=True)
+class PartitionProgressView:
+    bytes_moved: int

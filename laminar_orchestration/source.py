@@ -1,0 +1,855 @@
+"""The partitioned, append-only input log in the object store.
+
+Layout, per partition ``p``::
+
+    source/{p:05d}/{start_offset:020d}.seg   immutable segments (create-only)
+    source/{p:05d}/head.json                 CAS pointer for producers (`SourceHead`)
+
+A segment is a sequence of frames (`laminar_orchestration.framing`) whose
+payloads are Parquet files with the columns of `EVENT_SCHEMA`; the ``offset``
+column is absolute and contiguous from the segment's start offset, so segment
+``s`` starting at ``o`` with ``n`` events is followed by the segment at ``o + n``.
+
+Appending is lock-free: a producer reads the head, creates the segment at the
+head's ``next_offset`` with a create-only put (exactly one producer can win an
+offset), then moves the head by compare-and-swap. A producer that dies between
+those two steps leaves a segment beyond the head; the next producer finds the
+offset taken and rolls the head forward past it. The head is therefore a hint
+that may lag, never a claim that runs ahead: every offset below it is covered
+by a segment.
+
+Reading never lists and needs no head in the common case: a consumer knows the
+offset it committed (always a segment boundary) and fetches the segment named
+by it, then the next, and so on. The head is consulted only to tell "caught
+up" from "not a segment boundary".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .framing import FLAG_PUBLISHED, HEADER_SIZE, FrameHeader, iter_frames
+from .store import ConcurrentModification, ObjectStore, PreconditionFailed
+
+__all__ = [
+    "EVENT_SCHEMA",
+    "SOURCE_PREFIX",
+    "AppendResult",
+    "BadInputLine",
+    "CorruptSegment",
+    "CorruptSourceHead",
+    "InvalidEvents",
+    "OffsetNotAtSegmentBoundary",
+    "PartitionOutOfRange",
+    "SegmentRef",
+    "SourceBatch",
+    "SourceError",
+    "SourceEvent",
+    "SourceHead",
+    "SourceLog",
+    "decode_segment",
+    "encode_segment",
+    "generate_events",
+    "head_key",
+    "normalize_events",
+    "produce_from_jsonl",
+    "segment_key",
+]
+
+SOURCE_PREFIX = "source/"
+
+#: Columns of every Parquet payload, in this order.
+EVENT_SCHEMA = pa.schema(
+    [
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("key", pa.string(), nullable=False),
+        pa.field("value", pa.float64(), nullable=False),
+        pa.field("ts", pa.int64(), nullable=False),
+    ]
+)
+_INPUT_SCHEMA = pa.schema([f for f in EVENT_SCHEMA if f.name != "offset"])
+_WRITE_ID_META = b"laminar.write_id"
+#: The epoch field of source frames: the input log is not owned by a partition epoch,
+#: and epoch 0 is the reserved "no ownership" value.
+SOURCE_FRAME_EPOCH = 0
+
+
+def partition_prefix(partition: int) -> str:
+    """``source/{partition:05d}``."""
+    return f"{SOURCE_PREFIX}{partition:05d}"
+
+
+def segment_key(partition: int, start_offset: int) -> str:
+    """Key of the segment of `partition` whose first event has offset `start_offset`."""
+    return f"{partition_prefix(partition)}/{start_offset:020d}.seg"
+
+
+def head_key(partition: int) -> str:
+    """Key of the producers' CAS head pointer of `partition`."""
+    return f"{partition_prefix(partition)}/head.json"
+
+
+# --- errors -------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class SourceError(Exception):
+    """Base of source-log errors. Fields are positional args too, so errors pickle."""
+
+    def __post_init__(self) -> None:
+        self.args = tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
+
+@dataclass(eq=False)
+class OffsetNotAtSegmentBoundary(SourceError):
+    """`offset` is neither the start of a segment nor the end of the log (`log_end`)."""
+
+    partition: int
+    offset: int
+    log_end: int
+
+    def __str__(self) -> str:
+        where = "beyond the end of" if self.offset > self.log_end else "inside a segment of"
+        return (
+            f"source offset {self.offset} is {where} partition {self.partition} "
+            f"(log end {self.log_end}); committed offsets must be segment boundaries"
+        )
+
+
+@dataclass(eq=False)
+class CorruptSegment(SourceError):
+    """A segment object that does not decode into the expected frames and events."""
+
+    key: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"corrupt source segment {self.key!r}: {self.reason}"
+
+
+@dataclass(eq=False)
+class CorruptSourceHead(SourceError):
+    """A head pointer that does not parse (or moved backwards). Nothing overwrites it."""
+
+    key: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"corrupt source head {self.key!r}: {self.reason}"
+
+
+@dataclass(eq=False)
+class InvalidEvents(SourceError):
+    """Events handed to `SourceLog.append` that do not fit the event schema."""
+
+    partition: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"invalid events for partition {self.partition}: {self.reason}"
+
+
+@dataclass(eq=False)
+class PartitionOutOfRange(SourceError):
+    """A partition id below 0 or not below the configured partition count."""
+
+    partition: int
+    partitions: int | None
+
+    def __str__(self) -> str:
+        limit = f"0..{self.partitions - 1}" if self.partitions is not None else ">= 0"
+        return f"partition {self.partition} out of range (expected {limit})"
+
+
+@dataclass(eq=False)
+class BadInputLine(SourceError):
+    """A JSONL input line that is not a valid `SourceEvent`; nothing of the file was appended."""
+
+    path: str
+    line_number: int
+    reason: str
+
+    def __str__(self) -> str:
+        return (
+            f"{self.path}:{self.line_number}: {self.reason} (nothing from this file was appended)"
+        )
+
+
+# --- records and values ---------------------------------------------------------
+
+
+class SourceEvent(BaseModel):
+    """One input event. Strict: no string-to-number coercion, no bools, no extra fields.
+
+    `value` accepts ints (stored as float64). `ts` is epoch millis; None means
+    "stamp with the append time".
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    partition: int = Field(ge=0)
+    key: str
+    value: float = Field(allow_inf_nan=False)
+    ts: int | None = None
+
+
+class SourceHead(BaseModel):
+    """The producers' CAS pointer: offsets below `next_offset` are all covered by segments."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    next_offset: int = Field(ge=0)
+    segments: int = Field(ge=0)
+    updated_at: datetime
+    #: Makes every head write's bytes unique, so a retry layer's read-back can tell
+    #: our write from an equal-looking one (and S3 ETags, MD5s, never repeat).
+    write_id: str = Field(default_factory=lambda: secrets.token_hex(8))
+
+
+@dataclass(frozen=True)
+class SegmentRef:
+    """One segment: events [start_offset, end_offset) of `partition`, stored under `key`."""
+
+    key: str
+    partition: int
+    start_offset: int
+    end_offset: int
+
+    @property
+    def events(self) -> int:
+        """Number of events in the segment."""
+        return self.end_offset - self.start_offset
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """What one `append` wrote.
+
+    `segments` are exactly the segments this call created. With concurrent
+    producers other producers' segments may lie between them, so
+    [first_offset, next_offset) can hold more than this call's events.
+    For an empty append both offsets are the log end and `segments` is empty.
+    """
+
+    partition: int
+    first_offset: int
+    next_offset: int
+    segments: tuple[SegmentRef, ...]
+
+    @property
+    def events(self) -> int:
+        """Number of events this call appended."""
+        return sum(s.events for s in self.segments)
+
+
+@dataclass(frozen=True)
+class SourceBatch:
+    """Whole consecutive segments [start_offset, end_offset) of one partition.
+
+    `payloads` are the Parquet files (one per frame, in offset order).
+    """
+
+    partition: int
+    start_offset: int
+    end_offset: int
+    segment_keys: tuple[str, ...]
+    payloads: tuple[bytes, ...]
+
+    @property
+    def events(self) -> int:
+        """Number of events in the batch."""
+        return self.end_offset - self.start_offset
+
+    def write_parquet(self, directory: str | os.PathLike[str]) -> list[Path]:
+        """Write each payload as a Parquet file into `directory` (created if needed).
+
+        Files are named by partition, batch start and index, so batches can share a
+        directory. Each is written under a dot-name and renamed, so Spark (which
+        ignores dot-files) never reads a half-written file.
+        """
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        paths: list[Path] = []
+        for i, payload in enumerate(self.payloads):
+            final = out / f"part-{self.partition:05d}-{self.start_offset:020d}-{i:04d}.parquet"
+            tmp = out / f".{final.name}.{secrets.token_hex(4)}.tmp"
+            tmp.write_bytes(payload)
+            os.replace(tmp, final)
+            paths.append(final)
+        return paths
+
+    def to_table(self) -> pa.Table:
+        """All events of the batch as one pyarrow Table with `EVENT_SCHEMA`."""
+        tables = [
+            pq.read_table(pa.BufferReader(p)).replace_schema_metadata(None) for p in self.payloads
+        ]
+        if not tables:
+            return EVENT_SCHEMA.empty_table()
+        return pa.concat_tables(tables)
+
+
+# --- event normalization and segment encoding ----------------------------------
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def normalize_events(partition: int, events: Sequence[SourceEvent] | pa.Table) -> pa.Table:
+    """Validate and convert events into a table with columns key, value, ts (no offsets).
+
+    A table needs columns ``key`` (string) and ``value`` (integer or float); ``ts``
+    (integer millis or timestamp) is optional and nulls in it are stamped with the
+    current time; a ``partition`` column, if present, must equal `partition`. An
+    ``offset`` column is rejected: offsets are assigned by the log.
+    """
+    if isinstance(events, pa.Table):
+        return _normalize_table(partition, events)
+    for i, ev in enumerate(events):
+        if not isinstance(ev, SourceEvent):
+            raise InvalidEvents(partition, f"event {i} is {type(ev).__name__}, not SourceEvent")
+        if ev.partition != partition:
+            raise InvalidEvents(partition, f"event {i} belongs to partition {ev.partition}")
+    # One pass per column; SourceEvent was validated on construction.
+    table = pa.table(
+        {
+            "key": pa.array([ev.key for ev in events], pa.string()),
+            "value": pa.array([ev.value for ev in events], pa.float64()),
+            "ts": pa.array([ev.ts for ev in events], pa.int64()),
+        }
+    )
+    return _normalize_table(partition, table)
+
+
+def _normalize_table(partition: int, table: pa.Table) -> pa.Table:
+    names = set(table.column_names)
+    unknown = names - {"key", "value", "ts", "partition"}
+    if unknown:
+        hint = "; offsets are assigned by the log" if "offset" in unknown else ""
+        raise InvalidEvents(partition, f"unexpected column(s) {sorted(unknown)}{hint}")
+    missing = {"key", "value"} - names
+    if missing:
+        raise InvalidEvents(partition, f"missing column(s) {sorted(missing)}")
+    n = table.num_rows
+
+    if "partition" in names:
+        col = table.column("partition")
+        if not pa.types.is_integer(col.type):
+            raise InvalidEvents(partition, f"column 'partition' has type {col.type}, not integer")
+        if col.null_count or (n and not pc.all(pc.equal(col, partition)).as_py()):
+            raise InvalidEvents(partition, "column 'partition' holds other partitions or nulls")
+
+    key = table.column("key")
+    stringy = pa.types.is_string(key.type) or pa.types.is_large_string(key.type)
+    if not stringy and not (
+        pa.types.is_dictionary(key.type) and pa.types.is_string(key.type.value_type)
+    ):
+        raise InvalidEvents(partition, f"column 'key' has type {key.type}, not string")
+    key = pc.cast(key, pa.string())
+    if key.null_count:
+        raise InvalidEvents(partition, f"column 'key' has {key.null_count} null(s)")
+
+    value = table.column("value")
+    if not (pa.types.is_integer(value.type) or pa.types.is_floating(value.type)):
+        raise InvalidEvents(partition, f"column 'value' has type {value.type}, not a number")
+    try:
+        value = pc.cast(value, pa.float64())
+    except pa.ArrowInvalid as exc:
+        raise InvalidEvents(partition, f"column 'value': {exc}") from exc
+    if value.null_count:
+        raise InvalidEvents(partition, f"column 'value' has {value.null_count} null(s)")
+    if n and not pc.all(pc.is_finite(value)).as_py():
+        raise InvalidEvents(partition, "column 'value' holds NaN or infinity")
+
+    if "ts" in names:
+        ts = table.column("ts")
+        if pa.types.is_timestamp(ts.type):
+            ts = pc.cast(pc.cast(ts, pa.timestamp("ms")), pa.int64())
+        elif pa.types.is_integer(ts.type) or pa.types.is_null(ts.type):
+            try:
+                ts = pc.cast(ts, pa.int64())
+            except pa.ArrowInvalid as exc:
+                raise InvalidEvents(partition, f"column 'ts': {exc}") from exc
+        else:
+            raise InvalidEvents(partition, f"column 'ts' has type {ts.type}, not integer millis")
+        if ts.null_count:
+            ts = pc.fill_null(ts, _now_ms())
+    else:
+        ts = pa.array(np.full(n, _now_ms(), dtype=np.int64))
+
+    return pa.Table.from_arrays([key, value, ts], schema=_INPUT_SCHEMA)
+
+
+def encode_segment(
+    partition: int,
+    start_offset: int,
+    table: pa.Table,
+    *,
+    generation: int = 0,
+    frame_events: int | None = None,
+    write_id: str | None = None,
+) -> bytes:
+    """Encode normalized events (see `normalize_events`) as a segment at `start_offset`.
+
+    One frame per `frame_events` events (all in one frame if None). `write_id`
+    goes into the Parquet metadata so that two producers' segments never have
+    equal bytes: a producer recognises its own create-only write by its bytes.
+    """
+    n = table.num_rows
+    if n == 0:
+        raise ValueError("a segment holds at least one event")
+    step = frame_events or n
+    offsets = pa.array(np.arange(start_offset, start_offset + n, dtype=np.int64))
+    full = pa.Table.from_arrays([offsets, *table.columns], schema=EVENT_SCHEMA)
+    meta = {_WRITE_ID_META: (write_id or secrets.token_hex(8)).encode()}
+    parts: list[bytes | pa.Buffer] = []
+    for lo in range(0, n, step):
+        sink = pa.BufferOutputStream()
+        pq.write_table(full.slice(lo, step).replace_schema_metadata(meta), sink)
+        payload = sink.getvalue()
+        header = FrameHeader(
+            length=payload.size,
+            epoch=SOURCE_FRAME_EPOCH,
+            generation=generation,
+            partition=partition,
+            flags=FLAG_PUBLISHED,
+        )
+        parts += [header.pack(), payload]
+    return b"".join(parts)  # one copy: join takes the pyarrow buffers directly
+
+
+@dataclass(frozen=True)
+class _Segment:
+    key: str
+    start_offset: int
+    payloads: tuple[bytes, ...]
+    rows: int
+
+
+def decode_segment(
+    key: str, data: bytes, *, partition: int, start_offset: int
+) -> list[tuple[memoryview, int]]:
+    """Check a segment's frames and Parquet footers; return `(payload, rows)` per frame.
+
+    Decodes no column data: only the footer's row counts and the ``offset``
+    column's min/max statistics, which must continue exactly from `start_offset`.
+    Raises `FrameError` (torn/corrupt frame) or `CorruptSegment`.
+    """
+    frames: list[tuple[memoryview, int]] = []
+    expected = start_offset
+    pos = 0
+    for _header, payload in iter_frames(data, source=key, expected_partition=partition):
+        try:
+            md = pq.read_metadata(pa.BufferReader(pa.py_buffer(payload)))
+            names = md.schema.to_arrow_schema().names
+        except (pa.ArrowException, OSError) as exc:
+            raise CorruptSegment(key, f"frame at offset {pos}: unreadable Parquet: {exc}") from exc
+        if names != EVENT_SCHEMA.names:
+            raise CorruptSegment(
+                key, f"frame at offset {pos}: columns {names}, expected {EVENT_SCHEMA.names}"
+            )
+        rows = md.num_rows
+        if rows <= 0:
+            raise CorruptSegment(key, f"frame at offset {pos}: no events")
+        lo = expected
+        for rg in range(md.num_row_groups):
+            group = md.row_group(rg)
+            stats = group.column(0).statistics
+            if (
+                stats is not None
+                and stats.has_min_max
+                and group.num_rows
+                and (stats.min != lo or stats.max != lo + group.num_rows - 1)
+            ):
+                raise CorruptSegment(
+                    key,
+                    f"frame at offset {pos}: offsets {stats.min}..{stats.max}, "
+                    f"expected {lo}..{lo + group.num_rows - 1}",
+                )
+            lo += group.num_rows
+        frames.append((payload, rows))
+        expected += rows
+        pos += HEADER_SIZE + len(payload)
+    if not frames:
+        raise CorruptSegment(key, "segment holds no frames")
+    return frames
+
+
+# --- the log --------------------------------------------------------------------
+
+
+class SourceLog:
+    """Append to and read from the partitioned input log. Thread-safe; safe across processes.
+
+    `segment_events` caps events per segment, `frame_events` per frame (default:
+    one frame per segment). `generation` is stamped into every frame header.
+    With `partitions` set, partition ids outside 0..partitions-1 are rejected.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        segment_events: int = 100_000,
+        frame_events: int | None = None,
+        generation: int = 0,
+        partitions: int | None = None,
+    ) -> None:
+        if segment_events < 1:
+            raise ValueError("segment_events must be >= 1")
+        if frame_events is not None and frame_events < 1:
+            raise ValueError("frame_events must be >= 1")
+        self.store = store
+        self.segment_events = segment_events
+        self.frame_events = frame_events
+        self.generation = generation
+        self.partitions = partitions
+        # A segment fetched by `read` that did not fit max_events; the next read of
+        # that partition almost always starts there. Segments are immutable, so
+        # caching one is always correct.
+        self._lookahead: dict[int, _Segment] = {}
+        self._lock = threading.Lock()
+
+    def _check_partition(self, partition: int) -> None:
+        if partition < 0 or (self.partitions is not None and partition >= self.partitions):
+            raise PartitionOutOfRange(partition, self.partitions)
+
+    # -- head --------------------------------------------------------------
+
+    def head(self, partition: int) -> SourceHead | None:
+        """The producers' head pointer of `partition`, or None if nothing was ever appended."""
+        got = self._read_head(partition)
+        return got[0] if got else None
+
+    def _read_head(self, partition: int) -> tuple[SourceHead, str] | None:
+        key = head_key(partition)
+        obj = self.store.get_or_none(key)
+        if obj is None:
+            return None
+        try:
+            return SourceHead.model_validate_json(obj.data), obj.etag
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ())) or "<root>"
+            raise CorruptSourceHead(key, f"{where}: {first.get('msg')}") from exc
+
+    def _head_state(self, partition: int) -> tuple[int, int, str | None]:
+        """(next_offset, segments, etag) of the head; (0, 0, None) if there is none."""
+        got = self._read_head(partition)
+        return (got[0].next_offset, got[0].segments, got[1]) if got else (0, 0, None)
+
+    def _write_head(
+        self, partition: int, etag: str | None, next_offset: int, segments: int
+    ) -> None:
+        """One conditional write of the head; raises PreconditionFailed/ConcurrentModification."""
+        record = SourceHead(
+            next_offset=next_offset, segments=segments, updated_at=datetime.now(UTC)
+        )
+        data = record.model_dump_json().encode()
+        if etag is None:
+            self.store.put_if_absent(head_key(partition), data)
+        else:
+            self.store.put_if_match(head_key(partition), data, etag)
+
+    def end_offset(self, partition: int) -> int:
+        """The head's next offset (0 if none). May lag behind segments of a dead producer."""
+        self._check_partition(partition)
+        got = self._read_head(partition)
+        return got[0].next_offset if got else 0
+
+    def roll_forward(self, partition: int) -> int:
+        """Move the head past segments a dead producer left beyond it; return the log end."""
+        self._check_partition(partition)
+        while True:
+            end, count, etag = self._head_state(partition)
+            seg = self._load(partition, end)
+            if seg is None:
+                return end
+            # A lost race means someone else moved it: re-read either way.
+            with contextlib.suppress(PreconditionFailed, ConcurrentModification):
+                self._write_head(partition, etag, end + seg.rows, count + 1)
+
+    # -- append ------------------------------------------------------------
+
+    def append(self, partition: int, events: Sequence[SourceEvent] | pa.Table) -> AppendResult:
+        """Append events to `partition` in segments of at most `segment_events`.
+
+        Each segment lands atomically at the current log end; concurrent producers
+        (threads or processes) never lose, duplicate or interleave events within a
+        segment, and offsets stay contiguous.
+        """
+        self._check_partition(partition)
+        table = normalize_events(partition, events)
+        refs = [
+            self._append_segment(partition, table.slice(lo, self.segment_events))
+            for lo in range(0, table.num_rows, self.segment_events)
+        ]
+        if not refs:
+            end = self.end_offset(partition)
+            return AppendResult(partition, end, end, ())
+        return AppendResult(partition, refs[0].start_offset, refs[-1].end_offset, tuple(refs))
+
+    def _append_segment(self, partition: int, chunk: pa.Table) -> SegmentRef:
+        n = chunk.num_rows
+        write_id = secrets.token_hex(8)
+        built: tuple[int, bytes] | None = None
+        while True:
+            start, count, etag = self._head_state(partition)
+            key = segment_key(partition, start)
+            if built is None or built[0] != start:
+                # Offsets are absolute, so the bytes depend on where the segment lands.
+                built = (
+                    start,
+                    encode_segment(
+                        partition,
+                        start,
+                        chunk,
+                        generation=self.generation,
+                        frame_events=self.frame_events,
+                        write_id=write_id,
+                    ),
+                )
+            data = built[1]
+            try:
+                self.store.put_if_absent(
+                    key,
+                    data,
+                    metadata={"events": str(n), "start-offset": str(start), "write-id": write_id},
+                )
+            except (PreconditionFailed, ConcurrentModification):
+                # Decide by what is stored, not by the error: a retried request may
+                # report a conflict with its own earlier, applied attempt.
+                existing = self.store.get_or_none(key)
+                if existing is None:
+                    continue  # a 409 with no winner yet
+                if existing.data != data:
+                    # Another producer owns this offset; if its head move is missing
+                    # (it died, or is just slow), do it for it, then try the next offset.
+                    rows = self._parse(partition, start, existing.data).rows
+                    with contextlib.suppress(PreconditionFailed, ConcurrentModification):
+                        self._write_head(partition, etag, start + rows, count + 1)
+                    continue
+                # Our own earlier attempt landed and only its response was lost.
+            self._advance_head(partition, etag, start, start + n, count + 1)
+            return SegmentRef(key, partition, start, start + n)
+
+    def _advance_head(
+        self, partition: int, etag: str | None, start: int, end: int, segments: int
+    ) -> None:
+        """Move the head from `start` to `end` after creating the segment at `start`."""
+        while True:
+            try:
+                self._write_head(partition, etag, end, segments)
+                return
+            except (PreconditionFailed, ConcurrentModification):
+                got = self._read_head(partition)
+                current = got[0].next_offset if got else 0
+                if current >= end:
+                    # Rolled forward past our segment by another producer (or our lost write).
+                    return
+                if current != start:
+                    raise CorruptSourceHead(
+                        head_key(partition),
+                        f"head at {current} while the segment at {start} was being published",
+                    ) from None
+                assert got is not None
+                etag, segments = got[1], got[0].segments + 1
+
+    # -- read ----------------------------------------------------------------
+
+    def _parse(self, partition: int, start: int, data: bytes) -> _Segment:
+        key = segment_key(partition, start)
+        frames = decode_segment(key, data, partition=partition, start_offset=start)
+        return _Segment(
+            key=key,
+            start_offset=start,
+            payloads=tuple(bytes(p) for p, _ in frames),
+            rows=sum(r for _, r in frames),
+        )
+
+    def _load(self, partition: int, start: int) -> _Segment | None:
+        with self._lock:
+            cached = self._lookahead.get(partition)
+            if cached is not None and cached.start_offset == start:
+                del self._lookahead[partition]
+                return cached
+        obj = self.store.get_or_none(segment_key(partition, start))
+        return None if obj is None else self._parse(partition, start, obj.data)
+
+    def read(self, partition: int, from_offset: int, max_events: int) -> SourceBatch | None:
+        """Read whole segments starting exactly at `from_offset`, up to `max_events` events.
+
+        Always returns at least one segment if one starts at `from_offset`, even
+        if it alone exceeds `max_events`. Returns None when caught up (no segment
+        at `from_offset`, which is the log end). Raises `OffsetNotAtSegmentBoundary`
+        if `from_offset` is neither a segment start nor the log end.
+        """
+        self._check_partition(partition)
+        if max_events < 1:
+            raise ValueError("max_events must be >= 1")
+        if from_offset < 0:
+            raise OffsetNotAtSegmentBoundary(partition, from_offset, self.end_offset(partition))
+        for _attempt in range(2):
+            segments: list[_Segment] = []
+            offset = from_offset
+            while offset - from_offset < max_events:
+                seg = self._load(partition, offset)
+                if seg is None:
+                    break
+                if segments and offset - from_offset + seg.rows > max_events:
+                    with self._lock:
+                        self._lookahead[partition] = seg
+                    break
+                segments.append(seg)
+                offset += seg.rows
+            if segments:
+                return SourceBatch(
+                    partition=partition,
+                    start_offset=from_offset,
+                    end_offset=offset,
+                    segment_keys=tuple(s.key for s in segments),
+                    payloads=tuple(p for s in segments for p in s.payloads),
+                )
+            if self._at_log_end(partition, from_offset):
+                return None
+            # A producer created the segment after our probe: read again.
+        raise AssertionError("unreachable: a segment that appeared cannot disappear")
+
+    def _at_log_end(self, partition: int, offset: int) -> bool:
+        """After finding no segment at `offset`: True if it is the log end.
+
+        False if a segment appeared at `offset` meanwhile; raises
+        `OffsetNotAtSegmentBoundary` otherwise.
+        """
+        end = self.end_offset(partition)
+        if offset < end:
+            # Below the head every boundary has a segment; re-probe for a racing producer.
+            if self.store.head(segment_key(partition, offset)) is not None:
+                return False
+            raise OffsetNotAtSegmentBoundary(partition, offset, self._walk_to_end(partition, end))
+        # At or beyond the head: the head may lag behind segments of a dead producer.
+        pos = end
+        while pos < offset:
+            seg = self._load(partition, pos)
+            if seg is None:
+                raise OffsetNotAtSegmentBoundary(partition, offset, pos)
+            pos += seg.rows
+        if pos == offset:
+            return True
+        raise OffsetNotAtSegmentBoundary(partition, offset, self._walk_to_end(partition, pos))
+
+    def _walk_to_end(self, partition: int, pos: int) -> int:
+        """Follow segments from boundary `pos` to the true log end (error paths only)."""
+        while (seg := self._load(partition, pos)) is not None:
+            pos += seg.rows
+        return pos
+
+    def iter_batches(
+        self, partition: int, from_offset: int, max_events: int
+    ) -> Iterator[SourceBatch]:
+        """Batches from `from_offset` until caught up."""
+        offset = from_offset
+        while (batch := self.read(partition, offset, max_events)) is not None:
+            yield batch
+            offset = batch.end_offset
+
+
+# --- producers -----------------------------------------------------------------
+
+
+def produce_from_jsonl(path: str | os.PathLike[str], log: SourceLog) -> dict[int, AppendResult]:
+    """Append the events of a JSONL file (one `SourceEvent` object per line).
+
+    Every line is validated before anything is appended: a bad line raises
+    `BadInputLine` naming the file and the 1-based line number, and nothing of
+    the file is appended. Blank lines are skipped. Returns one result per
+    partition that received events. (A store failure midway can still leave
+    earlier partitions appended; each partition's append is all-or-nothing per segment.)
+    """
+    keys: dict[int, list[str]] = {}
+    values: dict[int, list[float]] = {}
+    stamps: dict[int, list[int | None]] = {}
+    with open(path, "rb") as fh:
+        for line_number, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                ev = SourceEvent.model_validate_json(raw)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first.get("loc", ()))
+                reason = f"{where}: {first['msg']}" if where else str(first["msg"])
+                raise BadInputLine(str(path), line_number, reason) from None
+            if log.partitions is not None and ev.partition >= log.partitions:
+                raise BadInputLine(
+                    str(path),
+                    line_number,
+                    f"partition: {ev.partition} out of range 0..{log.partitions - 1}",
+                )
+            keys.setdefault(ev.partition, []).append(ev.key)
+            values.setdefault(ev.partition, []).append(ev.value)
+            stamps.setdefault(ev.partition, []).append(ev.ts)
+    results: dict[int, AppendResult] = {}
+    for partition in sorted(keys):
+        table = pa.table(
+            {
+                "key": pa.array(keys[partition], pa.string()),
+                "value": pa.array(values[partition], pa.float64()),
+                "ts": pa.array(stamps[partition], pa.int64()),
+            }
+        )
+        results[partition] = log.append(partition, table)
+    return results
+
+
+#: First timestamp of `generate_events` (2023-11-14T22:13:20Z), fixed for determinism.
+GENERATOR_START_TS = 1_700_000_000_000
+
+
+def generate_events(
+    count: int,
+    keys: int,
+    seed: int,
+    partitions: int,
+    *,
+    integer_values: bool = False,
+    start_ts: int = GENERATOR_START_TS,
+) -> dict[int, pa.Table]:
+    """Deterministic load: `count` events over keys "k0".."k{keys-1}", split by partition.
+
+    Key ``k{i}`` always goes to partition ``i % partitions`` (keyed state stays in
+    one partition). Values are uniform floats in [0, 100), or integers in [0, 100]
+    (exact sums for exactly-once checks) with `integer_values`. ``ts`` increases by
+    1 ms per event from `start_ts` in global event order. Every partition gets a
+    table (possibly empty) with columns key, value, ts, ready for `SourceLog.append`.
+    """
+    if count < 0 or keys < 1 or partitions < 1:
+        raise ValueError("need count >= 0, keys >= 1, partitions >= 1")
+    rng = np.random.default_rng(seed)
+    key_idx = rng.integers(0, keys, size=count, dtype=np.int64)
+    if integer_values:
+        vals = rng.integers(0, 101, size=count).astype(np.float64)
+    else:
+        vals = rng.random(count) * 100.0
+    ts = np.arange(start_ts, start_ts + count, dtype=np.int64)
+    names = pa.array([f"k{i}" for i in range(keys)], pa.string())
+    table = pa.Table.from_arrays(
+        [names.take(pa.array(key_idx)), pa.array(vals), pa.array(ts)], schema=_INPUT_SCHEMA
+    )
+    part_of = key_idx % partitions
+    return {p: table.filter(pa.array(part_of == p)) for p in range(partitions)}

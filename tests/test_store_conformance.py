@@ -1,0 +1,390 @@
+"""One conformance suite for every ObjectStore backend (local filesystem and S3).
+
+Each test states a promise of `ObjectStore` that laminar's fencing relies on and
+runs it against both backends through the `store` fixture. The concurrency
+tests race real threads (and, for the local store, real processes) so a
+non-atomic conditional write would show up as two winners or a lost update.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.queues import Queue as MpQueue
+from multiprocessing.synchronize import Event as MpEvent
+
+import pytest
+
+from laminar_orchestration.store import (
+    InvalidKey,
+    LocalObjectStore,
+    ObjectNotFound,
+    ObjectStore,
+    PreconditionFailed,
+)
+from laminar_orchestration.store.s3 import S3ObjectStore
+
+# -- basic semantics -----------------------------------------------------------------
+
+
+def test_put_if_absent_creates_once(store: ObjectStore) -> None:
+    etag = store.put_if_absent("leases/p0", b"first", {"writer": "w1"})
+
+    with pytest.raises(PreconditionFailed) as failed:
+        store.put_if_absent("leases/p0", b"second", {"writer": "w2"})
+
+    assert failed.value.key == "leases/p0"
+    assert failed.value.expected_etag is None
+    obj = store.get("leases/p0")
+    assert (obj.data, obj.etag, dict(obj.metadata)) == (b"first", etag, {"writer": "w1"})
+
+
+def test_put_if_match_swaps_when_etag_is_current(store: ObjectStore) -> None:
+    e1 = store.put_if_absent("ptr", b"v1")
+
+    e2 = store.put_if_match("ptr", b"v2", e1, {"epoch": "2"})
+
+    assert e2 != e1
+    obj = store.get("ptr")
+    assert (obj.data, obj.etag, dict(obj.metadata)) == (b"v2", e2, {"epoch": "2"})
+
+
+def test_put_if_match_rejects_stale_etag(store: ObjectStore) -> None:
+    e1 = store.put_if_absent("ptr", b"v1")
+    e2 = store.put_if_match("ptr", b"v2", e1)
+
+    with pytest.raises(PreconditionFailed) as failed:
+        store.put_if_match("ptr", b"v3", e1)
+
+    assert (failed.value.key, failed.value.expected_etag) == ("ptr", e1)
+    obj = store.get("ptr")
+    assert (obj.data, obj.etag) == (b"v2", e2)
+
+
+def test_put_if_match_on_missing_key_is_a_failed_precondition(store: ObjectStore) -> None:
+    with pytest.raises(PreconditionFailed):
+        store.put_if_match("never-created", b"v", "0123456789abcdef")
+    # And on a key that existed but was deleted: the old ETag must not revive it.
+    etag = store.put_if_absent("gone", b"v1")
+    store.delete_if_match("gone", etag)
+    with pytest.raises(PreconditionFailed):
+        store.put_if_match("gone", b"v2", etag)
+    assert store.head("never-created") is None
+    assert store.head("gone") is None
+
+
+def test_delete_if_match(store: ObjectStore) -> None:
+    e1 = store.put_if_absent("k", b"v1")
+    e2 = store.put_if_match("k", b"v2", e1)
+
+    with pytest.raises(PreconditionFailed) as failed:
+        store.delete_if_match("k", e1)  # stale ETag: must not delete
+    assert failed.value.expected_etag == e1
+    assert store.get("k").data == b"v2"
+
+    store.delete_if_match("k", e2)
+    assert store.head("k") is None
+    with pytest.raises(ObjectNotFound):
+        store.get("k")
+
+    with pytest.raises(ObjectNotFound) as missing:
+        store.delete_if_match("k", e2)
+    assert missing.value.key == "k"
+
+    # A deleted key can be created again.
+    store.put_if_absent("k", b"v3")
+    assert store.get("k").data == b"v3"
+
+
+def test_get_and_head_report_etag_size_and_metadata(store: ObjectStore) -> None:
+    data = bytes(range(256)) * 3  # every byte value, not just text
+    meta = {"writer-id": "w-42", "epoch": "7"}
+    etag = store.put_if_absent("objs/blob", data, meta)
+
+    obj = store.get("objs/blob")
+    assert (obj.key, obj.data, obj.etag, dict(obj.metadata)) == ("objs/blob", data, etag, meta)
+
+    head = store.head("objs/blob")
+    assert head is not None
+    assert (head.key, head.size, head.etag, dict(head.metadata)) == (
+        "objs/blob", len(data), etag, meta,
+    )
+
+
+def test_empty_object_without_metadata(store: ObjectStore) -> None:
+    etag = store.put_if_absent("empty", b"")
+    obj = store.get("empty")
+    assert (obj.data, obj.etag, dict(obj.metadata)) == (b"", etag, {})
+    head = store.head("empty")
+    assert head is not None and head.size == 0
+
+
+def test_reads_of_a_missing_key(store: ObjectStore) -> None:
+    with pytest.raises(ObjectNotFound) as missing:
+        store.get("nope/x")
+    assert missing.value.key == "nope/x"
+    assert store.head("nope/x") is None
+    assert store.get_or_none("nope/x") is None
+
+
+def test_list_is_sorted_and_prefix_filtered(store: ObjectStore) -> None:
+    keys = ["b/2", "a/2", "ab", "a/10", "c", "a/1", "a/sub/deep"]
+    for i, key in enumerate(keys):
+        store.put_if_absent(key, f"payload-{i}".encode())
+
+    assert list(store.list("")) == sorted(keys)
+    assert list(store.list("a/")) == ["a/1", "a/10", "a/2", "a/sub/deep"]
+    # A prefix is a string prefix, not a directory: "a" also matches "ab".
+    assert list(store.list("a")) == ["a/1", "a/10", "a/2", "a/sub/deep", "ab"]
+    assert list(store.list("a/sub/")) == ["a/sub/deep"]
+    assert list(store.list("zzz")) == []
+
+
+def test_etag_changes_on_every_write(store: ObjectStore) -> None:
+    # Distinct payloads, as laminar always writes (S3 ETags are content hashes).
+    etags = [store.put_if_absent("ctr", b"0")]
+    for i in range(1, 6):
+        etags.append(store.put_if_match("ctr", str(i).encode(), etags[-1]))
+        head = store.head("ctr")
+        assert head is not None and head.etag == etags[-1]
+    assert len(set(etags)) == len(etags)
+
+
+BAD_KEYS = ["", "/abs", "trailing/", "a//b", "./a", "a/./b", "a/../b", "..", ".tmp-x", "a/.tmp-y"]
+
+
+@pytest.mark.parametrize("key", BAD_KEYS)
+def test_invalid_keys_are_rejected(store: ObjectStore, key: str) -> None:
+    ops: list[Callable[[], object]] = [
+        lambda: store.put_if_absent(key, b"x"),
+        lambda: store.put_if_match(key, b"x", "etag"),
+        lambda: store.delete_if_match(key, "etag"),
+        lambda: store.get(key),
+        lambda: store.head(key),
+    ]
+    for op in ops:
+        with pytest.raises(InvalidKey):
+            op()
+    assert list(store.list("")) == []
+
+
+# -- concurrency: threads ------------------------------------------------------------------
+
+N_THREADS = 8
+
+
+def _race(n: int, fn: Callable[[int], str]) -> tuple[dict[int, str], list[int]]:
+    """Run fn(i) for i in range(n) on n threads released together.
+
+    Returns (winner index -> ETag, loser indices). Any error other than
+    PreconditionFailed fails the test.
+    """
+    barrier = threading.Barrier(n)
+    wins: dict[int, str] = {}
+    losses: list[int] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            etag = fn(i)
+        except PreconditionFailed:
+            with lock:
+                losses.append(i)
+        except BaseException as exc:  # report, don't hide, unexpected failures
+            with lock:
+                errors.append(exc)
+        else:
+            with lock:
+                wins[i] = etag
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    return wins, losses
+
+
+def test_threads_racing_create_only_exactly_one_wins(store: ObjectStore) -> None:
+    wins, losses = _race(
+        N_THREADS, lambda i: store.put_if_absent("race/lease", f"owner-{i}".encode())
+    )
+
+    assert len(wins) == 1 and len(losses) == N_THREADS - 1
+    [(winner, etag)] = wins.items()
+    obj = store.get("race/lease")
+    assert (obj.data, obj.etag) == (f"owner-{winner}".encode(), etag)
+
+
+def test_threads_racing_cas_from_one_etag_exactly_one_wins(store: ObjectStore) -> None:
+    base = store.put_if_absent("race/ptr", b"epoch-0")
+
+    wins, losses = _race(
+        N_THREADS, lambda i: store.put_if_match("race/ptr", f"epoch-1-by-{i}".encode(), base)
+    )
+
+    assert len(wins) == 1 and len(losses) == N_THREADS - 1
+    [(winner, etag)] = wins.items()
+    obj = store.get("race/ptr")
+    assert (obj.data, obj.etag) == (f"epoch-1-by-{winner}".encode(), etag)
+
+
+@dataclass
+class _IncrementLog:
+    """What one incrementer saw: the counter values its successful CAS ops replaced."""
+
+    bases: list[int] = field(default_factory=list)
+    conflicts: int = 0
+
+
+def _increment(store: ObjectStore, key: str, writer: str, times: int) -> _IncrementLog:
+    """Read-modify-write `key` with CAS until `times` increments succeeded."""
+    log = _IncrementLog()
+    while len(log.bases) < times:
+        cur = store.get(key)
+        n = int(json.loads(cur.data)["n"])
+        # The writer id keeps every payload unique (no ABA on content-hash ETags).
+        new = json.dumps({"n": n + 1, "writer": writer}).encode()
+        try:
+            store.put_if_match(key, new, cur.etag)
+        except PreconditionFailed:
+            log.conflicts += 1
+        else:
+            log.bases.append(n)
+    return log
+
+
+def _assert_no_lost_update(store: ObjectStore, key: str, logs: list[_IncrementLog]) -> None:
+    bases = sorted(b for log in logs for b in log.bases)
+    total = len(bases)
+    # Each successful CAS replaced a distinct counter value: had two writers both
+    # "won" from the same read, a base would repeat and the final count fall short.
+    assert bases == list(range(total))
+    assert json.loads(store.get(key).data)["n"] == total
+
+
+def test_threads_cas_increments_lose_no_update(store: ObjectStore) -> None:
+    # Fewer threads than the one-shot races: every success costs each contender a
+    # GET and a PUT, and the S3 emulator serves one request at a time.
+    n_threads, per_thread = 4, 6
+    store.put_if_absent("counter", json.dumps({"n": 0, "writer": "init"}).encode())
+    logs = [_IncrementLog() for _ in range(n_threads)]
+    barrier = threading.Barrier(n_threads)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            logs[i] = _increment(store, "counter", f"t{i}", per_thread)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+
+    assert not errors, errors
+    assert sum(len(log.bases) for log in logs) == n_threads * per_thread
+    _assert_no_lost_update(store, "counter", logs)
+
+
+# -- concurrency: processes (local store only; S3 is shared by construction) ---------------
+
+N_PROCS = 4
+
+
+def _proc_main(
+    task: str, root: str, start: MpEvent, out: MpQueue[tuple[int, str, object]], i: int
+) -> None:
+    """Body of one racing process; reports (i, "ok", result) or (i, "error", repr)."""
+    try:
+        store = LocalObjectStore(root)  # each process opens the store on its own
+        start.wait()
+        result: object
+        if task == "create":
+            try:
+                result = store.put_if_absent("race/lease", f"proc-{i}".encode())
+            except PreconditionFailed:
+                result = None
+        else:
+            result = _increment(store, "counter", f"p{i}", 10).bases
+        out.put((i, "ok", result))
+    except BaseException as exc:  # surface child failures instead of a queue timeout
+        out.put((i, "error", repr(exc)))
+
+
+def _run_procs(task: str, root: str) -> dict[int, object]:
+    # fork keeps this quick (spawn re-imports pytest and boto3 per child). The
+    # children still contend as independent processes: each opens its own
+    # store, so every flock is taken on a file description of its own.
+    ctx = multiprocessing.get_context("fork")
+    start = ctx.Event()
+    out: MpQueue[tuple[int, str, object]] = ctx.Queue()
+    procs = [
+        ctx.Process(target=_proc_main, args=(task, root, start, out, i)) for i in range(N_PROCS)
+    ]
+    for p in procs:
+        p.start()
+    start.set()  # release them together
+    results: dict[int, object] = {}
+    for _ in procs:
+        i, status, value = out.get(timeout=60)
+        assert status == "ok", value
+        results[i] = value
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    return results
+
+
+def test_processes_racing_create_only_exactly_one_wins(local_store: LocalObjectStore) -> None:
+    results = _run_procs("create", str(local_store.root))
+
+    winners = {i: etag for i, etag in results.items() if etag is not None}
+    assert len(winners) == 1
+    [(winner, etag)] = winners.items()
+    obj = local_store.get("race/lease")
+    assert (obj.data, obj.etag) == (f"proc-{winner}".encode(), etag)
+
+
+def test_processes_cas_increments_lose_no_update(local_store: LocalObjectStore) -> None:
+    local_store.put_if_absent("counter", json.dumps({"n": 0, "writer": "init"}).encode())
+
+    results = _run_procs("increment", str(local_store.root))
+
+    logs = []
+    for bases in results.values():
+        assert isinstance(bases, list)
+        logs.append(_IncrementLog(bases=bases))
+    assert sum(len(log.bases) for log in logs) == N_PROCS * 10
+    _assert_no_lost_update(local_store, "counter", logs)
+
+
+# -- S3 specifics ----------------------------------------------------------------------------
+
+
+def test_s3_prefixes_isolate_stores(s3_endpoint: str, s3_bucket: str) -> None:
+    a = S3ObjectStore(s3_bucket, "tenant-a", endpoint_url=s3_endpoint)
+    b = S3ObjectStore(s3_bucket, "/tenant-b/", endpoint_url=s3_endpoint)
+    try:
+        assert (a.url, b.url) == (f"s3://{s3_bucket}/tenant-a", f"s3://{s3_bucket}/tenant-b")
+        a.put_if_absent("k", b"from-a")
+        b.put_if_absent("k", b"from-b")  # same key, other prefix: no conflict
+        assert (a.get("k").data, b.get("k").data) == (b"from-a", b"from-b")
+        assert list(a.list("")) == ["k"] and list(b.list("")) == ["k"]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_s3_metadata_keys_come_back_lowercased(s3_store: S3ObjectStore) -> None:
+    s3_store.put_if_absent("m", b"x", {"Writer-Id": "W1"})
+    assert dict(s3_store.get("m").metadata) == {"writer-id": "W1"}
