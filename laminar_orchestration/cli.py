@@ -1,0 +1,299 @@
+"""The `laminar` command line: one subcommand per operation, `--json` where output is data.
+
+Every subcommand takes `--store URL` (default: ``LAMINAR_STORE``, else a local
+store under the working directory). Errors are reported as one line naming
+what is wrong, with exit code 2 for bad input and 1 for a failed operation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from .fencing import EpochError
+from .ledger import Ledger, LedgerError
+from .source import SourceError
+from .store import StoreError, default_store_url, open_store
+
+Handler = Callable[[argparse.Namespace], int]
+_COMMANDS: dict[str, Handler] = {}
+
+
+def command(name: str) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        _COMMANDS[name] = fn
+        return fn
+
+    return register
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=_json_default))
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def _ledger(args: argparse.Namespace, *, create: bool = False) -> Ledger:
+    return Ledger(open_store(args.store, create=create))
+
+
+# --- init / status -----------------------------------------------------------
+
+
+@command("init")
+def cmd_init(args: argparse.Namespace) -> int:
+    ledger = _ledger(args, create=True)
+    record = ledger.init_cluster(args.partitions, force=args.force)
+    if args.json:
+        _print_json(record.model_dump(mode="json"))
+    else:
+        print(f"initialized cluster {record.cluster_id} with {record.partitions} partitions in {ledger.store.url}")
+    return 0
+
+
+def status_report(ledger: Ledger) -> dict[str, Any]:
+    """The data `laminar status` prints: partitions, nodes, cluster epoch."""
+    cluster = ledger.cluster()
+    membership = ledger.membership()
+    partitions = []
+    for pid, own in ledger.ownerships(ledger.partitions()).items():
+        if own is None:
+            continue
+        partitions.append(
+            {
+                "partition": int(pid),
+                "epoch": own.epoch,
+                "owner": int(own.owner),
+                "status": own.status.value,
+                "head_lagged": own.head_lagged,
+            }
+        )
+    nodes = [
+        {
+            "node": v.record.node,
+            "generation": v.record.generation,
+            "status": v.record.status.value,
+            "alive": v.alive,
+            "last_heartbeat": v.record.heartbeat_at.isoformat(),
+            "heartbeat_age_s": round(v.heartbeat_age_s, 3),
+            "host": v.record.host,
+            "pid": v.record.pid,
+        }
+        for v in ledger.nodes()
+    ]
+    return {
+        "store": ledger.store.url,
+        "cluster_id": cluster.cluster_id,
+        "cluster_epoch": membership.cluster_epoch,
+        "partitions": partitions,
+        "nodes": nodes,
+    }
+
+
+@command("status")
+def cmd_status(args: argparse.Namespace) -> int:
+    report = status_report(_ledger(args))
+    if args.json:
+        _print_json(report)
+        return 0
+    print(f"store {report['store']}  cluster {report['cluster_id']}  cluster epoch {report['cluster_epoch']}")
+    print(f"{'PARTITION':>9}  {'EPOCH':>5}  {'OWNER':>5}  STATUS")
+    for p in report["partitions"]:
+        owner = p["owner"] or "-"
+        print(f"{p['partition']:>9}  {p['epoch']:>5}  {owner:>5}  {p['status']}")
+    print(f"{'NODE':>9}  {'GEN':>5}  {'ALIVE':>5}  {'HEARTBEAT AGE':>13}  STATUS")
+    for n in report["nodes"]:
+        alive = "yes" if n["alive"] else "NO"
+        print(f"{n['node']:>9}  {n['generation']:>5}  {alive:>5}  {n['heartbeat_age_s']:>12.1f}s  {n['status']}")
+    return 0
+
+
+# --- data plane: node, produce, query, verify -----------------------------------------
+
+
+@command("node")
+def cmd_node(args: argparse.Namespace) -> int:
+    import logging
+
+    from .runtime import NodeConfig, run_node
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = NodeConfig(
+        store_url=args.store,
+        node_id=args.node_id,
+        spark_master=args.spark_master,
+        spark_ui=args.spark_ui,
+        heartbeat_timeout_s=args.heartbeat_timeout,
+        heartbeat_interval_s=min(1.0, args.heartbeat_timeout / 4),
+        refresh_interval_s=args.refresh_interval,
+        batch_max_events=args.batch_max_events,
+        checkpoint_every_batches=args.checkpoint_every_batches,
+        checkpoint_every_s=args.checkpoint_every_s,
+    )
+    run_node(config)
+    return 0
+
+
+@command("produce")
+def cmd_produce(args: argparse.Namespace) -> int:
+    from .source import SourceLog, generate_events, produce_from_jsonl
+
+    ledger = _ledger(args)
+    partitions = ledger.cluster().partitions
+    log = SourceLog(ledger.store, partitions=partitions, segment_events=args.segment_events)
+    counts: dict[int, int] = {}
+    if args.from_file:
+        for p, res in produce_from_jsonl(args.from_file, log).items():
+            counts[p] = res.events
+    else:
+        if args.count is None:
+            raise ValueError("give --from-file FILE or --count N")
+        tables = generate_events(args.count, args.keys, args.seed, partitions)
+        for p, table in tables.items():
+            counts[p] = log.append(p, table).events
+    if args.json:
+        _print_json({"appended": {str(p): n for p, n in sorted(counts.items())}})
+    else:
+        for p, n in sorted(counts.items()):
+            print(f"partition {p}: appended {n} events (log end {log.end_offset(p)})")
+    return 0
+
+
+@command("query")
+def cmd_query(args: argparse.Namespace) -> int:
+    from .verify import committed_state
+
+    ledger = _ledger(args)
+    if args.partition not in ledger.partitions():
+        raise ValueError(f"partition {args.partition} does not exist (cluster has {ledger.cluster().partitions})")
+    state, offset = committed_state(ledger.store, args.partition)
+    rows = state.drop_columns(["last_offset"]).to_pylist()
+    if args.json:
+        _print_json({"partition": args.partition, "committed_offset": offset, "keys": rows})
+        return 0
+    print(f"partition {args.partition}: committed offset {offset}, {len(rows)} keys")
+    print(f"{'KEY':<16} {'COUNT':>10} {'SUM':>16} {'MIN':>12} {'MAX':>12} {'LAST':>12}")
+    for r in rows:
+        print(
+            f"{r['key']:<16} {r['count']:>10} {r['sum']:>16.4f} {r['min']:>12.4f} {r['max']:>12.4f} {r['last']:>12.4f}"
+        )
+    return 0
+
+
+@command("verify")
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .verify import audit_store
+
+    audits = audit_store(_ledger(args).store)
+    ok = all(a.ok for a in audits)
+    if args.json:
+        _print_json(
+            {
+                "ok": ok,
+                "partitions": [
+                    {
+                        "partition": a.partition,
+                        "committed_offset": a.committed_offset,
+                        "events_in_source": a.events_in_source,
+                        "manifests": a.manifests,
+                        "epochs_granted": a.epochs_granted,
+                        "duplicates": a.duplicates,
+                        "losses": a.losses,
+                        "orphan_outputs": a.orphan_outputs,
+                        "issues": [vars(i) for i in a.issues],
+                    }
+                    for a in audits
+                ],
+            }
+        )
+    else:
+        for a in audits:
+            verdict = "ok" if a.ok else f"{len(a.issues)} PROBLEMS"
+            print(
+                f"partition {a.partition}: committed {a.committed_offset}/{a.events_in_source} events, "
+                f"{a.manifests} manifests, {a.epochs_granted} epochs: {verdict}"
+            )
+            for i in a.issues:
+                where = f" [{i.start_offset}, {i.end_offset})" if i.start_offset is not None else ""
+                print(f"  {i.kind}{where}: {i.detail}")
+        print("verify: OK" if ok else "verify: FAILED")
+    return 0 if ok else 1
+
+
+# --- parser --------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="laminar", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, help_text: str, *, json_output: bool = False) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument(
+            "--store",
+            default=None,
+            help="store URL: file:///path or s3://bucket/prefix (default: $LAMINAR_STORE, else ./.laminar/store)",
+        )
+        if json_output:
+            p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+        return p
+
+    p = add("init", "create the cluster record and N unassigned partitions", json_output=True)
+    p.add_argument("--partitions", type=int, required=True, help="number of partitions (>= 1)")
+    p.add_argument("--force", action="store_true", help="re-initialize an existing cluster (epochs are kept)")
+
+    add("status", "partitions (epoch, owner, status), nodes (heartbeat, liveness), cluster epoch", json_output=True)
+
+    node = sub.add_parser("node", help="run a worker node", description="run a worker node")
+    node_sub = node.add_subparsers(dest="node_command", required=True, metavar="NODE_COMMAND")
+    run = node_sub.add_parser("run", help="run a long-lived worker node (Ctrl-C / SIGTERM drains it)")
+    run.add_argument("--store", default=None, help="store URL (default: $LAMINAR_STORE, else ./.laminar/store)")
+    run.add_argument("--node-id", type=int, required=True, help="this node's id (>= 1)")
+    run.add_argument("--spark-master", default="local[*]", help="Spark master URL (default local[*])")
+    run.add_argument("--spark-ui", action="store_true", help="enable the Spark UI (off by default)")
+    run.add_argument("--heartbeat-timeout", type=float, default=6.0, help="seconds without heartbeat = dead")
+    run.add_argument("--refresh-interval", type=float, default=1.5, help="guard refresh (kill-switch) seconds")
+    run.add_argument("--batch-max-events", type=int, default=1_000_000, help="events per micro-batch at most")
+    run.add_argument("--checkpoint-every-batches", type=int, default=10, help="state snapshot every K batches")
+    run.add_argument("--checkpoint-every-s", type=float, default=30.0, help="state snapshot every T seconds")
+
+    p = add("produce", "append events to the partitioned source log", json_output=True)
+    p.add_argument("--from-file", help="JSONL file: one {\"partition\", \"key\", \"value\"[, \"ts\"]} per line")
+    p.add_argument("--count", type=int, help="generate N events instead")
+    p.add_argument("--keys", type=int, default=100, help="distinct keys for --count (default 100)")
+    p.add_argument("--seed", type=int, default=0, help="random seed for --count")
+    p.add_argument("--segment-events", type=int, default=100_000, help="events per log segment at most")
+
+    p = add("query", "print the committed state of a partition and its committed offset", json_output=True)
+    p.add_argument("--partition", type=int, required=True)
+
+    add("verify", "audit the store: every event committed exactly once; exit 1 on loss or duplication",
+        json_output=True)
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "store", "unset") is None:
+        args.store = default_store_url()
+    try:
+        return _COMMANDS[args.command](args)
+    except (StoreError, LedgerError, EpochError, SourceError, ValueError) as exc:
+        print(f"laminar {args.command}: error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ValueError) else 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,803 @@
+"""The worker node: heartbeat, reconcile loop, and one fenced batch loop per owned partition.
+
+A node is a long-running process with one SparkSession. It
+
+* heartbeats its own ledger record (with a progress report per partition);
+* reconciles the desired state the control plane recorded in the ledger:
+  carries out the migration phase a task allows (drain, checkpoint, upload,
+  release on the old owner; download, restore, seek, active on the new one),
+  or recovers a partition it is meant to run after a restart;
+* runs micro-batches for the partitions it owns: guard check → read the
+  source from the committed offset → Spark folds the batch into the state →
+  fenced commit (output file + manifest naming output, offset and state);
+* refreshes its guards every `refresh_interval_s`; a revoked partition's
+  `Tracker` is fenced: the source stops, the in-flight batch is dropped with
+  no side effect and its offset is not committed, the local state is
+  discarded, and the node keeps serving its other partitions.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field
+
+from .capabilities import CheckpointWriter, OutputCommitter, ReadStore
+from .checkpoint import CheckpointStore, OutputWriter, download_bytes
+from .fencing import EpochError, FencingToken, PartitionGuard, PartitionGuardSet, StaleEpoch
+from .identity import UNASSIGNED, NodeId, PartitionId
+from .ledger import Ledger, NodeHandle, NodeIdentityConflict
+from .manifest import ManifestPublisher, ManifestUpdate, ManifestVersion
+from .migration import (
+    GRACEFUL_PHASES,
+    DesiredState,
+    DesiredStates,
+    MigrationKind,
+    MigrationPhase,
+    MigrationTask,
+    SETTING_PHASES,
+)
+from .processing import (
+    Processor,
+    SparkBatchRunner,
+    build_spark_session,
+    empty_state,
+    parquet_bytes_to_table,
+    table_to_parquet_bytes,
+)
+from .records import NodeStatus, PartitionProgress, PartitionStatus, now
+from .source import SourceLog
+from .store import ObjectStore, StoreError, open_store
+
+log = logging.getLogger("laminar.node")
+
+_RANK = {phase: i for i, phase in enumerate(GRACEFUL_PHASES)}
+
+
+class NodeConfig(BaseModel):
+    """Configuration of one worker node (``laminar node run``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    store_url: str
+    node_id: int = Field(ge=1)
+    spark_master: str = "local[*]"
+    spark_ui: bool = False
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    heartbeat_timeout_s: float = Field(default=6.0, gt=0)
+    reconcile_interval_s: float = Field(default=0.05, gt=0)
+    #: Kill-switch refresh of every guard against the ledger (seed 000: 1-5 s).
+    refresh_interval_s: float = Field(default=1.5, gt=0)
+    batch_max_events: int = Field(default=1_000_000, ge=1)
+    idle_poll_s: float = Field(default=0.05, gt=0)
+    checkpoint_every_batches: int = Field(default=10, ge=1)
+    checkpoint_every_s: float = Field(default=30.0, gt=0)
+    workdir: str | None = None
+
+
+class WorkerState(enum.StrEnum):
+    STARTING = "starting"
+    RESTORING = "restoring"
+    RUNNING = "running"
+    DRAINING = "draining"
+    RELEASED = "released"
+    REVOKED = "revoked"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class Tracker:
+    """Per-partition kill-switch (seed 002): once fenced, nothing of this partition is written."""
+
+    def __init__(self, partition: PartitionId) -> None:
+        self.partition = partition
+        self._fenced = threading.Event()
+        self.reason: str | None = None
+
+    def fence(self, reason: str) -> None:
+        if not self._fenced.is_set():
+            self.reason = reason
+            self._fenced.set()
+
+    @property
+    def is_fenced(self) -> bool:
+        return self._fenced.is_set()
+
+
+class Fenced(Exception):
+    """Raised inside a worker when its tracker is fenced; unwinds without side effects."""
+
+
+class PhaseAborted(Exception):
+    """The migration this worker was carrying out was cancelled or failed."""
+
+
+class PartitionWorker(threading.Thread):
+    """Runs one partition on this node: recover or rise, process, and set (release)."""
+
+    def __init__(self, node: Node, partition: PartitionId, *, rising: MigrationTask | None = None) -> None:
+        super().__init__(name=f"partition-{partition}", daemon=True)
+        self.node = node
+        self.partition = partition
+        self.tracker = Tracker(partition)
+        self.state_name = WorkerState.STARTING
+        self.guard: PartitionGuard | None = None
+        self.token: FencingToken | None = None
+        self._task: MigrationTask | None = rising
+        self._task_changed = threading.Condition()
+        self._rising = rising is not None
+        self._stop_requested = threading.Event()
+        self._state: pa.Table = empty_state()
+        self._state_ref: Any = None
+        self._state_offset = 0
+        self._committed_offset = 0
+        self._events_applied = 0
+        self._manifest: ManifestVersion | None = None
+        self._batches_since_ckpt = 0
+        self._last_ckpt = time.monotonic()
+        self._commits = 0
+        self._last_commit_at: Any = None
+        # The last phase this worker completed, and the migration it belongs to.
+        self._phase_done: MigrationPhase | None = None
+        self._done_for: str | None = None
+        self._bytes_moved = 0
+        self._error: str | None = None
+        self._workdir = Path(tempfile.mkdtemp(prefix=f"p{partition}-", dir=node.workdir))
+
+    # -- control (called from the reconcile loop) --------------------------------
+
+    def offer(self, task: MigrationTask | None) -> None:
+        """Hand the worker the partition's current migration task (or None)."""
+        with self._task_changed:
+            self._task = task
+            self._task_changed.notify_all()
+
+    def request_stop(self) -> None:
+        self._stop_requested.set()
+        with self._task_changed:
+            self._task_changed.notify_all()
+
+    @property
+    def epoch(self) -> int:
+        return self.token.epoch if self.token else 0
+
+    @property
+    def finished(self) -> bool:
+        return self.state_name in (
+            WorkerState.RELEASED,
+            WorkerState.REVOKED,
+            WorkerState.FAILED,
+            WorkerState.STOPPED,
+        )
+
+    def progress(self) -> PartitionProgress:
+        return PartitionProgress(
+            partition=self.partition,
+            epoch=self.epoch,
+            state=self.state_name.value,
+            migration_id=self._done_for,
+            phase_done=self._phase_done.value if self._phase_done else None,
+            bytes_moved=self._bytes_moved,
+            source_offset=self._committed_offset,
+            events_committed=self._events_applied,
+            commits=self._commits,
+            last_commit_at=self._last_commit_at,
+            error=self._error,
+        )
+
+    # -- the thread --------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            if self._rising:
+                try:
+                    self._rise()
+                except PhaseAborted:
+                    self.state_name = WorkerState.STOPPED
+                    return
+            else:
+                self._recover()
+            while True:
+                self._process()
+                if self._stop_requested.is_set():
+                    self._shutdown()
+                    return
+                try:
+                    self._set()
+                    return
+                except PhaseAborted:
+                    log.info(
+                        "node %s: partition %s migration aborted, resuming", self.node.id, self.partition
+                    )
+                    self._phase_done, self._done_for = None, None
+                    self.state_name = WorkerState.RUNNING
+        except (Fenced, EpochError) as exc:
+            self._revoked(str(exc) if not isinstance(exc, Fenced) else (self.tracker.reason or "fenced"))
+        except Exception as exc:
+            log.exception("node %s: partition %s failed", self.node.id, self.partition)
+            self._error = f"{type(exc).__name__}: {exc}"
+            self.state_name = WorkerState.FAILED
+            self.node.report_now()
+        finally:
+            self._drop_guard()
+            shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def _drop_guard(self) -> None:
+        if self.guard is not None:
+            current = self.node.guards.get(self.partition)
+            if current is self.guard:
+                self.node.guards.remove(self.partition)
+
+    def _revoked(self, reason: str) -> None:
+        # Discard everything local: the new owner restores from the store.
+        self._state = empty_state()
+        self.state_name = WorkerState.REVOKED
+        self._error = None
+        log.error(
+            "node %s: partition %s REVOKED at epoch %s: %s; local state discarded",
+            self.node.id,
+            self.partition,
+            self.epoch,
+            reason,
+        )
+        self.node.report_now()
+
+    def _check(self) -> None:
+        if self.tracker.is_fenced:
+            raise Fenced(self.tracker.reason or "fenced")
+        if self.guard is not None:
+            self.guard.check()
+
+    def _report(self, phase: MigrationPhase, bytes_moved: int = 0) -> None:
+        task = self._task
+        self._done_for = task.migration_id if task else None
+        self._phase_done = phase
+        self._bytes_moved = bytes_moved
+        self.node.report_now()
+
+    def _wait_phase(self, phase: MigrationPhase) -> MigrationTask:
+        """Block until the recorded task allows `phase`; PhaseAborted if it was abandoned."""
+        with self._task_changed:
+            while True:
+                task = self._task
+                if self._stop_requested.is_set():
+                    raise PhaseAborted()
+                if self.tracker.is_fenced:
+                    raise Fenced(self.tracker.reason or "fenced")
+                if task is None or task.phase in (MigrationPhase.FAILED, MigrationPhase.CANCELLED):
+                    raise PhaseAborted()
+                if task.phase in _RANK and _RANK[task.phase] >= _RANK[phase]:
+                    return task
+                self._task_changed.wait(0.5)
+
+    def _draining_requested(self) -> bool:
+        task = self._task
+        return (
+            task is not None
+            and task.phase in SETTING_PHASES
+            and task.from_node == self.node.id
+            and task.from_epoch == self.epoch
+        )
+
+    # -- recovering and rising ----------------------------------------------------
+
+    def _recover(self) -> None:
+        """Take back a partition this node is meant to run (restart, or release rolled back)."""
+        ledger = self.node.ledger
+        own = ledger.ownership(self.partition)
+        if own is None:
+            raise EpochError.UnknownPartition(self.partition)
+        gen = self.node.generation
+        grant = ledger.grant(self.partition, own.epoch) if own.epoch else None
+        if own.owner == self.node.id and own.status != PartitionStatus.RELEASED:
+            if grant is not None and grant.generation == gen:
+                token = ledger.adopt(self.partition, self.node.id, generation=gen)
+                how = "adopted"
+            else:
+                # Our previous incarnation held it and may still be alive as a zombie:
+                # never reuse its epoch, take the next one.
+                maybe = ledger.fence(
+                    self.partition,
+                    self.node.id,
+                    expected_epoch=own.epoch,
+                    reason=f"node {self.node.id} restarted (generation {gen})",
+                    generation=gen,
+                )
+                assert maybe is not None
+                token, how = maybe, "re-fenced after restart"
+        else:
+            token = ledger.acquire(
+                self.partition, self.node.id, expected_epoch=own.epoch, reason="recover", generation=gen
+            )
+            how = "acquired"
+        self.state_name = WorkerState.RESTORING
+        manifest = self._publisher.current(self.partition)
+        self._restore(manifest, self._download(manifest))
+        self._install(token)
+        self._takeover(manifest)
+        log.info(
+            "node %s: partition %s %s at epoch %s (offset %s)",
+            self.node.id,
+            self.partition,
+            how,
+            token.epoch,
+            self._committed_offset,
+        )
+
+    def _rise(self) -> None:
+        """The new owner's side of a migration: download → restore → seek → active."""
+        task = self._wait_phase(MigrationPhase.DOWNLOADING)
+        ledger = self.node.ledger
+        manifest = self._publisher.current(self.partition)
+        if task.migration_kind == MigrationKind.GRACEFUL:
+            release = ledger.release_record(self.partition, task.from_epoch)
+            if release is None:
+                raise RuntimeError(f"epoch {task.from_epoch} of partition {self.partition} was not released")
+            if release.commit_ulid and (
+                manifest is None or manifest.manifest.commit_ulid != release.commit_ulid
+            ):
+                raise RuntimeError("the current manifest is not the one the old owner released")
+        self.state_name = WorkerState.RESTORING
+        data = self._download(manifest)
+        self._report(MigrationPhase.DOWNLOADING, len(data) if data else 0)
+        self._wait_phase(MigrationPhase.RESTORING)
+        self._restore(manifest, data)
+        self._report(MigrationPhase.RESTORING, len(data) if data else 0)
+        task = self._wait_phase(MigrationPhase.SEEKING)
+        gen = self.node.generation
+        if task.migration_kind == MigrationKind.GRACEFUL:
+            token = ledger.acquire(
+                self.partition,
+                self.node.id,
+                expected_epoch=task.from_epoch,
+                reason=f"migration {task.migration_id}",
+                generation=gen,
+            )
+        else:
+            token = ledger.adopt(self.partition, self.node.id, generation=gen)
+        self._install(token)
+        self._takeover(manifest)
+        self._report(MigrationPhase.SEEKING)
+        self._wait_phase(MigrationPhase.ACTIVE)
+        log.info(
+            "node %s: partition %s acquired at epoch %s (%s migration %s, offset %s)",
+            self.node.id,
+            self.partition,
+            token.epoch,
+            task.migration_kind,
+            task.migration_id,
+            self._committed_offset,
+        )
+        self._report(MigrationPhase.ACTIVE)
+
+    def _install(self, token: FencingToken) -> None:
+        self.token = token
+        self.guard = PartitionGuard(token)
+        self.node.guards.insert(self.guard)
+
+    @property
+    def _publisher(self) -> ManifestPublisher:
+        return self.node.publisher
+
+    def _download(self, manifest: ManifestVersion | None) -> bytes | None:
+        if manifest is None or manifest.manifest.state is None:
+            return None
+        return download_bytes(self.node.reader, manifest.manifest.state)
+
+    def _restore(self, manifest: ManifestVersion | None, data: bytes | None) -> None:
+        """Load the checkpoint, then replay events between it and the committed offset (state only)."""
+        self._state = parquet_bytes_to_table(data) if data is not None else empty_state()
+        self._manifest = manifest
+        if manifest is None:
+            self._state_offset = self._committed_offset = self._events_applied = 0
+            self._state_ref = None
+            return
+        m = manifest.manifest
+        self._state_ref, self._state_offset = m.state, m.state_offset
+        self._committed_offset, self._events_applied = m.source_offset, m.events_applied
+        offset = m.state_offset
+        while offset < m.source_offset:
+            batch = self.node.source.read(self.partition, offset, self.node.config.batch_max_events)
+            if batch is None or batch.end_offset > m.source_offset:
+                raise RuntimeError(
+                    f"source of partition {self.partition} does not cover the committed offset {m.source_offset}"
+                )
+            files = batch.write_parquet(self._workdir / f"replay-{offset}")
+            result = self.node.runner.run(self._state, files, epoch=m.fencing_token, generation=m.generation)
+            self._state = result.state  # the output of replayed batches was committed already
+            offset = batch.end_offset
+            shutil.rmtree(self._workdir / f"replay-{batch.start_offset}", ignore_errors=True)
+
+    def _takeover(self, restored: ManifestVersion | None) -> None:
+        """Publish a manifest under our token first: from here on a zombie's publish fails."""
+        assert self.token is not None
+        while True:
+            try:
+                self._manifest = self._publisher.publish(self.token, self._update(note="takeover"))
+                return
+            except EpochError as exc:
+                current = self._publisher.current(self.partition)
+                if current is None or current.manifest.fencing_token > self.token.epoch:
+                    raise
+                # A commit of the previous owner landed between our restore and the takeover
+                # (forced path only): restore from it and try again.
+                log.warning("node %s: partition %s: %s; re-restoring", self.node.id, self.partition, exc)
+                self._restore(current, self._download(current))
+
+    def _update(self, **changes: Any) -> ManifestUpdate:
+        base = {
+            "source_offset": self._committed_offset,
+            "state": self._state_ref,
+            "state_offset": self._state_offset,
+            "outputs": (),
+            "events_applied": self._events_applied,
+            "cluster_epoch": self.node.cluster_epoch,
+            "generation": self.node.generation,
+        }
+        base.update(changes)
+        return ManifestUpdate(**base)
+
+    # -- processing ---------------------------------------------------------------
+
+    def _process(self) -> None:
+        self.state_name = WorkerState.RUNNING
+        self.node.report_now()
+        cfg = self.node.config
+        while not self._stop_requested.is_set() and not self._draining_requested():
+            self._check()
+            batch = self.node.source.read(self.partition, self._committed_offset, cfg.batch_max_events)
+            if batch is None:
+                if self._checkpoint_due(idle=True):
+                    self._commit_checkpoint_only()
+                with self._task_changed:
+                    self._task_changed.wait(cfg.idle_poll_s)
+                continue
+            files = batch.write_parquet(self._workdir / f"batch-{batch.start_offset}")
+            try:
+                result = self.node.runner.run(
+                    self._state, files, epoch=self.epoch, generation=self.node.generation
+                )
+            finally:
+                shutil.rmtree(self._workdir / f"batch-{batch.start_offset}", ignore_errors=True)
+            # Seed 002: a fenced tracker drops the in-flight batch before any external write.
+            self._check()
+            self._commit(result.state, result.output, batch.start_offset, batch.end_offset)
+        self.state_name = WorkerState.DRAINING if not self._stop_requested.is_set() else self.state_name
+
+    def _checkpoint_due(self, *, idle: bool = False) -> bool:
+        if self._state_offset == self._committed_offset:
+            return False
+        if idle:
+            return time.monotonic() - self._last_ckpt >= self.node.config.checkpoint_every_s
+        return (
+            self._batches_since_ckpt + 1 >= self.node.config.checkpoint_every_batches
+            or time.monotonic() - self._last_ckpt >= self.node.config.checkpoint_every_s
+        )
+
+    def _commit(self, state: pa.Table, output: pa.Table, start: int, end: int) -> None:
+        assert self.guard is not None and self.token is not None
+        out_ref = self.node.outputs.write(self.guard, output, start, end)
+        state_ref, state_offset = self._state_ref, self._state_offset
+        checkpoint = self._checkpoint_due()
+        if checkpoint:
+            state_ref, state_offset = self.node.checkpoints.upload(self.guard, state), end
+        self._check()
+        update = self._update(
+            source_offset=end,
+            state=state_ref,
+            state_offset=state_offset,
+            outputs=(out_ref,),
+            events_applied=self._events_applied + (end - start),
+        )
+        version = self._publish(update)
+        self._state, self._committed_offset, self._manifest = state, end, version
+        self._state_ref, self._state_offset = state_ref, state_offset
+        self._events_applied += end - start
+        self._commits += 1
+        self._last_commit_at = now()
+        if checkpoint:
+            self._batches_since_ckpt, self._last_ckpt = 0, time.monotonic()
+        else:
+            self._batches_since_ckpt += 1
+
+    def _commit_checkpoint_only(self) -> int:
+        assert self.guard is not None
+        data = table_to_parquet_bytes(self._state)
+        ref = self.node.checkpoints.upload_bytes(self.guard, data)
+        self._check()
+        self._manifest = self._publish(
+            self._update(state=ref, state_offset=self._committed_offset, note="checkpoint")
+        )
+        self._state_ref, self._state_offset = ref, self._committed_offset
+        self._batches_since_ckpt, self._last_ckpt = 0, time.monotonic()
+        return len(data)
+
+    def _publish(self, update: ManifestUpdate) -> ManifestVersion:
+        assert self.token is not None and self.guard is not None
+        try:
+            return self._publisher.publish(self.token, update)
+        except EpochError as exc:
+            # Every failed commit checks the guard: the partition is gone, fence it.
+            self.tracker.fence(str(exc))
+            raise
+        except StoreError:
+            # The outcome is unknown: it landed iff the current manifest carries our outputs.
+            current = self._publisher.current(self.partition)
+            if (
+                current is not None
+                and current.manifest.fencing_token == self.token.epoch
+                and current.manifest.source_offset == update.source_offset
+                and [o.key for o in current.manifest.outputs] == [o.key for o in update.outputs]
+            ):
+                return current
+            raise
+
+    # -- setting (the old owner's side of a migration) -------------------------------
+
+    def _set(self) -> None:
+        """drain → checkpoint → upload → release, each only once the task record allows it."""
+        assert self.token is not None
+        task = self._task
+        assert task is not None
+        self._report(MigrationPhase.DRAINING)
+        self._wait_phase(MigrationPhase.CHECKPOINTING)
+        snapshot = table_to_parquet_bytes(self._state)
+        self._report(MigrationPhase.CHECKPOINTING, len(snapshot))
+        self._wait_phase(MigrationPhase.UPLOADING)
+        assert self.guard is not None
+        ref = self.node.checkpoints.upload_bytes(self.guard, snapshot)
+        self._check()
+        self._manifest = self._publish(
+            self._update(
+                state=ref,
+                state_offset=self._committed_offset,
+                note=f"final checkpoint for {task.migration_id}",
+            )
+        )
+        self._state_ref, self._state_offset = ref, self._committed_offset
+        self._report(MigrationPhase.UPLOADING, len(snapshot))
+        self._wait_phase(MigrationPhase.RELEASED)
+        self.node.ledger.release(
+            self.token, commit_ulid=self._manifest.manifest.commit_ulid, source_offset=self._committed_offset
+        )
+        self._drop_guard()
+        self.state_name = WorkerState.RELEASED
+        log.info(
+            "node %s: partition %s released at epoch %s (migration %s, offset %s)",
+            self.node.id,
+            self.partition,
+            self.token.epoch,
+            task.migration_id,
+            self._committed_offset,
+        )
+        self._report(MigrationPhase.RELEASED, len(snapshot))
+
+    def _shutdown(self) -> None:
+        """Clean stop: final checkpoint and commit, then release, so a restart takes over gracefully."""
+        if self.token is None or self.guard is None:
+            self.state_name = WorkerState.STOPPED
+            return
+        if self._state_offset != self._committed_offset:
+            self._commit_checkpoint_only()
+        assert self._manifest is not None
+        self.node.ledger.release(
+            self.token, commit_ulid=self._manifest.manifest.commit_ulid, source_offset=self._committed_offset
+        )
+        log.info(
+            "node %s: partition %s released at epoch %s (shutdown, offset %s)",
+            self.node.id,
+            self.partition,
+            self.token.epoch,
+            self._committed_offset,
+        )
+        self.state_name = WorkerState.STOPPED
+
+
+class Node:
+    """A worker node process. `run()` blocks until `stop()` (or SIGTERM/SIGINT)."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        *,
+        store: ObjectStore | None = None,
+        processor: Processor | None = None,
+        spark: Any = None,
+    ) -> None:
+        self.config = config
+        self.id = NodeId(config.node_id)
+        self.store = store or open_store(config.store_url)
+        self.ledger = Ledger(self.store)
+        self.desired = DesiredStates(self.ledger)
+        self.reader = ReadStore(self.store)
+        self.publisher = ManifestPublisher(OutputCommitter(self.store), self.store)
+        self.outputs = OutputWriter(OutputCommitter(self.store))
+        self.checkpoints = CheckpointStore(CheckpointWriter(self.store))
+        self.source = SourceLog(self.store)
+        self.guards = PartitionGuardSet(self.id)
+        self.workdir = Path(config.workdir or tempfile.mkdtemp(prefix=f"laminar-node{config.node_id}-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._processor = processor
+        self._spark = spark
+        self.runner: SparkBatchRunner
+        self.handle: NodeHandle | None = None
+        self.workers: dict[PartitionId, PartitionWorker] = {}
+        self._finished: dict[PartitionId, PartitionProgress] = {}
+        self._stop = threading.Event()
+        self._report_now = threading.Event()
+        self._lock = threading.Lock()
+        self.cluster_epoch = 0
+
+    @property
+    def generation(self) -> int:
+        return self.handle.generation if self.handle else 0
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start_spark(self) -> None:
+        started = time.monotonic()
+        if self._spark is None:
+            self._spark = build_spark_session(
+                self.config.spark_master, f"laminar-node-{self.id}", ui=self.config.spark_ui
+            )
+        self.runner = SparkBatchRunner(self._spark, self._processor, str(self.workdir / "spark"))
+        warm = self.runner.warm_up()
+        log.info("node %s: spark ready in %.1fs (warm-up %.1fs)", self.id, time.monotonic() - started, warm)
+
+    def run(self, *, install_signals: bool = True) -> None:
+        if install_signals:
+            self._install_signal_handlers()
+        self.ledger.cluster()  # fail fast with a clear error if the store has no cluster
+        self.start_spark()
+        self.handle = self.ledger.register_node(self.id, heartbeat_timeout_s=self.config.heartbeat_timeout_s)
+        self.cluster_epoch = self.ledger.membership().cluster_epoch
+        log.info("node %s: joined as generation %s (store %s)", self.id, self.generation, self.store.url)
+        threads = [
+            threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
+            threading.Thread(target=self._refresh_loop, name="guard-refresh", daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._reconcile()
+                except NodeIdentityConflict:
+                    raise
+                except (StoreError, EpochError) as exc:
+                    log.warning("node %s: reconcile failed: %s", self.id, exc)
+                self._stop.wait(self.config.reconcile_interval_s)
+        finally:
+            self._drain_all()
+            for t in threads:
+                t.join(timeout=5)
+            if self.handle is not None:
+                try:
+                    self.handle.leave()
+                except (StoreError, NodeIdentityConflict) as exc:
+                    log.warning("node %s: could not mark itself left: %s", self.id, exc)
+            log.info("node %s: stopped", self.id)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _install_signal_handlers(self) -> None:
+        def handler(signum: int, _frame: FrameType | None) -> None:
+            log.info("node %s: %s received, draining", self.id, signal.Signals(signum).name)
+            self.stop()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def _drain_all(self) -> None:
+        if self.handle is not None:
+            try:
+                self.handle.heartbeat(NodeStatus.LEAVING, partitions=self._progress())
+            except (StoreError, NodeIdentityConflict):
+                pass
+        for worker in list(self.workers.values()):
+            worker.request_stop()
+        for worker in list(self.workers.values()):
+            worker.join(timeout=120)
+
+    # -- background loops ---------------------------------------------------------------
+
+    def report_now(self) -> None:
+        self._report_now.set()
+
+    def _progress(self) -> dict[int, PartitionProgress]:
+        with self._lock:
+            report: dict[int, PartitionProgress] = {int(p): pr for p, pr in self._finished.items()}
+            for p, w in self.workers.items():
+                report[int(p)] = w.progress()
+        return report
+
+    def _heartbeat_loop(self) -> None:
+        assert self.handle is not None
+        while not self._stop.is_set():
+            try:
+                self.handle.heartbeat(partitions=self._progress())
+            except NodeIdentityConflict as exc:
+                log.error("node %s: %s; fencing every partition and stopping", self.id, exc)
+                for w in list(self.workers.values()):
+                    w.tracker.fence(str(exc))
+                self.stop()
+                return
+            except StoreError as exc:
+                log.warning("node %s: heartbeat failed: %s", self.id, exc)
+            self._report_now.wait(self.config.heartbeat_interval_s)
+            self._report_now.clear()
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.wait(self.config.refresh_interval_s):
+            self.refresh_guards()
+
+    def refresh_guards(self) -> list[PartitionId]:
+        """The periodic kill-switch check: fence the tracker of every revoked partition."""
+        try:
+            revoked = self.guards.refresh_all(self.ledger)
+        except StoreError as exc:
+            log.warning("node %s: guard refresh failed: %s", self.id, exc)
+            return []
+        for p in revoked:
+            worker = self.workers.get(p)
+            guard = self.guards.get(p)
+            if worker is not None and guard is not None:
+                worker.tracker.fence(str(StaleEpoch(p, guard.epoch, guard.cached_current_epoch)))
+        return revoked
+
+    # -- reconcile ------------------------------------------------------------------------
+
+    def _reconcile(self) -> None:
+        desired = self.desired.all()
+        with self._lock:
+            for p, w in list(self.workers.items()):
+                if w.finished and not w.is_alive():
+                    self._finished[p] = w.progress()
+                    del self.workers[p]
+        for p, state in desired.items():
+            self._reconcile_partition(p, state)
+
+    def _reconcile_partition(self, p: PartitionId, state: DesiredState) -> None:
+        task = state.migration
+        worker = self.workers.get(p)
+        if worker is not None:
+            worker.offer(task)
+            return
+        if self._stop.is_set():
+            return
+        if task is not None and not task.is_terminal:
+            done = self._finished.get(p)
+            if task.to_node == self.id and (done is None or done.migration_id != task.migration_id):
+                self._start(PartitionWorker(self, p, rising=task))
+            return
+        if state.owner != self.id:
+            return
+        own = self.ledger.ownership(p)
+        if own is None:
+            return
+        mine = own.owner == self.id
+        free = own.owner == UNASSIGNED or (own.status == PartitionStatus.RELEASED and own.owner == self.id)
+        if mine or free:
+            self._start(PartitionWorker(self, p))
+
+    def _start(self, worker: PartitionWorker) -> None:
+        with self._lock:
+            self._finished.pop(worker.partition, None)
+            self.workers[worker.partition] = worker
+        worker.start()
+
+
+def run_node(config: NodeConfig, *, processor: Processor | None = None) -> None:
+    """Entry point of `laminar node run`."""
+    Node(config, processor=processor).run()

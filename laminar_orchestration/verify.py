@@ -1,0 +1,321 @@
+"""Audits: exactly-once of committed output and state, and the ledger's epoch history.
+
+`audit_partition` recomputes, independently of Spark, what the committed
+state and output of a partition must be from its source log, and compares:
+
+* the manifest chain is well formed (seq, fencing tokens, commit ULIDs, parent hashes);
+* committed output batches tile ``[0, committed offset)`` with no gap (loss)
+  and no overlap (duplicate), and every artifact exists with its checksum;
+* per key, the sum of output batch counts equals the events in the source
+  (more: duplicated, fewer: lost), and output rows carry the manifest's epoch;
+* the committed state equals the fold of every event up to the committed offset.
+
+`audit_ledger` checks the immutable epoch history: epochs 1..n with no gap,
+one grant per epoch, every grant preceded by a committed release or a fence.
+Listing is used only for the orphan count (an audit path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .capabilities import ReadStore
+from .checkpoint import BATCH_END_METADATA, BATCH_START_METADATA, CheckpointCorrupt, download_table
+from .identity import UNASSIGNED, PartitionId
+from .ledger import Ledger, LedgerError
+from .manifest import ManifestReader, ManifestVersion, SuccessionError, verify_artifacts
+from .processing import STATE_SCHEMA, empty_state
+from .records import GrantKind
+from .source import SourceLog
+from .store import ObjectStore
+
+
+@dataclass(frozen=True)
+class AuditIssue:
+    """One violation found by an audit."""
+
+    partition: int
+    kind: str  # loss | duplicate | chain | artifact | state | lineage | ledger
+    detail: str
+    start_offset: int | None = None
+    end_offset: int | None = None
+
+
+@dataclass
+class PartitionAudit:
+    partition: int
+    committed_offset: int = 0
+    manifests: int = 0
+    events_in_source: int = 0
+    events_committed: int = 0
+    duplicates: int = 0
+    losses: int = 0
+    epochs_granted: int = 0
+    max_owners_per_epoch: int = 0
+    orphan_outputs: int = 0
+    issues: list[AuditIssue] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.issues
+
+
+def _fold(events: pa.Table) -> pa.Table:
+    """Reference keyed aggregation in pyarrow: count, sum, min, max, last by offset."""
+    if events.num_rows == 0:
+        return empty_state()
+    ordered = events.sort_by("offset")
+    grouped = ordered.group_by("key", use_threads=False).aggregate(
+        [
+            ("value", "count"),
+            ("value", "sum"),
+            ("value", "min"),
+            ("value", "max"),
+            ("value", "last"),
+            ("offset", "max"),
+        ]
+    )
+    return pa.table(
+        {
+            "key": grouped["key"],
+            "count": grouped["value_count"].cast(pa.int64()),
+            "sum": grouped["value_sum"],
+            "min": grouped["value_min"],
+            "max": grouped["value_max"],
+            "last": grouped["value_last"],
+            "last_offset": grouped["offset_max"],
+        },
+        schema=STATE_SCHEMA,
+    )
+
+
+def _as_dict(table: pa.Table, columns: Iterable[str]) -> dict[str, tuple[object, ...]]:
+    cols = [table[c].to_pylist() for c in columns]
+    return {k: tuple(row) for k, *row in zip(table["key"].to_pylist(), *cols, strict=True)}
+
+
+def committed_state(store: ObjectStore, partition: PartitionId) -> tuple[pa.Table, int]:
+    """The committed state of a partition and its committed source offset.
+
+    The last checkpoint, overlaid with the cumulative per-key values of the
+    output committed after it; no replay of the source is needed.
+    """
+    reader = ManifestReader(store)
+    current = reader.current(partition)
+    if current is None:
+        return empty_state(), 0
+    m = current.manifest
+    state = download_table(ReadStore(store), m.state) if m.state else empty_state()
+    rows = {k: v for k, v in _as_dict(state, STATE_SCHEMA.names[1:]).items()}
+    for version in reader.history(partition):
+        mv = version.manifest
+        if mv.source_offset <= m.state_offset or not mv.outputs:
+            continue
+        for ref in mv.outputs:
+            out = download_table(ReadStore(store), ref)
+            for key, count, total, lo, hi, last in zip(
+                out["key"].to_pylist(),
+                out["count"].to_pylist(),
+                out["sum"].to_pylist(),
+                out["min"].to_pylist(),
+                out["max"].to_pylist(),
+                out["last"].to_pylist(),
+                strict=True,
+            ):
+                rows[key] = (count, total, lo, hi, last, None)
+    keys = sorted(rows)
+    table = pa.table(
+        {
+            "key": keys,
+            "count": [rows[k][0] for k in keys],
+            "sum": [rows[k][1] for k in keys],
+            "min": [rows[k][2] for k in keys],
+            "max": [rows[k][3] for k in keys],
+            "last": [rows[k][4] for k in keys],
+            "last_offset": [rows[k][5] for k in keys],
+        },
+        schema=STATE_SCHEMA,
+    )
+    return table, m.source_offset
+
+
+def audit_ledger(ledger: Ledger, partition: PartitionId) -> tuple[list[AuditIssue], int]:
+    """Check the immutable epoch history of one partition; returns (issues, epochs granted)."""
+    issues: list[AuditIssue] = []
+    grants = list(ledger.grants(partition))
+    for i, g in enumerate(grants):
+        expected_epoch = i + 1
+        if g.epoch != expected_epoch or g.previous_epoch != expected_epoch - 1:
+            issues.append(
+                AuditIssue(partition, "ledger", f"grant {g.epoch} does not follow epoch {expected_epoch - 1}")
+            )
+        if g.grant_kind == GrantKind.ACQUIRE and g.previous_epoch > 0 and g.previous_owner != UNASSIGNED:
+            release = ledger.release_record(partition, g.previous_epoch)
+            if release is None or release.node != g.previous_owner:
+                issues.append(
+                    AuditIssue(
+                        partition,
+                        "ledger",
+                        f"graceful grant of epoch {g.epoch} without a release of epoch {g.previous_epoch}",
+                    )
+                )
+        if i > 0 and g.previous_owner != grants[i - 1].node:
+            issues.append(
+                AuditIssue(
+                    partition,
+                    "ledger",
+                    f"grant {g.epoch} names previous owner {g.previous_owner}, "
+                    f"epoch {g.previous_epoch} belonged to {grants[i - 1].node}",
+                )
+            )
+    own = ledger.ownership(partition)
+    if own is not None and own.epoch != len(grants):
+        issues.append(
+            AuditIssue(partition, "ledger", f"ownership at epoch {own.epoch}, {len(grants)} grants")
+        )
+    return issues, len(grants)
+
+
+def audit_partition(
+    store: ObjectStore, partition: PartitionId, *, ledger: Ledger | None = None
+) -> PartitionAudit:
+    """Everything `laminar verify` checks for one partition."""
+    audit = PartitionAudit(partition)
+    ledger = ledger or Ledger(store)
+    ledger_issues, audit.epochs_granted = audit_ledger(ledger, partition)
+    audit.issues.extend(ledger_issues)
+    audit.max_owners_per_epoch = 1 if audit.epochs_granted else 0  # one create-only grant per epoch
+
+    reader = ManifestReader(store)
+    history: list[ManifestVersion] = []
+    try:
+        history = list(reader.history(partition))
+    except LedgerError as exc:
+        audit.issues.append(AuditIssue(partition, "chain", str(exc)))
+    audit.manifests = len(history)
+    for prev, cur in zip(history, history[1:], strict=False):
+        try:
+            cur.manifest.validate_succession(prev.manifest, prev.raw_hash)
+        except (SuccessionError, LedgerError) as exc:
+            audit.issues.append(AuditIssue(partition, "chain", f"seq {cur.manifest.seq}: {exc}"))
+        except Exception as exc:  # StaleFencingToken is an EpochError
+            audit.issues.append(AuditIssue(partition, "chain", f"seq {cur.manifest.seq}: {exc}"))
+    committed = history[-1].manifest.source_offset if history else 0
+    audit.committed_offset = committed
+
+    # Output ranges must tile [0, committed) exactly.
+    outputs: list[tuple[int, int, pa.Table, int]] = []
+    read = ReadStore(store)
+    for version in history:
+        m = version.manifest
+        try:
+            verify_artifacts(store, m)
+        except LedgerError as exc:
+            audit.issues.append(AuditIssue(partition, "artifact", f"seq {m.seq}: {exc}"))
+            continue
+        for ref in m.outputs:
+            meta = store.head(ref.key)
+            assert meta is not None
+            start = int(meta.metadata.get(BATCH_START_METADATA, "-1"))
+            end = int(meta.metadata.get(BATCH_END_METADATA, "-1"))
+            try:
+                outputs.append((start, end, download_table(read, ref), m.fencing_token))
+            except CheckpointCorrupt as exc:
+                audit.issues.append(AuditIssue(partition, "artifact", str(exc)))
+    position = 0
+    for start, end, table, token in sorted(outputs, key=lambda o: (o[0], o[1])):
+        if start > position:
+            audit.issues.append(AuditIssue(partition, "loss", "no committed output", position, start))
+            audit.losses += start - position
+        elif start < position:
+            overlap = min(end, position) - start
+            audit.issues.append(
+                AuditIssue(partition, "duplicate", "output committed twice", start, min(end, position))
+            )
+            audit.duplicates += overlap
+        position = max(position, end)
+        epochs = set(pc.unique(table["epoch"]).to_pylist()) if table.num_rows else set()
+        if epochs and epochs != {token}:
+            audit.issues.append(
+                AuditIssue(
+                    partition,
+                    "lineage",
+                    f"rows stamped with epochs {sorted(epochs)} in a commit at {token}",
+                    start,
+                    end,
+                )
+            )
+    if position < committed:
+        audit.issues.append(
+            AuditIssue(partition, "loss", "committed offset beyond output", position, committed)
+        )
+        audit.losses += committed - position
+
+    # Per key counts: output vs source.
+    source = SourceLog(store)
+    parts = [b.to_table() for b in source.iter_batches(partition, 0, 1_000_000)]
+    events = pa.concat_tables(parts) if parts else pa.table({"offset": pa.array([], pa.int64())})
+    audit.events_in_source = events.num_rows
+    if "key" in events.column_names:
+        events = events.filter(pc.less(events["offset"], committed))
+        expected = _fold(events)
+    else:
+        expected = empty_state()
+    audit.events_committed = committed
+    seen: dict[str, int] = {}
+    for _s, _e, table, _t in outputs:
+        for key, n in zip(table["key"].to_pylist(), table["batch_count"].to_pylist(), strict=True):
+            seen[key] = seen.get(key, 0) + n
+    want = {k: v[0] for k, v in _as_dict(expected, ["count"]).items()}
+    for key in sorted(set(want) | set(seen)):
+        got, exp = seen.get(key, 0), int(str(want.get(key, 0)))
+        if got > exp:
+            audit.issues.append(
+                AuditIssue(partition, "duplicate", f"key {key!r}: {got} events in output, {exp} in source")
+            )
+        elif got < exp:
+            audit.issues.append(
+                AuditIssue(partition, "loss", f"key {key!r}: {got} events in output, {exp} in source")
+            )
+
+    # The committed state must be the fold of every committed event.
+    try:
+        state, _ = committed_state(store, partition)
+    except (CheckpointCorrupt, LedgerError) as exc:
+        audit.issues.append(AuditIssue(partition, "state", str(exc)))
+        return audit
+    have = _as_dict(state, ["count", "sum", "min", "max", "last"])
+    should = _as_dict(expected, ["count", "sum", "min", "max", "last"])
+    for key in sorted(set(have) | set(should)):
+        a, b = have.get(key), should.get(key)
+        if a is None or b is None or not _close(a, b):
+            audit.issues.append(AuditIssue(partition, "state", f"key {key!r}: committed {a}, expected {b}"))
+            if len(audit.issues) > 50:
+                break
+
+    audit.orphan_outputs = sum(
+        1
+        for k in store.list(f"sink/{partition:05d}/")
+        if k not in {r.key for v in history for r in v.manifest.outputs}
+    )
+    return audit
+
+
+def _close(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    for x, y in zip(a, b, strict=True):
+        if isinstance(x, float) and isinstance(y, float):
+            if abs(x - y) > 1e-6 * max(1.0, abs(x), abs(y)):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def audit_store(store: ObjectStore) -> list[PartitionAudit]:
+    """`audit_partition` for every partition of the cluster."""
+    ledger = Ledger(store)
+    return [audit_partition(store, p, ledger=ledger) for p in ledger.partitions()]
