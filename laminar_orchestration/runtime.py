@@ -407,7 +407,9 @@ class PartitionWorker(threading.Thread):
         self._committed_offset, self._events_applied = m.source_offset, m.events_applied
         offset = m.state_offset
         while offset < m.source_offset:
-            batch = self.node.source.read(self.partition, offset, self.node.config.batch_max_events)
+            # Committed offsets are segment boundaries, so this never reads past the commit.
+            want = min(self.node.config.batch_max_events, m.source_offset - offset)
+            batch = self.node.source.read(self.partition, offset, want)
             if batch is None or batch.end_offset > m.source_offset:
                 raise RuntimeError(
                     f"source of partition {self.partition} does not cover the committed offset {m.source_offset}"
