@@ -188,6 +188,7 @@ class Ledger:
         remote = not store.url.startswith("file:")
         self._parallelism = read_parallelism if read_parallelism is not None else (16 if remote else 1)
         self._pool: ThreadPoolExecutor | None = None
+        self._parsed: dict[str, tuple[str, BaseModel]] = {}
         self._pool_lock = threading.Lock()
 
     # -- reading -----------------------------------------------------------
@@ -196,7 +197,15 @@ class Ledger:
         obj = self._writer.get(key)
         if obj is None:
             return None
-        return parse_record(key, obj.data, model), obj.etag
+        # Records are immutable per ETag: parse each version once.
+        cached = self._parsed.get(key)
+        if cached is not None and cached[0] == obj.etag and isinstance(cached[1], model):
+            return cached[1], obj.etag
+        record = parse_record(key, obj.data, model)
+        if len(self._parsed) >= 50_000:
+            self._parsed.clear()
+        self._parsed[key] = (obj.etag, record)
+        return record, obj.etag
 
     def _require(self, key: str, model: type[M]) -> tuple[M, str]:
         got = self._read(key, model)

@@ -186,7 +186,7 @@ class BadInputLine(SourceError):
 
     def __str__(self) -> str:
         return (
-            f"{self.path}:{self.line_number}: {self.reason} (nothing from this file was appended)"
+            f"{self.path}, line {self.line_number}: {self.reason} (nothing from this file was appended)"
         )
 
 

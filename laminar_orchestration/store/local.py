@@ -37,6 +37,11 @@ _MAGIC = b"LMOB1\n"
 _HEADER_LEN = struct.Struct("<I")
 _LOCK_DIR = ".locks"
 _TMP_PREFIX = ".tmp-"
+_CACHE_MAX_OBJECT = 16 * 1024
+# Header layout: magic, u32 length, then '{"etag":"' and 24 hex digits (see _encode).
+_ETAG_START = len(_MAGIC) + 4 + len('{"etag":"')
+_ETAG_END = _ETAG_START + 24
+_CACHE_ENTRIES = 50_000
 
 
 class CorruptObject(StoreError):
@@ -64,14 +69,27 @@ class LocalObjectStore(ObjectStore):
         (self.root / _LOCK_DIR).mkdir(exist_ok=True)
         self.url = self.root.as_uri()
         self._fsync = fsync
+        self._cache: dict[str, tuple[bytes, StoredObject]] = {}
+        self._paths: dict[str, str] = {}
+        self._root_s = str(self.root)
 
     # -- paths and locks -------------------------------------------------
 
     def _path(self, key: str) -> Path:
-        check_key(key)
-        if key.split("/", 1)[0] == _LOCK_DIR:
-            raise InvalidKey(key, f"the top-level name {_LOCK_DIR!r} is reserved")
-        return self.root / key
+        return Path(self._fspath(key))
+
+    def _fspath(self, key: str) -> str:
+        # Reads are hot (ledger refresh): validate each key once, join as strings.
+        path = self._paths.get(key)
+        if path is None:
+            check_key(key)
+            if key.split("/", 1)[0] == _LOCK_DIR:
+                raise InvalidKey(key, f"the top-level name {_LOCK_DIR!r} is reserved")
+            path = f"{self._root_s}/{key}"
+            if len(self._paths) >= _CACHE_ENTRIES:
+                self._paths.clear()
+            self._paths[key] = path
+        return path
 
     @contextlib.contextmanager
     def _locked(self, key: str) -> Iterator[None]:
@@ -191,18 +209,41 @@ class LocalObjectStore(ObjectStore):
         self._sync_dir(path)
 
     def get(self, key: str) -> StoredObject:
-        path = self._path(key)
+        obj = self.get_or_none(key)
+        if obj is None:
+            raise ObjectNotFound(key)
+        return obj
+
+    def get_or_none(self, key: str) -> StoredObject | None:
+        fspath = self._fspath(key)
         try:
-            with open(path, "rb") as fh:
-                header = self._read_header(key, path, fh)
-                data = fh.read()
+            fd = os.open(fspath, os.O_RDONLY)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            raise ObjectNotFound(key) from None
+            return None
+        with os.fdopen(fd, "rb") as fh:
+            # The ETag sits at a fixed offset of the header and is random per write:
+            # when it matches the cached one the bytes are the cached bytes. This
+            # keeps refreshing thousands of small ledger heads cheap.
+            prefix = fh.read(_ETAG_END)
+            cached = self._cache.get(key)
+            if cached is not None and prefix == cached[0]:
+                return cached[1]
+            fh.seek(0)
+            try:
+                header = self._read_header(key, Path(fspath), fh)
+                data = fh.read()
+            except IsADirectoryError:
+                return None
         if len(data) != header["size"] or hashlib.sha256(data).hexdigest() != header["sha256"]:
-            raise CorruptObject(key, path, "payload does not match its recorded size/checksum")
+            raise CorruptObject(key, Path(fspath), "payload does not match its recorded size/checksum")
         meta = header["metadata"]
         assert isinstance(meta, dict)
-        return StoredObject(key=key, data=data, etag=str(header["etag"]), metadata=meta)
+        obj = StoredObject(key=key, data=data, etag=str(header["etag"]), metadata=meta)
+        if len(data) <= _CACHE_MAX_OBJECT and prefix[_ETAG_START:] == obj.etag.encode():
+            if len(self._cache) >= _CACHE_ENTRIES:
+                self._cache.clear()
+            self._cache[key] = (prefix, obj)
+        return obj
 
     def head(self, key: str) -> ObjectMeta | None:
         path = self._path(key)

@@ -1,0 +1,279 @@
+"""Small helpers shared by the benchmarks: timing, statistics, a moto S3 server, a results table.
+
+Nothing here asserts: benchmarks print figures next to their targets and say
+whether each target was met; judging them is the reader's business.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from laminar_orchestration.store import LocalObjectStore, ObjectStore
+
+#: The monotonic, system-wide clock every benchmark reads (comparable across processes on Linux).
+now_ns = time.perf_counter_ns
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+# --- timing and statistics ---------------------------------------------------------
+
+
+def time_ns(fn: Callable[[], object]) -> int:
+    """Wall time of one call of `fn`, in nanoseconds."""
+    t0 = now_ns()
+    fn()
+    return now_ns() - t0
+
+
+def runs(fn: Callable[[], int], n: int) -> list[int]:
+    """Call `fn` (which returns a measurement) `n` times; return the measurements."""
+    return [fn() for _ in range(n)]
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The `q`-th percentile (0..100) by linear interpolation between closest ranks."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return float(ordered[0])
+    rank = (len(ordered) - 1) * q / 100.0
+    lo, hi = math.floor(rank), math.ceil(rank)
+    frac = rank - lo
+    return float(ordered[lo] + (ordered[hi] - ordered[lo]) * frac)
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Summary of latency samples, in nanoseconds."""
+
+    n: int
+    p50: float
+    p99: float
+    mean: float
+    max: float
+
+    @classmethod
+    def of(cls, samples_ns: Sequence[int]) -> Latency:
+        return cls(
+            n=len(samples_ns),
+            p50=percentile(samples_ns, 50),
+            p99=percentile(samples_ns, 99),
+            mean=float(statistics.fmean(samples_ns)),
+            max=float(max(samples_ns)),
+        )
+
+
+# --- the results table ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    """One printed figure: what, on which backend, its value, the target and the verdict."""
+
+    figure: str
+    backend: str
+    value: str
+    target: str = "-"
+    verdict: str = "info"
+
+
+def verdict(value: float, target: float, *, higher_is_better: bool = False) -> str:
+    """'met', or 'MISSED (x1.8)' saying how many times the target the figure is."""
+    met = value >= target if higher_is_better else value <= target
+    if met:
+        return "met"
+    ratio = target / value if higher_is_better and value > 0 else value / target if target else math.inf
+    return f"MISSED (x{ratio:.1f})"
+
+
+def format_table(rows: Sequence[Row], title: str = "", notes: Sequence[str] = ()) -> str:
+    """A fixed-width text table of `rows`, then `notes` as a bulleted list."""
+    header = Row("figure", "backend", "value", "target", "verdict")
+    cols = [
+        [r.figure for r in (header, *rows)],
+        [r.backend for r in (header, *rows)],
+        [r.value for r in (header, *rows)],
+        [r.target for r in (header, *rows)],
+        [r.verdict for r in (header, *rows)],
+    ]
+    widths = [max(len(c) for c in col) for col in cols]
+
+    def line(r: Row) -> str:
+        cells = (r.figure, r.backend, r.value, r.target, r.verdict)
+        return "  ".join(
+            c.ljust(w) if i != 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    rule = "-" * (sum(widths) + 2 * (len(widths) - 1))
+    out = [title, rule] if title else [rule]
+    out += [line(header), rule, *(line(r) for r in rows), rule]
+    if notes:
+        out += ["notes:", *(f"  - {n}" for n in notes)]
+    return "\n".join(out)
+
+
+def write_result(name: str, text: str) -> Path:
+    """Write `text` to ``benchmarks/results/<name>`` (git-ignored); return the path."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / name
+    path.write_text(text if text.endswith("\n") else text + "\n")
+    return path
+
+
+def progress(msg: str) -> None:
+    """A progress note on stderr, so stdout carries only the figures."""
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+# --- a moto S3 server on loopback ------------------------------------------------------
+#
+# The same launcher the tests use (tests/s3server.py), started the same way as
+# tests/conftest.py does; replicated here because importing conftest imports pytest.
+
+_SERVER_SCRIPT = REPO_ROOT / "tests" / "s3server.py"
+_STARTUP_TIMEOUT_S = 30.0
+
+#: Fake credentials: moto accepts anything, and they make sure a benchmark never
+#: touches a real AWS account whatever the environment holds.
+_FAKE_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+_CLEARED_AWS_ENV = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+
+
+def _wait_for_server(proc: subprocess.Popen[bytes], port_file: Path, log: Path) -> str:
+    """The server's URL once it answers HTTP; RuntimeError with its log if it dies or hangs."""
+    deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+    url: str | None = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"moto server exited with {proc.returncode}:\n{log.read_text(errors='replace')}"
+            )
+        if url is None and port_file.exists():
+            url = f"http://127.0.0.1:{int(port_file.read_text())}"
+        if url is not None:
+            try:
+                with urllib.request.urlopen(url + "/", timeout=5):
+                    return url
+            except urllib.error.HTTPError:
+                return url  # any HTTP answer means it is serving
+            except OSError:
+                pass
+        time.sleep(0.05)
+    raise RuntimeError(
+        f"moto server did not answer within {_STARTUP_TIMEOUT_S}s:\n{log.read_text(errors='replace')}"
+    )
+
+
+@contextlib.contextmanager
+def _fake_aws_env(workdir: Path) -> Iterator[None]:
+    """Fake credentials and no ~/.aws files in os.environ (inherited by spawned processes)."""
+    changes: dict[str, str | None] = {name: value for name, value in _FAKE_AWS_ENV.items()}
+    changes.update({name: None for name in _CLEARED_AWS_ENV})
+    changes["AWS_CONFIG_FILE"] = str(workdir / "no-aws-config")
+    changes["AWS_SHARED_CREDENTIALS_FILE"] = str(workdir / "no-aws-credentials")
+    saved = {name: os.environ.get(name) for name in changes}
+    try:
+        for name, value in changes.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+@contextlib.contextmanager
+def start_s3_server() -> Iterator[str]:
+    """Run tests/s3server.py (single-threaded moto) on a free loopback port; yield its endpoint URL.
+
+    While inside, os.environ holds fake AWS credentials (no real account can be
+    reached), so boto3 clients here and in child processes need no setup.
+    """
+    with tempfile.TemporaryDirectory(prefix="laminar-bench-s3-") as tmp:
+        workdir = Path(tmp)
+        port_file = workdir / "port"
+        log = workdir / "server.log"
+        with _fake_aws_env(workdir):
+            with open(log, "wb") as log_fh:
+                proc = subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(_SERVER_SCRIPT),
+                        "--port",
+                        "0",
+                        "--port-file",
+                        str(port_file),
+                        "--parent-pid",
+                        str(os.getpid()),
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_fh,  # a file, never an undrained pipe
+                    stderr=subprocess.STDOUT,
+                )
+            try:
+                yield _wait_for_server(proc, port_file, log)
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+# --- stores a child process can reopen --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """How to (re)open a benchmark store, picklable so spawned processes can open their own.
+
+    ``kind`` is ``"local"`` (``path``) or ``"s3"`` (``endpoint``, ``bucket``, ``prefix``).
+    S3 stores are wrapped in `RetryingStore`, as `open_store` does in production.
+    """
+
+    kind: str
+    path: str = ""
+    endpoint: str = ""
+    bucket: str = ""
+    prefix: str = ""
+
+    def open(self) -> ObjectStore:
+        if self.kind == "local":
+            return LocalObjectStore(self.path)
+        if self.kind == "s3":
+            from laminar_orchestration.store.retry import RetryingStore
+            from laminar_orchestration.store.s3 import S3ObjectStore
+
+            return RetryingStore(S3ObjectStore(self.bucket, self.prefix, endpoint_url=self.endpoint))
+        raise ValueError(f"unknown store kind {self.kind!r}")

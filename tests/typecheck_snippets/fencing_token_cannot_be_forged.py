@@ -1,0 +1,6 @@
+# Tokens are minted by the ledger only; a caller cannot build one.
+from laminar_orchestration.fencing import FencingToken, PartitionGuard
+
+
+def forge() -> PartitionGuard:
+    return PartitionGuard(FencingToken(partition=1, epoch=99, node=1))
