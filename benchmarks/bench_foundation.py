@@ -185,9 +185,7 @@ def _loop_set_check(guards: PartitionGuardSet, ids: list[PartitionId]) -> int:
     return now_ns() - t0
 
 
-def _per_call(
-    n_runs: int, n: int, empty: Callable[[], int], body: Callable[[], int]
-) -> tuple[float, float, float]:
+def _per_call(n_runs: int, n: int, empty: Callable[[], int], body: Callable[[], int]) -> tuple[float, float, float]:
     """(raw, empty-loop, net) ns per iteration: medians over `n_runs` runs, both loops in each run."""
     raws: list[float] = []
     empties: list[float] = []
@@ -204,9 +202,7 @@ def _per_call(
 def bench_check(report: Report, guard: PartitionGuard, p: Params) -> None:
     n = p.micro_calls
     raw, empty, net = _per_call(p.micro_runs, n, lambda: _loop_empty(n), lambda: _loop_check(guard, n))
-    bound_raw, _, bound_net = _per_call(
-        p.micro_runs, n, lambda: _loop_empty(n), lambda: _loop_check_bound(guard, n)
-    )
+    bound_raw, _, bound_net = _per_call(p.micro_runs, n, lambda: _loop_empty(n), lambda: _loop_check_bound(guard, n))
     target = f"<= {CHECK_TARGET_NS:.0f} ns"
     report.add(
         1,
@@ -223,9 +219,7 @@ def bench_set_check(report: Report, guards: PartitionGuardSet, p: Params) -> Non
     rng = random.Random(42)
     ids = rng.choices(list(guards.partition_ids()), k=p.micro_calls)
     n = len(ids)
-    raw, empty, net = _per_call(
-        p.micro_runs, n, lambda: _loop_ids_empty(ids), lambda: _loop_set_check(guards, ids)
-    )
+    raw, empty, net = _per_call(p.micro_runs, n, lambda: _loop_ids_empty(ids), lambda: _loop_set_check(guards, ids))
     target = f"<= {SET_CHECK_TARGET_NS:.0f} ns"
     report.add(
         2,
@@ -257,9 +251,7 @@ class Cluster:
     acquire: Latency
 
 
-def build_cluster(
-    store: ObjectStore, partitions: int, samples: int, setup_store: ObjectStore | None = None
-) -> Cluster:
+def build_cluster(store: ObjectStore, partitions: int, samples: int, setup_store: ObjectStore | None = None) -> Cluster:
     """`partitions` partitions, each acquired by node 1 with a real graceful `Ledger.acquire`.
 
     The first `samples` acquisitions go through `store` and are timed. Cluster
@@ -303,9 +295,7 @@ def bench_refresh(report: Report, cluster: Cluster, n_runs: int, backend: str) -
         if n != 1000:
             report.add(
                 3,
-                Row(
-                    "3. refresh_all, 1000 partitions (linear est.)", backend, _ms(med * 1000 / n), "-", "info"
-                ),
+                Row("3. refresh_all, 1000 partitions (linear est.)", backend, _ms(med * 1000 / n), "-", "info"),
             )
     report.note(
         3,

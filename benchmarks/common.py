@@ -170,9 +170,7 @@ def _wait_for_server(proc: subprocess.Popen[bytes], port_file: Path, log: Path) 
     url: str | None = None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(
-                f"moto server exited with {proc.returncode}:\n{log.read_text(errors='replace')}"
-            )
+            raise RuntimeError(f"moto server exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
         if url is None and port_file.exists():
             url = f"http://127.0.0.1:{int(port_file.read_text())}"
         if url is not None:
@@ -184,9 +182,7 @@ def _wait_for_server(proc: subprocess.Popen[bytes], port_file: Path, log: Path) 
             except OSError:
                 pass
         time.sleep(0.05)
-    raise RuntimeError(
-        f"moto server did not answer within {_STARTUP_TIMEOUT_S}s:\n{log.read_text(errors='replace')}"
-    )
+    raise RuntimeError(f"moto server did not answer within {_STARTUP_TIMEOUT_S}s:\n{log.read_text(errors='replace')}")
 
 
 @contextlib.contextmanager

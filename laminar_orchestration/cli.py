@@ -228,6 +228,229 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+# --- control plane: migrate, failover, rebalance ----------------------------------------
+
+
+def _migration_config(args: argparse.Namespace) -> Any:
+    from .migration import MigrationConfig
+
+    values = {
+        "migration_timeout_s": args.migration_timeout,
+        "release_wait_timeout_s": args.release_wait_timeout,
+        "checkpoint_transfer_timeout_s": args.transfer_timeout,
+        "max_concurrent_migrations": getattr(args, "max_concurrent", None),
+    }
+    return MigrationConfig(**{k: v for k, v in values.items() if v is not None})
+
+
+def _phase_json(report: Any) -> dict[str, Any]:
+    return {
+        "phase": str(report.phase),
+        "duration_s": round(report.duration_s, 6),
+        "bytes_moved": report.bytes_moved,
+        "detail": report.detail,
+    }
+
+
+def _outcome_json(outcome: Any) -> dict[str, Any]:
+    return {
+        **outcome.move.to_json(),
+        "ok": outcome.ok,
+        "duration_s": round(outcome.duration_s, 6),
+        "error": None if outcome.ok else f"{type(outcome.error).__name__}: {outcome.error}",
+        "phases": [_phase_json(r) for r in (outcome.result or [])],
+    }
+
+
+def _print_outcome(outcome: Any) -> None:
+    m = outcome.move
+    moved = sum(r.bytes_moved for r in (outcome.result or []))
+    if outcome.ok:
+        verdict = f"active, {moved} bytes"
+    else:
+        verdict = f"FAILED: {type(outcome.error).__name__}: {outcome.error}"
+    print(
+        f"partition {m.partition}: node {m.from_node or '-'} -> {m.to_node} in {outcome.duration_s:.2f}s: {verdict}",
+        flush=True,
+    )
+
+
+@command("migrate")
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from .assignment import run_migration
+    from .migration import MigrationCoordinator, PhaseReport
+
+    coordinator = MigrationCoordinator(_ledger(args), _migration_config(args))
+    reports: list[PhaseReport] = []
+
+    def on_phase(report: PhaseReport) -> None:
+        reports.append(report)
+        if not args.json:
+            print(
+                f"{report.phase!s:<14} {report.duration_s:>9.3f}s {report.bytes_moved:>12} bytes  {report.detail}",
+                flush=True,
+            )
+
+    task = run_migration(coordinator, args.partition, args.to, on_phase=on_phase)
+    if args.json:
+        _print_json({"migration": task.model_dump(mode="json"), "phases": [_phase_json(r) for r in reports]})
+    else:
+        total = sum(r.duration_s for r in reports)
+        print(
+            f"migration {task.migration_id}: partition {task.partition} node {task.from_node} -> "
+            f"{task.to_node}, epoch {task.from_epoch} -> {task.to_epoch}: {task.phase} in {total:.2f}s"
+        )
+    return 0
+
+
+@command("failover")
+def cmd_failover(args: argparse.Namespace) -> int:
+    from .assignment import (
+        Move,
+        drive,
+        least_loaded_node,
+        live_node_ids,
+        node_loads,
+        ownership_map,
+        prepare_failover,
+        run_moves,
+    )
+    from .migration import MigrationCoordinator, NoLiveNode, PhaseReport
+
+    ledger = _ledger(args)
+    config = _migration_config(args)
+    live = live_node_ids(ledger)
+    if args.node in live and not args.force:
+        raise ValueError(
+            f"node {args.node} is alive: move its partitions with `laminar migrate` (graceful), "
+            "or pass --force to fence it anyway"
+        )
+    if args.to is not None and (args.to == args.node or args.to not in live):
+        raise NoLiveNode(args.to)
+    current = ownership_map(ledger)
+    loads = node_loads(current, live - {args.node})
+    moves = []
+    for p in sorted(p for p, owner in current.items() if owner == args.node):
+        target = args.to if args.to is not None else least_loaded_node(loads)
+        if target is None:
+            raise NoLiveNode(args.node)  # no other live node
+        loads[target] = loads.get(target, 0) + 1
+        moves.append(Move(p, args.node, target))
+    if not args.json:
+        print(f"node {args.node}: {len(moves)} partition(s) to fail over", flush=True)
+
+    def failover(move: Move) -> list[PhaseReport]:
+        coordinator = MigrationCoordinator(ledger, config)
+        decision = prepare_failover(coordinator, move.partition, move.to_node, live=live, allow_live_owner=args.force)
+        reports: list[PhaseReport] = []
+        if decision.task is not None:
+            drive(coordinator, decision.task, reports.append)
+        return reports
+
+    outcomes = run_moves(
+        moves,
+        failover,
+        config.max_concurrent_migrations,
+        live_nodes=live - {args.node},
+        on_done=None if args.json else _print_outcome,
+    )
+    if args.json:
+        _print_json({"node": args.node, "failovers": [_outcome_json(o) for o in outcomes]})
+    return 0 if all(o.ok for o in outcomes) else 1
+
+
+def _parse_weights(items: Sequence[str]) -> dict[int, float]:
+    weights = {}
+    for item in items:
+        node, sep, weight = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            weights[int(node)] = float(weight)
+        except ValueError:
+            raise ValueError(f"--weight {item!r}: expected NODE=WEIGHT, e.g. 3=2.0") from None
+    return weights
+
+
+@command("rebalance")
+def cmd_rebalance(args: argparse.Namespace) -> int:
+    from .assignment import live_node_ids, ownership_map, plan_assignment, run_migration, run_moves
+    from .migration import DesiredStates, MigrationCoordinator, PhaseReport
+
+    ledger = _ledger(args)
+    config = _migration_config(args)
+    live = live_node_ids(ledger)
+    plan = plan_assignment(ownership_map(ledger), live, _parse_weights(args.weight))
+    in_flight = {
+        int(p)
+        for p, state in DesiredStates(ledger).all().items()
+        if state.migration is not None and not state.migration.is_terminal
+    }
+    moves = [m for m in plan.moves if m.partition not in in_flight]
+    skipped = [m.partition for m in plan.moves if m.partition in in_flight]
+    if not args.json:
+        print(f"live nodes {sorted(live)}: {len(moves)} move(s)" + (" (dry run)" if args.dry_run else ""))
+        print(f"{'NODE':>6} {'QUOTA':>7} {'RANGE':>7} {'BEFORE':>7} {'AFTER':>6}")
+        for n, b in sorted(plan.bounds.items()):
+            print(
+                f"{n:>6} {b.quota:>7.2f} {f'{b.low}..{b.high}':>7} {plan.counts_before.get(n, 0):>7} "
+                f"{plan.counts_after.get(n, 0):>6}"
+            )
+        for m in moves:
+            print(f"move partition {m.partition}: node {m.from_node or '-'} -> {m.to_node}")
+        if skipped:
+            print(f"skipped (migration in flight): partitions {skipped}")
+    outcomes = []
+    if moves and not args.dry_run:
+        ledger.bump_cluster_epoch(f"laminar rebalance: {len(moves)} move(s)")
+
+        def move_one(move: Any) -> list[PhaseReport]:
+            reports: list[PhaseReport] = []
+            run_migration(
+                MigrationCoordinator(ledger, config),
+                move.partition,
+                move.to_node,
+                forced=None if move.from_node in live else True,
+                on_phase=reports.append,
+            )
+            return reports
+
+        outcomes = run_moves(
+            moves,
+            move_one,
+            config.max_concurrent_migrations,
+            live_nodes=live,
+            on_done=None if args.json else _print_outcome,
+        )
+    if args.json:
+        _print_json(
+            {
+                "dry_run": args.dry_run,
+                "live_nodes": sorted(live),
+                "plan": plan.to_json(),
+                "skipped_in_flight": skipped,
+                "results": [_outcome_json(o) for o in outcomes],
+            }
+        )
+    return 0 if all(o.ok for o in outcomes) else 1
+
+
+@command("sweep")
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from .antientropy import sweep
+
+    report = sweep(_ledger(args).store, grace_s=args.grace_s, dry_run=args.dry_run)
+    if args.json:
+        _print_json(vars(report))
+    else:
+        verb = "would delete" if args.dry_run else "deleted"
+        print(
+            f"scanned {report.scanned} objects: {report.referenced} referenced, "
+            f"{verb} {len(report.deleted)}, {len(report.kept_in_grace)} unreferenced but within the grace period"
+        )
+    return 0
+
+
 # --- parser --------------------------------------------------------------------
 
 
@@ -250,7 +473,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=int, required=True, help="number of partitions (>= 1)")
     p.add_argument("--force", action="store_true", help="re-initialize an existing cluster (epochs are kept)")
 
-    add("status", "partitions (epoch, owner, status), nodes (heartbeat, liveness), cluster epoch", json_output=True)
+    add(
+        "status",
+        "partitions (epoch, owner, status), nodes (heartbeat, liveness), cluster epoch",
+        json_output=True,
+    )
 
     node = sub.add_parser("node", help="run a worker node", description="run a worker node")
     node_sub = node.add_subparsers(dest="node_command", required=True, metavar="NODE_COMMAND")
@@ -266,7 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--checkpoint-every-s", type=float, default=30.0, help="state snapshot every T seconds")
 
     p = add("produce", "append events to the partitioned source log", json_output=True)
-    p.add_argument("--from-file", help="JSONL file: one {\"partition\", \"key\", \"value\"[, \"ts\"]} per line")
+    p.add_argument("--from-file", help='JSONL file: one {"partition", "key", "value"[, "ts"]} per line')
     p.add_argument("--count", type=int, help="generate N events instead")
     p.add_argument("--keys", type=int, default=100, help="distinct keys for --count (default 100)")
     p.add_argument("--seed", type=int, default=0, help="random seed for --count")
@@ -275,8 +502,57 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("query", "print the committed state of a partition and its committed offset", json_output=True)
     p.add_argument("--partition", type=int, required=True)
 
-    add("verify", "audit the store: every event committed exactly once; exit 1 on loss or duplication",
-        json_output=True)
+    add(
+        "verify",
+        "audit the store: every event committed exactly once; exit 1 on loss or duplication",
+        json_output=True,
+    )
+
+    def add_limits(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--migration-timeout", type=float, help="seconds for a whole migration (default 30)")
+        p.add_argument("--release-wait-timeout", type=float, help="seconds per old-owner phase (default 15)")
+        p.add_argument("--transfer-timeout", type=float, help="seconds per new-owner phase (default 60)")
+
+    p = add("migrate", "move a partition to another node (graceful), printing each phase", json_output=True)
+    p.add_argument("--partition", type=int, required=True, help="the partition to move")
+    p.add_argument("--to", type=int, required=True, help="the live node that takes it over")
+    add_limits(p)
+
+    p = add(
+        "failover",
+        "forced migration of every partition of a dead node to live nodes (least load)",
+        json_output=True,
+    )
+    p.add_argument("--node", type=int, required=True, help="the dead node")
+    p.add_argument("--to", type=int, help="the node to move them all to (default: least-loaded live nodes)")
+    p.add_argument("--force", action="store_true", help="fence the node even though it still heartbeats")
+    p.add_argument("--max-concurrent", type=int, help="migrations at once per node (default 2)")
+    add_limits(p)
+
+    p = add("rebalance", "balance partitions over the live nodes with the fewest moves", json_output=True)
+    p.add_argument("--dry-run", action="store_true", help="print the plan only")
+    p.add_argument(
+        "--weight",
+        action="append",
+        default=[],
+        metavar="NODE=WEIGHT",
+        help="relative capacity of a node (repeatable; default 1)",
+    )
+    p.add_argument("--max-concurrent", type=int, help="migrations at once per node (default 2)")
+    add_limits(p)
+
+    p = add(
+        "sweep",
+        "anti-entropy: delete output/checkpoint objects no manifest names and none ever can",
+        json_output=True,
+    )
+    p.add_argument("--dry-run", action="store_true", help="report, delete nothing")
+    p.add_argument(
+        "--grace-s",
+        type=float,
+        default=3600.0,
+        help="keep unreferenced objects of the current epoch younger than this (default 3600)",
+    )
 
     return parser
 

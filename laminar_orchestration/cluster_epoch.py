@@ -127,8 +127,7 @@ class StaleClusterEpoch(ClusterEpochError):
 
     def __str__(self) -> str:
         return (
-            f"stale cluster epoch {self.epoch}: below the accepted window "
-            f"[{self.oldest_accepted}, {self.latest_seen}]"
+            f"stale cluster epoch {self.epoch}: below the accepted window [{self.oldest_accepted}, {self.latest_seen}]"
         )
 
 

@@ -44,10 +44,7 @@ class StaleEpoch(EpochError):
     current_epoch: int
 
     def __str__(self) -> str:
-        return (
-            f"stale epoch for partition {self.partition}: "
-            f"local={self.local_epoch}, current={self.current_epoch}"
-        )
+        return f"stale epoch for partition {self.partition}: local={self.local_epoch}, current={self.current_epoch}"
 
 
 @dataclass(eq=True)
@@ -308,9 +305,7 @@ class PartitionGuardSet:
     def refresh_all(self, source: OwnershipSource) -> list[PartitionId]:
         """Refresh every cached epoch from one batched ledger read; returns revoked partitions."""
         snapshot = source.ownerships(list(self._guards))
-        return [
-            pid for pid, guard in list(self._guards.items()) if not guard._refresh_from(snapshot.get(pid))
-        ]
+        return [pid for pid, guard in list(self._guards.items()) if not guard._refresh_from(snapshot.get(pid))]
 
     def __len__(self) -> int:
         return len(self._guards)

@@ -106,10 +106,7 @@ class UnsupportedVersion(FrameError):
     version: int
 
     def __str__(self) -> str:
-        return (
-            f"{self._where()}: unsupported frame version {self.version} "
-            f"(this reader speaks {VERSION})"
-        )
+        return f"{self._where()}: unsupported frame version {self.version} (this reader speaks {VERSION})"
 
 
 @dataclass(eq=False)
@@ -139,10 +136,7 @@ class TruncatedFrame(FrameError):
 
     def __str__(self) -> str:
         what = "header" if self.needed == HEADER_SIZE else "payload"
-        return (
-            f"{self._where()}: truncated {what}: needs {self.needed} bytes, "
-            f"only {self.available} available"
-        )
+        return f"{self._where()}: truncated {what}: needs {self.needed} bytes, only {self.available} available"
 
 
 @dataclass(eq=False)
@@ -209,9 +203,7 @@ class FrameHeader:
 
         Raises `struct.error` if fewer than `HEADER_SIZE` bytes are available.
         """
-        magic, version, length, epoch, generation, partition, flags = _HEADER.unpack_from(
-            data, offset
-        )
+        magic, version, length, epoch, generation, partition, flags = _HEADER.unpack_from(data, offset)
         return cls(
             magic=magic,
             version=version,
@@ -223,9 +215,7 @@ class FrameHeader:
         )
 
 
-def encode_frame(
-    payload: bytes | bytearray | memoryview, epoch: int, generation: int, partition: int
-) -> bytes:
+def encode_frame(payload: bytes | bytearray | memoryview, epoch: int, generation: int, partition: int) -> bytes:
     """One complete, published frame (header with flags=1 followed by the payload).
 
     For objects written atomically (a create-only store put) the two phases are
@@ -234,9 +224,7 @@ def encode_frame(
     length = len(payload)
     if length > MAX_PAYLOAD:
         raise ValueError(f"frame payload of {length} bytes exceeds the u32 length field")
-    header = FrameHeader(
-        length=length, epoch=epoch, generation=generation, partition=partition, flags=FLAG_PUBLISHED
-    )
+    header = FrameHeader(length=length, epoch=epoch, generation=generation, partition=partition, flags=FLAG_PUBLISHED)
     return header.pack() + bytes(payload)
 
 
@@ -350,9 +338,7 @@ class FrameReader:
         )
         payload = _read_exactly(self._f, header.length)
         if len(payload) < header.length:
-            raise TruncatedFrame(
-                self.source, self.offset, HEADER_SIZE + header.length, HEADER_SIZE + len(payload)
-            )
+            raise TruncatedFrame(self.source, self.offset, HEADER_SIZE + header.length, HEADER_SIZE + len(payload))
         self.offset += HEADER_SIZE + header.length
         return header, payload
 

@@ -101,9 +101,7 @@ class EpochConflict(LedgerError):
     actual: int
 
     def __str__(self) -> str:
-        return (
-            f"epoch conflict for partition {self.partition}: expected={self.expected}, actual={self.actual}"
-        )
+        return f"epoch conflict for partition {self.partition}: expected={self.expected}, actual={self.actual}"
 
 
 @dataclass
@@ -215,9 +213,7 @@ class Ledger:
             raise CorruptLedgerObject(key, "missing")
         return got
 
-    def _map(
-        self, fn: Callable[[PartitionId], Ownership | None], items: list[PartitionId]
-    ) -> list[Ownership | None]:
+    def _map(self, fn: Callable[[PartitionId], Ownership | None], items: list[PartitionId]) -> list[Ownership | None]:
         if self._parallelism <= 1 or len(items) <= 1:
             return [fn(i) for i in items]
         with self._pool_lock:
@@ -427,9 +423,7 @@ class Ledger:
                 return False
             if head.epoch > epoch or (head.epoch == epoch and head.status == status and head.owner == owner):
                 return False
-            new = PartitionHead(
-                partition=partition, epoch=epoch, owner=owner, status=status, updated_at=now()
-            )
+            new = PartitionHead(partition=partition, epoch=epoch, owner=owner, status=status, updated_at=now())
             try:
                 self._writer.swap(ledger_key(key), _encode(new), etag)
                 return True
@@ -476,9 +470,7 @@ class Ledger:
             raise CorruptLedgerObject(MEMBERSHIP_KEY, "missing")
         return got[0]
 
-    def _update_membership(
-        self, change: Callable[[MembershipRecord], MembershipRecord | None]
-    ) -> MembershipRecord:
+    def _update_membership(self, change: Callable[[MembershipRecord], MembershipRecord | None]) -> MembershipRecord:
         while True:
             current, etag = self._require(MEMBERSHIP_KEY, MembershipRecord)
             new = change(current)
@@ -493,9 +485,7 @@ class Ledger:
     def bump_cluster_epoch(self, reason: str) -> int:
         """Advance the cluster epoch (membership generation), e.g. on a rebalance."""
         rec = self._update_membership(
-            lambda m: m.model_copy(
-                update={"cluster_epoch": m.cluster_epoch + 1, "reason": reason, "updated_at": now()}
-            )
+            lambda m: m.model_copy(update={"cluster_epoch": m.cluster_epoch + 1, "reason": reason, "updated_at": now()})
         )
         return rec.cluster_epoch
 

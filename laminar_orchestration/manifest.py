@@ -124,9 +124,7 @@ class PartitionManifest(Record):
         if self.parent_hash != previous_raw_hash:
             raise ParentHashMismatch(PartitionId(self.partition), previous_raw_hash, self.parent_hash)
         if self.source_offset < previous.source_offset:
-            raise SourceOffsetRegression(
-                PartitionId(self.partition), previous.source_offset, self.source_offset
-            )
+            raise SourceOffsetRegression(PartitionId(self.partition), previous.source_offset, self.source_offset)
 
 
 # --- errors -----------------------------------------------------------------
@@ -174,9 +172,7 @@ class ParentHashMismatch(SuccessionError):
     actual: str | None
 
     def __str__(self) -> str:
-        return (
-            f"parent hash mismatch on partition {self.partition}: expected {self.expected}, got {self.actual}"
-        )
+        return f"parent hash mismatch on partition {self.partition}: expected {self.expected}, got {self.actual}"
 
 
 @dataclass

@@ -273,9 +273,7 @@ class MigrationEpochConflict(MigrationError):
     actual: int
 
     def __str__(self) -> str:
-        return (
-            f"epoch conflict for partition {self.partition}: expected={self.expected}, actual={self.actual}"
-        )
+        return f"epoch conflict for partition {self.partition}: expected={self.expected}, actual={self.actual}"
 
 
 @dataclass
@@ -324,9 +322,7 @@ class DesiredStates:
             return DesiredState(partition=partition, owner=UNASSIGNED, updated_at=now()), None
         return parse_record(key, obj.data, DesiredState), obj.etag
 
-    def update(
-        self, partition: PartitionId, change: Callable[[DesiredState], DesiredState | None]
-    ) -> DesiredState:
+    def update(self, partition: PartitionId, change: Callable[[DesiredState], DesiredState | None]) -> DesiredState:
         """Apply `change` by compare-and-swap, re-reading on conflict. `change` may raise to abort."""
         key = ledger_key(desired_key(partition))
         while True:
@@ -380,9 +376,7 @@ class MigrationCoordinator:
     responsible node to report the phase done.
     """
 
-    def __init__(
-        self, ledger: Ledger, config: MigrationConfig | None = None, *, poll_interval_s: float = 0.02
-    ) -> None:
+    def __init__(self, ledger: Ledger, config: MigrationConfig | None = None, *, poll_interval_s: float = 0.02) -> None:
         self.ledger = ledger
         self.desired = DesiredStates(ledger)
         self.config = config or MigrationConfig()
@@ -432,9 +426,7 @@ class MigrationCoordinator:
         self.desired.update(partition, claim)
         return task
 
-    def plan_or_resume(
-        self, partition: PartitionId, to_node: NodeId, *, forced: bool = False
-    ) -> MigrationTask:
+    def plan_or_resume(self, partition: PartitionId, to_node: NodeId, *, forced: bool = False) -> MigrationTask:
         running = self.current(partition)
         if running is not None and not running.is_terminal:
             if running.to_node == to_node:
@@ -470,9 +462,7 @@ class MigrationCoordinator:
     def fail(self, partition: PartitionId, migration_id: str, error: str) -> MigrationTask:
         task = self.current(partition)
         failed_phase = task.phase if task else None
-        return self._transition(
-            partition, migration_id, MigrationPhase.FAILED, failed_phase=failed_phase, error=error
-        )
+        return self._transition(partition, migration_id, MigrationPhase.FAILED, failed_phase=failed_phase, error=error)
 
     def cancel(self, partition: PartitionId, migration_id: str) -> MigrationTask:
         return self._transition(partition, migration_id, MigrationPhase.CANCELLED)
@@ -530,9 +520,7 @@ class MigrationCoordinator:
         p = PartitionId(task.partition)
         node = self._responsible(task, phase)
         limit = (
-            self.config.release_wait_timeout_s
-            if phase in SETTING_PHASES
-            else self.config.checkpoint_transfer_timeout_s
+            self.config.release_wait_timeout_s if phase in SETTING_PHASES else self.config.checkpoint_transfer_timeout_s
         )
         limit = min(limit, self.config.migration_timeout_s)
         start = time.monotonic()

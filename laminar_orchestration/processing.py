@@ -177,9 +177,7 @@ class SparkBatchRunner:
         pq.write_table(state, path)
         return self.spark.read.parquet(str(path))
 
-    def run(
-        self, state: pa.Table, event_files: Sequence[Path], *, epoch: int, generation: int
-    ) -> BatchResult:
+    def run(self, state: pa.Table, event_files: Sequence[Path], *, epoch: int, generation: int) -> BatchResult:
         from pyspark.sql import functions as F
 
         started = time.monotonic()

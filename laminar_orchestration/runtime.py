@@ -18,6 +18,7 @@ A node is a long-running process with one SparkSession. It
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import shutil
@@ -40,12 +41,12 @@ from .ledger import Ledger, NodeHandle, NodeIdentityConflict
 from .manifest import ManifestPublisher, ManifestUpdate, ManifestVersion
 from .migration import (
     GRACEFUL_PHASES,
+    SETTING_PHASES,
     DesiredState,
     DesiredStates,
     MigrationKind,
     MigrationPhase,
     MigrationTask,
-    SETTING_PHASES,
 )
 from .processing import (
     Processor,
@@ -216,9 +217,7 @@ class PartitionWorker(threading.Thread):
                     self._set()
                     return
                 except PhaseAborted:
-                    log.info(
-                        "node %s: partition %s migration aborted, resuming", self.node.id, self.partition
-                    )
+                    log.info("node %s: partition %s migration aborted, resuming", self.node.id, self.partition)
                     self._phase_done, self._done_for = None, None
                     self.state_name = WorkerState.RUNNING
         except (Fenced, EpochError) as exc:
@@ -343,9 +342,7 @@ class PartitionWorker(threading.Thread):
             release = ledger.release_record(self.partition, task.from_epoch)
             if release is None:
                 raise RuntimeError(f"epoch {task.from_epoch} of partition {self.partition} was not released")
-            if release.commit_ulid and (
-                manifest is None or manifest.manifest.commit_ulid != release.commit_ulid
-            ):
+            if release.commit_ulid and (manifest is None or manifest.manifest.commit_ulid != release.commit_ulid):
                 raise RuntimeError("the current manifest is not the one the old owner released")
         self.state_name = WorkerState.RESTORING
         data = self._download(manifest)
@@ -466,9 +463,7 @@ class PartitionWorker(threading.Thread):
                 continue
             files = batch.write_parquet(self._workdir / f"batch-{batch.start_offset}")
             try:
-                result = self.node.runner.run(
-                    self._state, files, epoch=self.epoch, generation=self.node.generation
-                )
+                result = self.node.runner.run(self._state, files, epoch=self.epoch, generation=self.node.generation)
             finally:
                 shutil.rmtree(self._workdir / f"batch-{batch.start_offset}", ignore_errors=True)
             # Seed 002: a fenced tracker drops the in-flight batch before any external write.
@@ -517,9 +512,7 @@ class PartitionWorker(threading.Thread):
         data = table_to_parquet_bytes(self._state)
         ref = self.node.checkpoints.upload_bytes(self.guard, data)
         self._check()
-        self._manifest = self._publish(
-            self._update(state=ref, state_offset=self._committed_offset, note="checkpoint")
-        )
+        self._manifest = self._publish(self._update(state=ref, state_offset=self._committed_offset, note="checkpoint"))
         self._state_ref, self._state_offset = ref, self._committed_offset
         self._batches_since_ckpt, self._last_ckpt = 0, time.monotonic()
         return len(data)
@@ -703,10 +696,9 @@ class Node:
 
     def _drain_all(self) -> None:
         if self.handle is not None:
-            try:
+            # Best effort: the final `leave()` follows; a lost "leaving" is harmless.
+            with contextlib.suppress(StoreError, NodeIdentityConflict):
                 self.handle.heartbeat(NodeStatus.LEAVING, partitions=self._progress())
-            except (StoreError, NodeIdentityConflict):
-                pass
         for worker in list(self.workers.values()):
             worker.request_stop()
         for worker in list(self.workers.values()):

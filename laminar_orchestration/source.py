@@ -185,9 +185,7 @@ class BadInputLine(SourceError):
     reason: str
 
     def __str__(self) -> str:
-        return (
-            f"{self.path}, line {self.line_number}: {self.reason} (nothing from this file was appended)"
-        )
+        return f"{self.path}, line {self.line_number}: {self.reason} (nothing from this file was appended)"
 
 
 # --- records and values ---------------------------------------------------------
@@ -295,9 +293,7 @@ class SourceBatch:
 
     def to_table(self) -> pa.Table:
         """All events of the batch as one pyarrow Table with `EVENT_SCHEMA`."""
-        tables = [
-            pq.read_table(pa.BufferReader(p)).replace_schema_metadata(None) for p in self.payloads
-        ]
+        tables = [pq.read_table(pa.BufferReader(p)).replace_schema_metadata(None) for p in self.payloads]
         if not tables:
             return EVENT_SCHEMA.empty_table()
         return pa.concat_tables(tables)
@@ -356,9 +352,7 @@ def _normalize_table(partition: int, table: pa.Table) -> pa.Table:
 
     key = table.column("key")
     stringy = pa.types.is_string(key.type) or pa.types.is_large_string(key.type)
-    if not stringy and not (
-        pa.types.is_dictionary(key.type) and pa.types.is_string(key.type.value_type)
-    ):
+    if not stringy and not (pa.types.is_dictionary(key.type) and pa.types.is_string(key.type.value_type)):
         raise InvalidEvents(partition, f"column 'key' has type {key.type}, not string")
     key = pc.cast(key, pa.string())
     if key.null_count:
@@ -441,9 +435,7 @@ class _Segment:
     rows: int
 
 
-def decode_segment(
-    key: str, data: bytes, *, partition: int, start_offset: int
-) -> list[tuple[memoryview, int]]:
+def decode_segment(key: str, data: bytes, *, partition: int, start_offset: int) -> list[tuple[memoryview, int]]:
     """Check a segment's frames and Parquet footers; return `(payload, rows)` per frame.
 
     Decodes no column data: only the footer's row counts and the ``offset``
@@ -460,9 +452,7 @@ def decode_segment(
         except (pa.ArrowException, OSError) as exc:
             raise CorruptSegment(key, f"frame at offset {pos}: unreadable Parquet: {exc}") from exc
         if names != EVENT_SCHEMA.names:
-            raise CorruptSegment(
-                key, f"frame at offset {pos}: columns {names}, expected {EVENT_SCHEMA.names}"
-            )
+            raise CorruptSegment(key, f"frame at offset {pos}: columns {names}, expected {EVENT_SCHEMA.names}")
         rows = md.num_rows
         if rows <= 0:
             raise CorruptSegment(key, f"frame at offset {pos}: no events")
@@ -553,13 +543,9 @@ class SourceLog:
         got = self._read_head(partition)
         return (got[0].next_offset, got[0].segments, got[1]) if got else (0, 0, None)
 
-    def _write_head(
-        self, partition: int, etag: str | None, next_offset: int, segments: int
-    ) -> None:
+    def _write_head(self, partition: int, etag: str | None, next_offset: int, segments: int) -> None:
         """One conditional write of the head; raises PreconditionFailed/ConcurrentModification."""
-        record = SourceHead(
-            next_offset=next_offset, segments=segments, updated_at=datetime.now(UTC)
-        )
+        record = SourceHead(next_offset=next_offset, segments=segments, updated_at=datetime.now(UTC))
         data = record.model_dump_json().encode()
         if etag is None:
             self.store.put_if_absent(head_key(partition), data)
@@ -648,9 +634,7 @@ class SourceLog:
             self._advance_head(partition, etag, start, start + n, count + 1)
             return SegmentRef(key, partition, start, start + n)
 
-    def _advance_head(
-        self, partition: int, etag: str | None, start: int, end: int, segments: int
-    ) -> None:
+    def _advance_head(self, partition: int, etag: str | None, start: int, end: int, segments: int) -> None:
         """Move the head from `start` to `end` after creating the segment at `start`."""
         while True:
             try:
@@ -759,9 +743,7 @@ class SourceLog:
             pos += seg.rows
         return pos
 
-    def iter_batches(
-        self, partition: int, from_offset: int, max_events: int
-    ) -> Iterator[SourceBatch]:
+    def iter_batches(self, partition: int, from_offset: int, max_events: int) -> Iterator[SourceBatch]:
         """Batches from `from_offset` until caught up."""
         offset = from_offset
         while (batch := self.read(partition, offset, max_events)) is not None:
@@ -848,8 +830,6 @@ def generate_events(
         vals = rng.random(count) * 100.0
     ts = np.arange(start_ts, start_ts + count, dtype=np.int64)
     names = pa.array([f"k{i}" for i in range(keys)], pa.string())
-    table = pa.Table.from_arrays(
-        [names.take(pa.array(key_idx)), pa.array(vals), pa.array(ts)], schema=_INPUT_SCHEMA
-    )
+    table = pa.Table.from_arrays([names.take(pa.array(key_idx)), pa.array(vals), pa.array(ts)], schema=_INPUT_SCHEMA)
     part_of = key_idx % partitions
     return {p: table.filter(pa.array(part_of == p)) for p in range(partitions)}

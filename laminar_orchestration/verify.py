@@ -17,6 +17,7 @@ Listing is used only for the orphan count (an audit path).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -174,15 +175,11 @@ def audit_ledger(ledger: Ledger, partition: PartitionId) -> tuple[list[AuditIssu
             )
     own = ledger.ownership(partition)
     if own is not None and own.epoch != len(grants):
-        issues.append(
-            AuditIssue(partition, "ledger", f"ownership at epoch {own.epoch}, {len(grants)} grants")
-        )
+        issues.append(AuditIssue(partition, "ledger", f"ownership at epoch {own.epoch}, {len(grants)} grants"))
     return issues, len(grants)
 
 
-def audit_partition(
-    store: ObjectStore, partition: PartitionId, *, ledger: Ledger | None = None
-) -> PartitionAudit:
+def audit_partition(store: ObjectStore, partition: PartitionId, *, ledger: Ledger | None = None) -> PartitionAudit:
     """Everything `laminar verify` checks for one partition."""
     audit = PartitionAudit(partition)
     ledger = ledger or Ledger(store)
@@ -197,7 +194,7 @@ def audit_partition(
     except LedgerError as exc:
         audit.issues.append(AuditIssue(partition, "chain", str(exc)))
     audit.manifests = len(history)
-    for prev, cur in zip(history, history[1:], strict=False):
+    for prev, cur in itertools.pairwise(history):
         try:
             cur.manifest.validate_succession(prev.manifest, prev.raw_hash)
         except (SuccessionError, LedgerError) as exc:
@@ -233,9 +230,7 @@ def audit_partition(
             audit.losses += start - position
         elif start < position:
             overlap = min(end, position) - start
-            audit.issues.append(
-                AuditIssue(partition, "duplicate", "output committed twice", start, min(end, position))
-            )
+            audit.issues.append(AuditIssue(partition, "duplicate", "output committed twice", start, min(end, position)))
             audit.duplicates += overlap
         position = max(position, end)
         epochs = set(pc.unique(table["epoch"]).to_pylist()) if table.num_rows else set()
@@ -250,9 +245,7 @@ def audit_partition(
                 )
             )
     if position < committed:
-        audit.issues.append(
-            AuditIssue(partition, "loss", "committed offset beyond output", position, committed)
-        )
+        audit.issues.append(AuditIssue(partition, "loss", "committed offset beyond output", position, committed))
         audit.losses += committed - position
 
     # Per key counts: output vs source.
@@ -278,9 +271,7 @@ def audit_partition(
                 AuditIssue(partition, "duplicate", f"key {key!r}: {got} events in output, {exp} in source")
             )
         elif got < exp:
-            audit.issues.append(
-                AuditIssue(partition, "loss", f"key {key!r}: {got} events in output, {exp} in source")
-            )
+            audit.issues.append(AuditIssue(partition, "loss", f"key {key!r}: {got} events in output, {exp} in source"))
 
     # The committed state must be the fold of every committed event.
     try:
@@ -298,9 +289,7 @@ def audit_partition(
                 break
 
     audit.orphan_outputs = sum(
-        1
-        for k in store.list(f"sink/{partition:05d}/")
-        if k not in {r.key for v in history for r in v.manifest.outputs}
+        1 for k in store.list(f"sink/{partition:05d}/") if k not in {r.key for v in history for r in v.manifest.outputs}
     )
     return audit
 

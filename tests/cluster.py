@@ -6,6 +6,7 @@ be killed (SIGKILL), paused (SIGSTOP), resumed (SIGCONT) or stopped (SIGTERM).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -120,10 +121,8 @@ class Cluster:
             node.signal(signal.SIGCONT)
             node.signal(signal.SIGKILL)
         for node in self.nodes.values():
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 node.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                pass
 
     # -- data ----------------------------------------------------------------------
 

@@ -31,8 +31,15 @@ def fold_output(events: pa.Table, previous: pa.Table, epoch: int) -> tuple[pa.Ta
             "last_offset": r["last_offset"],
         }  # fmt: skip
         state_rows[r["key"]] = merged
-        out_rows.append({**{k: merged[k] for k in ("key", "count", "sum", "min", "max", "last")},
-                         "batch_count": r["count"], "batch_sum": r["sum"], "epoch": epoch, "generation": 1})
+        out_rows.append(
+            {
+                **{k: merged[k] for k in ("key", "count", "sum", "min", "max", "last")},
+                "batch_count": r["count"],
+                "batch_sum": r["sum"],
+                "epoch": epoch,
+                "generation": 1,
+            }
+        )
     state = pa.Table.from_pylist(list(state_rows.values()), schema=previous.schema)
     return state, pa.Table.from_pylist(out_rows)
 
@@ -54,8 +61,11 @@ def commit_all(
         version = publisher.publish(
             token,
             ManifestUpdate(
-                source_offset=batch.end_offset, state=ckpt, state_offset=batch.end_offset if ckpt else 0,
-                outputs=(ref,), events_applied=batch.end_offset,
+                source_offset=batch.end_offset,
+                state=ckpt,
+                state_offset=batch.end_offset if ckpt else 0,
+                outputs=(ref,),
+                events_applied=batch.end_offset,
             ),
         )
         offset = batch.end_offset

@@ -54,9 +54,7 @@ def _wait_for_server(proc: subprocess.Popen[bytes], port_file: Path, log: Path) 
     url: str | None = None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(
-                f"moto server exited with {proc.returncode}:\n{log.read_text(errors='replace')}"
-            )
+            raise RuntimeError(f"moto server exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
         if url is None and port_file.exists():
             url = f"http://127.0.0.1:{int(port_file.read_text())}"
         if url is not None:
@@ -69,8 +67,7 @@ def _wait_for_server(proc: subprocess.Popen[bytes], port_file: Path, log: Path) 
             except OSError:
                 pass
         time.sleep(0.05)
-    raise RuntimeError(f"moto server did not answer within {_STARTUP_TIMEOUT_S}s:\n"
-                       f"{log.read_text(errors='replace')}")
+    raise RuntimeError(f"moto server did not answer within {_STARTUP_TIMEOUT_S}s:\n{log.read_text(errors='replace')}")
 
 
 @pytest.fixture(scope="session")
@@ -96,9 +93,12 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 [
                     sys.executable,
                     str(_SERVER_SCRIPT),
-                    "--port", "0",
-                    "--port-file", str(port_file),
-                    "--parent-pid", str(os.getpid()),
+                    "--port",
+                    "0",
+                    "--port-file",
+                    str(port_file),
+                    "--parent-pid",
+                    str(os.getpid()),
                 ],
                 stdin=subprocess.DEVNULL,
                 # To a file, never a pipe: nobody drains a pipe and a full one
@@ -159,9 +159,7 @@ def store(request: pytest.FixtureRequest) -> ObjectStore:
 
 
 @pytest.fixture(params=STORE_KINDS)
-def store_url(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> str:
+def store_url(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """A store URL for `open_store` or a CLI subprocess, for each backend in turn.
 
     ``file://...`` for local; ``s3://bucket/prefix`` for S3, with

@@ -49,9 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--port-file", type=Path, help="where to write the bound port")
-    parser.add_argument(
-        "--parent-pid", type=int, default=None, help="exit when this process is gone"
-    )
+    parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
     args = parser.parse_args(argv)
 
     app = DomainDispatcherApplication(create_backend_app)

@@ -22,9 +22,7 @@ class PausingStore(ObjectStore):
                 raise TimeoutError("PausingStore was never resumed")
         return self.inner.put_if_absent(key, data, metadata)
 
-    def put_if_match(
-        self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None
-    ) -> str:
+    def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
         return self.inner.put_if_match(key, data, etag, metadata)
 
     def delete_if_match(self, key: str, etag: str) -> None:

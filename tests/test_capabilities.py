@@ -42,7 +42,10 @@ def mypy_report() -> dict[str, str]:
     ("snippet", "expected"),
     [
         ("ledger_writer_cannot_put_checkpoint.py", '"LedgerWriter" has no attribute "put_checkpoint"'),
-        ("checkpoint_writer_cannot_write_ledger_key.py", 'has incompatible type "LedgerKey"; expected "CheckpointKey"'),
+        (
+            "checkpoint_writer_cannot_write_ledger_key.py",
+            'has incompatible type "LedgerKey"; expected "CheckpointKey"',
+        ),
         ("output_committer_cannot_write_ledger.py", '"OutputCommitter" has no attribute "swap"'),
         ("fencing_token_cannot_be_forged.py", 'Unexpected keyword argument "partition" for "FencingToken"'),
     ],
@@ -79,6 +82,5 @@ def test_storage_policies_split_prefixes_by_principal() -> None:
     assert writes("control-plane") == {"ledger/"}
     assert writes("producer") == {"source/"}
     assert "source/" not in writes("node")
-    lists = [p for p, doc in policies.items()
-             if any("s3:ListBucket" in st["Action"] for st in doc["Statement"])]  # type: ignore[attr-defined]
+    lists = [p for p, doc in policies.items() if any("s3:ListBucket" in st["Action"] for st in doc["Statement"])]  # type: ignore[attr-defined]
     assert lists == ["auditor"]  # the fast path never lists

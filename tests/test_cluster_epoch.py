@@ -424,13 +424,9 @@ def test_metrics_counters() -> None:
     assert w.metrics() == WindowMetrics()
 
     _establish(w, N, N)
-    assert w.metrics() == WindowMetrics(
-        window_slides=1, window_size=1, new_epoch_fences=1, same_epoch_fences=1
-    )
+    assert w.metrics() == WindowMetrics(window_slides=1, window_size=1, new_epoch_fences=1, same_epoch_fences=1)
     _establish(w, N + 1, N + 3)
-    assert w.metrics() == WindowMetrics(
-        window_slides=3, window_size=3, new_epoch_fences=3, same_epoch_fences=1
-    )
+    assert w.metrics() == WindowMetrics(window_slides=3, window_size=3, new_epoch_fences=3, same_epoch_fences=1)
     for stale in (N - 1, N):
         with pytest.raises(StaleClusterEpoch), w.fence(stale):
             pass

@@ -74,7 +74,7 @@ def test_fencing_token_unforgeable() -> None:
         PartitionGuard((1, 5, 1))  # type: ignore[arg-type]
     token = _mint_token(P(1), 5, N(1))
     with pytest.raises(AttributeError):
-        token.epoch = 9  # type: ignore[misc]
+        token.epoch = 9
 
 
 def test_guard_check_valid_returns_ok() -> None:

@@ -85,8 +85,7 @@ def test_split_brain_prevention_across_processes(ledger: Ledger, store: ObjectSt
     start = time.time() + 3.0
     endpoint = getattr(store, "endpoint", None)
     workers = [
-        ctx.Process(target=_race, args=(store.url, endpoint, n, rounds, start, out))
-        for n in range(1, procs + 1)
+        ctx.Process(target=_race, args=(store.url, endpoint, n, rounds, start, out)) for n in range(1, procs + 1)
     ]
     for w in workers:
         w.start()

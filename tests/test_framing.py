@@ -105,9 +105,7 @@ def test_header_round_trips_and_encode_frame_publishes() -> None:
     assert frame[HEADER_SIZE:] == b"abc"
 
 
-@pytest.mark.parametrize(
-    "field", [{"epoch": -1}, {"epoch": 2**64}, {"partition": 2**32}, {"flags": 2**16}]
-)
+@pytest.mark.parametrize("field", [{"epoch": -1}, {"epoch": 2**64}, {"partition": 2**32}, {"flags": 2**16}])
 def test_header_rejects_out_of_range_fields(field: dict[str, int]) -> None:
     values = {"length": 0, "epoch": 0, "generation": 0, "partition": 0, **field}
     with pytest.raises(ValueError, match="out of range"):

@@ -19,12 +19,12 @@ import pytest
 
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.migration import (
+    SETTING_PHASES,
     MigrationConfig,
     MigrationCoordinator,
     MigrationEpochConflict,
     MigrationPhase,
     MigrationTimeout,
-    SETTING_PHASES,
 )
 from laminar_orchestration.verify import committed_state
 
@@ -182,9 +182,11 @@ def test_orchestrator_killed_mid_migration_then_resumed(cluster: Cluster, tmp_pa
     orchestrator = subprocess.Popen([sys.executable, "-c", script])
     try:
         wait_until(
-            lambda: (t := cluster.coordinator.current(P(2))) is not None
-            and t.to_node == target
-            and t.phase in (MigrationPhase.CHECKPOINTING, MigrationPhase.UPLOADING, MigrationPhase.RELEASED),
+            lambda: (
+                (t := cluster.coordinator.current(P(2))) is not None
+                and t.to_node == target
+                and t.phase in (MigrationPhase.CHECKPOINTING, MigrationPhase.UPLOADING, MigrationPhase.RELEASED)
+            ),
             60,
             "the migration to reach the checkpoint phases",
             interval=0.005,
@@ -266,10 +268,10 @@ def test_rolling_restart_loses_no_partition(cluster: Cluster) -> None:
             assert own is not None and own.status == "released" and own.epoch == epochs[p]
         cluster.start_node(n)
         cluster.wait_alive(n, timeout=180)
-        wait_until(
-            lambda owned=owned, n=n: all(cluster.owner(p) == n and cluster.epoch(p) > epochs[p] for p in owned),
-            60,
-            f"node {n} to take its partitions back",
-        )
+
+        def taken_back(owned: list[int] = owned, epochs: dict[int, int] = epochs, n: int = n) -> bool:
+            return all(cluster.owner(p) == n and cluster.epoch(p) > epochs[p] for p in owned)
+
+        wait_until(taken_back, 60, f"node {n} to take its partitions back")
     assert_exactly_once(cluster)
     assert all(cluster.owner(p) in (1, 2, 3) for p in cluster.partitions)

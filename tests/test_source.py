@@ -77,9 +77,7 @@ def test_source_event_is_strict() -> None:
 
 
 def test_append_validates_tables() -> None:
-    ok = normalize_events(
-        1, pa.table({"partition": [1, 1], "key": ["a", "b"], "value": [1, 2], "ts": [None, 5]})
-    )
+    ok = normalize_events(1, pa.table({"partition": [1, 1], "key": ["a", "b"], "value": [1, 2], "ts": [None, 5]}))
     assert ok.column("value").type == pa.float64()
     assert ok.column("ts")[1].as_py() == 5 and ok.column("ts")[0].as_py() > 1_600_000_000_000
     for table, reason in (
@@ -155,9 +153,7 @@ def test_read_off_a_segment_boundary_raises(store: ObjectStore) -> None:
     assert "beyond the end" in str(beyond.value)
 
 
-def test_batch_writes_parquet_files_for_spark(
-    local_store: LocalObjectStore, tmp_path: Path
-) -> None:
+def test_batch_writes_parquet_files_for_spark(local_store: LocalObjectStore, tmp_path: Path) -> None:
     log = SourceLog(local_store, segment_events=4, frame_events=2)
     log.append(0, _events(10))
     batch = log.read(0, 0, 100)
@@ -206,9 +202,7 @@ def test_roll_forward_after_a_producer_died_before_moving_the_head(store: Object
     result = log.append(1, _events(3, "live", partition=1))
     assert (result.first_offset, result.next_offset) == (3, 6)
     assert log.end_offset(1) == 6
-    _assert_exactly_once(
-        _all_events(log, 1), {f"dead{i}" for i in range(3)} | {f"live{i}" for i in range(3)}
-    )
+    _assert_exactly_once(_all_events(log, 1), {f"dead{i}" for i in range(3)} | {f"live{i}" for i in range(3)})
 
 
 def test_roll_forward_without_appending(local_store: LocalObjectStore) -> None:
@@ -243,18 +237,14 @@ class _BlindRetryStore(LocalObjectStore):
         super().__init__(root, fsync=False)
         self.tricked: set[str] = set()
 
-    def put_if_absent(
-        self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
-    ) -> str:
+    def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
         etag = super().put_if_absent(key, data, metadata)
         if key.endswith(".seg") and "create" not in self.tricked:
             self.tricked.add("create")
             raise PreconditionFailed(key, None)
         return etag
 
-    def put_if_match(
-        self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None
-    ) -> str:
+    def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
         new = super().put_if_match(key, data, etag, metadata)
         if "cas" not in self.tricked:
             self.tricked.add("cas")
@@ -336,9 +326,7 @@ def test_concurrent_producer_threads_never_lose_or_duplicate(store: ObjectStore)
     for t in threads:
         t.join(60)
     assert not errors
-    expected = {
-        f"w{w}-a{a}-{i}" for w in range(workers) for a in range(appends) for i in range(per_append)
-    }
+    expected = {f"w{w}-a{a}-{i}" for w in range(workers) for a in range(appends) for i in range(per_append)}
     assert log.end_offset(0) == len(expected)
     _assert_exactly_once(_all_events(log, 0), expected)
 
@@ -348,9 +336,7 @@ def test_concurrent_threads_under_random_store_faults(local_store: LocalObjectSt
     faults.random_faults(0.15, seed=7)
     store = RetryingStore(faults, RetryPolicy(max_attempts=20, base_delay_s=0.0), seed=3)
     log = SourceLog(store, segment_events=2)
-    threads = [
-        threading.Thread(target=lambda w=w: log.append(0, _events(6, f"w{w}-"))) for w in range(3)
-    ]
+    threads = [threading.Thread(target=lambda w=w: log.append(0, _events(6, f"w{w}-"))) for w in range(3)]
     for t in threads:
         t.start()
     for t in threads:
@@ -360,9 +346,7 @@ def test_concurrent_threads_under_random_store_faults(local_store: LocalObjectSt
     _assert_exactly_once(_all_events(log, 0), {f"w{w}-{i}" for w in range(3) for i in range(6)})
 
 
-def _produce_in_process(
-    store_url: str, start: threading.Barrier, worker: int, appends: int, per_append: int
-) -> None:
+def _produce_in_process(store_url: str, start: threading.Barrier, worker: int, appends: int, per_append: int) -> None:
     log = SourceLog(open_store(store_url), segment_events=2)
     start.wait(60)  # all interpreters are up: the appends really race
     for a in range(appends):
@@ -374,8 +358,7 @@ def test_concurrent_producer_processes_never_lose_or_duplicate(store_url: str) -
     ctx = mp.get_context("spawn")
     start = ctx.Barrier(procs)
     workers = [
-        ctx.Process(target=_produce_in_process, args=(store_url, start, w, appends, per_append))
-        for w in range(procs)
+        ctx.Process(target=_produce_in_process, args=(store_url, start, w, appends, per_append)) for w in range(procs)
     ]
     for w in workers:
         w.start()
@@ -383,9 +366,7 @@ def test_concurrent_producer_processes_never_lose_or_duplicate(store_url: str) -
         w.join(120)
     assert [w.exitcode for w in workers] == [0] * procs
     log = SourceLog(open_store(store_url))
-    expected = {
-        f"p{w}-a{a}-{i}" for w in range(procs) for a in range(appends) for i in range(per_append)
-    }
+    expected = {f"p{w}-a{a}-{i}" for w in range(procs) for a in range(appends) for i in range(per_append)}
     assert log.end_offset(3) == len(expected)
     _assert_exactly_once(_all_events(log, 3), expected)
 
@@ -440,7 +421,7 @@ def test_bad_jsonl_line_names_the_line_and_appends_nothing(
         produce_from_jsonl(path, log)
     assert (info.value.path, info.value.line_number) == (str(path), 5)
     assert reason in info.value.reason
-    assert f"{path}:5" in str(info.value)
+    assert f"{path}, line 5" in str(info.value)
     assert list(local_store.list("source/")) == []
 
 

@@ -110,7 +110,10 @@ def test_get_and_head_report_etag_size_and_metadata(store: ObjectStore) -> None:
     head = store.head("objs/blob")
     assert head is not None
     assert (head.key, head.size, head.etag, dict(head.metadata)) == (
-        "objs/blob", len(data), etag, meta,
+        "objs/blob",
+        len(data),
+        etag,
+        meta,
     )
 
 
@@ -212,9 +215,7 @@ def _race(n: int, fn: Callable[[int], str]) -> tuple[dict[int, str], list[int]]:
 
 
 def test_threads_racing_create_only_exactly_one_wins(store: ObjectStore) -> None:
-    wins, losses = _race(
-        N_THREADS, lambda i: store.put_if_absent("race/lease", f"owner-{i}".encode())
-    )
+    wins, losses = _race(N_THREADS, lambda i: store.put_if_absent("race/lease", f"owner-{i}".encode()))
 
     assert len(wins) == 1 and len(losses) == N_THREADS - 1
     [(winner, etag)] = wins.items()
@@ -225,9 +226,7 @@ def test_threads_racing_create_only_exactly_one_wins(store: ObjectStore) -> None
 def test_threads_racing_cas_from_one_etag_exactly_one_wins(store: ObjectStore) -> None:
     base = store.put_if_absent("race/ptr", b"epoch-0")
 
-    wins, losses = _race(
-        N_THREADS, lambda i: store.put_if_match("race/ptr", f"epoch-1-by-{i}".encode(), base)
-    )
+    wins, losses = _race(N_THREADS, lambda i: store.put_if_match("race/ptr", f"epoch-1-by-{i}".encode(), base))
 
     assert len(wins) == 1 and len(losses) == N_THREADS - 1
     [(winner, etag)] = wins.items()
@@ -301,9 +300,7 @@ def test_threads_cas_increments_lose_no_update(store: ObjectStore) -> None:
 N_PROCS = 4
 
 
-def _proc_main(
-    task: str, root: str, start: MpEvent, out: MpQueue[tuple[int, str, object]], i: int
-) -> None:
+def _proc_main(task: str, root: str, start: MpEvent, out: MpQueue[tuple[int, str, object]], i: int) -> None:
     """Body of one racing process; reports (i, "ok", result) or (i, "error", repr)."""
     try:
         store = LocalObjectStore(root)  # each process opens the store on its own
@@ -328,9 +325,7 @@ def _run_procs(task: str, root: str) -> dict[int, object]:
     ctx = multiprocessing.get_context("fork")
     start = ctx.Event()
     out: MpQueue[tuple[int, str, object]] = ctx.Queue()
-    procs = [
-        ctx.Process(target=_proc_main, args=(task, root, start, out, i)) for i in range(N_PROCS)
-    ]
+    procs = [ctx.Process(target=_proc_main, args=(task, root, start, out, i)) for i in range(N_PROCS)]
     for p in procs:
         p.start()
     start.set()  # release them together

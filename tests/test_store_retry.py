@@ -132,13 +132,13 @@ def test_conflict_409_is_reread_then_retried(
 
     assert store.get("k").etag == etag
     assert (faulty.injected_failures, faulty.calls["put_if_absent"], faulty.calls["get"]) == (
-        1, 2, 1,
+        1,
+        2,
+        1,
     )
 
 
-def test_exhausted_retries_raise_store_unavailable(
-    store: ObjectStore, faulty: InterleavingStore
-) -> None:
+def test_exhausted_retries_raise_store_unavailable(store: ObjectStore, faulty: InterleavingStore) -> None:
     retrying = RetryingStore(faulty, RetryPolicy(max_attempts=3, base_delay_s=0.0))
     store.put_if_absent("k", b"v")
     faulty.fail_next(100, op="get")
@@ -157,9 +157,7 @@ def test_exhausted_retries_raise_store_unavailable(
     assert store.head("new") is None
 
 
-def test_unreadable_outcome_is_reported_as_unknown(
-    store: ObjectStore, faulty: InterleavingStore
-) -> None:
+def test_unreadable_outcome_is_reported_as_unknown(store: ObjectStore, faulty: InterleavingStore) -> None:
     retrying = RetryingStore(faulty, RetryPolicy(max_attempts=3, base_delay_s=0.0))
     faulty.lose_response_next(1, op="put_if_absent")
     faulty.fail_next(100, op="get")
@@ -171,9 +169,7 @@ def test_unreadable_outcome_is_reported_as_unknown(
     assert store.get("k").data == b"v"  # it did land; the caller must not assume either way
 
 
-def test_backoff_sleeps_with_capped_full_jitter(
-    store: ObjectStore, faulty: InterleavingStore
-) -> None:
+def test_backoff_sleeps_with_capped_full_jitter(store: ObjectStore, faulty: InterleavingStore) -> None:
     sleeps: list[float] = []
     policy = RetryPolicy(max_attempts=6, base_delay_s=0.1, max_delay_s=0.25)
     retrying = RetryingStore(faulty, policy, sleep=sleeps.append, seed=3)
@@ -260,9 +256,7 @@ def test_create_that_really_lost_is_a_precondition_failure(
     assert store.get("lease").data == b"theirs"
 
 
-def test_plain_conflict_is_not_retried(
-    store: ObjectStore, faulty: InterleavingStore, retrying: RetryingStore
-) -> None:
+def test_plain_conflict_is_not_retried(store: ObjectStore, faulty: InterleavingStore, retrying: RetryingStore) -> None:
     store.put_if_absent("lease", b"theirs")
     with pytest.raises(PreconditionFailed):
         retrying.put_if_absent("lease", b"mine")
@@ -352,9 +346,7 @@ def test_delete_with_unknown_outcome_after_etag_moved_fails(
     assert store.get("k").data == b"v2"
 
 
-def test_random_faults_never_lose_or_invent_an_update(
-    store: ObjectStore, faulty: InterleavingStore
-) -> None:
+def test_random_faults_never_lose_or_invent_an_update(store: ObjectStore, faulty: InterleavingStore) -> None:
     """Sequential CAS increments through 30% random faults: every one must land exactly once."""
     retrying = RetryingStore(faulty, RetryPolicy(max_attempts=30, base_delay_s=0.0))
     retrying.put_if_absent("counter", json.dumps({"n": 0}).encode())
@@ -458,9 +450,7 @@ def test_bad_store_urls(url: str, reason: str) -> None:
 # -- S3 error handling ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "op", ["put_if_absent", "put_if_match", "delete_if_match", "get", "head", "list"]
-)
+@pytest.mark.parametrize("op", ["put_if_absent", "put_if_match", "delete_if_match", "get", "head", "list"])
 def test_s3_missing_bucket_is_unavailable_and_named(s3_client: S3Client, op: str) -> None:
     s3 = S3ObjectStore("laminar-no-such-bucket", "p", client=s3_client)
     retrying = RetryingStore(s3, NO_WAIT)
@@ -589,17 +579,16 @@ def test_s3_sends_conditional_headers_and_prefixed_keys(
 ) -> None:
     store, stub = stubbed
     stub.add_response(
-        "put_object", {"ETag": '"e1"'},
-        {"Bucket": "bucket", "Key": "pfx/a/k", "Body": b"v", "Metadata": {"w": "1"},
-         "IfNoneMatch": "*"},
+        "put_object",
+        {"ETag": '"e1"'},
+        {"Bucket": "bucket", "Key": "pfx/a/k", "Body": b"v", "Metadata": {"w": "1"}, "IfNoneMatch": "*"},
     )
     stub.add_response(
-        "put_object", {"ETag": '"e2"'},
+        "put_object",
+        {"ETag": '"e2"'},
         {"Bucket": "bucket", "Key": "pfx/a/k", "Body": b"v2", "Metadata": {}, "IfMatch": '"e1"'},
     )
-    stub.add_response(
-        "delete_object", {}, {"Bucket": "bucket", "Key": "pfx/a/k", "IfMatch": '"e2"'}
-    )
+    stub.add_response("delete_object", {}, {"Bucket": "bucket", "Key": "pfx/a/k", "IfMatch": '"e2"'})
     assert store.put_if_absent("a/k", b"v", {"W": "1"}) == "e1"  # metadata keys lowercased
     assert store.put_if_match("a/k", b"v2", "e1") == "e2"
     store.delete_if_match("a/k", "e2")
@@ -661,4 +650,3 @@ def test_corrupt_local_object_is_reported_with_its_key(
         local_store.get("leases/p7")
     assert corrupt.value.key == "leases/p7"
     assert "leases/p7" in str(corrupt.value)
-

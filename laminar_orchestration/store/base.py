@@ -148,9 +148,7 @@ class ObjectStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def put_if_match(
-        self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None
-    ) -> str:
+    def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
         """Replace `key` only if its current ETag is `etag`; return the new ETag.
 
         Raises PreconditionFailed if the ETag moved or the key is gone.

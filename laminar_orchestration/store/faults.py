@@ -192,9 +192,7 @@ class FaultInjectingStore(ObjectStore):
     def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
         return self._run("put_if_absent", key, lambda: self.inner.put_if_absent(key, data, metadata))
 
-    def put_if_match(
-        self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None
-    ) -> str:
+    def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
         return self._run("put_if_match", key, lambda: self.inner.put_if_match(key, data, etag, metadata))
 
     def delete_if_match(self, key: str, etag: str) -> None:

@@ -181,9 +181,7 @@ class LocalObjectStore(ObjectStore):
         self._sync_dir(path)
         return etag
 
-    def put_if_match(
-        self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None
-    ) -> str:
+    def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
         path = self._path(key)
         tmp, new_etag = self._write_tmp(path, data, metadata)
         try:

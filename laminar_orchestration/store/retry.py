@@ -178,8 +178,7 @@ class RetryingStore(ObjectStore):
         return StoreUnavailable(
             op,
             key,
-            f"gave up after {self.policy.max_attempts} attempts (each read back: not applied); "
-            f"last error: {last}",
+            f"gave up after {self.policy.max_attempts} attempts (each read back: not applied); last error: {last}",
         )
 
     # -- conditional writes ----------------------------------------------------
@@ -211,9 +210,7 @@ class RetryingStore(ObjectStore):
             raise PreconditionFailed(key, None)
         raise self._gave_up(op, key, last) from last
 
-    def put_if_match(
-        self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None
-    ) -> str:
+    def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
         """Compare-and-swap; an unknown outcome is settled by reading the key back.
 
         Raises `AmbiguousWrite` (a `PreconditionFailed`) when the read-back

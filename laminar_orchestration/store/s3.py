@@ -113,7 +113,7 @@ def make_s3_client(endpoint_url: str | None = None) -> S3Client:
     config = Config(
         # RetryingStore owns retries: it must see each transient failure of a
         # conditional write to resolve its outcome by reading back.
-        retries={"max_attempts": 1, "mode": "standard"},
+        retries={"total_max_attempts": 1, "mode": "standard"},
         connect_timeout=_CONNECT_TIMEOUT_S,
         read_timeout=_READ_TIMEOUT_S,
         # Many threads may share one store (a worker's lease keepers).
@@ -126,9 +126,7 @@ def make_s3_client(endpoint_url: str | None = None) -> S3Client:
         session = boto3.session.Session()
         return session.client("s3", endpoint_url=endpoint, config=config)
     except (ValueError, bce.BotoCoreError) as exc:
-        raise StoreUnavailable(
-            "open", "", f"cannot build an S3 client for endpoint {endpoint!r}: {exc}"
-        ) from exc
+        raise StoreUnavailable("open", "", f"cannot build an S3 client for endpoint {endpoint!r}: {exc}") from exc
 
 
 class S3ObjectStore(ObjectStore):
@@ -249,9 +247,7 @@ class S3ObjectStore(ObjectStore):
             self._translate(exc, "put_if_absent", key)
         return _unquote_etag(resp["ETag"])
 
-    def put_if_match(
-        self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None
-    ) -> str:
+    def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
         full = self._full(key)
         try:
             resp = self._client.put_object(

@@ -1,0 +1,155 @@
+"""Pieces shared by the migration jobs: config, the handle passed between ops, failures, tags."""
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dagster import Config, Failure, MetadataValue, OpExecutionContext
+from pydantic import Field
+
+from laminar_orchestration.fencing import EpochError
+from laminar_orchestration.ledger import LedgerError
+from laminar_orchestration.migration import MigrationConfig, MigrationTask, PhaseReport
+from laminar_orchestration.store import StoreError
+
+#: Run tags (the sensors read and write them).
+PARTITION_TAG = "laminar/partition"
+MIGRATION_ID_TAG = "laminar/migration_id"
+#: 1-based attempt number of a migration launched again by the run-failure sensor.
+ATTEMPT_TAG = "laminar/attempt"
+RETRY_OF_TAG = "laminar/retry_of"
+#: Unix time before which a retried run must not start its migration (the retry delay).
+NOT_BEFORE_TAG = "laminar/not_before"
+#: Longest a run waits for NOT_BEFORE_TAG, whatever the tag says (a typo must not hang a run).
+MAX_RETRY_WAIT_S = 600.0
+
+#: Errors an op turns into a Dagster `Failure` with a one-line message.
+EXPECTED_ERRORS: tuple[type[Exception], ...] = (LedgerError, EpochError, StoreError)
+
+
+class MigrationLimits(Config):
+    """Optional MigrationConfig overrides (unset: seed 003 default), `limits` in the Launchpad."""
+
+    migration_timeout_s: float | None = Field(
+        default=None, gt=0, description="Maximum time of the whole migration (default 30 s)."
+    )
+    release_wait_timeout_s: float | None = Field(
+        default=None, gt=0, description="Maximum wait for each old-owner phase (default 15 s)."
+    )
+    checkpoint_transfer_timeout_s: float | None = Field(
+        default=None, gt=0, description="Maximum wait for each new-owner phase (default 60 s)."
+    )
+    max_retries: int | None = Field(
+        default=None, ge=0, description="Failed runs the retry sensor re-launches (default 3)."
+    )
+    retry_delay_s: float | None = Field(
+        default=None, ge=0, description="Delay before a re-launched run starts (default 5 s)."
+    )
+
+    def migration_config(self, **overrides: Any) -> MigrationConfig:
+        """The MigrationConfig these limits (and `overrides`) describe."""
+        values = {k: v for k, v in {**self.model_dump(), **overrides}.items() if v is not None}
+        return MigrationConfig(**values)
+
+
+def limits_from_run_config(run_config: Mapping[str, Any]) -> MigrationLimits:
+    """The `limits` section of a job's run config (as stored on the run), defaults if absent."""
+    raw = run_config.get("limits") or {}
+    return MigrationLimits(**raw) if isinstance(raw, Mapping) else MigrationLimits()
+
+
+@dataclass(frozen=True)
+class MigrationHandle:
+    """What each op passes to the next: which migration, and the limits to drive it with."""
+
+    partition: int
+    migration_id: str
+    kind: str
+    from_node: int
+    to_node: int
+    from_epoch: int
+    to_epoch: int
+    config: dict[str, Any]
+
+    @classmethod
+    def of(cls, task: MigrationTask, config: MigrationConfig) -> "MigrationHandle":
+        """The handle of `task`, driven with `config`."""
+        return cls(
+            partition=task.partition,
+            migration_id=task.migration_id,
+            kind=str(task.migration_kind),
+            from_node=task.from_node,
+            to_node=task.to_node,
+            from_epoch=task.from_epoch,
+            to_epoch=task.to_epoch,
+            config=config.model_dump(),
+        )
+
+    def migration_config(self) -> MigrationConfig:
+        """The limits the migration is driven with."""
+        return MigrationConfig(**self.config)
+
+    def metadata(self) -> dict[str, Any]:
+        """Identifying fields for op metadata (shown on every step in the UI)."""
+        return {
+            "partition": self.partition,
+            "migration_id": self.migration_id,
+            "migration_kind": self.kind,
+            "from_node": self.from_node,
+            "to_node": self.to_node,
+            "from_epoch": self.from_epoch,
+            "to_epoch": self.to_epoch,
+        }
+
+
+def report_metadata(handle: MigrationHandle, report: PhaseReport) -> dict[str, Any]:
+    """Op output metadata for one phase."""
+    return {
+        **handle.metadata(),
+        "phase": str(report.phase),
+        "duration_s": MetadataValue.float(round(report.duration_s, 6)),
+        "bytes_moved": MetadataValue.int(report.bytes_moved),
+        "detail": report.detail,
+    }
+
+
+def failure(what: str, exc: BaseException, **metadata: Any) -> Failure:
+    """A Dagster Failure naming the step and the cause in one line, with the details as metadata.
+
+    allow_retries=False: retrying is the run-failure sensor's job, with the
+    migration's own retry budget and delay, not a blind op-level retry.
+    """
+    return Failure(
+        description=f"{what}: {type(exc).__name__}: {exc}",
+        metadata={
+            **{k: v for k, v in metadata.items() if v is not None},
+            "error_type": type(exc).__name__,
+            "error": str(exc),
+        },
+        allow_retries=False,
+    )
+
+
+def wait_for_retry_delay(context: OpExecutionContext) -> None:
+    """Sleep until the run's NOT_BEFORE_TAG time (set by the retry sensor), if any."""
+    raw = context.run.tags.get(NOT_BEFORE_TAG)
+    if not raw:
+        return
+    try:
+        delay = float(raw) - time.time()
+    except ValueError:
+        context.log.warning(f"ignoring malformed {NOT_BEFORE_TAG} tag {raw!r}")
+        return
+    if delay > 0:
+        delay = min(delay, MAX_RETRY_WAIT_S)
+        context.log.info(f"retry delay: waiting {delay:.1f}s before starting")
+        time.sleep(delay)
+
+
+def tag_run(context: OpExecutionContext, tags: dict[str, str]) -> None:
+    """Add tags to the running run (so the UI can filter runs by migration id)."""
+    try:
+        context.instance.add_run_tags(context.run_id, tags)
+    except Exception as exc:  # a cosmetic feature must never fail a migration
+        context.log.warning(f"could not tag the run: {exc}")

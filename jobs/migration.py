@@ -1,0 +1,304 @@
+"""The migration jobs: one op per protocol phase, each a thin wrapper over `run_phase`.
+
+``migrate_partition`` (graceful, seed 003):
+    plan → drain → checkpoint → upload → release → download → restore → seek → activate
+``failover_partition`` (forced, the old owner is dead):
+    fence → download → restore → seek → activate
+
+Each op persists its phase in the partition's desired-state record, does the
+coordinator's part (the fence, for forced moves) and waits until the
+responsible node reports the phase done; its output metadata carries the
+migration id, the phase, ``duration_s`` and ``bytes_moved``. The ledger holds
+the whole migration state, so a re-executed or re-launched run resumes the
+recorded migration instead of starting another.
+
+Launchpad config of ``migrate_partition``::
+
+    partition: 3
+    to_node: 2
+    limits:              # optional, seed 003 defaults
+      migration_timeout_s: 30
+
+``failover_partition`` takes ``partition``, an optional ``to_node`` (default:
+the live node holding the fewest partitions), ``allow_live_owner`` and ``limits``.
+"""
+
+from collections.abc import Iterator
+
+from dagster import (
+    Config,
+    Failure,
+    In,
+    OpDefinition,
+    OpExecutionContext,
+    Out,
+    Output,
+    RunConfig,
+    config_mapping,
+    in_process_executor,
+    job,
+    op,
+)
+from pydantic import Field
+
+from laminar_orchestration.assignment import must_force, prepare_failover, record_failure, stranded
+from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.migration import (
+    GRACEFUL_PHASES,
+    MigrationError,
+    MigrationKind,
+    MigrationPhase,
+)
+from resources import LaminarResource
+
+from .common import (
+    EXPECTED_ERRORS,
+    MIGRATION_ID_TAG,
+    MigrationHandle,
+    MigrationLimits,
+    failure,
+    report_metadata,
+    tag_run,
+    wait_for_retry_delay,
+)
+
+# --- config -----------------------------------------------------------------------
+
+
+class MigratePartitionConfig(Config):
+    """Launchpad config of `migrate_partition`: which partition goes to which node."""
+
+    partition: int = Field(ge=0, description="The partition to move.")
+    to_node: int = Field(ge=1, description="The live node that takes the partition over.")
+    limits: MigrationLimits = Field(
+        default_factory=MigrationLimits, description="Timeouts and retries (seed 003 defaults)."
+    )
+
+
+class FailoverPartitionConfig(Config):
+    """Launchpad config of `failover_partition`."""
+
+    partition: int = Field(ge=0, description="The partition whose owner is dead.")
+    to_node: int | None = Field(
+        default=None, ge=1, description="The new owner (default: the live node with the fewest partitions)."
+    )
+    allow_live_owner: bool = Field(
+        default=False,
+        description="Fence the owner even though it still heartbeats (a stalled node). "
+        "Without it, a failover of a partition whose owner is alive does nothing.",
+    )
+    limits: MigrationLimits = Field(
+        default_factory=MigrationLimits, description="Timeouts and retries (seed 003 defaults)."
+    )
+
+
+@config_mapping
+def _migrate_config(config: MigratePartitionConfig) -> RunConfig:
+    # The Launchpad shows `partition`/`to_node` at the top; only `plan` needs them,
+    # the other ops get the migration from their input.
+    return RunConfig(ops={"plan": config})
+
+
+@config_mapping
+def _failover_config(config: FailoverPartitionConfig) -> RunConfig:
+    return RunConfig(ops={"fence": config})
+
+
+# --- the phase ops --------------------------------------------------------------------
+
+#: Op name -> the phase it drives, in protocol order.
+GRACEFUL_OPS: dict[str, MigrationPhase] = {
+    "drain": MigrationPhase.DRAINING,
+    "checkpoint": MigrationPhase.CHECKPOINTING,
+    "upload": MigrationPhase.UPLOADING,
+    "release": MigrationPhase.RELEASED,
+    "download": MigrationPhase.DOWNLOADING,
+    "restore": MigrationPhase.RESTORING,
+    "seek": MigrationPhase.SEEKING,
+    "activate": MigrationPhase.ACTIVE,
+}
+RISING_OPS = ("download", "restore", "seek", "activate")
+
+_PHASE_DESCRIPTIONS = {
+    MigrationPhase.DRAINING: "Old owner stops taking batches and finishes the one in flight.",
+    MigrationPhase.CHECKPOINTING: "Old owner writes the final checkpoint at its epoch.",
+    MigrationPhase.UPLOADING: "Old owner makes the checkpoint durable in the object store.",
+    MigrationPhase.RELEASED: "Old owner records 'released at epoch N with checkpoint X'.",
+    MigrationPhase.DOWNLOADING: "New owner downloads the released (or last committed) checkpoint.",
+    MigrationPhase.RESTORING: "New owner restores state and takes epoch N+1 in the ledger.",
+    MigrationPhase.SEEKING: "New owner seeks the source to the checkpoint's offset.",
+    MigrationPhase.ACTIVE: "New owner starts processing; the migration is complete.",
+}
+
+
+def run_phase_op(
+    context: OpExecutionContext, laminar: LaminarResource, handle: MigrationHandle, phase: MigrationPhase
+) -> Output[MigrationHandle]:
+    """Drive one phase of the migration in `handle`; a MigrationError fails the op (and the migration)."""
+    coordinator = laminar.coordinator(handle.migration_config())
+    try:
+        report = coordinator.run_phase(PartitionId(handle.partition), handle.migration_id, phase)
+    except MigrationError as exc:
+        # Recorded Failed so the nodes stop and a retry plans a fresh migration.
+        record_failure(coordinator, handle.partition, handle.migration_id, exc)
+        raise failure(
+            f"migration {handle.migration_id} failed at {phase}", exc, phase=str(phase), **handle.metadata()
+        ) from exc
+    except EXPECTED_ERRORS as exc:
+        raise failure(f"migration {handle.migration_id}: {phase}", exc, phase=str(phase), **handle.metadata()) from exc
+    context.log.info(f"{phase}: {report.detail} in {report.duration_s:.3f}s, {report.bytes_moved} bytes")
+    return Output(handle, metadata=report_metadata(handle, report))
+
+
+def _phase_op(name: str, phase: MigrationPhase) -> OpDefinition:
+    @op(
+        name=name,
+        description=f"Phase `{phase}`: {_PHASE_DESCRIPTIONS[phase]}",
+        ins={"handle": In(MigrationHandle)},
+        out=Out(MigrationHandle),
+        tags={"laminar/phase": str(phase)},
+    )
+    def _op(context: OpExecutionContext, laminar: LaminarResource, handle: MigrationHandle) -> Output[MigrationHandle]:
+        return run_phase_op(context, laminar, handle, phase)
+
+    return _op
+
+
+PHASE_OPS: dict[str, OpDefinition] = {name: _phase_op(name, phase) for name, phase in GRACEFUL_OPS.items()}
+
+
+@op(
+    name="plan",
+    description="Record the migration (phase `planned`) in the partition's desired state, "
+    "or resume the one already in flight to the same node.",
+    out=Out(MigrationHandle, is_required=False),
+)
+def plan(
+    context: OpExecutionContext, config: MigratePartitionConfig, laminar: LaminarResource
+) -> Iterator[Output[MigrationHandle]]:
+    """Plan (or resume) the graceful migration; no output (the rest skipped) if nothing is to move."""
+    wait_for_retry_delay(context)
+    settings = config.limits.migration_config()
+    coordinator = laminar.coordinator(settings)
+    p = PartitionId(config.partition)
+    try:
+        running = coordinator.current(p)
+        own = coordinator.ledger.ownership(p)
+        idle = running is None or running.is_terminal
+        arrived = own is not None and own.owner == config.to_node
+        if idle and arrived and own is not None and not stranded(running, own.epoch, own.owner):
+            context.log.info(f"partition {p} is already on node {config.to_node} (epoch {own.epoch}): nothing to do")
+            return
+        if not idle and running is not None and running.to_node != config.to_node:
+            # Checked here, not left to plan_or_resume, to name the migration in the way.
+            raise Failure(
+                description=f"cannot plan moving partition {p} to node {config.to_node}: migration "
+                f"{running.migration_id} to node {running.to_node} is in flight (phase {running.phase}); "
+                "wait for it to end or cancel it",
+                metadata={
+                    "partition": config.partition,
+                    "to_node": config.to_node,
+                    "in_flight": running.migration_id,
+                    "error_type": "MigrationEpochConflict",
+                },
+                allow_retries=False,
+            )
+        # Forced when nobody can drain it (owner dead, already released, stranded).
+        task = coordinator.plan_or_resume(p, NodeId(config.to_node), forced=must_force(coordinator, p))
+        handle = MigrationHandle.of(task, settings)
+        report = coordinator.run_phase(p, task.migration_id, MigrationPhase.PLANNED)
+    except EXPECTED_ERRORS as exc:
+        raise failure(
+            f"cannot plan moving partition {p} to node {config.to_node}",
+            exc,
+            partition=config.partition,
+            to_node=config.to_node,
+        ) from exc
+    tag_run(context, {MIGRATION_ID_TAG: task.migration_id})
+    context.log.info(
+        f"migration {task.migration_id}: partition {p} node {task.from_node} -> {task.to_node}, "
+        f"epoch {task.from_epoch} -> {task.to_epoch}, recorded phase {task.phase}"
+    )
+    resumed = task.phase != MigrationPhase.PLANNED
+    yield Output(handle, metadata={**report_metadata(handle, report), "resumed": resumed})
+
+
+@op(
+    name="fence",
+    description="Plan the forced migration and fence the dead owner's epoch "
+    "(grant epoch N+1 to the new owner), so anything the old owner still does is rejected.",
+    out=Out(MigrationHandle, is_required=False),
+)
+def fence(
+    context: OpExecutionContext, config: FailoverPartitionConfig, laminar: LaminarResource
+) -> Iterator[Output[MigrationHandle]]:
+    """Forced phases `planned` + `released`; no output (the rest skipped) if the owner is alive."""
+    wait_for_retry_delay(context)
+    settings = config.limits.migration_config()
+    coordinator = laminar.coordinator(settings)
+    p = PartitionId(config.partition)
+    try:
+        decision = prepare_failover(
+            coordinator, config.partition, config.to_node, allow_live_owner=config.allow_live_owner
+        )
+    except EXPECTED_ERRORS as exc:
+        raise failure(
+            f"cannot fail over partition {p}", exc, partition=config.partition, to_node=config.to_node
+        ) from exc
+    for superseded in decision.superseded:
+        context.log.warning(f"migration {superseded} depended on a dead node: recorded Failed")
+    task = decision.task
+    if task is None:
+        context.log.info(f"partition {p}: {decision.reason}")
+        return
+    handle = MigrationHandle.of(task, settings)
+    tag_run(context, {MIGRATION_ID_TAG: task.migration_id})
+    context.log.info(decision.reason)
+    phases = [MigrationPhase.PLANNED]
+    # A graceful move already past the release only needs its rising phases.
+    before_release = GRACEFUL_PHASES.index(task.phase) <= GRACEFUL_PHASES.index(MigrationPhase.RELEASED)
+    if task.migration_kind == MigrationKind.FORCED or before_release:
+        phases.append(MigrationPhase.RELEASED)
+    reports = []
+    for phase in phases:
+        reports.append(run_phase_op(context, laminar, handle, phase))
+    last = reports[-1]
+    yield Output(
+        handle,
+        metadata={
+            **(last.metadata or {}),
+            "decision": decision.reason,
+            "superseded": ", ".join(decision.superseded) or "-",
+        },
+    )
+
+
+# --- the jobs -----------------------------------------------------------------------------
+
+
+@job(
+    name="migrate_partition",
+    description="Graceful migration of one partition to another node (seed 003): "
+    "plan → drain → checkpoint → upload → release → download → restore → seek → activate.",
+    config=_migrate_config,
+    executor_def=in_process_executor,
+    tags={"laminar/migration_kind": "graceful"},
+)
+def migrate_partition() -> None:
+    handle = plan()
+    for name in GRACEFUL_OPS:
+        handle = PHASE_OPS[name](handle)
+
+
+@job(
+    name="failover_partition",
+    description="Forced migration of a partition whose owner is dead: "
+    "fence → download → restore → seek → activate (from the last committed manifest).",
+    config=_failover_config,
+    executor_def=in_process_executor,
+    tags={"laminar/migration_kind": "forced"},
+)
+def failover_partition() -> None:
+    handle = fence()
+    for name in RISING_OPS:
+        handle = PHASE_OPS[name](handle)

@@ -1,0 +1,270 @@
+"""The `rebalance` job: plan a balanced assignment over the live nodes and carry it out.
+
+``plan_rebalance`` reads the ledger, runs the sticky planner
+(`laminar_orchestration.assignment.plan_assignment`), records the plan as an
+observation of the ``assignment_plan`` asset and, unless ``dry_run``, fans the
+moves out as waves (``DynamicOutput``s): within a wave no node takes part in
+more than ``max_concurrent_migrations`` moves. Each wave is one mapped
+``migrate`` step that runs its moves concurrently (threads; a per-node slot
+limit guards them again), and waves run one after another (in-process
+executor), so at no time does a node take part in more than
+``max_concurrent_migrations`` migrations. ``summarize_rebalance`` collects
+the results.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from dagster import (
+    AssetKey,
+    AssetObservation,
+    Config,
+    DynamicOut,
+    DynamicOutput,
+    In,
+    MetadataValue,
+    OpExecutionContext,
+    Output,
+    RunConfig,
+    config_mapping,
+    in_process_executor,
+    job,
+    op,
+)
+from pydantic import Field
+
+from laminar_orchestration.assignment import (
+    AssignmentError,
+    AssignmentPlan,
+    Move,
+    live_node_ids,
+    ownership_map,
+    plan_assignment,
+    run_migration,
+    run_moves,
+    schedule_waves,
+)
+from laminar_orchestration.migration import DesiredStates, MigrationConfig, PhaseReport
+from resources import LaminarResource
+
+from .common import EXPECTED_ERRORS, MigrationLimits, failure
+
+ASSIGNMENT_PLAN_ASSET = AssetKey("assignment_plan")
+PLAN_ERRORS: tuple[type[Exception], ...] = (*EXPECTED_ERRORS, AssignmentError)
+
+
+class RebalanceConfig(Config):
+    """Launchpad config of `rebalance`."""
+
+    dry_run: bool = Field(default=False, description="Only compute and show the plan; move nothing.")
+    max_concurrent_migrations: int = Field(
+        default=2, ge=1, description="At most this many migrations at once on any node (seed 003: 2)."
+    )
+    weights: dict[str, float] = Field(
+        default_factory=dict,
+        description="Relative capacity per node id, e.g. {'3': 2.0}; nodes not listed weigh 1.",
+    )
+    limits: MigrationLimits = Field(
+        default_factory=MigrationLimits, description="Timeouts of each migration (seed 003 defaults)."
+    )
+
+
+@config_mapping
+def _rebalance_config(config: RebalanceConfig) -> RunConfig:
+    return RunConfig(ops={"plan_rebalance": config})
+
+
+@dataclass(frozen=True)
+class Wave:
+    """Moves that may run at the same time, and what they need to run."""
+
+    index: int
+    moves: tuple[Move, ...]
+    live_nodes: tuple[int, ...]
+    max_per_node: int
+    config: dict[str, Any]
+
+
+def parse_weights(raw: dict[str, float]) -> dict[int, float]:
+    """Node-id keyed weights from the config's string keys; names the bad key."""
+    weights = {}
+    for key, value in raw.items():
+        try:
+            node = int(key)
+        except ValueError:
+            raise AssignmentError(f"weights: {key!r} is not a node id") from None
+        if node < 1:
+            raise AssignmentError(f"weights: node id must be >= 1, got {node}")
+        weights[node] = float(value)
+    return weights
+
+
+def plan_markdown(plan: AssignmentPlan, skipped: list[Move]) -> str:
+    """The plan as a Markdown table for the UI."""
+    lines = ["| partition | from node | to node |", "|---:|---:|---:|"]
+    lines += [f"| {m.partition} | {m.from_node or '-'} | {m.to_node} |" for m in plan.moves if m not in skipped]
+    if len(lines) == 2:
+        lines.append("| - | - | - |")
+    lines += ["", "| node | quota | balanced range | before | after |", "|---:|---:|:---:|---:|---:|"]
+    for n, b in sorted(plan.bounds.items()):
+        lines.append(
+            f"| {n} | {b.quota:.2f} | {b.low}..{b.high} | {plan.counts_before.get(n, 0)} | "
+            f"{plan.counts_after.get(n, 0)} |"
+        )
+    if skipped:
+        lines += [
+            "",
+            "Skipped (a migration is already in flight): " + ", ".join(f"p{m.partition}" for m in skipped),
+        ]
+    return "\n".join(lines)
+
+
+@op(
+    description="Compute the sticky, weighted assignment plan over the live nodes and fan the moves "
+    "out in waves that respect max_concurrent_migrations per node.",
+    out=DynamicOut(Wave),
+)
+def plan_rebalance(
+    context: OpExecutionContext, config: RebalanceConfig, laminar: LaminarResource
+) -> Iterator[DynamicOutput[Wave] | AssetObservation]:
+    try:
+        ledger = laminar.ledger()
+        live = live_node_ids(ledger)
+        plan = plan_assignment(ownership_map(ledger), live, parse_weights(config.weights))
+        in_flight = {
+            int(p)
+            for p, state in DesiredStates(ledger).all().items()
+            if state.migration is not None and not state.migration.is_terminal
+        }
+    except PLAN_ERRORS as exc:
+        raise failure("cannot plan a rebalance", exc) from exc
+    # A partition already moving is left to the migration in flight.
+    skipped = [m for m in plan.moves if m.partition in in_flight]
+    moves = [m for m in plan.moves if m.partition not in in_flight]
+    waves = schedule_waves(moves, config.max_concurrent_migrations, live_nodes=live)
+    context.log.info(
+        f"rebalance plan over live nodes {sorted(live)}: {len(moves)} move(s) in {len(waves)} wave(s)"
+        + (" (dry run)" if config.dry_run else "")
+    )
+    yield AssetObservation(
+        asset_key=ASSIGNMENT_PLAN_ASSET,
+        metadata={
+            "plan": MetadataValue.md(plan_markdown(plan, skipped)),
+            "moves": len(moves),
+            "waves": len(waves),
+            "dry_run": config.dry_run,
+            "plan_json": MetadataValue.json(plan.to_json()),
+        },
+    )
+    if config.dry_run or not moves:
+        return
+    # A rebalance is a new membership generation; in-flight work of partitions
+    # that do not move stays valid (the cluster epoch has a two-epoch window).
+    epoch = ledger.bump_cluster_epoch(f"rebalance run {context.run_id}: {len(moves)} move(s)")
+    context.log.info(f"cluster epoch is now {epoch}")
+    settings = config.limits.migration_config(max_concurrent_migrations=config.max_concurrent_migrations)
+    for i, wave in enumerate(waves, start=1):
+        value = Wave(i, tuple(wave), tuple(sorted(live)), config.max_concurrent_migrations, settings.model_dump())
+        yield DynamicOutput(
+            value,
+            mapping_key=f"wave_{i}",
+            metadata={"moves": ", ".join(f"p{m.partition}:{m.from_node}->{m.to_node}" for m in wave)},
+        )
+
+
+@dataclass(frozen=True)
+class MoveResult:
+    """One finished move of a rebalance."""
+
+    move: Move
+    ok: bool
+    detail: str
+    duration_s: float
+    bytes_moved: int
+
+
+@op(
+    description="Carry out one wave of moves concurrently (graceful, or forced from a dead owner), "
+    "never more than max_concurrent_migrations at once per node.",
+    ins={"wave": In(Wave)},
+)
+def migrate(context: OpExecutionContext, laminar: LaminarResource, wave: Wave) -> Output[list[MoveResult]]:
+    settings = MigrationConfig(**wave.config)
+    live = set(wave.live_nodes)
+
+    def one(move: Move) -> list[PhaseReport]:
+        reports: list[PhaseReport] = []
+        run_migration(
+            laminar.coordinator(settings),
+            move.partition,
+            move.to_node,
+            forced=None if move.from_node in live else True,
+            on_phase=reports.append,
+        )
+        return reports
+
+    outcomes = run_moves(wave.moves, one, wave.max_per_node, live_nodes=live)
+    results = []
+    for o in outcomes:
+        if o.ok:
+            moved = sum(r.bytes_moved for r in o.result or [])
+            results.append(MoveResult(o.move, True, "active", o.duration_s, moved))
+            context.log.info(
+                f"p{o.move.partition}: node {o.move.from_node} -> {o.move.to_node} "
+                f"in {o.duration_s:.2f}s, {moved} bytes"
+            )
+        else:
+            results.append(MoveResult(o.move, False, f"{type(o.error).__name__}: {o.error}", o.duration_s, 0))
+            context.log.error(f"p{o.move.partition}: {type(o.error).__name__}: {o.error}")
+    table = [
+        "| partition | from | to | ok | duration_s | bytes_moved | detail |",
+        "|---:|---:|---:|:-:|---:|---:|---|",
+    ]
+    table += [
+        f"| {r.move.partition} | {r.move.from_node} | {r.move.to_node} | {'yes' if r.ok else 'NO'} | "
+        f"{r.duration_s:.3f} | {r.bytes_moved} | {r.detail} |"
+        for r in results
+    ]
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise failure(
+            f"wave {wave.index}: {len(failed)} of {len(results)} move(s) failed",
+            RuntimeError("; ".join(f"p{r.move.partition}: {r.detail}" for r in failed)),
+            wave=wave.index,
+            moves=MetadataValue.md("\n".join(table)),
+        )
+    return Output(
+        results,
+        metadata={
+            "wave": wave.index,
+            "moves": MetadataValue.md("\n".join(table)),
+            "duration_s": MetadataValue.float(round(max((r.duration_s for r in results), default=0.0), 6)),
+            "bytes_moved": sum(r.bytes_moved for r in results),
+        },
+    )
+
+
+@op(description="Totals of the rebalance.")
+def summarize_rebalance(context: OpExecutionContext, waves: list[list[MoveResult]]) -> Output[int]:
+    results = [r for wave in waves for r in wave]
+    context.log.info(f"rebalance moved {len(results)} partition(s)")
+    return Output(
+        len(results),
+        metadata={
+            "moved": len(results),
+            "bytes_moved": sum(r.bytes_moved for r in results),
+            "partitions": ", ".join(str(r.move.partition) for r in results) or "-",
+        },
+    )
+
+
+@job(
+    name="rebalance",
+    description="Balance partitions over the live nodes with the fewest moves "
+    "(at most max_concurrent_migrations per node at a time).",
+    config=_rebalance_config,
+    executor_def=in_process_executor,
+)
+def rebalance() -> None:
+    summarize_rebalance(plan_rebalance().map(migrate).collect())

@@ -1,0 +1,138 @@
+"""Dagster resources of the laminar code location: the ledger/store and Spark.
+
+* ``laminar`` — `LaminarResource`: opens the object store named by
+  ``LAMINAR_STORE`` (default: the embedded local store under the working
+  directory) and hands out `Ledger`s, `MigrationCoordinator`s and manifest
+  readers. For ``s3://`` stores the boto3 client comes from dagster-aws's
+  `S3Resource` (endpoint and region from ``AWS_ENDPOINT_URL`` / ``AWS_REGION``)
+  and the store is wrapped in `RetryingStore`.
+* ``pyspark`` — dagster-pyspark's `PySparkResource` (``spark.master`` from
+  ``LAMINAR_SPARK_MASTER``, default ``local[*]``; Spark UI off). No migration op
+  needs it, so Dagster never starts a SparkSession for those runs.
+"""
+
+import os
+from typing import Any
+from urllib.parse import urlparse
+
+from dagster import ConfigurableResource, EnvVar
+from dagster_aws.s3 import S3Resource
+from dagster_pyspark import PySparkResource
+from pydantic import Field, PrivateAttr
+
+from laminar_orchestration.ledger import Ledger
+from laminar_orchestration.manifest import ManifestReader
+from laminar_orchestration.migration import MigrationConfig, MigrationCoordinator
+from laminar_orchestration.store import InvalidStoreUrl, ObjectStore, default_store_url, open_store
+
+__all__ = [
+    "LaminarResource",
+    "build_resources",
+    "laminar_resource_from_env",
+    "s3_resource_from_env",
+    "spark_resource_from_env",
+]
+
+
+class LaminarResource(ConfigurableResource):  # type: ignore[type-arg]
+    """The laminar object store (ledger, manifests) as a Dagster resource.
+
+    `store_url` is ``file:///path`` or ``s3://bucket/prefix``. For S3 the
+    client is built by the nested `s3` resource; botocore must not retry on
+    its own (`RetryingStore` resolves every ambiguous conditional write by
+    reading back), so build that resource with ``max_attempts=0``.
+    """
+
+    store_url: str = Field(description="file:///path or s3://bucket/prefix of the laminar store")
+    s3: S3Resource | None = Field(
+        default=None,
+        description="S3 client settings (endpoint, region, credentials) for s3:// stores",
+    )
+
+    _store: ObjectStore | None = PrivateAttr(default=None)
+
+    def store(self) -> ObjectStore:
+        """The store, opened once per resource instance."""
+        if self._store is None:
+            self._store = self._open()
+        return self._store
+
+    def _open(self) -> ObjectStore:
+        url = self.store_url
+        if isinstance(url, EnvVar):
+            # Called outside a run/sensor (Dagster resolves EnvVars only when it initializes
+            # the resource): read the variable rather than open a store named "LAMINAR_STORE".
+            url = url.get_value() or default_store_url()
+        url = url.strip()
+        parsed = urlparse(url)
+        if parsed.scheme.lower() != "s3" or self.s3 is None:
+            # Local stores (and S3 without Dagster-side settings) open exactly as the CLI does.
+            return open_store(url)
+        from laminar_orchestration.store.retry import RetryingStore
+        from laminar_orchestration.store.s3 import S3ObjectStore
+
+        if not parsed.netloc:
+            raise InvalidStoreUrl(url, "s3 URL has no bucket: use s3://bucket/prefix")
+        client: Any = self.s3.get_client()
+        inner = S3ObjectStore(parsed.netloc, parsed.path.strip("/"), client=client)
+        return RetryingStore(inner)
+
+    def ledger(self) -> Ledger:
+        """A ledger over the store."""
+        return Ledger(self.store())
+
+    def coordinator(self, config: MigrationConfig | None = None) -> MigrationCoordinator:
+        """A migration coordinator with `config` (seed 003 defaults when None)."""
+        return MigrationCoordinator(self.ledger(), config)
+
+    def manifests(self) -> ManifestReader:
+        """Read access to the per-partition commit manifests."""
+        return ManifestReader(self.store())
+
+
+def _env_or(names: tuple[str, ...], default: str | None) -> Any:
+    """`EnvVar` of the first variable set (shown as such in the UI), else `default`.
+
+    A bare ``EnvVar`` fails at run time when the variable is unset; these
+    settings all have sensible defaults, so fall back instead.
+    """
+    for name in names:
+        if os.environ.get(name, "").strip():
+            return EnvVar(name)
+    return default
+
+
+def s3_resource_from_env() -> S3Resource:
+    """dagster-aws's S3Resource with endpoint and region from the environment, botocore retries off."""
+    return S3Resource(
+        endpoint_url=_env_or(("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"), None),
+        region_name=_env_or(("AWS_REGION", "AWS_DEFAULT_REGION"), None),
+        # 0 retries: RetryingStore retries, reading back each write whose outcome is unknown.
+        max_attempts=0,
+    )
+
+
+def laminar_resource_from_env() -> LaminarResource:
+    """`LaminarResource` for ``LAMINAR_STORE`` (default: the local store under the working directory)."""
+    return LaminarResource(
+        store_url=_env_or(("LAMINAR_STORE",), default_store_url()),
+        s3=s3_resource_from_env(),
+    )
+
+
+def spark_resource_from_env() -> PySparkResource:
+    """A PySparkResource for ``LAMINAR_SPARK_MASTER`` (default ``local[*]``), Spark UI off."""
+    master = os.environ.get("LAMINAR_SPARK_MASTER", "").strip() or "local[*]"
+    return PySparkResource(
+        spark_config={
+            "spark.master": master,
+            "spark.app.name": "laminar-dagster",
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "4",
+        }
+    )
+
+
+def build_resources() -> dict[str, Any]:
+    """The resources of the code location, keyed as the ops and sensors ask for them."""
+    return {"laminar": laminar_resource_from_env(), "pyspark": spark_resource_from_env()}

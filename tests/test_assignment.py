@@ -1,0 +1,410 @@
+"""The assignment planner (pure), the per-node concurrency limit, failover planning and the CLI.
+
+Planner properties are checked on hand-made cases and on seeded random ones
+against a brute-force optimum; failover planning runs against a real ledger
+in a local store, with nodes that only exist as ledger records.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from laminar_orchestration import cli
+from laminar_orchestration.assignment import (
+    AssignmentError,
+    Move,
+    least_loaded_node,
+    must_force,
+    node_loads,
+    plan_assignment,
+    prepare_failover,
+    run_moves,
+    schedule_waves,
+    weighted_bounds,
+)
+from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.ledger import Ledger
+from laminar_orchestration.migration import (
+    MigrationConfig,
+    MigrationCoordinator,
+    MigrationKind,
+    MigrationPhase,
+    NoLiveNode,
+)
+from laminar_orchestration.store import LocalObjectStore
+
+P, N = PartitionId, NodeId
+
+
+def counts(mapping: dict[int, int]) -> Counter[int]:
+    return Counter(mapping.values())
+
+
+def assert_balanced(plan_target: dict[int, int], live: list[int], weights: dict[int, float] | None = None) -> None:
+    bounds = weighted_bounds(len(plan_target), live, weights)
+    c = counts(plan_target)
+    assert set(c) <= set(live), "every partition must end on a live node"
+    for n, b in bounds.items():
+        assert b.low <= c.get(n, 0) <= b.high, (n, c.get(n, 0), b)
+
+
+def brute_force_min_moves(current: dict[int, int], live: list[int], weights: dict[int, float] | None) -> int:
+    """The fewest moves of any balanced assignment: min over all feasible per-node counts."""
+    bounds = weighted_bounds(len(current), live, weights)
+    have = Counter(o for o in current.values() if o in bounds)
+    orphans = sum(1 for o in current.values() if o not in bounds)
+    best = None
+    ranges = [range(bounds[n].low, bounds[n].high + 1) for n in sorted(bounds)]
+    for combo in itertools.product(*ranges):
+        if sum(combo) != len(current):
+            continue
+        cost = orphans + sum(max(0, have[n] - t) for n, t in zip(sorted(bounds), combo, strict=True))
+        best = cost if best is None else min(best, cost)
+    assert best is not None
+    return best
+
+
+# --- the planner ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("current", "live"),
+    [
+        ({0: 1, 1: 2, 2: 3}, [1, 2, 3]),
+        ({p: 1 + p % 3 for p in range(10)}, [1, 2, 3]),  # 4/3/3 is balanced for a quota of 3.33
+        ({0: 1, 1: 1, 2: 2, 3: 2}, [1, 2]),
+        ({0: 5}, [5, 6]),  # 1 partition, 2 nodes: 1/0 is within floor/ceil of 0.5
+    ],
+)
+def test_balanced_input_needs_no_moves(current: dict[int, int], live: list[int]) -> None:
+    plan = plan_assignment(current, live)
+    assert plan.moves == []
+    assert plan.balanced
+    assert plan.target == current
+
+
+def test_dead_nodes_partitions_are_placed_and_nothing_else_moves() -> None:
+    # 9 partitions on 3 nodes; node 3 dies: its 3 partitions spread over 1 and 2 (quota 4.5 each).
+    current = {p: 1 + p % 3 for p in range(9)}
+    plan = plan_assignment(current, [1, 2])
+    moved = {m.partition for m in plan.moves}
+    assert moved == {p for p, o in current.items() if o == 3}
+    assert all(m.from_node == 3 and m.to_node in (1, 2) for m in plan.moves)
+    assert_balanced(plan.target, [1, 2])
+    assert all(plan.target[p] == o for p, o in current.items() if o != 3), "survivors' partitions stay"
+
+
+def test_unassigned_and_unknown_owners_are_placed() -> None:
+    current = {0: 0, 1: 0, 2: 0, 3: 0, 4: 42}  # never assigned, and a node nobody knows
+    plan = plan_assignment(current, [1, 2])
+    assert sorted(m.partition for m in plan.moves) == [0, 1, 2, 3, 4]
+    assert_balanced(plan.target, [1, 2])
+    assert {m.from_node for m in plan.moves} == {0, 42}
+
+
+def test_new_empty_node_receives_only_what_balance_requires() -> None:
+    current = {p: 1 + p % 2 for p in range(8)}  # 4 + 4
+    plan = plan_assignment(current, [1, 2, 3, 4])  # quota 2 each
+    assert len(plan.moves) == 4
+    assert all(m.to_node in (3, 4) for m in plan.moves)
+    assert counts(plan.target) == {1: 2, 2: 2, 3: 2, 4: 2}
+
+
+def test_weights_are_respected() -> None:
+    current = {p: 1 for p in range(12)}
+    weights = {1: 1.0, 2: 2.0, 3: 3.0}  # quotas 2, 4, 6
+    plan = plan_assignment(current, [1, 2, 3], weights)
+    assert counts(plan.target) == {1: 2, 2: 4, 3: 6}
+    assert len(plan.moves) == 10
+    # A weight-0 node is drained; unlisted nodes weigh 1.
+    plan = plan_assignment({0: 1, 1: 1, 2: 2, 3: 2}, [1, 2], {1: 0.0})
+    assert counts(plan.target) == {2: 4}
+    plan = plan_assignment({p: 1 for p in range(6)}, [1, 2, 3], {3: 4.0})  # quotas 1, 1, 4
+    assert counts(plan.target) == {1: 1, 2: 1, 3: 4}
+
+
+def test_fractional_weights_land_on_integer_quotas() -> None:
+    bounds = weighted_bounds(3, [1, 2], {1: 0.1, 2: 0.2})
+    assert (bounds[1].low, bounds[1].high) == (1, 1)
+    assert (bounds[2].low, bounds[2].high) == (2, 2)
+
+
+def test_plan_is_deterministic_whatever_the_input_order() -> None:
+    rng = random.Random(7)
+    current = {p: rng.choice([0, 1, 2, 3, 9]) for p in range(40)}
+    reference = plan_assignment(current, [1, 2, 3, 4], {2: 2.0})
+    for _ in range(10):
+        items = list(current.items())
+        rng.shuffle(items)
+        live = [1, 2, 3, 4]
+        rng.shuffle(live)
+        again = plan_assignment(dict(items), live, {2: 2.0})
+        assert again.moves == reference.moves
+        assert again.target == reference.target
+
+
+def test_random_plans_are_balanced_sticky_and_minimal() -> None:
+    rng = random.Random(20260216)
+    for _ in range(300):
+        nodes = rng.randint(1, 4)
+        live = rng.sample(range(1, 7), nodes)
+        partitions = rng.randint(0, 14)
+        owners = [0, *range(1, 7)]
+        current = {p: rng.choice(owners) for p in range(partitions)}
+        weights = {n: rng.choice([0.5, 1.0, 2.0, 3.0]) for n in live} if rng.random() < 0.5 else None
+        plan = plan_assignment(current, live, weights)
+        assert_balanced(plan.target, live, weights)
+        assert len(plan.moves) == brute_force_min_moves(current, live, weights), (current, live, weights)
+        # Moves and target agree; only moved partitions change owner.
+        moved = {m.partition: m for m in plan.moves}
+        for p, owner in current.items():
+            if p in moved:
+                assert moved[p].from_node == owner and plan.target[p] == moved[p].to_node != owner
+            else:
+                assert plan.target[p] == owner
+        # Sticky: planning again from the result moves nothing.
+        assert plan_assignment(plan.target, live, weights).moves == []
+
+
+def test_planner_rejects_impossible_inputs() -> None:
+    with pytest.raises(AssignmentError, match="no live node"):
+        plan_assignment({0: 1}, [])
+    with pytest.raises(AssignmentError, match="all 0"):
+        plan_assignment({0: 1}, [1, 2], {1: 0.0, 2: 0.0})
+    with pytest.raises(AssignmentError, match="weight of node 2"):
+        plan_assignment({0: 1}, [1, 2], {2: -1.0})
+    with pytest.raises(AssignmentError, match=">= 1"):
+        plan_assignment({0: 1}, [0, 1])
+
+
+def test_least_loaded_node() -> None:
+    assert least_loaded_node({1: 3, 2: 1, 3: 1}) == 2  # tie -> lowest id
+    assert least_loaded_node({1: 3, 2: 1, 3: 1}, exclude={2}) == 3
+    assert least_loaded_node({1: 4, 2: 3}, weights={1: 2.0}) == 1  # 4/2 < 3/1
+    assert least_loaded_node({1: 0}, exclude={1}) is None
+    assert node_loads({0: 1, 1: 1, 2: 7, 3: 0}, [1, 2]) == {1: 2, 2: 0}
+
+
+# --- the per-node concurrency limit ------------------------------------------------------
+
+
+def test_waves_never_put_a_node_in_more_than_max_moves() -> None:
+    rng = random.Random(3)
+    moves = [Move(p, rng.choice([0, 1, 2, 3]), rng.choice([4, 5, 6])) for p in range(30)]
+    for limit in (1, 2, 3):
+        waves = schedule_waves(moves, limit, live_nodes={1, 2, 4, 5, 6})
+        assert sorted(m for w in waves for m in w) == sorted(moves)
+        for wave in waves:
+            use: Counter[int] = Counter()
+            for m in wave:
+                use[m.to_node] += 1
+                if m.from_node in (1, 2):  # node 3 is dead, 0 is "unassigned": they do no work
+                    use[m.from_node] += 1
+            assert max(use.values()) <= limit
+    assert schedule_waves(moves, 2) == schedule_waves(moves, 2)
+    with pytest.raises(AssignmentError):
+        schedule_waves(moves, 0)
+
+
+def test_dead_old_owner_does_not_limit_a_failover_wave() -> None:
+    moves = [Move(p, 9, 1 + p % 4) for p in range(8)]
+    assert len(schedule_waves(moves, 2, live_nodes={1, 2, 3, 4})) == 1
+    assert len(schedule_waves(moves, 2)) == 4  # without liveness, node 9 counts
+
+
+def test_run_moves_honours_the_per_node_limit_and_runs_in_parallel() -> None:
+    moves = [Move(p, 1 + p % 3, 4 + p % 2) for p in range(12)]
+    active: Counter[int] = Counter()
+    peak: Counter[int] = Counter()
+    peak_total = 0
+    lock = threading.Lock()
+
+    def migrate(move: Move) -> int:
+        nonlocal peak_total
+        with lock:
+            for n in (move.from_node, move.to_node):
+                active[n] += 1
+                peak[n] = max(peak[n], active[n])
+            peak_total = max(peak_total, sum(active.values()) // 2)
+        time.sleep(0.03)
+        with lock:
+            for n in (move.from_node, move.to_node):
+                active[n] -= 1
+        if move.partition == 5:
+            raise RuntimeError("boom")
+        return move.partition
+
+    started = time.monotonic()
+    outcomes = run_moves(moves, migrate, 2, max_workers=8)
+    elapsed = time.monotonic() - started
+    assert max(peak.values()) <= 2, peak
+    assert peak_total >= 2, "moves on disjoint nodes should overlap"
+    assert elapsed < 12 * 0.03, "not serialized"
+    assert [o.move for o in outcomes] == moves
+    assert [o.ok for o in outcomes].count(False) == 1
+    failed = next(o for o in outcomes if not o.ok)
+    assert failed.move.partition == 5 and isinstance(failed.error, RuntimeError)
+    assert all(o.result == o.move.partition for o in outcomes if o.ok)
+
+
+def test_run_moves_with_limit_one_serializes_a_shared_node() -> None:
+    moves = [Move(p, 1, 2) for p in range(4)]
+    active = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def migrate(move: Move) -> None:
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
+        time.sleep(0.01)
+        with lock:
+            active -= 1
+
+    run_moves(moves, migrate, 1)
+    assert peak == 1
+
+
+# --- failover planning against a real ledger ------------------------------------------------
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    led = Ledger(LocalObjectStore(tmp_path / "store"))
+    led.init_cluster(4)
+    return led
+
+
+def make_dead(ledger: Ledger, node: int) -> None:
+    """Register `node` with a tiny heartbeat timeout and let it lapse (a node record, no process)."""
+    ledger.register_node(N(node), heartbeat_timeout_s=0.05)
+    time.sleep(0.1)
+
+
+def test_failover_of_a_dead_owner_fences_it_towards_the_least_loaded_node(ledger: Ledger) -> None:
+    for n in (2, 3):
+        ledger.register_node(N(n), heartbeat_timeout_s=60)
+    make_dead(ledger, 1)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    ledger.acquire(P(1), N(2), expected_epoch=0)
+    coordinator = MigrationCoordinator(ledger, MigrationConfig(checkpoint_transfer_timeout_s=0.2))
+    decision = prepare_failover(coordinator, 0)
+    task = decision.task
+    assert task is not None
+    assert (task.migration_kind, task.from_node, task.to_node) == (MigrationKind.FORCED, 1, 3)
+    coordinator.run_phase(P(0), task.migration_id, MigrationPhase.PLANNED)
+    coordinator.run_phase(P(0), task.migration_id, MigrationPhase.RELEASED)
+    own = ledger.ownership(P(0))
+    assert own is not None and (own.epoch, own.owner) == (2, 3)
+    # The same failover asked again resumes the migration in flight.
+    again = prepare_failover(coordinator, 0)
+    assert again.task is not None and again.task.migration_id == task.migration_id
+    # A live owner needs no failover.
+    assert prepare_failover(coordinator, 1).task is None
+    with pytest.raises(NoLiveNode):
+        prepare_failover(coordinator, 1, 1, allow_live_owner=True)
+
+
+def test_failover_supersedes_a_graceful_move_from_the_dead_node(ledger: Ledger) -> None:
+    ledger.register_node(N(1), heartbeat_timeout_s=0.3)
+    ledger.register_node(N(2), heartbeat_timeout_s=60)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    coordinator = MigrationCoordinator(ledger)
+    graceful = coordinator.plan(P(0), N(2))
+    assert graceful.migration_kind == MigrationKind.GRACEFUL
+    time.sleep(0.4)  # node 1's heartbeat lapses mid-migration
+    assert must_force(coordinator, 0)
+    decision = prepare_failover(coordinator, 0)
+    assert decision.superseded == [graceful.migration_id]
+    assert decision.task is not None and decision.task.migration_kind == MigrationKind.FORCED
+
+
+def test_a_failed_forced_move_leaves_a_stranded_owner_that_is_failed_over_again(ledger: Ledger) -> None:
+    make_dead(ledger, 1)
+    ledger.register_node(N(2), heartbeat_timeout_s=60)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    coordinator = MigrationCoordinator(ledger, MigrationConfig(checkpoint_transfer_timeout_s=0.1))
+    decision = prepare_failover(coordinator, 0)
+    assert decision.task is not None
+    from laminar_orchestration.assignment import drive
+    from laminar_orchestration.migration import MigrationTimeout
+
+    with pytest.raises(MigrationTimeout):
+        drive(coordinator, decision.task)  # node 2 never reports the download: it is only a record
+    failed = coordinator.current(P(0))
+    assert failed is not None and failed.phase == MigrationPhase.FAILED
+    assert failed.failed_phase == MigrationPhase.DOWNLOADING
+    own = ledger.ownership(P(0))
+    assert own is not None and (own.owner, own.epoch) == (2, 2)  # fenced to node 2, never active
+    retry = prepare_failover(coordinator, 0)
+    assert retry.task is not None and (retry.task.to_node, retry.task.to_epoch) == (2, 3)
+
+
+# --- the CLI ------------------------------------------------------------------------------------
+
+
+def test_cli_rebalance_dry_run_prints_the_plan(ledger: Ledger, capsys: pytest.CaptureFixture[str]) -> None:
+    for n in (1, 2):
+        ledger.register_node(N(n), heartbeat_timeout_s=60)
+    for p in range(4):
+        ledger.acquire(P(p), N(1), expected_epoch=0)
+    assert cli.main(["rebalance", "--store", ledger.store.url, "--dry-run", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["dry_run"] is True and out["results"] == []
+    assert [(m["partition"], m["to_node"]) for m in out["plan"]["moves"]] == [(2, 2), (3, 2)]
+    assert cli.main(["rebalance", "--store", ledger.store.url, "--dry-run"]) == 0
+    assert "move partition 2: node 1 -> 2" in capsys.readouterr().out
+    assert ledger.ownership(P(2)) is not None and ledger.ownership(P(2)).owner == 1  # type: ignore[union-attr]
+    assert cli.main(["rebalance", "--store", ledger.store.url, "--dry-run", "--weight", "x"]) == 2
+    assert "NODE=WEIGHT" in capsys.readouterr().err
+
+
+def test_cli_failover_fences_every_partition_of_the_dead_node(
+    ledger: Ledger, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_dead(ledger, 1)
+    for n in (2, 3):
+        ledger.register_node(N(n), heartbeat_timeout_s=60)
+    for p in range(3):
+        ledger.acquire(P(p), N(1), expected_epoch=0)
+    ledger.acquire(P(3), N(2), expected_epoch=0)
+    # No node process reports the download: every failover times out after its fence.
+    argv = ["failover", "--store", ledger.store.url, "--node", "1", "--transfer-timeout", "0.1", "--json"]
+    rc = cli.main(argv)
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    targets = {f["partition"]: f["to_node"] for f in out["failovers"]}
+    assert targets == {0: 3, 1: 2, 2: 3}  # least loaded first: node 3 had nothing, node 2 had p3
+    assert all("MigrationTimeout" in f["error"] for f in out["failovers"])
+    for p, target in targets.items():
+        own = ledger.ownership(P(p))
+        assert own is not None and (own.owner, own.epoch) == (target, 2)
+    # A live node is refused without --force.
+    assert cli.main(["failover", "--store", ledger.store.url, "--node", "2"]) == 2
+    assert "--force" in capsys.readouterr().err
+
+
+def test_cli_migrate_names_a_dead_target(ledger: Ledger, capsys: pytest.CaptureFixture[str]) -> None:
+    ledger.register_node(N(1), heartbeat_timeout_s=60)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    assert cli.main(["migrate", "--store", ledger.store.url, "--partition", "0", "--to", "7"]) == 1
+    assert "node 7 is not a live member" in capsys.readouterr().err
+
+
+def test_cli_does_not_import_dagster() -> None:
+    code = (
+        "import sys, laminar_orchestration.cli, laminar_orchestration.assignment; "
+        "sys.exit(1 if any(m.split('.')[0] == 'dagster' for m in sys.modules) else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -1,0 +1,295 @@
+"""The Dagster sensors and schedule against a real ledger in a temporary local store.
+
+Nodes here are only ledger records (registered with `Ledger.register_node`,
+made stale by a tiny heartbeat timeout): the sensors only read them. The
+run-failure sensor is fed real failed runs of the migration jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dagster import (
+    DagsterInstance,
+    DefaultScheduleStatus,
+    DefaultSensorStatus,
+    RunRequest,
+    SensorResult,
+    SkipReason,
+    build_run_status_sensor_context,
+    build_schedule_context,
+    build_sensor_context,
+)
+
+from jobs import ATTEMPT_TAG, NOT_BEFORE_TAG, RETRY_OF_TAG, failover_partition, migrate_partition
+from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.ledger import Ledger
+from laminar_orchestration.migration import MigrationCoordinator
+from laminar_orchestration.store import LocalObjectStore
+from resources import LaminarResource
+from sensors import (
+    build_node_failure_sensor,
+    decide_retry,
+    laminar_observation_sensor,
+    migration_retry_sensor,
+    node_failure_sensor,
+    rebalance_schedule,
+)
+
+P, N = PartitionId, NodeId
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    led = Ledger(LocalObjectStore(tmp_path / "store"))
+    led.init_cluster(4)
+    return led
+
+
+@pytest.fixture
+def laminar(ledger: Ledger) -> LaminarResource:
+    return LaminarResource(store_url=ledger.store.url)
+
+
+def make_dead(ledger: Ledger, node: int) -> None:
+    """A node record whose heartbeat has lapsed."""
+    ledger.register_node(N(node), heartbeat_timeout_s=0.05)
+    time.sleep(0.1)
+
+
+def make_alive(ledger: Ledger, *nodes: int) -> None:
+    for n in nodes:
+        ledger.register_node(N(n), heartbeat_timeout_s=60)
+
+
+@dataclass
+class Tick:
+    """One sensor evaluation, normalized: what it requested, its cursor afterwards, why it skipped."""
+
+    requests: list[RunRequest]
+    cursor: str | None
+    skip: str | None
+
+
+def tick(sensor: Any, laminar: LaminarResource, cursor: str | None = None) -> Tick:
+    """Evaluate `sensor` once as the daemon would, carrying the cursor however the sensor set it."""
+    with build_sensor_context(cursor=cursor, resources={"laminar": laminar}) as context:
+        result = sensor(context)
+        new_cursor = context.cursor
+    if isinstance(result, SensorResult):
+        skip = result.skip_reason.skip_message if result.skip_reason else None
+        return Tick(list(result.run_requests or []), result.cursor or new_cursor, skip)
+    if isinstance(result, RunRequest):
+        return Tick([result], new_cursor, None)
+    assert isinstance(result, SkipReason)
+    return Tick([], new_cursor, result.skip_message)
+
+
+# --- node failure ----------------------------------------------------------------------------
+
+
+def test_dead_owner_gets_one_failover_per_partition_and_no_duplicate(ledger: Ledger, laminar: LaminarResource) -> None:
+    make_alive(ledger, 2, 3)
+    make_dead(ledger, 1)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    ledger.acquire(P(1), N(1), expected_epoch=0)
+    ledger.acquire(P(2), N(2), expected_epoch=0)  # live owner: nothing to do; p3 stays unassigned
+
+    first = tick(node_failure_sensor, laminar)
+    reqs = first.requests
+    assert [r.run_key for r in reqs] == ["failover-p0-e1", "failover-p1-e1"]
+    assert all(r.job_name == failover_partition.name for r in reqs)
+    # Least load first, counting what this tick assigned: node 3 holds nothing, then 2 and 3 tie.
+    assert [r.run_config for r in reqs] == [{"partition": 0, "to_node": 3}, {"partition": 1, "to_node": 2}]
+    assert reqs[0].tags["laminar/failed_node"] == "1"
+    assert first.cursor is not None and json.loads(first.cursor) == {"handled": [[0, 1], [1, 1]]}
+
+    second = tick(node_failure_sensor, laminar, first.cursor)
+    assert second.requests == [], "a second tick must not request the same failovers"
+    assert second.cursor == first.cursor
+
+    # p0 was failed over (epoch 2, live owner): its entry leaves the cursor. Then node 3 dies
+    # too: that is a new (partition, epoch), so a new run key.
+    ledger.fence(P(0), N(3), expected_epoch=1, reason="test: failover done")
+    third = tick(node_failure_sensor, laminar, second.cursor)
+    assert third.requests == []
+    assert third.cursor is not None and json.loads(third.cursor) == {"handled": [[1, 1]]}
+    make_dead(ledger, 3)
+    fourth = tick(node_failure_sensor, laminar, third.cursor)
+    assert [(r.run_key, r.run_config) for r in fourth.requests] == [("failover-p0-e2", {"partition": 0, "to_node": 2})]
+
+
+def test_live_owners_need_nothing(ledger: Ledger, laminar: LaminarResource) -> None:
+    make_alive(ledger, 1, 2)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    ledger.acquire(P(1), N(2), expected_epoch=0)
+    result = tick(node_failure_sensor, laminar)
+    assert result.requests == []
+    assert result.skip == "every partition's owner is alive"
+
+
+def test_sensor_heartbeat_timeout_overrides_the_nodes_own(ledger: Ledger, laminar: LaminarResource) -> None:
+    make_alive(ledger, 1, 2)  # each node says 60 s
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    time.sleep(0.6)
+    strict = build_node_failure_sensor(name="strict_failure_sensor", heartbeat_timeout_s=0.5)
+    # Both nodes look dead to the strict sensor, so nobody can take the partition yet...
+    result = tick(strict, laminar)
+    assert result.requests == [] and result.skip is not None and "no live node" in result.skip
+    # ...and it is not marked handled: once node 2 heartbeats, the failover is requested.
+    make_alive(ledger, 2)
+    assert [r.run_key for r in tick(strict, laminar, result.cursor).requests] == ["failover-p0-e1"]
+    assert tick(node_failure_sensor, laminar).requests == []  # node 1 is alive by its own timeout
+
+
+def test_partition_already_failing_over_is_left_alone(ledger: Ledger, laminar: LaminarResource) -> None:
+    make_alive(ledger, 2)
+    make_dead(ledger, 1)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    MigrationCoordinator(ledger).plan(P(0), N(2), forced=True)  # a failover in flight (phase planned)
+    result = tick(node_failure_sensor, laminar)
+    assert result.requests == [] and result.skip is not None and "in flight" in result.skip
+
+
+def test_uninitialized_store_is_a_skip(tmp_path: Path) -> None:
+    result = tick(node_failure_sensor, LaminarResource(store_url=(tmp_path / "empty").as_uri()))
+    assert result.requests == [] and result.skip is not None and "laminar init" in result.skip
+
+
+def test_default_statuses() -> None:
+    assert rebalance_schedule.default_status == DefaultScheduleStatus.STOPPED
+    assert rebalance_schedule.description and "Off by default" in rebalance_schedule.description
+    assert node_failure_sensor.default_status == DefaultSensorStatus.RUNNING
+    assert migration_retry_sensor.default_status == DefaultSensorStatus.RUNNING
+    when = datetime(2026, 11, 22, 7, 0, tzinfo=UTC)
+    request = rebalance_schedule(build_schedule_context(scheduled_execution_time=when))
+    assert isinstance(request, RunRequest) and request.run_config == {}
+    assert request.run_key == "rebalance-20261122T0700"
+
+
+# --- failed runs ------------------------------------------------------------------------------
+
+
+def failed_run(
+    job: Any, laminar: LaminarResource, run_config: dict[str, Any], tags: dict[str, str] | None = None
+) -> tuple[DagsterInstance, Any]:
+    instance = DagsterInstance.ephemeral()
+    result = job.execute_in_process(
+        run_config=run_config,
+        instance=instance,
+        resources={"laminar": laminar},
+        raise_on_error=False,
+        tags=tags or {},
+    )
+    assert not result.success
+    return instance, result
+
+
+def evaluate_retry_sensor(instance: DagsterInstance, result: Any, laminar: LaminarResource) -> RunRequest | SkipReason:
+    context = build_run_status_sensor_context(
+        sensor_name=migration_retry_sensor.name,
+        dagster_instance=instance,
+        dagster_run=result.dagster_run,
+        dagster_event=result.get_run_failure_event(),
+        resources={"laminar": laminar},
+    ).for_run_failure()
+    with context:
+        out = migration_retry_sensor(context)
+    assert isinstance(out, RunRequest | SkipReason)
+    return out
+
+
+def test_failed_migration_is_relaunched_with_the_same_config(ledger: Ledger, laminar: LaminarResource) -> None:
+    make_alive(ledger, 1, 2)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    # Node 1 is only a record, so it never reports the drain: the run fails by timeout.
+    config = {"partition": 0, "to_node": 2, "limits": {"release_wait_timeout_s": 0.05, "retry_delay_s": 7.0}}
+    instance, result = failed_run(migrate_partition, laminar, config)
+    before = time.time()
+    out = evaluate_retry_sensor(instance, result, laminar)
+    assert isinstance(out, RunRequest)
+    assert out.job_name == migrate_partition.name
+    assert out.run_key == f"retry-{result.run_id}"
+    assert out.run_config == config
+    assert out.tags[ATTEMPT_TAG] == "2" and out.tags[RETRY_OF_TAG] == result.run_id
+    assert before + 6.5 < float(out.tags[NOT_BEFORE_TAG]) < time.time() + 7.5
+
+    # The last allowed attempt failing: give up.
+    config["limits"]["max_retries"] = 1  # type: ignore[index]
+    instance, result = failed_run(migrate_partition, laminar, config, tags={ATTEMPT_TAG: "2"})
+    out = evaluate_retry_sensor(instance, result, laminar)
+    assert isinstance(out, SkipReason) and "giving up" in str(out.skip_message)
+
+
+def test_failed_migration_falls_back_to_failover_when_the_old_owner_died(
+    ledger: Ledger, laminar: LaminarResource
+) -> None:
+    make_alive(ledger, 1, 2)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    config = {"partition": 0, "to_node": 2, "limits": {"release_wait_timeout_s": 0.05}}
+    instance, result = failed_run(migrate_partition, laminar, config)
+    make_dead(ledger, 1)  # a fresh record of node 1 with a lapsed heartbeat
+    out = evaluate_retry_sensor(instance, result, laminar)
+    assert isinstance(out, RunRequest)
+    assert out.job_name == failover_partition.name
+    assert out.run_key == "failover-p0-e1"
+    assert out.run_config == {"partition": 0, "to_node": 2, "limits": {"release_wait_timeout_s": 0.05}}
+
+
+def test_decide_retry_branches(ledger: Ledger) -> None:
+    make_alive(ledger, 2, 3)
+    make_dead(ledger, 1)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    ledger.acquire(P(1), N(2), expected_epoch=0)
+    migrate, failover = migrate_partition.name, failover_partition.name
+    # Old owner dead, target dead too: the failover picks its own target.
+    out = decide_retry(migrate, {"partition": 0, "to_node": 9}, {}, "r1", ledger)
+    assert isinstance(out, RunRequest) and out.job_name == failover and out.run_config == {"partition": 0, "limits": {}}
+    # Already where it should be.
+    out = decide_retry(migrate, {"partition": 1, "to_node": 2}, {}, "r2", ledger)
+    assert isinstance(out, SkipReason) and "already on node 2" in str(out.skip_message)
+    # A failed failover whose target died: retried without the target.
+    out = decide_retry(failover, {"partition": 0, "to_node": 9}, {ATTEMPT_TAG: "3"}, "r3", ledger, now=100.0)
+    assert isinstance(out, RunRequest) and out.job_name == failover
+    assert out.run_config == {"partition": 0}
+    assert out.tags[ATTEMPT_TAG] == "4" and out.tags[NOT_BEFORE_TAG] == "105.000"
+    out = decide_retry(failover, {"partition": 0}, {ATTEMPT_TAG: "4"}, "r4", ledger)
+    assert isinstance(out, SkipReason) and "max_retries is 3" in str(out.skip_message)
+    # A failover of a partition a live node owns is not retried.
+    out = decide_retry(failover, {"partition": 1}, {}, "r5", ledger)
+    assert isinstance(out, SkipReason) and "live node 2" in str(out.skip_message)
+    assert isinstance(decide_retry("other_job", {"partition": 1}, {}, "r6", ledger), SkipReason)
+    assert isinstance(decide_retry(migrate, {}, {}, "r7", ledger), SkipReason)
+
+
+def test_a_stranded_failover_is_retried(ledger: Ledger, laminar: LaminarResource) -> None:
+    make_alive(ledger, 2)
+    make_dead(ledger, 1)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    # The fence succeeds (the coordinator's own part); node 2 never reports the download.
+    config = {"partition": 0, "limits": {"checkpoint_transfer_timeout_s": 0.05}}
+    instance, result = failed_run(failover_partition, laminar, config)
+    own = ledger.ownership(P(0))
+    assert own is not None and (own.owner, own.epoch) == (2, 2)
+    out = evaluate_retry_sensor(instance, result, laminar)
+    assert isinstance(out, RunRequest) and out.job_name == failover_partition.name
+    assert out.run_config == config
+
+
+# --- observation ------------------------------------------------------------------------------
+
+
+def test_observation_sensor_fires_only_on_change(ledger: Ledger, laminar: LaminarResource) -> None:
+    first = tick(laminar_observation_sensor, laminar)
+    assert len(first.requests) == 1 and first.cursor
+    again = tick(laminar_observation_sensor, laminar, first.cursor)
+    assert again.requests == [] and again.cursor == first.cursor
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    changed = tick(laminar_observation_sensor, laminar, first.cursor)
+    assert len(changed.requests) == 1 and changed.cursor != first.cursor
