@@ -275,3 +275,86 @@ def test_rolling_restart_loses_no_partition(cluster: Cluster) -> None:
         wait_until(taken_back, 60, f"node {n} to take its partitions back")
     assert_exactly_once(cluster)
     assert all(cluster.owner(p) in (1, 2, 3) for p in cluster.partitions)
+
+
+# --- the control plane against live nodes -------------------------------------------------
+
+
+def test_dagster_migrate_partition_job_against_live_nodes(cluster: Cluster) -> None:
+    from dagster import DagsterInstance
+
+    from jobs import migrate_partition
+    from resources import LaminarResource
+
+    cluster.produce(30_000)
+    owner = cluster.owner(3)
+    target = next(n for n in (1, 2, 3) if n != owner)
+    epoch = cluster.epoch(3)
+    with DagsterInstance.ephemeral() as instance:
+        result = migrate_partition.execute_in_process(
+            run_config={"partition": 3, "to_node": target},
+            instance=instance,
+            resources={"laminar": LaminarResource(store_url=cluster.store_url)},
+        )
+    assert result.success
+    ops = [e.step_key for e in result.all_events if e.event_type_value == "STEP_SUCCESS"]
+    assert ops == ["plan", "drain", "checkpoint", "upload", "release", "download", "restore", "seek", "activate"]
+    upload = next(e for e in result.all_events if e.event_type_value == "STEP_OUTPUT" and e.step_key == "upload")
+    metadata = upload.event_specific_data.metadata  # type: ignore[union-attr]
+    assert metadata["bytes_moved"].value > 0 and "duration_s" in metadata
+    assert (cluster.owner(3), cluster.epoch(3)) == (target, epoch + 1)
+    assert_exactly_once(cluster)
+
+
+def test_daemon_failure_sensor_fails_over_a_killed_node(cluster: Cluster, tmp_path: Path) -> None:
+    """A real dagster-daemon ticks the node-failure sensor, which launches failover runs."""
+    import os
+
+    root = Path(__file__).parent.parent
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "LAMINAR_STORE": cluster.store_url,
+        "LAMINAR_FAILOVER_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S),
+    }
+    daemon_log = open(tmp_path / "daemon.log", "wb")  # noqa: SIM115 - closed in finally
+    daemon = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(root / "workspace.yaml")],
+        cwd=root,
+        env=env,
+        stdout=daemon_log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        victim = cluster.owner(0)
+        moved = cluster.partitions_of(victim)
+        epochs = {p: cluster.epoch(p) for p in moved}
+        cluster.produce(20_000)
+        time.sleep(8)  # the daemon's first ticks see a healthy cluster
+        cluster.kill(victim)
+
+        def failed_over() -> bool:
+            return all(cluster.owner(p) != victim and cluster.epoch(p) > epochs[p] for p in moved)
+
+        try:
+            wait_until(failed_over, 150, f"the sensor to fail over partitions {moved} of node {victim}")
+        except TimeoutError:
+            daemon_log.flush()
+            raise AssertionError((tmp_path / "daemon.log").read_text()[-4000:]) from None
+        for p in moved:
+            grant = cluster.ledger.grant(P(p), epochs[p] + 1)
+            assert grant is not None and grant.grant_kind == "fence"
+            # One death, one failover per partition: no second grant was launched.
+            assert cluster.ledger.grant(P(p), epochs[p] + 2) is None
+        assert_exactly_once(cluster)
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+        daemon_log.close()
+    cluster.start_node(victim)
+    cluster.wait_alive(victim, timeout=180)
