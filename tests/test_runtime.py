@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.localcluster import HEARTBEAT_TIMEOUT_S, Cluster, wait_until
 from laminar_orchestration.migration import (
     SETTING_PHASES,
     MigrationConfig,
@@ -27,8 +28,6 @@ from laminar_orchestration.migration import (
     MigrationTimeout,
 )
 from laminar_orchestration.verify import committed_state
-
-from .cluster import HEARTBEAT_TIMEOUT_S, Cluster, wait_until
 
 pytestmark = pytest.mark.spark
 

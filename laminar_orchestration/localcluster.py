@@ -1,7 +1,8 @@
-"""A real cluster for tests: worker nodes as separate processes on one store.
+"""A cluster on one machine: worker nodes as separate processes on one store.
 
-Nodes are started with ``python -m laminar_orchestration.cli node run`` and can
-be killed (SIGKILL), paused (SIGSTOP), resumed (SIGCONT) or stopped (SIGTERM).
+Used by `laminar demo`, the chaos suite, the benchmarks and the tests. Nodes
+are started with ``python -m laminar_orchestration.cli node run`` and can be
+killed (SIGKILL), paused (SIGSTOP), resumed (SIGCONT) or stopped (SIGTERM).
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import ManifestReader
-from laminar_orchestration.migration import MigrationCoordinator
-from laminar_orchestration.source import SourceLog, generate_events
-from laminar_orchestration.store import ObjectStore, open_store
-from laminar_orchestration.verify import PartitionAudit, audit_store
+from .identity import NodeId, PartitionId
+from .ledger import Ledger
+from .manifest import ManifestReader
+from .migration import MigrationCoordinator
+from .source import SourceLog, generate_events
+from .store import ObjectStore, open_store
+from .verify import PartitionAudit, audit_store
 
 HEARTBEAT_TIMEOUT_S = 3.0
 
@@ -55,13 +56,28 @@ class NodeProcess:
 class Cluster:
     """Nodes, the store, a producer and the coordinator, for one test module."""
 
-    def __init__(self, store_url: str, workdir: Path, *, partitions: int, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        store_url: str,
+        workdir: Path,
+        *,
+        partitions: int,
+        env: Mapping[str, str] | None = None,
+        heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
+        spark_master: str = "local[1]",
+        node_args: tuple[str, ...] = ("--refresh-interval", "0.5", "--checkpoint-every-batches", "3"),
+        init: bool = True,
+    ) -> None:
         self.store_url = store_url
         self.workdir = workdir
         self.env = {**os.environ, **(env or {})}
         self.store: ObjectStore = open_store(store_url)
         self.ledger = Ledger(self.store)
-        self.ledger.init_cluster(partitions)
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.spark_master = spark_master
+        self.node_args = node_args
+        if init:
+            self.ledger.init_cluster(partitions)
         self.partitions = [PartitionId(p) for p in range(partitions)]
         self.source = SourceLog(self.store, partitions=partitions, segment_events=20_000)
         self.coordinator = MigrationCoordinator(self.ledger)
@@ -77,10 +93,9 @@ class Cluster:
         cmd = [
             sys.executable, "-m", "laminar_orchestration.cli", "node", "run",
             "--store", self.store_url, "--node-id", str(node_id),
-            "--spark-master", "local[1]",
-            "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S),
-            "--refresh-interval", "0.5",
-            "--checkpoint-every-batches", "3",
+            "--spark-master", self.spark_master,
+            "--heartbeat-timeout", str(self.heartbeat_timeout_s),
+            *self.node_args,
             *extra,
         ]  # fmt: skip
         with open(log_path, "wb") as fh:
