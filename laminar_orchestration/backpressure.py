@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .store import ObjectStore
+
 
 @dataclass(frozen=True)
 class Accept:
@@ -72,3 +74,29 @@ class Backpressure(Exception):
             f"partition {self.partition} is {self.pending_lag} events behind "
             f"(hard limit {self.hard_threshold}); retry after {self.retry_after_s:.1f}s"
         )
+
+
+def partition_backpressure(
+    store: ObjectStore, partition: int, *, soft_threshold: int, hard_threshold: int
+) -> BackpressureState:
+    """Positions of `partition` read by key: the source head and the current manifest."""
+    from .identity import PartitionId
+    from .manifest import ManifestReader
+    from .source import SourceLog
+
+    written = SourceLog(store).end_offset(partition)
+    current = ManifestReader(store).current(PartitionId(partition))
+    committed = current.manifest.source_offset if current else 0
+    return BackpressureState(partition, written, committed, soft_threshold, hard_threshold)
+
+
+def admit(states: list[BackpressureState]) -> list[AcceptWithWarning]:
+    """Raise Backpressure for the first partition past its hard threshold; return the warnings."""
+    warnings = []
+    for state in states:
+        decision = state.evaluate()
+        if isinstance(decision, Reject):
+            raise Backpressure(state.partition, decision.pending_lag, decision.hard_threshold, decision.retry_after_s)
+        if isinstance(decision, AcceptWithWarning):
+            warnings.append(decision)
+    return warnings

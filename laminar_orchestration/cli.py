@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from .backpressure import Backpressure
 from .fencing import EpochError
 from .ledger import Ledger, LedgerError
 from .source import SourceError
@@ -144,12 +145,26 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 @command("produce")
 def cmd_produce(args: argparse.Namespace) -> int:
+    from .backpressure import admit, partition_backpressure
     from .source import SourceLog, generate_events, produce_from_jsonl
 
     ledger = _ledger(args)
     partitions = ledger.cluster().partitions
     log = SourceLog(ledger.store, partitions=partitions, segment_events=args.segment_events)
     counts: dict[int, int] = {}
+    # Backpressure before anything is appended: a rejected produce appends nothing.
+    if args.hard_lag > 0:
+        states = [
+            partition_backpressure(ledger.store, p, soft_threshold=min(args.soft_lag, args.hard_lag),
+                                   hard_threshold=args.hard_lag)
+            for p in range(partitions)
+        ]  # fmt: skip
+        for warning in admit(states):
+            print(
+                f"laminar produce: warning: a partition is {warning.pending_lag} events behind "
+                f"(soft limit {warning.soft_threshold})",
+                file=sys.stderr,
+            )
     if args.from_file:
         for p, res in produce_from_jsonl(args.from_file, log).items():
             counts[p] = res.events
@@ -498,6 +513,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keys", type=int, default=100, help="distinct keys for --count (default 100)")
     p.add_argument("--seed", type=int, default=0, help="random seed for --count")
     p.add_argument("--segment-events", type=int, default=100_000, help="events per log segment at most")
+    p.add_argument("--soft-lag", type=int, default=5_000_000, help="warn when a partition lags this many events")
+    p.add_argument(
+        "--hard-lag", type=int, default=20_000_000, help="refuse to append past this lag (0: no limit)"
+    )
 
     p = add("query", "print the committed state of a partition and its committed offset", json_output=True)
     p.add_argument("--partition", type=int, required=True)
@@ -564,7 +583,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.store = default_store_url()
     try:
         return _COMMANDS[args.command](args)
-    except (StoreError, LedgerError, EpochError, SourceError, ValueError) as exc:
+    except (StoreError, LedgerError, EpochError, SourceError, Backpressure, ValueError) as exc:
         print(f"laminar {args.command}: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
     except KeyboardInterrupt:
