@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .capabilities import CheckpointWriter, OutputCommitter, ReadStore
 from .checkpoint import CheckpointStore, OutputWriter, download_bytes
+from .cluster_epoch import ClusterEpochWindow, StaleClusterEpoch
 from .fencing import EpochError, FencingToken, PartitionGuard, PartitionGuardSet, StaleEpoch
 from .identity import UNASSIGNED, NodeId, PartitionId
 from .ledger import Ledger, NodeHandle, NodeIdentityConflict
@@ -200,6 +201,8 @@ class PartitionWorker(threading.Thread):
 
     def run(self) -> None:
         try:
+            if self.node.cluster_epoch == 0:  # a node driven without `Node.run` (benchmarks)
+                self.node.observe_cluster_epoch(self.node.ledger.membership().cluster_epoch)
             if self._rising:
                 try:
                     self._rise()
@@ -461,6 +464,8 @@ class PartitionWorker(threading.Thread):
                 with self._task_changed:
                     self._task_changed.wait(cfg.idle_poll_s)
                 continue
+            # The cluster epoch this batch began under; its commit must still be inside the window.
+            cluster_epoch = self.node.cluster_epoch
             files = batch.write_parquet(self._workdir / f"batch-{batch.start_offset}")
             try:
                 result = self.node.runner.run(self._state, files, epoch=self.epoch, generation=self.node.generation)
@@ -468,7 +473,13 @@ class PartitionWorker(threading.Thread):
                 shutil.rmtree(self._workdir / f"batch-{batch.start_offset}", ignore_errors=True)
             # Seed 002: a fenced tracker drops the in-flight batch before any external write.
             self._check()
-            self._commit(result.state, result.output, batch.start_offset, batch.end_offset)
+            try:
+                with self.node.epoch_window.fence(cluster_epoch):
+                    self._commit(result.state, result.output, batch.start_offset, batch.end_offset, cluster_epoch)
+                self.node.epoch_window.mark_applied(cluster_epoch)
+            except StaleClusterEpoch as exc:
+                # Two membership changes overtook this batch: drop it, redo it under the new epoch.
+                log.warning("node %s: partition %s: %s; batch dropped and retried", self.node.id, self.partition, exc)
         self.state_name = WorkerState.DRAINING if not self._stop_requested.is_set() else self.state_name
 
     def _checkpoint_due(self, *, idle: bool = False) -> bool:
@@ -481,7 +492,7 @@ class PartitionWorker(threading.Thread):
             or time.monotonic() - self._last_ckpt >= self.node.config.checkpoint_every_s
         )
 
-    def _commit(self, state: pa.Table, output: pa.Table, start: int, end: int) -> None:
+    def _commit(self, state: pa.Table, output: pa.Table, start: int, end: int, cluster_epoch: int) -> None:
         assert self.guard is not None and self.token is not None
         out_ref = self.node.outputs.write(self.guard, output, start, end)
         state_ref, state_offset = self._state_ref, self._state_offset
@@ -495,6 +506,7 @@ class PartitionWorker(threading.Thread):
             state_offset=state_offset,
             outputs=(out_ref,),
             events_applied=self._events_applied + (end - start),
+            cluster_epoch=cluster_epoch,
         )
         version = self._publish(update)
         self._state, self._committed_offset, self._manifest = state, end, version
@@ -632,6 +644,9 @@ class Node:
         self._report_now = threading.Event()
         self._lock = threading.Lock()
         self.cluster_epoch = 0
+        #: Commits are accepted for the last two cluster epochs (seed 001), so a rebalance
+        #: that does not move a partition never fails its in-flight batch.
+        self.epoch_window = ClusterEpochWindow()
 
     @property
     def generation(self) -> int:
@@ -655,7 +670,7 @@ class Node:
         self.ledger.cluster()  # fail fast with a clear error if the store has no cluster
         self.start_spark()
         self.handle = self.ledger.register_node(self.id, heartbeat_timeout_s=self.config.heartbeat_timeout_s)
-        self.cluster_epoch = self.ledger.membership().cluster_epoch
+        self.observe_cluster_epoch(self.ledger.membership().cluster_epoch)
         log.info("node %s: joined as generation %s (store %s)", self.id, self.generation, self.store.url)
         threads = [
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
@@ -735,6 +750,16 @@ class Node:
     def _refresh_loop(self) -> None:
         while not self._stop.wait(self.config.refresh_interval_s):
             self.refresh_guards()
+            try:
+                self.observe_cluster_epoch(self.ledger.membership().cluster_epoch)
+            except StoreError as exc:
+                log.warning("node %s: cluster epoch refresh failed: %s", self.id, exc)
+
+    def observe_cluster_epoch(self, epoch: int) -> None:
+        """Slide the acceptance window to a newer cluster epoch (waits for commits in flight)."""
+        if epoch > self.cluster_epoch:
+            with self.epoch_window.fence(epoch):
+                self.cluster_epoch = epoch
 
     def refresh_guards(self) -> list[PartitionId]:
         """The periodic kill-switch check: fence the tracker of every revoked partition."""
