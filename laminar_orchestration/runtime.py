@@ -632,6 +632,7 @@ class Node:
         self.checkpoints = CheckpointStore(CheckpointWriter(self.store))
         self.source = SourceLog(self.store)
         self.guards = PartitionGuardSet(self.id)
+        self._owns_workdir = config.workdir is None
         self.workdir = Path(config.workdir or tempfile.mkdtemp(prefix=f"laminar-node{config.node_id}-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._processor = processor
@@ -696,6 +697,8 @@ class Node:
                     self.handle.leave()
                 except (StoreError, NodeIdentityConflict) as exc:
                     log.warning("node %s: could not mark itself left: %s", self.id, exc)
+            if self._owns_workdir:
+                shutil.rmtree(self.workdir, ignore_errors=True)
             log.info("node %s: stopped", self.id)
 
     def stop(self) -> None:
