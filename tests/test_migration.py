@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from laminar_orchestration.identity import NodeId, PartitionId
@@ -38,7 +40,7 @@ G, F = MigrationKind.GRACEFUL, MigrationKind.FORCED
 
 def test_migration_phase_transitions_linear() -> None:
     for kind, seq in ((G, GRACEFUL_PHASES), (F, FORCED_PHASES)):
-        for current, nxt in zip(seq, seq[1:], strict=False):
+        for current, nxt in itertools.pairwise(seq):
             check_transition(kind, current, nxt)
         for i, current in enumerate(seq):
             for j, target in enumerate(seq):
