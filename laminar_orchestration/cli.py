@@ -466,6 +466,65 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+@command("chaos")
+def cmd_chaos(args: argparse.Namespace) -> int:
+    from .chaos import main as chaos_main
+
+    return chaos_main(
+        profile_name=args.profile,
+        names=args.scenario,
+        store_url=args.chaos_store,
+        as_json=args.json,
+        out=args.out,
+        workdir=args.workdir,
+    )
+
+
+# --- demo and report -----------------------------------------------------------------------
+
+
+@command("demo")
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .demo import DemoOptions, run_demo
+
+    options = DemoOptions(
+        store=args.demo_store,
+        partitions=args.partitions,
+        nodes=args.nodes,
+        rate=args.rate,
+        keys=args.keys,
+        port=args.port,
+        duration=args.duration,
+        interval=args.interval,
+        heartbeat_timeout_s=args.heartbeat_timeout,
+        spark_master=args.spark_master,
+        dagster=not args.no_dagster,
+        base_dir=Path.cwd(),
+    )
+    options.check()
+    return run_demo(options)
+
+
+@command("report")
+def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .report import FAILOVER, MIGRATION, write_report
+
+    written = write_report(_ledger(args), Path(args.out), png=not args.no_png)
+    report = written.report
+    print(
+        f"{len(report.partitions)} partitions, {len(report.spans)} epochs "
+        f"({report.count(MIGRATION)} migrations, {report.count(FAILOVER)} failovers)"
+    )
+    print(f"wrote {written.html}")
+    if written.png is not None:
+        print(f"wrote {written.png}")
+    return 0
+
+
 # --- parser --------------------------------------------------------------------
 
 
@@ -572,6 +631,66 @@ def build_parser() -> argparse.ArgumentParser:
         default=3600.0,
         help="keep unreferenced objects of the current epoch younger than this (default 3600)",
     )
+
+    # Not `add()`: chaos must not default to the shared store; it starts from an empty one.
+    p = sub.add_parser(
+        "chaos",
+        help="run the chaos suite on a local cluster and audit every promise (loopback only)",
+        description="kill, pause and restart nodes and the orchestrator, inject store faults, then audit: "
+        "no duplicate, no loss, one owner per epoch, every stale write rejected",
+    )
+    p.add_argument("--profile", choices=("short", "long"), default="short", help="short (~5 min) or long (~15 min)")
+    p.add_argument(
+        "--store",
+        dest="chaos_store",
+        default=None,
+        metavar="URL",
+        help="an EMPTY store for the node processes: file:///path, or s3://bucket/prefix with a loopback "
+        "AWS_ENDPOINT_URL (default: a fresh local store in the work directory)",
+    )
+    p.add_argument(
+        "--scenario",
+        action="extend",
+        nargs="+",
+        metavar="NAME",
+        help="run only these (store-faults, kill9-mid-batch, zombie, kill9-mid-release, orchestrator-killed, "
+        "migrations-rebalance, rolling-restart)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
+    p.add_argument(
+        "--out",
+        metavar="FILE",
+        help="write the table to FILE and the JSON report next to it (default .laminar/chaos/report-PROFILE.txt)",
+    )
+    p.add_argument("--workdir", metavar="DIR", help="keep stores and node logs here (default: a temporary directory)")
+
+    p = sub.add_parser(
+        "demo",
+        help="run a local cluster with load and the Dagster UI until Ctrl-C",
+        description="run a local cluster (nodes as processes, a steady load, Dagster webserver and daemon) "
+        "on a fresh store under ./.laminar/demo-<timestamp>, printing status tables until Ctrl-C",
+    )
+    p.add_argument(
+        "--store",
+        dest="demo_store",
+        default=None,
+        metavar="URL",
+        help="store URL (default: a fresh local store under ./.laminar/demo-<timestamp>; s3://bucket/prefix works)",
+    )
+    p.add_argument("--partitions", type=int, default=4, help="partitions of a new cluster (default 4)")
+    p.add_argument("--nodes", type=int, default=3, help="worker node processes (default 3)")
+    p.add_argument("--rate", type=float, default=200.0, help="events per second the producer appends (default 200)")
+    p.add_argument("--keys", type=int, default=100, help="distinct keys of the load (default 100)")
+    p.add_argument("--port", type=int, default=3000, help="port of the Dagster webserver on 127.0.0.1 (default 3000)")
+    p.add_argument("--duration", type=float, help="once the cluster is up, run this many seconds, then stop")
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between status tables (default 5)")
+    p.add_argument("--heartbeat-timeout", type=float, default=6.0, help="seconds without heartbeat = dead (default 6)")
+    p.add_argument("--spark-master", default="local[1]", help="Spark master of each node (default local[1])")
+    p.add_argument("--no-dagster", action="store_true", help="run without the Dagster webserver and daemon")
+
+    p = add("report", "write the ownership timeline (epochs, migrations, failovers) as a self-contained HTML file")
+    p.add_argument("--out", default="laminar-report.html", help="output file (default ./laminar-report.html)")
+    p.add_argument("--no-png", action="store_true", help="no PNG even when matplotlib is importable")
 
     return parser
 

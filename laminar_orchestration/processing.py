@@ -177,10 +177,22 @@ class SparkBatchRunner:
         pq.write_table(state, path)
         return self.spark.read.parquet(str(path))
 
-    def run(self, state: pa.Table, event_files: Sequence[Path], *, epoch: int, generation: int) -> BatchResult:
+    def run(
+        self,
+        state: pa.Table,
+        event_files: Sequence[Path],
+        *,
+        epoch: int,
+        generation: int,
+        job_group: str | None = None,
+    ) -> BatchResult:
+        """Fold one batch into `state`. Jobs run in `job_group` so `cancel` can abandon them."""
         from pyspark.sql import functions as F
 
         started = time.monotonic()
+        if job_group is not None:
+            # Thread-local in PySpark's pinned-thread mode: only this batch's jobs join the group.
+            self.spark.sparkContext.setJobGroup(job_group, "laminar batch", True)
         version_dir = Path(tempfile.mkdtemp(prefix="v-", dir=self.workdir))
         try:
             state_df = self._state_frame(state, version_dir)
@@ -195,6 +207,10 @@ class SparkBatchRunner:
         finally:
             _rmtree(version_dir)
         return BatchResult(new_state, output, time.monotonic() - started)
+
+    def cancel(self, job_group: str) -> None:
+        """Abandon the running jobs of a batch (it has no side effect before its commit)."""
+        self.spark.sparkContext.cancelJobGroup(job_group)
 
 
 def _rmtree(path: Path) -> None:

@@ -155,6 +155,9 @@ class PartitionWorker(threading.Thread):
         self._bytes_moved = 0
         self._error: str | None = None
         self._workdir = Path(tempfile.mkdtemp(prefix=f"p{partition}-", dir=node.workdir))
+        self._batch_group: str | None = None
+        self._batch_seq = 0
+        self._abandoned = threading.Event()
 
     # -- control (called from the reconcile loop) --------------------------------
 
@@ -163,11 +166,25 @@ class PartitionWorker(threading.Thread):
         with self._task_changed:
             self._task = task
             self._task_changed.notify_all()
+        if self._draining_requested():
+            self.abandon_batch()
 
     def request_stop(self) -> None:
         self._stop_requested.set()
         with self._task_changed:
             self._task_changed.notify_all()
+        self.abandon_batch()
+
+    def abandon_batch(self) -> None:
+        """Cancel the in-flight Spark batch: nothing of it was written, so dropping it is safe
+        and makes a drain (or a kill-switch) take milliseconds instead of a batch's duration."""
+        group = self._batch_group
+        if group is not None and not self._abandoned.is_set():
+            self._abandoned.set()
+            try:
+                self.node.runner.cancel(group)
+            except Exception as exc:  # the batch then simply finishes and is dropped
+                log.warning("node %s: partition %s: cancel failed: %s", self.node.id, self.partition, exc)
 
     @property
     def epoch(self) -> int:
@@ -467,12 +484,25 @@ class PartitionWorker(threading.Thread):
             # The cluster epoch this batch began under; its commit must still be inside the window.
             cluster_epoch = self.node.cluster_epoch
             files = batch.write_parquet(self._workdir / f"batch-{batch.start_offset}")
+            self._batch_seq += 1
+            self._abandoned.clear()
+            self._batch_group = f"laminar-n{self.node.id}-p{self.partition}-b{self._batch_seq}"
             try:
-                result = self.node.runner.run(self._state, files, epoch=self.epoch, generation=self.node.generation)
+                result = self.node.runner.run(
+                    self._state, files, epoch=self.epoch, generation=self.node.generation, job_group=self._batch_group
+                )
+            except Exception:
+                if not self._abandoned.is_set():
+                    raise
+                log.info("node %s: partition %s: in-flight batch abandoned", self.node.id, self.partition)
+                continue  # the loop condition (drain, stop) or the check below decides what next
             finally:
+                self._batch_group = None
                 shutil.rmtree(self._workdir / f"batch-{batch.start_offset}", ignore_errors=True)
             # Seed 002: a fenced tracker drops the in-flight batch before any external write.
             self._check()
+            if self._abandoned.is_set() and (self._draining_requested() or self._stop_requested.is_set()):
+                continue  # cancelled too late to stop Spark, still early enough to write nothing
             try:
                 with self.node.epoch_window.fence(cluster_epoch):
                     self._commit(result.state, result.output, batch.start_offset, batch.end_offset, cluster_epoch)
@@ -776,6 +806,7 @@ class Node:
             guard = self.guards.get(p)
             if worker is not None and guard is not None:
                 worker.tracker.fence(str(StaleEpoch(p, guard.epoch, guard.cached_current_epoch)))
+                worker.abandon_batch()
         return revoked
 
     # -- reconcile ------------------------------------------------------------------------

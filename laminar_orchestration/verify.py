@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,7 +29,7 @@ from .capabilities import ReadStore
 from .checkpoint import BATCH_END_METADATA, BATCH_START_METADATA, CheckpointCorrupt, download_table
 from .identity import UNASSIGNED, PartitionId
 from .ledger import Ledger, LedgerError
-from .manifest import ManifestReader, ManifestVersion, SuccessionError, verify_artifacts
+from .manifest import ManifestReader, ManifestVersion, SuccessionError, _decode_ulid, verify_artifacts
 from .processing import STATE_SCHEMA, empty_state
 from .records import GrantKind
 from .source import SourceLog
@@ -308,3 +309,134 @@ def audit_store(store: ObjectStore) -> list[PartitionAudit]:
     """`audit_partition` for every partition of the cluster."""
     ledger = Ledger(store)
     return [audit_partition(store, p, ledger=ledger) for p in ledger.partitions()]
+
+
+# --- the epoch history, cross-checked against what was written ----------------------------
+
+#: ULIDs carry milliseconds: an object minted just after its grant may look up to 1 ms older.
+_ULID_RESOLUTION = timedelta(milliseconds=1)
+
+
+@dataclass
+class EpochHistoryAudit:
+    """What `audit_epoch_history` found for one partition."""
+
+    partition: int
+    epochs_granted: int = 0
+    #: epoch -> the node ids seen acting under it: its grantee, manifest writers, artifact writers.
+    owners: dict[int, set[int]] = field(default_factory=dict)
+    max_owners_per_epoch: int = 0
+    #: Writes under an epoch made after the next epoch was granted: a fenced owner's late writes.
+    stale_writes: int = 0
+    #: Of those, the ones that became visible (a manifest, or an artifact a manifest names).
+    stale_writes_accepted: int = 0
+    issues: list[AuditIssue] = field(default_factory=list)
+
+    @property
+    def stale_writes_rejected(self) -> int:
+        return self.stale_writes - self.stale_writes_accepted
+
+
+def _artifact_created_at(key: str) -> datetime | None:
+    """Object names of fenced writes end in a ULID whose first 48 bits are the creation time in ms."""
+    stem = key.rsplit("/", 1)[-1].split(".", 1)[0]
+    try:
+        return datetime.fromtimestamp((_decode_ulid(stem.rsplit("-", 1)[-1]) >> 80) / 1000.0, UTC)
+    except ValueError:
+        return None
+
+
+def audit_epoch_history(
+    store: ObjectStore, partition: PartitionId, *, ledger: Ledger | None = None
+) -> EpochHistoryAudit:
+    """`audit_ledger`, cross-checked against every manifest and fenced object of the partition.
+
+    Each manifest and each ``sink/``/``checkpoints/`` object carries the epoch and
+    node it was written under. Per epoch, the grantee and every writer seen must
+    be one node (`max_owners_per_epoch` is measured, not assumed). A write under
+    epoch e after epoch e+1 was granted is a stale write: it must stay invisible
+    (no manifest names it) and no manifest may be published under e after that
+    grant. Times compare object ULIDs and record timestamps, so this needs the
+    writers' clocks to agree (one machine, as in `laminar chaos`). Lists the
+    store: an audit path.
+    """
+    ledger = ledger or Ledger(store)
+    result = EpochHistoryAudit(partition)
+    result.issues, result.epochs_granted = audit_ledger(ledger, partition)
+    grants = {g.epoch: g for g in ledger.grants(partition)}
+    for e, g in grants.items():
+        if g.node != UNASSIGNED:
+            result.owners.setdefault(e, set()).add(g.node)
+
+    def superseded_at(epoch: int) -> datetime | None:
+        nxt = grants.get(epoch + 1)
+        return nxt.granted_at if nxt else None
+
+    def check_window(epoch: int, at: datetime, what: str, tolerance: timedelta = timedelta(0)) -> bool:
+        """True when `what` was written after its epoch was superseded; issues for impossible times."""
+        grant = grants.get(epoch)
+        if grant is None:
+            result.issues.append(AuditIssue(partition, "ledger", f"{what} written under epoch {epoch}, never granted"))
+            return False
+        if at + tolerance < grant.granted_at:
+            result.issues.append(AuditIssue(partition, "ledger", f"{what} written before epoch {epoch} was granted"))
+        end = superseded_at(epoch)
+        return end is not None and at > end
+
+    named: set[str] = set()
+    for version in ManifestReader(store).history(partition):
+        m = version.manifest
+        named.update(ref.key for ref in m.outputs)
+        if m.state is not None:
+            named.add(m.state.key)
+        result.owners.setdefault(m.fencing_token, set()).add(m.node)
+        if check_window(m.fencing_token, m.committed_at, f"manifest seq {m.seq}"):
+            result.stale_writes += 1
+            result.stale_writes_accepted += 1
+            result.issues.append(
+                AuditIssue(
+                    partition,
+                    "stale-write",
+                    f"manifest seq {m.seq} published under epoch {m.fencing_token} by node {m.node} "
+                    f"after epoch {m.fencing_token + 1} was granted",
+                    m.source_offset,
+                )
+            )
+    for prefix in ("sink", "checkpoints"):
+        for key in store.list(f"{prefix}/{partition:05d}/"):
+            meta = store.head(key)
+            created = _artifact_created_at(key)
+            if meta is None or created is None:
+                continue  # swept meanwhile, or not a fenced write of ours
+            try:
+                epoch = int(meta.metadata.get("x-laminar-epoch", ""))
+                node = int(meta.metadata.get("x-laminar-node", ""))
+            except ValueError:
+                result.issues.append(AuditIssue(partition, "artifact", f"{key}: no fencing identity in its metadata"))
+                continue
+            result.owners.setdefault(epoch, set()).add(node)
+            if check_window(epoch, created, key, _ULID_RESOLUTION):
+                result.stale_writes += 1
+                if key in named:
+                    result.stale_writes_accepted += 1
+                    result.issues.append(
+                        AuditIssue(
+                            partition,
+                            "stale-write",
+                            f"{key}: written by node {node} under epoch {epoch} after epoch {epoch + 1} "
+                            "was granted, and named by a manifest",
+                        )
+                    )
+    result.max_owners_per_epoch = max((len(nodes) for nodes in result.owners.values()), default=0)
+    for epoch, nodes in sorted(result.owners.items()):
+        if len(nodes) > 1:
+            result.issues.append(
+                AuditIssue(partition, "split-brain", f"epoch {epoch} acted on by nodes {sorted(nodes)}")
+            )
+    return result
+
+
+def audit_history(store: ObjectStore) -> list[EpochHistoryAudit]:
+    """`audit_epoch_history` for every partition of the cluster."""
+    ledger = Ledger(store)
+    return [audit_epoch_history(store, p, ledger=ledger) for p in ledger.partitions()]

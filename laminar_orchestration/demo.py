@@ -1,0 +1,922 @@
+"""`laminar demo`: a whole laminar cluster on one machine, with Dagster's UI, until Ctrl-C.
+
+It starts, on a fresh embedded store under ``./.laminar/demo-<timestamp>``
+(or the ``--store`` given, ``s3://`` included):
+
+* worker nodes as separate processes (``python -m laminar_orchestration.cli
+  node run``, one local Spark each);
+* a producer thread appending a steady load to the partitioned source log;
+* the placement of every partition on the nodes, planned and carried out the
+  way ``laminar rebalance`` does it;
+* Dagster's webserver and daemon on the repo's code location
+  (``workspace.yaml``), with ``DAGSTER_HOME`` in the demo directory and
+  ``LAMINAR_STORE`` pointing at the demo's store, so the UI launches
+  migrations and the failure sensor fails over a killed node.
+
+While it runs it prints a table every few seconds: per partition the owner,
+epoch and status, the committed offset, the lag and the committed throughput.
+On Ctrl-C (SIGINT), SIGTERM or after ``--duration`` it stops everything in an
+order that leaves the store clean — producer, Dagster daemon (so that nodes
+leaving on purpose are not failed over), nodes (they drain and release),
+webserver — and prints the ``laminar verify`` audit of the store.
+
+Every child runs in its own session (Ctrl-C in the terminal reaches only the
+demo, which then stops them in order) and, on Linux, gets SIGTERM should the
+demo itself die without cleaning up; whatever a child left behind in its
+process group (Spark JVMs, Dagster code servers, run workers) is killed at the
+end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from types import FrameType
+from typing import IO, TextIO
+
+from .assignment import Move, MoveOutcome, live_node_ids, ownership_map, plan_assignment, run_migration, run_moves
+from .identity import UNASSIGNED, PartitionId
+from .ledger import Ledger
+from .manifest import ManifestReader
+from .migration import DesiredStates, MigrationConfig, MigrationCoordinator, PhaseReport
+from .records import GrantKind
+from .source import SourceLog, generate_events
+from .store import StoreError, open_store
+
+__all__ = [
+    "DEFAULT_PORT",
+    "DEMO_HEARTBEAT_TIMEOUT_S",
+    "Child",
+    "Demo",
+    "DemoError",
+    "DemoOptions",
+    "Producer",
+    "find_code_location",
+    "run_demo",
+]
+
+DEFAULT_PORT = 3000
+#: Short, so that the failure sensor reacts within seconds of a `kill -9`.
+DEMO_HEARTBEAT_TIMEOUT_S = 6.0
+#: How long nodes get to start Spark and join.
+NODE_START_TIMEOUT_S = 240.0
+#: How long the webserver gets to answer its first request.
+WEBSERVER_START_TIMEOUT_S = 180.0
+
+
+class DemoError(Exception):
+    """The demo cannot go on (a port in use, a node that exited, ...)."""
+
+
+class _Aborted(Exception):
+    """Ctrl-C, SIGTERM or the end of `--duration`: stop wherever the demo is."""
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """What `laminar demo` runs (the CLI flags)."""
+
+    #: Store URL; None: a fresh local store in the demo directory.
+    store: str | None = None
+    partitions: int = 4
+    nodes: int = 3
+    #: Events per second the producer appends (over all partitions).
+    rate: float = 200.0
+    keys: int = 100
+    port: int = DEFAULT_PORT
+    #: Seconds the demo keeps running once the cluster is up, then it stops by itself (None: until Ctrl-C).
+    #: Counted from then, not from the start: a slow machine's Spark start-up does not eat the demo.
+    duration: float | None = None
+    #: Seconds between two status tables.
+    interval: float = 5.0
+    heartbeat_timeout_s: float = DEMO_HEARTBEAT_TIMEOUT_S
+    spark_master: str = "local[1]"
+    #: False: no Dagster webserver/daemon (nodes, load and table only).
+    dagster: bool = True
+    #: Where ``.laminar/demo-<timestamp>`` is created (default: the working directory).
+    base_dir: Path | None = None
+
+    def check(self) -> None:
+        """Raise ValueError naming the first option out of range."""
+        if self.partitions < 1:
+            raise ValueError("--partitions must be >= 1")
+        if self.nodes < 1:
+            raise ValueError("--nodes must be >= 1")
+        if self.rate < 0:
+            raise ValueError("--rate must be >= 0")
+        if self.keys < 1:
+            raise ValueError("--keys must be >= 1")
+        if not 0 < self.port < 65536:
+            raise ValueError("--port must be in 1..65535")
+        if self.duration is not None and self.duration <= 0:
+            raise ValueError("--duration must be > 0")
+        if self.interval <= 0:
+            raise ValueError("--interval must be > 0")
+        if self.heartbeat_timeout_s <= 0:
+            raise ValueError("--heartbeat-timeout must be > 0")
+
+
+def find_code_location() -> Path | None:
+    """The repo root holding ``workspace.yaml`` and ``definitions.py``, or None when the
+    package is installed somewhere else (then there is no Dagster code location to run)."""
+    root = Path(__file__).resolve().parent.parent
+    if (root / "workspace.yaml").is_file() and (root / "definitions.py").is_file():
+        return root
+    return None
+
+
+def _executable(name: str) -> str | None:
+    # The venv's own script first: the demo may run as .venv/bin/laminar without an activated venv.
+    beside = Path(sys.executable).with_name(name)
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which(name)
+
+
+# --- child processes ---------------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _child_setup(parent_pid: int) -> Callable[[], None]:
+    """A preexec function: the child gets SIGTERM when the demo dies (Linux), even by SIGKILL."""
+    libc = None
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            libc = ctypes.CDLL(None, use_errno=True)  # loaded here, in the parent: no dlopen after fork
+
+    def setup() -> None:
+        if libc is not None:
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent_pid:
+            os._exit(1)  # the demo died before the death signal was armed
+
+    return setup
+
+
+class Child:
+    """One process the demo started: its own session, its output in a log file."""
+
+    def __init__(
+        self,
+        name: str,
+        cmd: Sequence[str],
+        log_path: Path,
+        *,
+        env: Mapping[str, str],
+        cwd: Path | None = None,
+    ) -> None:
+        self.name = name
+        self.log_path = log_path
+        self._log: IO[bytes] = open(log_path, "wb")  # noqa: SIM115 - closed by close()
+        try:
+            self.proc = subprocess.Popen(
+                list(cmd),
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                cwd=cwd,
+                # Own session: Ctrl-C in the terminal reaches only the demo, which stops children in order;
+                # the process group collects the child's own children (Spark JVM, code servers) for cleanup.
+                start_new_session=True,
+                preexec_fn=_child_setup(os.getpid()),
+            )
+        except OSError:
+            self._log.close()
+            raise
+        self.exit_reported = False
+        #: True once `kill_group` ran: the group is gone and its id may be reused, never signal it again.
+        self.cleaned = False
+
+    @property
+    def pid(self) -> int:
+        """The child's process id (also its process group id)."""
+        return self.proc.pid
+
+    def running(self) -> bool:
+        """True while the process has not exited."""
+        return self.proc.poll() is None
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send `sig` to the process itself (not its group)."""
+        if self.running():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, sig)
+
+    def wait(self, timeout: float, hurry: Callable[[], bool] = lambda: False) -> int | None:
+        """Wait up to `timeout` s for the exit (less once `hurry()`); the exit code or None."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not hurry():
+            try:
+                return self.proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                continue
+        return self.proc.poll()
+
+    def group_alive(self) -> bool:
+        """True while any process of the child's process group (it, or what it started) is left."""
+        if self.cleaned:
+            return False
+        try:
+            os.killpg(self.proc.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    def wait_group(self, timeout: float, hurry: Callable[[], bool] = lambda: False) -> bool:
+        """Wait up to `timeout` s for the process group to empty; True when it did."""
+        deadline = time.monotonic() + timeout
+        while self.group_alive():
+            if time.monotonic() >= deadline or hurry():
+                return False
+            time.sleep(0.2)
+        return True
+
+    def kill_group(self) -> None:
+        """SIGKILL the process and anything left in its process group; reap it."""
+        self.cleaned = True
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            if self.running():
+                os.kill(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+
+    def close(self) -> None:
+        """Close the log file."""
+        self._log.close()
+
+    def tail(self, chars: int = 2000) -> str:
+        """The end of the child's log."""
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def describe_exit(self) -> str:
+        """'exit code N' or 'killed by SIGKILL'."""
+        code = self.proc.returncode
+        if code is None:
+            return "running"
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                return f"killed by {signal.Signals(-code).name}"
+        return f"exit code {code}"
+
+
+# --- the load ---------------------------------------------------------------------------
+
+
+class Producer(threading.Thread):
+    """Appends about `rate` generated events per second to the source log, once a second."""
+
+    def __init__(self, store_url: str, partitions: int, rate: float, keys: int, say: Callable[[str], None]) -> None:
+        super().__init__(name="laminar-demo-producer", daemon=True)
+        self.store_url = store_url
+        self.partitions = partitions
+        self.rate = rate
+        self.keys = keys
+        self.produced = 0
+        self._say = say
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        """Stop after the append in progress, if any."""
+        self._stop_event.set()
+        self.join(30)
+
+    def run(self) -> None:
+        log = SourceLog(open_store(self.store_url), partitions=self.partitions)
+        seed = int(time.time())
+        owed = 0.0
+        last = time.monotonic()
+        failing = False
+        while not self._stop_event.wait(1.0):
+            t = time.monotonic()
+            owed += self.rate * (t - last)
+            last = t
+            count = int(owed)
+            if count == 0:
+                continue
+            try:
+                # Real event times, so `laminar query` shows when things arrived.
+                tables = generate_events(count, self.keys, seed, self.partitions, start_ts=int(time.time() * 1000))
+                seed += 1
+                for p, table in tables.items():
+                    if table.num_rows:
+                        log.append(p, table)
+                        self.produced += table.num_rows
+                owed -= count
+                if failing:
+                    self._say("producer: appending again")
+                failing = False
+            except StoreError as exc:
+                if not failing:
+                    self._say(f"producer: append failed, retrying: {exc}")
+                failing = True
+
+
+# --- the demo -----------------------------------------------------------------------------
+
+
+@dataclass
+class _Sample:
+    at: float
+    committed: dict[int, int]
+
+
+@dataclass
+class _PartitionRow:
+    partition: int
+    owner: int
+    epoch: int
+    status: str
+    committed: int
+    end: int
+    rate: float | None
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.end - self.committed)
+
+
+@dataclass
+class Demo:
+    """One run of `laminar demo`. `run()` blocks until Ctrl-C, SIGTERM or the duration."""
+
+    options: DemoOptions
+    out: TextIO = field(default_factory=lambda: sys.stdout)
+
+    def __post_init__(self) -> None:
+        self.options.check()
+        self.started = time.monotonic()
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        base = (self.options.base_dir or Path.cwd()).resolve()
+        self.demo_dir = base / ".laminar" / f"demo-{stamp}"
+        n = 1
+        while self.demo_dir.exists():  # two demos started within one second
+            n += 1
+            self.demo_dir = base / ".laminar" / f"demo-{stamp}-{n}"
+        self.store_url = (
+            _absolute_store_url(self.options.store) if self.options.store else ((self.demo_dir / "store").as_uri())
+        )
+        self.nodes: dict[int, Child] = {}
+        self.webserver: Child | None = None
+        self.daemon: Child | None = None
+        self.producer: Producer | None = None
+        self.code_location: Path | None = None
+        self.ledger: Ledger | None = None
+        self.partitions = self.options.partitions
+        self._stop_requested = False
+        self._hurry = False
+        self._stop_reason = ""
+        self._up_at: float | None = None  # set once the nodes run and the partitions are placed
+        self._webserver_ready = False
+        self._webserver_gave_up = False
+        self._last_sample: _Sample | None = None
+        self._last_owners: dict[int, tuple[int, int]] = {}
+        self._print_lock = threading.Lock()
+
+    # -- output --------------------------------------------------------------------------
+
+    def say(self, line: str = "") -> None:
+        """Print one line of the demo's output (thread-safe, flushed)."""
+        with self._print_lock:
+            print(line, file=self.out, flush=True)
+
+    def _elapsed(self) -> str:
+        s = int(time.monotonic() - self.started)
+        return f"+{s // 60}:{s % 60:02d}"
+
+    # -- signals ---------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        # Only flags here: the main loop polls them (a handler must not take locks the loop may hold).
+        if self._stop_requested:
+            self._hurry = True
+        else:
+            self._stop_requested = True
+            self._stop_reason = signal.Signals(signum).name
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self._stop_requested and time.monotonic() < deadline:
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+    def _duration_over(self) -> bool:
+        d = self.options.duration
+        return d is not None and self._up_at is not None and time.monotonic() - self._up_at >= d
+
+    def _check_abort(self) -> None:
+        if self._duration_over() and not self._stop_requested:
+            self._stop_requested = True
+            self._stop_reason = f"--duration {self.options.duration:g}s reached"
+        if self._stop_requested:
+            raise _Aborted
+
+    # -- the whole run ----------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Start everything, print status tables, stop everything; 0 when the final audit is OK."""
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        failure: str | None = None
+        try:
+            try:
+                self._start()
+                self._watch()
+            except _Aborted:
+                pass
+            except DemoError as exc:
+                failure = str(exc)
+                self.say(f"laminar demo: error: {exc}")
+            finally:
+                if self._stop_reason:
+                    early = "" if self._up_at is not None else ", before the cluster was up"
+                    self.say(f"\nstopping ({self._stop_reason}{early}) — Ctrl-C again to hurry")
+                self._stop_all()
+            ok = self._final_report()
+            return 0 if ok and failure is None else 1
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    # -- starting ----------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        opts = self.options
+        self.code_location = find_code_location() if opts.dagster else None
+        dagster_bins = self._dagster_executables() if opts.dagster else None
+        if self.code_location is not None and dagster_bins is not None:
+            _check_port_free(opts.port)  # before anything is created or started
+        self.demo_dir.mkdir(parents=True)
+        store = open_store(self.store_url, create=True)
+        self.ledger = ledger = Ledger(store)
+        self.say(f"laminar demo  {self.demo_dir}")
+        if ledger.is_initialized():
+            self.partitions = ledger.cluster().partitions
+            self.say(f"  store {self.store_url} already holds a cluster: using its {self.partitions} partitions")
+        else:
+            ledger.init_cluster(opts.partitions)
+        # Every child is started before any thread of ours runs (see `_child_setup`).
+        for n in range(1, opts.nodes + 1):
+            self.nodes[n] = self._start_node(n)
+        dagster_env = None
+        if self.code_location is not None and dagster_bins is not None:
+            dagster_env = self._dagster_env()
+            self.webserver = self._start_webserver(self.code_location, dagster_bins[0], dagster_env)
+        nodes = ", ".join(f"node {n} (pid {c.pid})" for n, c in self.nodes.items())
+        self.say(f"starting {nodes} — one local Spark each, this takes a little while ...")
+        if self.webserver is not None:
+            self.say(f"starting the dagster webserver (pid {self.webserver.pid}) on http://127.0.0.1:{opts.port}")
+        self._wait_nodes_alive()
+        if self.code_location is not None and dagster_bins is not None and dagster_env is not None:
+            # After the nodes' Spark start-up: on a small machine the daemon's first runs would slow it down.
+            self.daemon = self._start_daemon(self.code_location, dagster_bins[1], dagster_env)
+        self.producer = Producer(self.store_url, self.partitions, opts.rate, opts.keys, self.say)
+        self.producer.start()
+        self._place_partitions()
+        self._up_at = time.monotonic()
+        self._banner()
+
+    def _dagster_executables(self) -> tuple[str, str] | None:
+        if find_code_location() is None:
+            self.say(
+                "  no Dagster: workspace.yaml was not found next to the laminar_orchestration package "
+                f"({Path(__file__).resolve().parent.parent}); the package is installed outside the repo. "
+                "Run the demo from a checkout (scripts/demo.sh) for the Dagster UI."
+            )
+            return None
+        web, daemon = _executable("dagster-webserver"), _executable("dagster-daemon")
+        if web is None or daemon is None:
+            self.say("  no Dagster: dagster-webserver / dagster-daemon not found; running without the UI")
+            return None
+        return web, daemon
+
+    def _start_node(self, node: int) -> Child:
+        opts = self.options
+        cmd = [
+            sys.executable, "-m", "laminar_orchestration.cli", "node", "run",
+            "--store", self.store_url, "--node-id", str(node),
+            "--spark-master", opts.spark_master,
+            "--heartbeat-timeout", str(opts.heartbeat_timeout_s),
+            "--refresh-interval", "1.0",
+            "--checkpoint-every-batches", "5", "--checkpoint-every-s", "10",
+        ]  # fmt: skip
+        return Child(f"node {node}", cmd, self.demo_dir / f"node{node}.log", env=os.environ)
+
+    def _dagster_env(self) -> dict[str, str]:
+        opts = self.options
+        home = self.demo_dir / "dagster_home"
+        home.mkdir()
+        (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n")
+        return {
+            **os.environ,
+            "DAGSTER_HOME": str(home),
+            "LAMINAR_STORE": self.store_url,
+            # The failure sensor judges liveness with the demo's short timeout.
+            "LAMINAR_FAILOVER_HEARTBEAT_TIMEOUT_S": str(opts.heartbeat_timeout_s),
+            "LAMINAR_SPARK_MASTER": opts.spark_master,
+        }
+
+    def _start_webserver(self, root: Path, executable: str, env: Mapping[str, str]) -> Child:
+        cmd = [executable, "-w", str(root / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(self.options.port)]
+        return Child("dagster webserver", cmd, self.demo_dir / "dagster-webserver.log", env=env, cwd=root)
+
+    def _start_daemon(self, root: Path, executable: str, env: Mapping[str, str]) -> Child:
+        cmd = [executable, "run", "-w", str(root / "workspace.yaml")]
+        return Child("dagster daemon", cmd, self.demo_dir / "dagster-daemon.log", env=env, cwd=root)
+
+    def _wait_nodes_alive(self) -> None:
+        assert self.ledger is not None
+        deadline = time.monotonic() + NODE_START_TIMEOUT_S
+        want = set(self.nodes)
+        while True:
+            self._check_abort()
+            for n, child in self.nodes.items():
+                if not child.running():
+                    raise DemoError(
+                        f"node {n} exited ({child.describe_exit()}) while starting; "
+                        f"its log {child.log_path} ends:\n{child.tail()}"
+                    )
+            if want <= live_node_ids(self.ledger):
+                return
+            if time.monotonic() > deadline:
+                raise DemoError(f"nodes did not join within {NODE_START_TIMEOUT_S:.0f}s; see {self.demo_dir}")
+            self._poll_webserver()
+            self._sleep(0.3)
+
+    def _place_partitions(self) -> None:
+        """Put every partition on a live node: `laminar rebalance`'s plan, carried out the same way."""
+        assert self.ledger is not None
+        ledger = self.ledger
+        live = live_node_ids(ledger)
+        plan = plan_assignment(ownership_map(ledger), live)
+        if not plan.moves:
+            self.say("placement: every partition is already on a live node")
+            return
+        self.say(f"placing {len(plan.moves)} partition(s) on nodes {sorted(live)} (as `laminar rebalance` does):")
+        ledger.bump_cluster_epoch(f"laminar demo: {len(plan.moves)} move(s)")
+        config = MigrationConfig()
+
+        def move_one(move: Move) -> list[PhaseReport]:
+            reports: list[PhaseReport] = []
+            run_migration(
+                MigrationCoordinator(ledger, config),
+                move.partition,
+                move.to_node,
+                forced=None if move.from_node in live else True,
+                on_phase=reports.append,
+            )
+            return reports
+
+        def done(outcome: MoveOutcome[list[PhaseReport]]) -> None:
+            m = outcome.move
+            if outcome.ok:
+                verdict = "active"
+            else:
+                verdict = f"FAILED: {type(outcome.error).__name__}: {outcome.error}"
+            self.say(
+                f"  partition {m.partition}: node {m.from_node or '-'} -> {m.to_node} "
+                f"in {outcome.duration_s:.1f}s: {verdict}"
+            )
+
+        run_moves(plan.moves, move_one, config.max_concurrent_migrations, live_nodes=live, on_done=done)
+
+    def _banner(self) -> None:
+        assert self.ledger is not None
+        opts = self.options
+        owners = ownership_map(self.ledger)
+        by_node: dict[int, list[int]] = {}
+        for p, n in sorted(owners.items()):
+            by_node.setdefault(n, []).append(p)
+        victim = next((n for n in sorted(self.nodes) if by_node.get(n)), next(iter(self.nodes)))
+        p0_owner = owners.get(0, UNASSIGNED)
+        target = next((n for n in sorted(self.nodes) if n != p0_owner), p0_owner)
+        stop_by = ""
+        if opts.duration and self._up_at is not None:
+            end = int(self._up_at - self.started + opts.duration)
+            stop_by = f"; stops by itself at +{end // 60}:{end % 60:02d}"
+        ui = f"http://127.0.0.1:{opts.port}"
+        s = self.say
+        s()
+        s(f"laminar demo is running (Ctrl-C to stop{stop_by})")
+        s(f"  store        {self.store_url}")
+        s(f"  logs         {self.demo_dir}/")
+        for n, child in self.nodes.items():
+            held = ", ".join(map(str, by_node.get(n, []))) or "-"
+            s(f"  node {n:<7} pid {child.pid:<8} partitions {held}")
+        s(f"  load         {opts.rate:g} events/s over {self.partitions} partitions ({opts.keys} keys)")
+        if self.webserver is not None and self.daemon is not None:
+            state = "ready" if self._webserver_ready else "starting, a line below says when it answers"
+            s(f"  dagster UI   {ui}  ({state})")
+            s(f"               webserver pid {self.webserver.pid}, daemon pid {self.daemon.pid}")
+        else:
+            s("  dagster UI   not running")
+        s()
+        s("try it:")
+        if self.webserver is not None:
+            s(f"  migrate    {ui}/locations/laminar/jobs/migrate_partition/playground")
+            s("             (Jobs → migrate_partition → Launchpad): type the config")
+            s(f"             `partition: 0` and `to_node: {target}`, Launch Run, and watch each phase op run")
+        s(f"             or: laminar migrate --store {self.store_url} --partition 0 --to {target}")
+        held = ", ".join(map(str, by_node.get(victim, []))) or "none"
+        s(f"  failover   kill -9 {self.nodes[victim].pid}")
+        if self.daemon is not None:
+            s(
+                f"             (node {victim}, partitions {held}): {opts.heartbeat_timeout_s:g}s without heartbeat "
+                f"later node_failure_sensor launches failover_partition runs ({ui}/runs)"
+            )
+        else:
+            s(
+                f"             (node {victim}, partitions {held}), then after {opts.heartbeat_timeout_s:g}s: "
+                f"laminar failover --store {self.store_url} --node {victim}"
+            )
+        if self.webserver is not None:
+            s(f"  watch      {ui}/assets/ownership_map (Catalog → ownership_map), {ui}/automation (sensors)")
+        s()
+
+    # -- watching -------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        next_table = time.monotonic()
+        while True:
+            self._check_abort()
+            self._check_children()
+            self._poll_webserver()
+            if time.monotonic() >= next_table:
+                try:
+                    self._print_table()
+                except StoreError as exc:
+                    self.say(f"status: store unavailable: {exc}")
+                next_table = time.monotonic() + self.options.interval
+            self._sleep(0.25)
+
+    def _check_children(self) -> None:
+        for n, child in self.nodes.items():
+            if not child.running() and not child.exit_reported:
+                child.exit_reported = True
+                self.say(f"[{self._elapsed()}] node {n} (pid {child.pid}) is gone: {child.describe_exit()}")
+        for proc in (self.webserver, self.daemon):
+            if proc is not None and not proc.running() and not proc.exit_reported:
+                proc.exit_reported = True
+                self.say(
+                    f"[{self._elapsed()}] {proc.name} exited ({proc.describe_exit()}); "
+                    f"its log {proc.log_path} ends:\n{proc.tail(1500)}"
+                )
+
+    def _poll_webserver(self) -> None:
+        web = self.webserver
+        if web is None or self._webserver_ready or self._webserver_gave_up or not web.running():
+            return
+        url = f"http://127.0.0.1:{self.options.port}/server_info"
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as resp:
+                answered = resp.status == 200
+        except (OSError, urllib.error.URLError):
+            answered = False
+        if answered:
+            self._webserver_ready = True
+            self.say(
+                f"[{self._elapsed()}] dagster webserver ready: http://127.0.0.1:{self.options.port} "
+                "(answered /server_info)"
+            )
+        elif time.monotonic() - self.started > WEBSERVER_START_TIMEOUT_S:
+            self._webserver_gave_up = True
+            self.say(f"dagster webserver did not answer within {WEBSERVER_START_TIMEOUT_S:.0f}s: see {web.log_path}")
+
+    def _rows(self) -> list[_PartitionRow]:
+        assert self.ledger is not None
+        ledger = self.ledger
+        manifests = ManifestReader(ledger.store)
+        source = SourceLog(ledger.store, partitions=self.partitions)
+        desired = DesiredStates(ledger).all()
+        at = time.monotonic()
+        committed: dict[int, int] = {}
+        rows = []
+        for pid, own in ledger.ownerships(ledger.partitions()).items():
+            p = int(pid)
+            current = manifests.current(pid)
+            committed[p] = current.manifest.source_offset if current else 0
+            status = own.status.value if own else "unknown"
+            task = desired[pid].migration if pid in desired else None
+            if task is not None and not task.is_terminal:
+                status = f"{task.migration_kind} {task.from_node or '-'}→{task.to_node} ({task.phase})"
+            rate = None
+            prev = self._last_sample
+            if prev is not None and p in prev.committed and at > prev.at:
+                rate = (committed[p] - prev.committed[p]) / (at - prev.at)
+            rows.append(
+                _PartitionRow(
+                    partition=p,
+                    owner=int(own.owner) if own else UNASSIGNED,
+                    epoch=own.epoch if own else 0,
+                    status=status,
+                    committed=committed[p],
+                    end=source.end_offset(p),
+                    rate=rate,
+                )
+            )
+        self._last_sample = _Sample(at, committed)
+        return rows
+
+    def _ownership_changes(self, rows: list[_PartitionRow]) -> list[str]:
+        assert self.ledger is not None
+        lines = []
+        for r in rows:
+            before = self._last_owners.get(r.partition)
+            now_ = (r.owner, r.epoch)
+            if before is not None and before != now_ and r.epoch > before[1]:
+                grant = self.ledger.grant(PartitionId(r.partition), r.epoch)
+                how = "failover: fenced" if grant and grant.grant_kind == GrantKind.FENCE else "migration"
+                lines.append(
+                    f"  ownership: partition {r.partition} node {before[0] or '-'} -> {r.owner or '-'}, "
+                    f"epoch {before[1]} -> {r.epoch} ({how})"
+                )
+            self._last_owners[r.partition] = now_
+        return lines
+
+    def _print_table(self, *, final: bool = False) -> None:
+        assert self.ledger is not None
+        rows = self._rows()
+        changes = self._ownership_changes(rows)
+        committed = sum(r.committed for r in rows)
+        lag = sum(r.lag for r in rows)
+        rates = [r.rate for r in rows if r.rate is not None]
+        rate = f"{sum(rates):,.0f} events/s committed" if rates else "throughput from the next table on"
+        produced = self.producer.produced if self.producer else 0
+        clock = datetime.now().strftime("%H:%M:%S")
+        title = "final status" if final else "status"
+        out = [f"── {title} {clock} ({self._elapsed()}) · produced {produced:,} · committed {committed:,} · "
+               f"lag {lag:,} · {rate} ──"]  # fmt: skip
+        out.extend(changes)
+        out.append(f"{'PARTITION':>9}  {'OWNER':>5}  {'EPOCH':>5}  {'STATUS':<34} {'COMMITTED':>10} {'LAG':>8} "
+                   f"{'EVENTS/S':>9}")  # fmt: skip
+        for r in rows:
+            owner = str(r.owner) if r.owner != UNASSIGNED else "-"
+            ev = f"{r.rate:,.1f}" if r.rate is not None else "-"
+            out.append(
+                f"{r.partition:>9}  {owner:>5}  {r.epoch:>5}  {r.status:<34} {r.committed:>10,} {r.lag:>8,} {ev:>9}"
+            )
+        live = {v.record.node: v for v in self.ledger.nodes()}
+        nodes = []
+        for n, child in sorted(self.nodes.items()):
+            view = live.get(n)
+            if not child.running():
+                state = f"stopped ({child.describe_exit()})"
+            elif view is None:
+                state = "starting"
+            elif view.alive:
+                state = "alive"
+            else:
+                state = f"NO HEARTBEAT for {view.heartbeat_age_s:.0f}s"
+            held = sum(1 for r in rows if r.owner == n)
+            nodes.append(f"node {n} {state} ({held} partition{'' if held == 1 else 's'})")
+        out.append("nodes: " + " · ".join(nodes))
+        self.say("\n".join(out) + "\n")
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    def _stop_all(self) -> None:
+        hurry = lambda: self._hurry  # noqa: E731 - read each time: a second Ctrl-C shortens every wait
+        try:
+            if self.producer is not None:
+                self.producer.stop()
+                self.say(f"producer stopped after {self.producer.produced:,} events")
+            # The daemon goes before the nodes: nodes leaving on purpose must not look like dead ones
+            # to the failure sensor.
+            if self.daemon is not None:
+                # A migration or failover run it launched gets to finish rather than stop mid-phase
+                # (it would resume from its record, but a clean store is nicer); other runs just stop.
+                grace = 30.0 if self._migrations_in_flight() else 1.0
+                self._stop_child(self.daemon, 20.0, hurry, group_grace=grace)
+            self._catch_up(hurry)
+            for child in self.nodes.values():
+                child.signal(signal.SIGTERM)  # drain, final commit and checkpoint, release
+            if self.nodes:
+                self.say("nodes: draining and releasing their partitions ...")
+            for child in self.nodes.values():
+                self._stop_child(child, 90.0, hurry, already_signalled=True)
+            if self.webserver is not None:
+                self._stop_child(self.webserver, 20.0, hurry)
+        finally:
+            # Whatever went wrong above, no child outlives the demo.
+            for leftover in [*self.nodes.values(), self.webserver, self.daemon]:
+                if leftover is not None and not leftover.cleaned:
+                    leftover.kill_group()
+                    leftover.close()
+
+    def _stop_child(
+        self,
+        child: Child,
+        timeout: float,
+        hurry: Callable[[], bool],
+        *,
+        already_signalled: bool = False,
+        group_grace: float = 5.0,
+    ) -> None:
+        if child.running() and not already_signalled:
+            child.signal(signal.SIGTERM)
+        code = child.wait(timeout, hurry)
+        if code is None:
+            self.say(f"{child.name} (pid {child.pid}) did not stop in time: killed")
+        elif not child.exit_reported:
+            self.say(f"{child.name} (pid {child.pid}) stopped: {child.describe_exit()}")
+        child.exit_reported = True
+        # What it started may still be finishing (a Dagster run, a JVM shutting down): a moment's grace.
+        if code is not None and not child.wait_group(min(1.0, group_grace), hurry) and group_grace > 1.0:
+            if group_grace >= 10:
+                self.say(f"{child.name}: waiting up to {group_grace:.0f}s for what it started to finish ...")
+            child.wait_group(group_grace - 1.0, hurry)
+        # Whatever is left in its process group (Spark JVM, code servers, run workers) goes now.
+        child.kill_group()
+        child.close()
+
+    def _migrations_in_flight(self) -> bool:
+        if self.ledger is None:
+            return False
+        try:
+            return any(
+                d.migration is not None and not d.migration.is_terminal
+                for d in DesiredStates(self.ledger).all().values()
+            )
+        except StoreError:
+            return False
+
+    def _catch_up(self, hurry: Callable[[], bool], timeout: float = 15.0) -> None:
+        """Give running nodes a moment to commit the last appended events, so the audit shows everything."""
+        if self.ledger is None or not self.nodes or self._hurry:
+            return
+        try:
+            live = live_node_ids(self.ledger)
+            owners = ownership_map(self.ledger)
+            if not all(n in live for n in owners.values()):
+                return  # a partition without a live owner will not catch up
+            manifests = ManifestReader(self.ledger.store)
+            source = SourceLog(self.ledger.store, partitions=self.partitions)
+            ends = {p: source.end_offset(p) for p in owners}
+
+            def caught_up() -> bool:
+                for p, end in ends.items():
+                    cur = manifests.current(PartitionId(p))
+                    if (cur.manifest.source_offset if cur else 0) < end:
+                        return False
+                return True
+
+            deadline = time.monotonic() + timeout
+            while not caught_up() and time.monotonic() < deadline and not hurry():
+                time.sleep(0.3)
+        except StoreError:
+            return
+
+    def _final_report(self) -> bool:
+        if self.ledger is None or not self.nodes:
+            return False  # nothing ran: nothing to audit
+        from .cli import main as cli_main
+
+        with contextlib.suppress(StoreError):
+            self._print_table(final=True)
+        self.say("laminar verify:")
+        with self._print_lock, contextlib.redirect_stdout(self.out):
+            code = cli_main(["verify", "--store", self.store_url])
+        self.say()
+        self.say(f"store  {self.store_url}")
+        self.say(f"logs   {self.demo_dir}/")
+        self.say(f"next   laminar report --store {self.store_url}   # the ownership timeline as HTML")
+        return code == 0
+
+
+def _absolute_store_url(url: str) -> str:
+    # Dagster runs with the repo root as its working directory: a relative path must mean the same there.
+    if "://" in url:
+        return url
+    return Path(url).expanduser().resolve().as_uri()
+
+
+def _check_port_free(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise DemoError(f"port {port} on 127.0.0.1 is in use ({exc.strerror}): pass --port") from None
+
+
+def run_demo(options: DemoOptions, out: TextIO | None = None) -> int:
+    """Run the demo until Ctrl-C, SIGTERM or `options.duration`; 0 when the final audit is OK."""
+    return Demo(options, out or sys.stdout).run()
