@@ -27,6 +27,7 @@ from dagster import (
     TableRecord,
     TableSchema,
     define_asset_job,
+    in_process_executor,
     observable_source_asset,
 )
 
@@ -244,4 +245,6 @@ observe_laminar_state = define_asset_job(
     "observe_laminar_state",
     selection=AssetSelection.assets(*(a.key for a in ASSETS)),
     description="Observe the ownership map, the assignment plan and the checkpoint manifests.",
+    # Three quick ledger reads: a process per step would cost more than the work.
+    executor_def=in_process_executor,
 )
