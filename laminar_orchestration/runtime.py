@@ -562,6 +562,12 @@ class PartitionWorker(threading.Thread):
     def _publish(self, update: ManifestUpdate) -> ManifestVersion:
         assert self.token is not None and self.guard is not None
         try:
+            # A successor's grant exists from the moment we are fenced, before its takeover
+            # manifest does: probe it (one GET by key) right before the conditional write.
+            successor = self.node.ledger.grant(self.partition, self.token.epoch + 1)
+            if successor is not None:
+                self.guard.observe_epoch(successor.epoch)
+                raise StaleEpoch(self.partition, self.token.epoch, successor.epoch)
             return self._publisher.publish(self.token, update)
         except EpochError as exc:
             # Every failed commit checks the guard: the partition is gone, fence it.
