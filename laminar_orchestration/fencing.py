@@ -293,9 +293,11 @@ class PartitionGuardSet:
 
     def validate_all(self, source: OwnershipSource) -> list[tuple[PartitionId, EpochError]]:
         """Validate every guard against one batched ledger read; returns the failures."""
-        snapshot = source.ownerships(list(self._guards))
+        # Judge exactly the guards the read was made for: one inserted meanwhile is not in it.
+        guards = list(self._guards.items())
+        snapshot = source.ownerships([pid for pid, _ in guards])
         failures: list[tuple[PartitionId, EpochError]] = []
-        for pid, guard in list(self._guards.items()):
+        for pid, guard in guards:
             try:
                 guard._validate_against(snapshot.get(pid))
             except EpochError as exc:
@@ -304,8 +306,10 @@ class PartitionGuardSet:
 
     def refresh_all(self, source: OwnershipSource) -> list[PartitionId]:
         """Refresh every cached epoch from one batched ledger read; returns revoked partitions."""
-        snapshot = source.ownerships(list(self._guards))
-        return [pid for pid, guard in list(self._guards.items()) if not guard._refresh_from(snapshot.get(pid))]
+        # Judge exactly the guards the read was made for: one inserted meanwhile is not in it.
+        guards = list(self._guards.items())
+        snapshot = source.ownerships([pid for pid, _ in guards])
+        return [pid for pid, guard in guards if not guard._refresh_from(snapshot.get(pid))]
 
     def __len__(self) -> int:
         return len(self._guards)

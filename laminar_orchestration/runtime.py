@@ -810,7 +810,9 @@ class Node:
         for p in revoked:
             worker = self.workers.get(p)
             guard = self.guards.get(p)
-            if worker is not None and guard is not None:
+            # Only the guard the refresh judged carries the newer epoch; a successor guard
+            # installed meanwhile (a new epoch for this node) is not revoked.
+            if worker is not None and guard is not None and guard.cached_current_epoch > guard.epoch:
                 worker.tracker.fence(str(StaleEpoch(p, guard.epoch, guard.cached_current_epoch)))
                 worker.abandon_batch()
         return revoked

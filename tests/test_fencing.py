@@ -242,3 +242,22 @@ def test_epoch_error_display() -> None:
     ]
     assert all(isinstance(e, EpochError) for e in errors)
     assert isinstance(errors[0], StaleEpoch) and isinstance(errors[3], ConditionalPutFailed)
+
+
+def test_guard_set_refresh_ignores_guards_inserted_during_the_read() -> None:
+    """A guard installed while the batched ledger read is in flight must not be judged revoked."""
+    s = PartitionGuardSet(N(2))
+    s.insert(guard(1, 4, 2))
+
+    class SlowTable(Table):
+        def ownerships(self, partitions: list[PartitionId]) -> dict[PartitionId, Ownership | None]:
+            snapshot = super().ownerships(partitions)
+            s.insert(guard(5, 1, 2))  # acquired by another thread meanwhile
+            return snapshot
+
+    table = SlowTable()
+    table.set(1, 4, 2)
+    table.set(5, 1, 2)
+    assert s.refresh_all(table) == []
+    s.check(P(5))
+    assert s.validate_all(table) == []
