@@ -751,7 +751,7 @@ def ss_split_brain(zombie: Worker, newcomer: Worker, root: Path, pause_at: str) 
         held = zombie.ctl / f"{zombie.name}.held.json"
         wait_until(held.exists, 60, "the zombie's sink hook", 0.002)
         batch = (_read_json(held) or {}).get("batch_id")
-        where = f"after the sink: batch {batch}'s output written, its commit log entry not yet"
+        where = f"batch {batch}'s output written, its commit log entry not yet"
     else:
         in_flight: list[int] = []
 
@@ -766,9 +766,9 @@ def ss_split_brain(zombie: Worker, newcomer: Worker, root: Path, pause_at: str) 
 
         try:
             wait_until(new_batch, 30, "a new micro-batch in flight", 0.001)
-            where = f"batch start: batch {in_flight[-1]}'s offsets logged, its output not yet written"
+            where = f"batch {in_flight[-1]}'s offsets logged, its output not yet written"
         except TimeoutError:
-            where = "no new batch seen within 30 s; paused wherever it was"
+            where = "no new batch seen within 30 s: wherever it was"
     zombie.signal(signal.SIGSTOP)
     t_pause = time.time()
     t_dead = zombie.wait_dead(HEARTBEAT_TIMEOUT_S + 15)
@@ -1176,7 +1176,7 @@ def build_notes(res: Results) -> list[str]:
         if sb.analysis is None:
             continue
         notes.append(
-            f"3 spark-ss [{sb.variant}]: paused at {sb.in_flight}; non-empty micro-batches per worker "
+            f"3 spark-ss [{sb.variant}]: {sb.in_flight}; non-empty micro-batches per worker "
             f"{sb.analysis.batches_by_worker}; end marker processed: {'yes' if sb.marker_seen else 'NO'}; "
             f"zombie's error: {sb.zombie_error}; newcomer's error: {sb.newcomer_error}; restart on the checkpoint "
             f"afterwards: {'ok' if sb.restart_ok else sb.restart_error}"

@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import logging
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -611,13 +613,33 @@ def run_s3_checkpoints(report: Report, p: Params) -> None:
 class DrainRun:
     scenario: str
     drain_s: float
-    #: Whether the drained owner committed the 10k batch (False: left queued for the next owner).
-    batch_committed: bool
-    #: Seconds from the Draining request to the commit of the in-flight batch (None: no commit).
+    #: The drained owner committed the 10k batch (it finished before the drain took effect).
+    committed: bool
+    #: Seconds from the Draining request to that commit (None: no commit).
     commit_after_s: float | None
+    #: Seconds from the Draining request until Spark gave up the batch (None: the cancel did not
+    #: take effect, because no job of the batch was running when it came).
+    cancelled_after_s: float | None
 
 
 SCENARIOS = ("in-flight", "queued", "idle")
+
+#: What `PartitionWorker._process` logs when the Spark run of an abandoned batch raised.
+_ABANDONED_MESSAGE = "in-flight batch abandoned"
+
+
+class _AbandonWatch(logging.Handler):
+    """Timestamps of the node's "in-flight batch abandoned" log lines; forwards warnings to stderr."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.times: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if _ABANDONED_MESSAGE in record.getMessage():
+            self.times.append(time.perf_counter())
+        elif record.levelno >= logging.WARNING:
+            sys.stderr.write(f"{record.levelname} {record.name}: {record.getMessage()}\n")
 
 
 class DrainBench:
@@ -637,8 +659,13 @@ class DrainBench:
         self.coordinator = MigrationCoordinator(self.ledger)
         self.source = SourceLog(self.store, segment_events=10_000)
         self.seed = 0
+        self.watch = _AbandonWatch()
+        self._logger = logging.getLogger("laminar.node")
+        self._level = self._logger.level
 
     def start(self) -> None:
+        self._logger.addHandler(self.watch)
+        self._logger.setLevel(logging.INFO)
         self.thread.start()
 
         def running() -> bool:
@@ -685,13 +712,31 @@ class DrainBench:
         commit_after: float | None = None
         if prog.commits > commits_before and prog.last_commit_at is not None:
             commit_after = (prog.last_commit_at - wall0).total_seconds()
+        cancelled = [t - t0 for t in self.watch.times if t >= t0]
         self.coordinator.cancel(P0, task.migration_id)  # the worker resumes processing
-        return DrainRun(scenario, drain_s, end > first and prog.source_offset >= end, commit_after)
+        return DrainRun(
+            scenario,
+            drain_s,
+            committed=end > first and prog.source_offset >= end,
+            commit_after_s=commit_after,
+            cancelled_after_s=cancelled[0] if cancelled else None,
+        )
 
     def close(self) -> None:
         self.node.stop()
         self.thread.join(120)
+        self._logger.removeHandler(self.watch)
+        self._logger.setLevel(self._level)
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _how(r: DrainRun) -> str:
+    """c: committed by the drained owner; a: Spark cancel took effect; d: finished, then dropped."""
+    if r.committed:
+        return "c"
+    if r.cancelled_after_s is not None:
+        return "a"
+    return "d" if r.scenario == "in-flight" else ""
 
 
 def bench_drain(report: Report, spark: Any, workroot: Path, runs: int) -> None:
@@ -703,10 +748,7 @@ def bench_drain(report: Report, spark: Any, workroot: Path, runs: int) -> None:
             for scenario in SCENARIOS:
                 r = bench.run(scenario)
                 results[scenario].append(r)
-                progress(
-                    f"3. {scenario} run {i + 1}/{runs}: {r.drain_s * 1000:.0f} ms"
-                    f" (drained owner committed the batch: {r.batch_committed})"
-                )
+                progress(f"3. {scenario} run {i + 1}/{runs}: {r.drain_s * 1000:.0f} ms {_how(r)}")
     finally:
         bench.close()
     target = f"< {DRAIN_TARGET_MS:.0f} ms"
@@ -721,10 +763,21 @@ def bench_drain(report: Report, spark: Any, workroot: Path, runs: int) -> None:
             verdict(d * 1000, DRAIN_TARGET_MS),
         )
     )
+    hows = [_how(r) for r in inflight]
+    report.info(
+        "3.   in-flight batch: cancelled (a) / ran on, dropped (d) / committed (c)",
+        f"{hows.count('a')} / {hows.count('d')} / {hows.count('c')}",
+    )
+    for how, label in (("a", "cancel took effect"), ("d", "batch ran to its end, dropped")):
+        times = [r.drain_s for r in inflight if _how(r) == how]
+        if times:
+            report.info(f"3.   drain when {label} (median of {len(times)})", _ms(median(times)))
+    cancels = [r.cancelled_after_s for r in inflight if r.cancelled_after_s is not None]
+    if cancels:
+        report.info("3.   Draining asked -> Spark gave the batch up (median)", _ms(median(cancels)))
     commits = [(r.drain_s, r.commit_after_s) for r in inflight if r.commit_after_s is not None]
     if commits:
-        report.info("3.   of which: until the in-flight batch committed", _ms(median([c for _, c in commits])))
-        report.info("3.   of which: commit -> Draining reported and seen", _ms(median([t - c for t, c in commits])))
+        report.info("3.   Draining asked -> in-flight batch committed", _ms(median([c for _, c in commits])))
     queued = results["queued"]
     q = median([r.drain_s for r in queued])
     report.add(
@@ -741,15 +794,18 @@ def bench_drain(report: Report, spark: Any, workroot: Path, runs: int) -> None:
     report.note(
         "3: drain time = wall time of MigrationCoordinator.run_phase(DRAINING): read + CAS of the "
         "migration record, then polling (every 20 ms) node 1's ledger record until it reports Draining; "
-        "node 1 sees the phase through its reconcile loop (every 50 ms), stops between batches, and "
-        "reports through its heartbeat thread (one CAS of its record); each migration is then cancelled"
+        "node 1 sees the phase through its reconcile loop (every 50 ms), which also abandons the in-flight "
+        "batch (cancelJobGroup), stops between batches, and reports through its heartbeat thread (one CAS "
+        "of its record); each migration is then cancelled and the worker catches up before the next run"
     )
+
+    def each(rs: list[DrainRun]) -> str:
+        return ", ".join(f"{r.drain_s * 1000:.0f}{_how(r)}" for r in rs)
+
     report.note(
-        f"3: in flight: {_list_ms([r.drain_s for r in inflight])} ms; queued: "
-        + ", ".join(f"{r.drain_s * 1000:.0f}{'*' if r.batch_committed else ''}" for r in queued)
-        + f" ms (* = the worker picked the batch up before it saw Draining: "
-        f"{sum(r.batch_committed for r in queued)}/{len(queued)}); idle: "
-        f"{_list_ms([r.drain_s for r in results['idle']])} ms"
+        "3: per run (a = Spark cancel took effect, d = the batch ran to its end and was dropped, "
+        f"c = committed by the drained owner): in flight {each(inflight)} ms; queued {each(queued)} ms; "
+        f"idle {_list_ms([r.drain_s for r in results['idle']])} ms"
     )
 
 
