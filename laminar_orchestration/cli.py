@@ -573,9 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="random seed for --count")
     p.add_argument("--segment-events", type=int, default=100_000, help="events per log segment at most")
     p.add_argument("--soft-lag", type=int, default=5_000_000, help="warn when a partition lags this many events")
-    p.add_argument(
-        "--hard-lag", type=int, default=20_000_000, help="refuse to append past this lag (0: no limit)"
-    )
+    p.add_argument("--hard-lag", type=int, default=20_000_000, help="refuse to append past this lag (0: no limit)")
 
     p = add("query", "print the committed state of a partition and its committed offset", json_output=True)
     p.add_argument("--partition", type=int, required=True)

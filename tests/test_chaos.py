@@ -43,6 +43,7 @@ from laminar_orchestration.verify import _fold, audit_epoch_history
 
 P, N = PartitionId, NodeId
 
+
 def unexpected(issues: list[str]) -> list[str]:
     """Issues other than the two the suite reports as figures rather than failures.
 
