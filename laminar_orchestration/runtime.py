@@ -39,7 +39,7 @@ from .cluster_epoch import ClusterEpochWindow, StaleClusterEpoch
 from .fencing import EpochError, FencingToken, PartitionGuard, PartitionGuardSet, StaleEpoch
 from .identity import UNASSIGNED, NodeId, PartitionId
 from .ledger import Ledger, NodeHandle, NodeIdentityConflict
-from .manifest import ManifestPublisher, ManifestUpdate, ManifestVersion
+from .manifest import ManifestPublisher, ManifestUpdate, ManifestVersion, SuccessionError
 from .migration import (
     GRACEFUL_PHASES,
     SETTING_PHASES,
@@ -444,7 +444,7 @@ class PartitionWorker(threading.Thread):
             try:
                 self._manifest = self._publisher.publish(self.token, self._update(note="takeover"))
                 return
-            except EpochError as exc:
+            except (EpochError, SuccessionError) as exc:
                 current = self._publisher.current(self.partition)
                 if current is None or current.manifest.fencing_token > self.token.epoch:
                     raise
