@@ -2,8 +2,12 @@
 
 Run from the repository root::
 
-    python -m benchmarks.bench_baseline           # full, ~6 minutes
-    python -m benchmarks.bench_baseline --quick   # one run per scenario, ~3-4 minutes
+    python -m benchmarks.bench_baseline           # full: 3 moves, 2 split-brain variants, warm+cold restart
+    python -m benchmarks.bench_baseline --quick   # 1 move, 1 split-brain variant, warm restart only
+    python -m benchmarks.bench_baseline --keep DIR   # keep checkpoints, outputs and logs
+
+Roughly 4-5 min full / 3 min quick on an idle 2-CPU machine (Spark start-up of 4-5
+JVMs dominates); 7.5 min full measured at a load average of ~20.
 
 The baseline ("spark-ss") is one streaming query per partition: a file source
 (a directory of parquet files, the partition's events with their offsets),

@@ -2,8 +2,12 @@
 
 Run from the repository root::
 
-    python -m benchmarks.bench_migration           # full, ~6 minutes
-    python -m benchmarks.bench_migration --quick   # fewer runs, ~3 minutes
+    python -m benchmarks.bench_migration           # full: 3 runs per figure
+    python -m benchmarks.bench_migration --quick   # 2/1/1 runs
+    python -m benchmarks.bench_migration --keep DIR   # keep the store and node logs
+
+Time is dominated by starting 3 Spark JVMs and building the ~100 MB state: roughly
+5 min full / 3 min quick on an idle 2-CPU machine, about twice that under heavy load.
 
 One `Cluster` (3 node processes, Spark ``local[1]`` each, one local file store,
 heartbeat timeout 3 s, heartbeat every 1 s, guard refresh every 0.5 s, a state
