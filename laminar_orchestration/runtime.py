@@ -501,8 +501,8 @@ class PartitionWorker(threading.Thread):
                 shutil.rmtree(self._workdir / f"batch-{batch.start_offset}", ignore_errors=True)
             # Seed 002: a fenced tracker drops the in-flight batch before any external write.
             self._check()
-            if self._abandoned.is_set() and (self._draining_requested() or self._stop_requested.is_set()):
-                continue  # cancelled too late to stop Spark, still early enough to write nothing
+            # A cancel that missed the running Spark jobs lets the batch finish: we still own the
+            # epoch until the release, so commit it rather than throw the work away.
             try:
                 with self.node.epoch_window.fence(cluster_epoch):
                     self._commit(result.state, result.output, batch.start_offset, batch.end_offset, cluster_epoch)
