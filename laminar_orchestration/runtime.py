@@ -479,7 +479,9 @@ class PartitionWorker(threading.Thread):
                 if self._checkpoint_due(idle=True):
                     self._commit_checkpoint_only()
                 with self._task_changed:
-                    self._task_changed.wait(cfg.idle_poll_s)
+                    # Re-checked under the lock: an offer/stop just before the wait is not lost.
+                    if not self._stop_requested.is_set() and not self._draining_requested():
+                        self._task_changed.wait(cfg.idle_poll_s)
                 continue
             # The cluster epoch this batch began under; its commit must still be inside the window.
             cluster_epoch = self.node.cluster_epoch
