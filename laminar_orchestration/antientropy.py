@@ -50,9 +50,7 @@ def sweep(store: ObjectStore, *, grace_s: float = 3600.0, dry_run: bool = False)
     for p in ledger.partitions():
         for version in reader.history(PartitionId(p)):
             m = version.manifest
-            referenced.update(o.key for o in m.outputs)
-            if m.state is not None:
-                referenced.add(m.state.key)
+            referenced.update(ref.key for ref in m.artifacts())
             tokens[p] = m.fencing_token
     report = SweepReport()
     now_s = time.time()

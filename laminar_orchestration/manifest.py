@@ -113,6 +113,10 @@ class PartitionManifest(Record):
     committed_at: datetime
     write_id: str = Field(default_factory=new_write_id)
 
+    def artifacts(self) -> list[ArtifactRef]:
+        """Every object this manifest names (state checkpoint objects and outputs): the sweep keeps them."""
+        return ([self.state] if self.state else []) + list(self.outputs)
+
     def validate_succession(self, previous: PartitionManifest, previous_raw_hash: str) -> None:
         """Raise a SuccessionError unless this manifest may follow `previous`."""
         if self.seq != previous.seq + 1:
@@ -329,8 +333,7 @@ def artifact_ref(key: str, data: bytes) -> ArtifactRef:
 
 def verify_artifacts(store: ObjectStore, manifest: PartitionManifest) -> None:
     """Check every artifact a manifest names by HEAD: present, right size, right checksum."""
-    refs = ([manifest.state] if manifest.state else []) + list(manifest.outputs)
-    for ref in refs:
+    for ref in manifest.artifacts():
         meta = store.head(ref.key)
         if meta is None:
             raise ArtifactMissing(ref.key)

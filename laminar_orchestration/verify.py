@@ -386,9 +386,7 @@ def audit_epoch_history(
     named: set[str] = set()
     for version in ManifestReader(store).history(partition):
         m = version.manifest
-        named.update(ref.key for ref in m.outputs)
-        if m.state is not None:
-            named.add(m.state.key)
+        named.update(ref.key for ref in m.artifacts())
         result.owners.setdefault(m.fencing_token, set()).add(m.node)
         if check_window(m.fencing_token, m.committed_at, f"manifest seq {m.seq}"):
             result.stale_writes += 1
