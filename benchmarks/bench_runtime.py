@@ -350,7 +350,7 @@ def breakdown_once(spark: Any, workroot: Path, table: pa.Table) -> dict[str, flo
         token = ledger.acquire(P0, node.id, expected_epoch=0, reason="bench", generation=node.generation)
         guard = PartitionGuard(token)
         ce, gen = node.cluster_epoch, node.generation
-        takeover = ManifestUpdate(source_offset=0, state=None, cluster_epoch=ce, generation=gen, note="takeover")
+        takeover = ManifestUpdate(source_offset=0, cluster_epoch=ce, generation=gen, note="takeover")
         node.publisher.publish(token, takeover)
         SourceLog(store, segment_events=n).append(P0, table)
         steps: dict[str, float] = {}
@@ -382,7 +382,7 @@ def breakdown_once(spark: Any, workroot: Path, table: pa.Table) -> dict[str, flo
         guard.check()
         ref = step("output write (parquet zstd + put)", lambda: node.outputs.write(guard, result.output, 0, n))
         update = ManifestUpdate(
-            source_offset=n, state=None, outputs=(ref,), events_applied=n, cluster_epoch=ce, generation=gen
+            source_offset=n, outputs=(ref,), events_applied=n, cluster_epoch=ce, generation=gen
         )
         step("manifest publish (fenced)", lambda: node.publisher.publish(token, update))
         return steps

@@ -95,19 +95,20 @@ from .migration import (
     MigrationTask,
     phase_sequence,
 )
-from .processing import BatchResult, SparkBatchRunner, empty_state
+from .processing import empty_state, keyed_aggregation
 from .records import PartitionStatus
+from .replica import committed_state
 from .runtime import Node, NodeConfig, PartitionWorker, WorkerState
 from .source import SourceLog, generate_events
 from .store import LocalObjectStore, ObjectStore, StoreError
 from .store.faults import FaultInjectingStore
 from .store.retry import RetryingStore, RetryPolicy
-from .verify import AuditIssue, audit_history, audit_store, committed_state
+from .verify import AuditIssue, audit_history, audit_store
 
 __all__ = [
     "PROFILES",
     "SCENARIOS",
-    "ArrowBatchRunner",
+    "ArrowBatchEngine",
     "ArrowNode",
     "LogCounts",
     "Measure",
@@ -482,73 +483,58 @@ class _LogCounter(logging.Handler):
 # --- in-process nodes without Spark -------------------------------------------------------------
 
 
-class ArrowBatchRunner(SparkBatchRunner):
-    """The default keyed aggregation, folded in plain Python: the real node runtime without Spark.
+class ArrowBatchEngine:
+    """The default keyed aggregation of a batch, computed in plain Python: the real node runtime without Spark.
 
     Used for in-process nodes (store-fault scenarios, where what is under test is
-    everything around the fold). Written independently of the audit's reference
-    fold so the two can disagree.
+    everything around the aggregate: merge, local store, deltas, commits). Written
+    independently of the audit's reference fold so the two can disagree.
     """
 
-    def __init__(self, workdir: str) -> None:
-        super().__init__(None, None, workdir)
+    processor = keyed_aggregation
 
     def warm_up(self) -> float:
         return 0.0
 
-    def run(
-        self,
-        state: pa.Table,
-        event_files: Sequence[Path],
-        *,
-        epoch: int,
-        generation: int,
-        job_group: str | None = None,
-    ) -> BatchResult:
-        started = time.monotonic()
+    def aggregate(
+        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
+    ) -> pa.Table:
         events = pa.concat_tables([pq.read_table(f) for f in event_files]).sort_by("offset")
-        rows: dict[str, dict[str, Any]] = {r["key"]: r for r in state.to_pylist()}
-        batch: dict[str, list[float]] = {}
+        rows: dict[str, list[Any]] = {}
         for key, value, offset in zip(
             events["key"].to_pylist(), events["value"].to_pylist(), events["offset"].to_pylist(), strict=True
         ):
             row = rows.get(key)
             if row is None:
-                row = rows[key] = {"key": key, "count": 0, "sum": 0.0, "min": value, "max": value}
-            row["count"] += 1
-            row["sum"] += value
-            row["min"], row["max"] = min(row["min"], value), max(row["max"], value)
-            row["last"], row["last_offset"] = value, offset
-            touched = batch.setdefault(key, [0, 0.0])
-            touched[0] += 1
-            touched[1] += value
-        new_state = pa.Table.from_pylist(list(rows.values()), schema=state.schema)
-        keys = sorted(batch)
-        output = pa.table(
+                rows[key] = [1, value, value, value, value, offset]
+            else:
+                row[0] += 1
+                row[1] += value
+                row[2], row[3] = min(row[2], value), max(row[3], value)
+                row[4], row[5] = value, offset
+        keys = sorted(rows)
+        column = list(zip(*(rows[k] for k in keys), strict=True)) if keys else [()] * 6
+        return pa.table(
             {
                 "key": pa.array(keys, pa.string()),
-                "batch_count": pa.array([int(batch[k][0]) for k in keys], pa.int64()),
-                "batch_sum": pa.array([batch[k][1] for k in keys], pa.float64()),
-                "count": pa.array([rows[k]["count"] for k in keys], pa.int64()),
-                "sum": pa.array([rows[k]["sum"] for k in keys], pa.float64()),
-                "min": pa.array([rows[k]["min"] for k in keys], pa.float64()),
-                "max": pa.array([rows[k]["max"] for k in keys], pa.float64()),
-                "last": pa.array([rows[k]["last"] for k in keys], pa.float64()),
-                "epoch": pa.array([epoch] * len(keys), pa.int64()),
-                "generation": pa.array([generation] * len(keys), pa.int64()),
+                "batch_count": pa.array(column[0], pa.int64()),
+                "batch_sum": pa.array(column[1], pa.float64()),
+                "batch_min": pa.array(column[2], pa.float64()),
+                "batch_max": pa.array(column[3], pa.float64()),
+                "batch_last": pa.array(column[4], pa.float64()),
+                "batch_last_offset": pa.array(column[5], pa.int64()),
             }
         )
-        return BatchResult(new_state, output, time.monotonic() - started)
 
     def cancel(self, job_group: str) -> None:
-        """Nothing to cancel: a fold takes milliseconds; the runtime drops an abandoned batch's result."""
+        """Nothing to cancel: an aggregate takes milliseconds; the runtime drops an abandoned batch's result."""
 
 
 class ArrowNode(Node):
-    """A node whose batches are folded by `ArrowBatchRunner` instead of a SparkSession."""
+    """A node whose batches are aggregated by `ArrowBatchEngine` instead of a SparkSession."""
 
     def start_spark(self) -> None:
-        self.runner = ArrowBatchRunner(str(self.workdir / "arrow"))
+        self.engine = ArrowBatchEngine()
 
 
 # --- a moto S3 server on loopback -------------------------------------------------------------
@@ -848,13 +834,13 @@ def _stale_writer(
     start = current.manifest.source_offset if current else 0
     output = pa.table({"key": ["stale"], "batch_count": [1], "count": [1], "epoch": [token.epoch]})
     ref = OutputWriter(OutputCommitter(store)).write(guard, output, start, start + 1)
-    CheckpointStore(CheckpointWriter(store)).upload(guard, empty_state())
+    CheckpointStore(CheckpointWriter(store)).upload_delta(guard, empty_state(), start, start + 1)
     attempts = rejected = 0
     notes = []
     publisher = ManifestPublisher(OutputCommitter(store), store)
     attempts += 1
     try:
-        publisher.publish(token, ManifestUpdate(source_offset=start + 1, state=None, outputs=(ref,)))
+        publisher.publish(token, ManifestUpdate(source_offset=start + 1, outputs=(ref,)))
         notes.append(f"stale publish of epoch {token.epoch} was ACCEPTED")
     except EpochError as exc:
         rejected += 1

@@ -1,31 +1,51 @@
-"""Fenced writes of state snapshots (``checkpoints/``) and output files (``sink/``).
+"""Fenced writes of state checkpoints (``checkpoints/``) and output files (``sink/``), and their reads.
 
-Both are create-only objects under names that carry the writer's epoch, with
-the guard's `ConditionalPut` identity and a sha256 in their metadata. They are
-invisible until a manifest published under the same fencing token names them;
-a zombie's files are never named by a manifest and are removed by the sweep.
+A partition's checkpoint is a *snapshot* of its local store plus the *delta*
+of every commit since: each batch's commit uploads its delta (the full new
+values of the keys it touched) next to its output, and the manifest names
+both. Snapshots are taken off the batch's critical path and upload only the
+files the previous snapshot does not already hold.
+
+Every object is create-only, under a name that carries the writer's
+partition and epoch, with the guard's `ConditionalPut` identity and a sha256
+in its metadata. Objects are invisible until a manifest published under the
+same fencing token names them; a zombie's objects are never named and the
+sweep removes them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import re
+import secrets
+import threading
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 
 from .capabilities import CheckpointWriter, OutputCommitter, ReadStore, checkpoint_key, sink_key
+from .errors import ErrorKind, LaminarError
 from .fencing import PartitionGuard
-from .manifest import SHA256_METADATA, ArtifactRef, next_ulid
+from .manifest import SHA256_METADATA, ArtifactRef, DeltaRef, SnapshotFile, SnapshotRef, next_ulid
 from .processing import parquet_bytes_to_table, table_to_parquet_bytes
 
 BATCH_START_METADATA = "x-laminar-batch-start"
 BATCH_END_METADATA = "x-laminar-batch-end"
 
+#: ``checkpoints/<partition>/<epoch>-<ulid>…`` and ``sink/<partition>/<epoch>-…``: the writer's
+#: partition and epoch are part of every name, so the sweep can judge an object without its metadata.
+_OBJECT_NAME = re.compile(r"^(?:checkpoints|sink)/(\d{5})/(\d{10})-")
+
 
 @dataclass
-class CheckpointCorrupt(Exception):
+class CheckpointCorrupt(LaminarError):
     """A checkpoint or output object whose bytes do not match its manifest entry."""
 
+    kind = ErrorKind.CORRUPT_DATA
     key: str
     reason: str
 
@@ -33,34 +53,108 @@ class CheckpointCorrupt(Exception):
         return f"checkpoint object {self.key!r} is unusable: {self.reason}"
 
 
-def checkpoint_object_key(partition: int, epoch: int) -> str:
-    return f"checkpoints/{partition:05d}/{epoch:010d}-{next_ulid()}.parquet"
+@dataclass
+class SnapshotCancelled(LaminarError):
+    """A snapshot upload stopped because its partition is moving or stopping (nothing was published)."""
+
+    kind = ErrorKind.CONFLICT
+    partition: int
+
+    def __str__(self) -> str:
+        return f"snapshot upload of partition {self.partition} cancelled"
+
+
+def checkpoint_object_key(partition: int, epoch: int, suffix: str = ".parquet") -> str:
+    return f"checkpoints/{partition:05d}/{epoch:010d}-{next_ulid()}{suffix}"
 
 
 def output_object_key(partition: int, epoch: int, start: int, end: int) -> str:
     return f"sink/{partition:05d}/{epoch:010d}-{start:020d}-{end:020d}-{next_ulid()}.parquet"
 
 
-def _fenced_metadata(guard: PartitionGuard, data: bytes) -> dict[str, str]:
+def object_writer_epoch(key: str) -> tuple[int, int] | None:
+    """(partition, epoch) of the writer of a ``checkpoints/`` or ``sink/`` object, from its name."""
+    m = _OBJECT_NAME.match(key)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _fenced_metadata(guard: PartitionGuard, sha256: str) -> dict[str, str]:
     meta = guard.conditional_put_precondition().as_metadata()
-    meta[SHA256_METADATA] = hashlib.sha256(data).hexdigest()
+    meta[SHA256_METADATA] = sha256
     return meta
 
 
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 class CheckpointStore:
-    """Uploads and downloads state snapshots. Holds only the `CheckpointWriter` capability."""
+    """Uploads deltas and snapshots. Holds only the `CheckpointWriter` capability."""
 
-    def __init__(self, writer: CheckpointWriter) -> None:
+    def __init__(self, writer: CheckpointWriter, *, parallelism: int = 4) -> None:
         self._writer = writer
+        self._parallelism = parallelism
 
-    def upload(self, guard: PartitionGuard, state: pa.Table) -> ArtifactRef:
-        return self.upload_bytes(guard, table_to_parquet_bytes(state))
-
-    def upload_bytes(self, guard: PartitionGuard, data: bytes) -> ArtifactRef:
+    def _put(self, guard: PartitionGuard, key: str, data: bytes, extra: Mapping[str, str] | None = None) -> ArtifactRef:
         guard.check()
-        key = checkpoint_object_key(guard.partition_id, guard.epoch)
-        self._writer.put_checkpoint(checkpoint_key(key), data, _fenced_metadata(guard, data))
-        return ArtifactRef(key=key, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        sha = _sha256(data)
+        meta = _fenced_metadata(guard, sha)
+        meta.update(extra or {})
+        self._writer.put_checkpoint(checkpoint_key(key), data, meta)
+        return ArtifactRef(key=key, size=len(data), sha256=sha)
+
+    def upload_delta(self, guard: PartitionGuard, delta: pa.Table, start: int, end: int) -> DeltaRef:
+        """One commit's delta: the touched keys with their full new values."""
+        key = checkpoint_object_key(guard.partition_id, guard.epoch, ".delta.parquet")
+        ref = self._put(
+            guard,
+            key,
+            table_to_parquet_bytes(delta),
+            {BATCH_START_METADATA: str(start), BATCH_END_METADATA: str(end)},
+        )
+        return DeltaRef(ref=ref, start_offset=start, end_offset=end, rows=delta.num_rows)
+
+    def upload_snapshot(
+        self,
+        guard: PartitionGuard,
+        files: Iterable[Path],
+        source_offset: int,
+        known: Mapping[str, SnapshotFile],
+        cancelled: threading.Event | None = None,
+    ) -> SnapshotRef:
+        """Upload a local store checkpoint; a file in `known` with the same name and checksum is not sent again.
+
+        `known` maps file names of this store's lineage (downloaded or uploaded
+        before) to their objects; RocksDB never rewrites a table file in place,
+        so a name and checksum match is the same content.
+        """
+        base = checkpoint_object_key(guard.partition_id, guard.epoch, ".snap")
+
+        def one(path: Path) -> SnapshotFile:
+            if cancelled is not None and cancelled.is_set():
+                raise SnapshotCancelled(guard.partition_id)
+            previous = known.get(path.name)
+            if (
+                previous is not None
+                and path.name.endswith(".sst")
+                and path.stat().st_size == previous.ref.size
+                and _file_sha256(path) == previous.ref.sha256
+            ):
+                return previous
+            return SnapshotFile(name=path.name, ref=self._put(guard, f"{base}/{path.name}", path.read_bytes()))
+
+        paths = sorted(files)
+        with ThreadPoolExecutor(self._parallelism, thread_name_prefix="snapshot-upload") as pool:
+            uploaded = list(pool.map(one, paths))
+        return SnapshotRef(source_offset=source_offset, files=uploaded)
 
 
 def download_bytes(reader: ReadStore, ref: ArtifactRef) -> bytes:
@@ -69,14 +163,50 @@ def download_bytes(reader: ReadStore, ref: ArtifactRef) -> bytes:
     if obj is None:
         raise CheckpointCorrupt(ref.key, "missing from the store")
     if len(obj.data) != ref.size:
-        raise CheckpointCorrupt(ref.key, f"size {len(obj.data)} != {ref.size}")
-    if hashlib.sha256(obj.data).hexdigest() != ref.sha256:
+        raise CheckpointCorrupt(ref.key, f"size {len(obj.data)} != {ref.size} (truncated or replaced)")
+    if _sha256(obj.data) != ref.sha256:
         raise CheckpointCorrupt(ref.key, "sha256 mismatch")
     return obj.data
 
 
 def download_table(reader: ReadStore, ref: ArtifactRef) -> pa.Table:
-    return parquet_bytes_to_table(download_bytes(reader, ref))
+    data = download_bytes(reader, ref)
+    try:
+        return parquet_bytes_to_table(data)
+    except (pa.ArrowException, OSError) as exc:
+        raise CheckpointCorrupt(ref.key, f"not a readable Parquet file: {exc}") from exc
+
+
+def download_snapshot(
+    reader: ReadStore, snapshot: SnapshotRef, destination: Path, cache: Path, *, parallelism: int = 4
+) -> int:
+    """Materialise `snapshot` as a store directory; returns the bytes fetched from the store.
+
+    Files are kept in `cache` by checksum, so a file this node already holds
+    (an earlier snapshot of the same lineage, a standby's copy) is linked, not
+    downloaded again.
+    """
+    destination.mkdir(parents=True, exist_ok=False)
+    cache.mkdir(parents=True, exist_ok=True)
+
+    def one(f: SnapshotFile) -> int:
+        cached = cache / f.ref.sha256
+        fetched = 0
+        if not (cached.exists() and cached.stat().st_size == f.ref.size):
+            data = download_bytes(reader, f.ref)
+            tmp = cache / f".{f.ref.sha256}.{secrets.token_hex(4)}.tmp"
+            tmp.write_bytes(data)
+            os.replace(tmp, cached)
+            fetched = len(data)
+        # Only table files are immutable; RocksDB rewrites the others, so they get a private copy.
+        if f.name.endswith(".sst"):
+            os.link(cached, destination / f.name)
+        else:
+            (destination / f.name).write_bytes(cached.read_bytes())
+        return fetched
+
+    with ThreadPoolExecutor(parallelism, thread_name_prefix="snapshot-download") as pool:
+        return sum(pool.map(one, snapshot.files))
 
 
 class OutputWriter:
@@ -89,7 +219,7 @@ class OutputWriter:
         guard.check()
         data = table_to_parquet_bytes(output)
         key = output_object_key(guard.partition_id, guard.epoch, start, end)
-        meta = _fenced_metadata(guard, data)
+        meta = _fenced_metadata(guard, _sha256(data))
         meta[BATCH_START_METADATA] = str(start)
         meta[BATCH_END_METADATA] = str(end)
         self._committer.put_output(sink_key(key), data, meta)

@@ -184,22 +184,40 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 @command("query")
 def cmd_query(args: argparse.Namespace) -> int:
-    from .verify import committed_state
+    from .replica import committed_state, lookup
 
     ledger = _ledger(args)
     if args.partition not in ledger.partitions():
         raise ValueError(f"partition {args.partition} does not exist (cluster has {ledger.cluster().partitions})")
-    state, offset = committed_state(ledger.store, args.partition)
-    rows = state.drop_columns(["last_offset"]).to_pylist()
-    if args.json:
-        _print_json({"partition": args.partition, "committed_offset": offset, "keys": rows})
+    if args.key is not None:
+        values, offset = lookup(ledger.store, args.partition, args.key)
+        if args.json:
+            _print_json({"partition": args.partition, "committed_offset": offset, "key": args.key, "values": values})
+        elif values is None:
+            print(f"partition {args.partition}: committed offset {offset}, key {args.key!r} not in the state")
+        else:
+            print(f"partition {args.partition}: committed offset {offset}, key {args.key!r}: {values}")
         return 0
-    print(f"partition {args.partition}: committed offset {offset}, {len(rows)} keys")
+    state, offset = committed_state(ledger.store, args.partition)
+    if args.json:
+        # Written row by row, so a large state is never one string in memory.
+        out = sys.stdout
+        out.write(f'{{"partition": {args.partition}, "committed_offset": {offset}, "keys": [')
+        first = True
+        for batch in state.to_batches(65_536):
+            for row in batch.drop_columns(["last_offset"]).to_pylist():
+                out.write(("" if first else ", ") + json.dumps(row))
+                first = False
+        out.write("]}\n")
+        return 0
+    print(f"partition {args.partition}: committed offset {offset}, {state.num_rows} keys")
     print(f"{'KEY':<16} {'COUNT':>10} {'SUM':>16} {'MIN':>12} {'MAX':>12} {'LAST':>12}")
-    for r in rows:
-        print(
-            f"{r['key']:<16} {r['count']:>10} {r['sum']:>16.4f} {r['min']:>12.4f} {r['max']:>12.4f} {r['last']:>12.4f}"
-        )
+    for batch in state.to_batches(65_536):
+        for r in batch.to_pylist():
+            print(
+                f"{r['key']:<16} {r['count']:>10} {r['sum']:>16.4f} {r['min']:>12.4f} {r['max']:>12.4f} "
+                f"{r['last']:>12.4f}"
+            )
     return 0
 
 
@@ -577,6 +595,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("query", "print the committed state of a partition and its committed offset", json_output=True)
     p.add_argument("--partition", type=int, required=True)
+    p.add_argument("--key", help="look up one key (reads the newest deltas first, the snapshot only if needed)")
 
     add(
         "verify",

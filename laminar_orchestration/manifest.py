@@ -1,7 +1,8 @@
 """Per-partition commit manifests, published under the owner's fencing token (seed 004).
 
 A manifest names what one commit made visible together: the source offset
-reached, the state snapshot and the output files. Publishing is fenced twice:
+reached, the state checkpoint (a snapshot plus the deltas committed since it)
+and the output files. Publishing is fenced twice:
 
 * the immutable history entry ``manifests/p/history/<seq>`` is created
   create-only, so exactly one writer commits sequence number `seq`;
@@ -87,6 +88,37 @@ class ArtifactRef(Record):
     sha256: str = Field(min_length=64, max_length=64)
 
 
+class SnapshotFile(Record):
+    """One file of a local store snapshot, uploaded as its own create-only object."""
+
+    name: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9._-]+$")
+    ref: ArtifactRef
+
+
+class SnapshotRef(Record):
+    """A consistent copy of a partition's local store: every file, and the offset it reflects.
+
+    Files are shared between snapshots of one lineage (an unchanged SST file is
+    uploaded once and named again), so a new snapshot uploads only new files.
+    """
+
+    source_offset: int = Field(ge=0)
+    files: list[SnapshotFile]
+
+    @property
+    def size(self) -> int:
+        return sum(f.ref.size for f in self.files)
+
+
+class DeltaRef(Record):
+    """The full new values of the keys one commit touched, for source offsets [start_offset, end_offset)."""
+
+    ref: ArtifactRef
+    start_offset: int = Field(ge=0)
+    end_offset: int = Field(ge=0)
+    rows: int = Field(ge=0)
+
+
 class PartitionManifest(Record):
     """One commit of one partition."""
 
@@ -103,9 +135,10 @@ class PartitionManifest(Record):
     cluster_epoch: int = Field(ge=0)
     #: Source offset reached: every event below it is reflected in state/outputs.
     source_offset: int = Field(ge=0)
-    state: ArtifactRef | None
-    #: The source offset the state snapshot reflects (<= source_offset; the gap is replayed on restore).
-    state_offset: int = Field(default=0, ge=0)
+    #: The newest uploaded snapshot of the state (None: the state starts empty).
+    snapshot: SnapshotRef | None = None
+    #: Every commit's delta after the snapshot, in order; snapshot + deltas = state at `source_offset`.
+    deltas: list[DeltaRef] = Field(default_factory=list)
     outputs: list[ArtifactRef]
     #: Total events applied since the partition began (for audits).
     events_applied: int = Field(ge=0)
@@ -115,7 +148,13 @@ class PartitionManifest(Record):
 
     def artifacts(self) -> list[ArtifactRef]:
         """Every object this manifest names (state checkpoint objects and outputs): the sweep keeps them."""
-        return ([self.state] if self.state else []) + list(self.outputs)
+        files = [f.ref for f in self.snapshot.files] if self.snapshot else []
+        return files + [d.ref for d in self.deltas] + list(self.outputs)
+
+    @property
+    def state_offset(self) -> int:
+        """The source offset the snapshot reflects (0 without one)."""
+        return self.snapshot.source_offset if self.snapshot else 0
 
     def validate_succession(self, previous: PartitionManifest, previous_raw_hash: str) -> None:
         """Raise a SuccessionError unless this manifest may follow `previous`."""
@@ -228,8 +267,8 @@ class ManifestUpdate:
     """What a commit wants to make visible."""
 
     source_offset: int
-    state: ArtifactRef | None
-    state_offset: int = 0
+    snapshot: SnapshotRef | None = None
+    deltas: Sequence[DeltaRef] = ()
     outputs: Sequence[ArtifactRef] = ()
     events_applied: int = 0
     cluster_epoch: int = 0
@@ -299,8 +338,8 @@ class ManifestPublisher(ManifestReader):
             parent_hash=previous.raw_hash if previous else None,
             cluster_epoch=update.cluster_epoch,
             source_offset=update.source_offset,
-            state=update.state,
-            state_offset=update.state_offset,
+            snapshot=update.snapshot,
+            deltas=list(update.deltas),
             outputs=list(update.outputs),
             events_applied=update.events_applied,
             note=update.note,

@@ -1,37 +1,102 @@
-"""The Spark side of a batch: a processor folds a batch of events into the partition's state.
+"""The Spark side of a batch, and the processor contract: a per-key fold.
 
-A processor is a function of the current state and the batch, both Spark
-DataFrames, returning the new state and the output::
+A `KeyedProcessor` has two halves:
 
-    def my_processor(state: DataFrame, batch: DataFrame) -> ProcessorResult:
-        ...
-        return ProcessorResult(state=new_state, output=output)
+* ``aggregate(batch) -> DataFrame`` runs on Spark over *the batch only* and
+  returns one row per touched key: a ``key`` column plus the processor's
+  batch-aggregate columns;
+* ``merge(aggregate, previous) -> pyarrow.Table`` runs on the node, vectorised,
+  over the touched keys only: ``previous`` holds the state's value columns for
+  those keys (null for a key seen for the first time), row-aligned with
+  ``aggregate``; the result holds the new value columns.
 
-`batch` has the columns of `EVENT_COLUMNS` (offset, key, value, ts) plus the
-`epoch` and `generation` stamped on every record read by the node. The state
-must be a deterministic fold of the events (it is rebuilt by replaying the
-source after a restore), and its schema must not depend on the batch.
+So a batch costs O(batch), never O(state). The touched keys' new values are the
+batch's state delta; the output row of a key is its aggregate, its new values
+and the writer's epoch and generation. `batch` has the columns of
+`EVENT_SCHEMA` (offset, key, value, ts) plus the `epoch` and `generation`
+stamped on every record the node reads. State columns are fixed-width numbers
+(int64, int32, float64, float32, bool). A processor that needs the whole state
+at once (a global sort, a join of keys with each other) is out of scope.
 
 The default, `keyed_aggregation`, keeps per key count, sum, min, max and the
-last value (by offset), and outputs the keys the batch touched.
+last value (by offset).
 """
 
 from __future__ import annotations
 
-import io
-import logging
 import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-log = logging.getLogger(__name__)
+from .statestore import ValueCodec
+
+#: What every output row carries besides the processor's own columns.
+OUTPUT_LINEAGE = ("epoch", "generation")
+
+Aggregate = Callable[[Any], Any]
+Merge = Callable[[pa.Table, pa.Table], pa.Table]
+
+
+@dataclass(frozen=True)
+class KeyedProcessor:
+    """A per-key fold: Spark aggregates the batch, the node merges touched keys with their old values."""
+
+    name: str
+    #: The state's value columns (without ``key``); fixed-width numbers only.
+    state_schema: pa.Schema
+    aggregate: Aggregate
+    merge: Merge
+    codec: ValueCodec = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Fails at construction, not at the first batch, for a schema the store cannot hold.
+        object.__setattr__(self, "codec", ValueCodec(self.state_schema))
+
+    @property
+    def full_state_schema(self) -> pa.Schema:
+        """``key`` plus the value columns: the schema of deltas and of `laminar query`."""
+        return pa.schema([pa.field("key", pa.string()), *self.state_schema])
+
+    def fold(self, aggregate: pa.Table, previous: pa.Table, *, epoch: int, generation: int) -> BatchFold:
+        """New values and output for the touched keys (node side of a batch)."""
+        values = self.merge(aggregate, previous)
+        missing = [f.name for f in self.state_schema if f.name not in values.column_names]
+        if missing or values.num_rows != aggregate.num_rows:
+            raise ValueError(
+                f"processor {self.name!r}: merge must return {aggregate.num_rows} rows with columns "
+                f"{self.state_schema.names}; got {values.num_rows} rows, missing {missing}"
+            )
+        keys = aggregate["key"]
+        delta = pa.table(
+            [keys, *(values[f.name].cast(f.type) for f in self.state_schema)],
+            schema=self.full_state_schema,
+        )
+        n = aggregate.num_rows
+        output_columns = {name: aggregate[name] for name in aggregate.column_names}
+        for f in self.state_schema:
+            output_columns[f.name] = delta[f.name]
+        output_columns["epoch"] = pa.array(pa.repeat(pa.scalar(epoch, pa.int64()), n))
+        output_columns["generation"] = pa.array(pa.repeat(pa.scalar(generation, pa.int64()), n))
+        return BatchFold(delta=delta, output=pa.table(output_columns))
+
+
+@dataclass(frozen=True)
+class BatchFold:
+    """One batch folded: the touched keys' full new values (the delta) and the output rows."""
+
+    delta: pa.Table
+    output: pa.Table
+
+
+# --- the default processor ------------------------------------------------------------
 
 STATE_SCHEMA = pa.schema(
     [
@@ -45,62 +110,48 @@ STATE_SCHEMA = pa.schema(
     ]
 )
 
-#: What every output row carries besides the processor's own columns.
-OUTPUT_LINEAGE = ("epoch", "generation", "batch_start", "batch_end")
 
-
-@dataclass(frozen=True)
-class ProcessorResult:
-    """New state and output of one batch (Spark DataFrames)."""
-
-    state: Any
-    output: Any
-
-
-Processor = Callable[[Any, Any], ProcessorResult]
-
-
-def keyed_aggregation(state: Any, batch: Any) -> ProcessorResult:
-    """Per key: count, sum, min, max and last value of `value`; output = touched keys."""
+def _aggregate_counts(batch: Any) -> Any:
     from pyspark.sql import functions as F
 
-    agg = batch.groupBy("key").agg(
-        F.count(F.lit(1)).alias("b_count"),
-        F.sum("value").alias("b_sum"),
-        F.min("value").alias("b_min"),
-        F.max("value").alias("b_max"),
-        F.max_by("value", "offset").alias("b_last"),
-        F.max("offset").alias("b_last_offset"),
-        F.first("epoch").alias("epoch"),
-        F.first("generation").alias("generation"),
+    return batch.groupBy("key").agg(
+        F.count(F.lit(1)).alias("batch_count"),
+        F.sum("value").alias("batch_sum"),
+        F.min("value").alias("batch_min"),
+        F.max("value").alias("batch_max"),
+        F.max_by("value", "offset").alias("batch_last"),
+        F.max("offset").alias("batch_last_offset"),
     )
-    joined = state.join(agg, on="key", how="full_outer")
-    touched = F.col("b_count").isNotNull()
-    new_state = joined.select(
-        "key",
-        (F.coalesce("count", F.lit(0)) + F.coalesce("b_count", F.lit(0))).cast("long").alias("count"),
-        (F.coalesce("sum", F.lit(0.0)) + F.coalesce("b_sum", F.lit(0.0))).alias("sum"),
-        F.least("min", "b_min").alias("min"),
-        F.greatest("max", "b_max").alias("max"),
-        F.when(touched, F.col("b_last")).otherwise(F.col("last")).alias("last"),
-        F.when(touched, F.col("b_last_offset")).otherwise(F.col("last_offset")).alias("last_offset"),
+
+
+def _merge_counts(batch: pa.Table, previous: pa.Table) -> pa.Table:
+    zero_i, zero_f = pa.scalar(0, pa.int64()), pa.scalar(0.0, pa.float64())
+    return pa.table(
+        {
+            "count": pc.add(pc.fill_null(previous["count"], zero_i), batch["batch_count"].cast(pa.int64())),
+            "sum": pc.add(pc.fill_null(previous["sum"], zero_f), batch["batch_sum"]),
+            "min": pc.min_element_wise(previous["min"], batch["batch_min"], skip_nulls=True),
+            "max": pc.max_element_wise(previous["max"], batch["batch_max"], skip_nulls=True),
+            "last": batch["batch_last"],
+            "last_offset": batch["batch_last_offset"],
+        }
     )
-    output = joined.where(touched).select(
-        "key",
-        F.col("b_count").cast("long").alias("batch_count"),
-        F.col("b_sum").alias("batch_sum"),
-        (F.coalesce("count", F.lit(0)) + F.col("b_count")).cast("long").alias("count"),
-        (F.coalesce("sum", F.lit(0.0)) + F.col("b_sum")).alias("sum"),
-        F.least("min", "b_min").alias("min"),
-        F.greatest("max", "b_max").alias("max"),
-        F.col("b_last").alias("last"),
-        F.col("epoch").cast("long").alias("epoch"),
-        F.col("generation").cast("long").alias("generation"),
-    )
-    return ProcessorResult(state=new_state, output=output)
+
+
+#: Per key: count, sum, min, max and last value (by offset) of ``value``.
+keyed_aggregation = KeyedProcessor(
+    name="keyed_aggregation",
+    state_schema=pa.schema([f for f in STATE_SCHEMA if f.name != "key"]),
+    aggregate=_aggregate_counts,
+    merge=_merge_counts,
+)
+
+Processor = KeyedProcessor
 
 
 def table_to_parquet_bytes(table: pa.Table) -> bytes:
+    import io
+
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd")
     return sink.getvalue()
@@ -114,23 +165,35 @@ def empty_state() -> pa.Table:
     return STATE_SCHEMA.empty_table()
 
 
-@dataclass(frozen=True)
-class BatchResult:
-    state: pa.Table
-    output: pa.Table
-    spark_s: float
+# --- engines -------------------------------------------------------------------------
+
+
+class BatchEngine(Protocol):
+    """Computes a batch's per-key aggregate (the data-plane half of a processor)."""
+
+    processor: KeyedProcessor
+
+    def warm_up(self) -> float: ...
+
+    def aggregate(
+        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
+    ) -> pa.Table: ...
+
+    def cancel(self, job_group: str) -> None: ...
 
 
 def build_spark_session(master: str = "local[*]", app_name: str = "laminar-node", *, ui: bool = False) -> Any:
     """A SparkSession tuned for small, frequent batches on one machine."""
     from pyspark.sql import SparkSession
 
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.ui.enabled", "true" if ui else "false")
         .config("spark.sql.shuffle.partitions", os.environ.get("LAMINAR_SHUFFLE_PARTITIONS", "2"))
-        .config("spark.sql.adaptive.enabled", "true")
+        # A batch aggregate is one shuffle: adaptive execution would split it into more jobs.
+        .config("spark.sql.adaptive.enabled", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", os.environ.get("LAMINAR_SPARK_DRIVER_MEMORY", "1g"))
@@ -142,19 +205,31 @@ def build_spark_session(master: str = "local[*]", app_name: str = "laminar-node"
     return spark
 
 
-class SparkBatchRunner:
-    """Runs a processor over one batch: local parquet in, Arrow tables out.
+def _spark_event_schema() -> Any:
+    from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 
-    State lives in versioned local parquet files; a path Spark is reading is
-    never overwritten (each batch writes a new version).
+    return StructType(
+        [
+            StructField("offset", LongType(), False),
+            StructField("key", StringType(), False),
+            StructField("value", DoubleType(), False),
+            StructField("ts", LongType(), False),
+        ]
+    )
+
+
+class SparkBatchEngine:
+    """Runs a processor's `aggregate` on Spark over one batch's Parquet files; the result comes back as Arrow.
+
+    The schema is given, so Spark infers nothing: one job per batch.
     """
 
-    def __init__(self, spark: Any, processor: Processor | None = None, workdir: str | None = None) -> None:
+    def __init__(self, spark: Any, processor: KeyedProcessor | None = None, workdir: str | None = None) -> None:
         self.spark = spark
-        self.processor: Processor = processor or keyed_aggregation
+        self.processor = processor or keyed_aggregation
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="laminar-spark-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._state_schema: Any = None
+        self._schema = _spark_event_schema()
 
     def warm_up(self) -> float:
         """Run one tiny batch so the first real batch does not pay for JIT and planning."""
@@ -169,51 +244,28 @@ class SparkBatchRunner:
         )
         path = self.workdir / "warmup-events.parquet"
         pq.write_table(events, path)
-        self.run(empty_state(), [path], epoch=1, generation=0)
+        for _ in range(2):
+            self.aggregate([path], epoch=1, generation=0)
         return time.monotonic() - started
 
-    def _state_frame(self, state: pa.Table, version_dir: Path) -> Any:
-        path = version_dir / "state.parquet"
-        pq.write_table(state, path)
-        return self.spark.read.parquet(str(path))
-
-    def run(
-        self,
-        state: pa.Table,
-        event_files: Sequence[Path],
-        *,
-        epoch: int,
-        generation: int,
-        job_group: str | None = None,
-    ) -> BatchResult:
-        """Fold one batch into `state`. Jobs run in `job_group` so `cancel` can abandon them."""
+    def aggregate(
+        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
+    ) -> pa.Table:
+        """The processor's per-key aggregate of one batch. Jobs run in `job_group` so `cancel` can abandon them."""
         from pyspark.sql import functions as F
 
-        started = time.monotonic()
         if job_group is not None:
             # Thread-local in PySpark's pinned-thread mode: only this batch's jobs join the group.
             self.spark.sparkContext.setJobGroup(job_group, "laminar batch", True)
-        version_dir = Path(tempfile.mkdtemp(prefix="v-", dir=self.workdir))
-        try:
-            state_df = self._state_frame(state, version_dir)
-            batch_df = (
-                self.spark.read.parquet(*[str(p) for p in event_files])
-                .withColumn("epoch", F.lit(epoch).cast("long"))
-                .withColumn("generation", F.lit(generation).cast("long"))
-            )
-            result = self.processor(state_df, batch_df)
-            new_state = result.state.toArrow()
-            output = result.output.toArrow()
-        finally:
-            _rmtree(version_dir)
-        return BatchResult(new_state, output, time.monotonic() - started)
+        batch = (
+            self.spark.read.schema(self._schema)
+            .parquet(*[str(p) for p in event_files])
+            .withColumn("epoch", F.lit(epoch).cast("long"))
+            .withColumn("generation", F.lit(generation).cast("long"))
+        )
+        table: pa.Table = self.processor.aggregate(batch).toArrow()
+        return table
 
     def cancel(self, job_group: str) -> None:
         """Abandon the running jobs of a batch (it has no side effect before its commit)."""
         self.spark.sparkContext.cancelJobGroup(job_group)
-
-
-def _rmtree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)

@@ -8,8 +8,11 @@ A node is a long-running process with one SparkSession. It
   release on the old owner; download, restore, seek, active on the new one),
   or recovers a partition it is meant to run after a restart;
 * runs micro-batches for the partitions it owns: guard check → read the
-  source from the committed offset → Spark folds the batch into the state →
-  fenced commit (output file + manifest naming output, offset and state);
+  source from the committed offset → Spark aggregates the batch → the
+  processor merges the touched keys with their values in the partition's
+  local store → fenced commit (output file + state delta + manifest naming
+  output, delta and offset) → the delta is applied to the local store;
+  snapshots of the local store are uploaded off the batch's critical path;
 * refreshes its guards every `refresh_interval_s`; a revoked partition's
   `Tracker` is fenced: the source stops, the in-flight batch is dropped with
   no side effect and its offset is not committed, the local state is
@@ -19,6 +22,7 @@ A node is a long-running process with one SparkSession. It
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import logging
 import shutil
@@ -26,20 +30,20 @@ import signal
 import tempfile
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from .capabilities import CheckpointWriter, OutputCommitter, ReadStore
-from .checkpoint import CheckpointStore, OutputWriter, download_bytes
+from .checkpoint import CheckpointStore, OutputWriter
 from .cluster_epoch import ClusterEpochWindow, StaleClusterEpoch
 from .fencing import EpochError, FencingToken, PartitionGuard, PartitionGuardSet, StaleEpoch
 from .identity import UNASSIGNED, NodeId, PartitionId
 from .ledger import Ledger, NodeHandle, NodeIdentityConflict
-from .manifest import ManifestPublisher, ManifestUpdate, ManifestVersion, SuccessionError
+from .manifest import DeltaRef, ManifestPublisher, ManifestUpdate, ManifestVersion, SnapshotRef, SuccessionError
 from .migration import (
     GRACEFUL_PHASES,
     SETTING_PHASES,
@@ -49,15 +53,9 @@ from .migration import (
     MigrationPhase,
     MigrationTask,
 )
-from .processing import (
-    Processor,
-    SparkBatchRunner,
-    build_spark_session,
-    empty_state,
-    parquet_bytes_to_table,
-    table_to_parquet_bytes,
-)
+from .processing import BatchEngine, BatchFold, KeyedProcessor, SparkBatchEngine, build_spark_session
 from .records import NodeStatus, PartitionProgress, PartitionStatus, now
+from .replica import CatchUp, StateReplica
 from .source import SourceLog
 from .store import ObjectStore, StoreError, open_store
 
@@ -82,7 +80,11 @@ class NodeConfig(BaseModel):
     refresh_interval_s: float = Field(default=1.5, gt=0)
     batch_max_events: int = Field(default=1_000_000, ge=1)
     idle_poll_s: float = Field(default=0.05, gt=0)
+    #: A snapshot of the local store is uploaded once this many deltas follow the last one ...
     checkpoint_every_batches: int = Field(default=10, ge=1)
+    #: ... or the deltas since it reach this fraction of its size ...
+    checkpoint_delta_fraction: float = Field(default=0.25, gt=0)
+    #: ... or this much time passed since it (with at least one delta).
     checkpoint_every_s: float = Field(default=30.0, gt=0)
     workdir: str | None = None
 
@@ -139,14 +141,20 @@ class PartitionWorker(threading.Thread):
         self._task_changed = threading.Condition()
         self._rising = rising is not None
         self._stop_requested = threading.Event()
-        self._state: pa.Table = empty_state()
-        self._state_ref: Any = None
-        self._state_offset = 0
+        self.replica = node.replica_for(partition)
         self._committed_offset = 0
         self._events_applied = 0
         self._manifest: ManifestVersion | None = None
-        self._batches_since_ckpt = 0
-        self._last_ckpt = time.monotonic()
+        #: The committed checkpoint: the newest published snapshot and every delta after it.
+        self._snapshot: SnapshotRef | None = None
+        self._deltas: list[DeltaRef] = []
+        #: A snapshot being uploaded in the background, and one uploaded but not yet published.
+        self._snapshot_upload: Future[SnapshotRef] | None = None
+        self._snapshot_cancel = threading.Event()
+        self._snapshot_dir: Path | None = None
+        self._snapshot_ready: SnapshotRef | None = None
+        self._last_snapshot_at = time.monotonic()
+        self.last_catch_up: CatchUp | None = None
         self._commits = 0
         self._last_commit_at: Any = None
         # The last phase this worker completed, and the migration it belongs to.
@@ -182,7 +190,7 @@ class PartitionWorker(threading.Thread):
         if group is not None and not self._abandoned.is_set():
             self._abandoned.set()
             try:
-                self.node.runner.cancel(group)
+                self.node.engine.cancel(group)
             except Exception as exc:  # the batch then simply finishes and is dropped
                 log.warning("node %s: partition %s: cancel failed: %s", self.node.id, self.partition, exc)
 
@@ -249,6 +257,11 @@ class PartitionWorker(threading.Thread):
             self.node.report_now()
         finally:
             self._drop_guard()
+            self._abandon_snapshot()
+            if self.state_name in (WorkerState.REVOKED, WorkerState.RELEASED):
+                self.replica.destroy()  # another node owns the partition now
+            else:
+                self.replica.close()  # a restart here checks it against the manifest before use
             shutil.rmtree(self._workdir, ignore_errors=True)
 
     def _drop_guard(self) -> None:
@@ -258,8 +271,7 @@ class PartitionWorker(threading.Thread):
                 self.node.guards.remove(self.partition)
 
     def _revoked(self, reason: str) -> None:
-        # Discard everything local: the new owner restores from the store.
-        self._state = empty_state()
+        # Everything local is discarded (in `run`): the new owner restores from the store.
         self.state_name = WorkerState.REVOKED
         self._error = None
         log.error(
@@ -341,7 +353,7 @@ class PartitionWorker(threading.Thread):
             how = "acquired"
         self.state_name = WorkerState.RESTORING
         manifest = self._publisher.current(self.partition)
-        self._restore(manifest, self._download(manifest))
+        self._restore(manifest)
         self._install(token)
         self._takeover(manifest)
         log.info(
@@ -365,11 +377,11 @@ class PartitionWorker(threading.Thread):
             if release.commit_ulid and (manifest is None or manifest.manifest.commit_ulid != release.commit_ulid):
                 raise RuntimeError("the current manifest is not the one the old owner released")
         self.state_name = WorkerState.RESTORING
-        data = self._download(manifest)
-        self._report(MigrationPhase.DOWNLOADING, len(data) if data else 0)
+        # Snapshot (files this node does not hold yet) + deltas: the restore is done with the download.
+        stats = self._restore(manifest)
+        self._report(MigrationPhase.DOWNLOADING, stats.bytes_downloaded)
         self._wait_phase(MigrationPhase.RESTORING)
-        self._restore(manifest, data)
-        self._report(MigrationPhase.RESTORING, len(data) if data else 0)
+        self._report(MigrationPhase.RESTORING, stats.bytes_downloaded)
         task = self._wait_phase(MigrationPhase.SEEKING)
         gen = self.node.generation
         if task.migration_kind == MigrationKind.GRACEFUL:
@@ -406,36 +418,28 @@ class PartitionWorker(threading.Thread):
     def _publisher(self) -> ManifestPublisher:
         return self.node.publisher
 
-    def _download(self, manifest: ManifestVersion | None) -> bytes | None:
-        if manifest is None or manifest.manifest.state is None:
-            return None
-        return download_bytes(self.node.reader, manifest.manifest.state)
-
-    def _restore(self, manifest: ManifestVersion | None, data: bytes | None) -> None:
-        """Load the checkpoint, then replay events between it and the committed offset (state only)."""
-        self._state = parquet_bytes_to_table(data) if data is not None else empty_state()
+    def _restore(self, manifest: ManifestVersion | None) -> CatchUp:
+        """Bring the local store to `manifest`: snapshot + deltas, no replay of source events."""
+        stats = self.replica.catch_up(manifest.manifest if manifest else None)
+        self.last_catch_up = stats
         self._manifest = manifest
-        if manifest is None:
-            self._state_offset = self._committed_offset = self._events_applied = 0
-            self._state_ref = None
-            return
-        m = manifest.manifest
-        self._state_ref, self._state_offset = m.state, m.state_offset
-        self._committed_offset, self._events_applied = m.source_offset, m.events_applied
-        offset = m.state_offset
-        while offset < m.source_offset:
-            # Committed offsets are segment boundaries, so this never reads past the commit.
-            want = min(self.node.config.batch_max_events, m.source_offset - offset)
-            batch = self.node.source.read(self.partition, offset, want)
-            if batch is None or batch.end_offset > m.source_offset:
-                raise RuntimeError(
-                    f"source of partition {self.partition} does not cover the committed offset {m.source_offset}"
-                )
-            files = batch.write_parquet(self._workdir / f"replay-{offset}")
-            result = self.node.runner.run(self._state, files, epoch=m.fencing_token, generation=m.generation)
-            self._state = result.state  # the output of replayed batches was committed already
-            offset = batch.end_offset
-            shutil.rmtree(self._workdir / f"replay-{batch.start_offset}", ignore_errors=True)
+        m = manifest.manifest if manifest else None
+        self._committed_offset = m.source_offset if m else 0
+        self._events_applied = m.events_applied if m else 0
+        self._snapshot = m.snapshot if m else None
+        self._deltas = list(m.deltas) if m else []
+        self._snapshot_ready = None
+        log.info(
+            "node %s: partition %s restored to offset %s (%s, %d bytes, %d deltas, %.0f ms)",
+            self.node.id,
+            self.partition,
+            self._committed_offset,
+            "snapshot + deltas" if stats.full_restore else "local store + deltas",
+            stats.bytes_downloaded,
+            stats.deltas_applied,
+            stats.total_s * 1000,
+        )
+        return stats
 
     def _takeover(self, restored: ManifestVersion | None) -> None:
         """Publish a manifest under our token first: from here on a zombie's publish fails."""
@@ -451,20 +455,19 @@ class PartitionWorker(threading.Thread):
                 # A commit of the previous owner landed between our restore and the takeover
                 # (forced path only): restore from it and try again.
                 log.warning("node %s: partition %s: %s; re-restoring", self.node.id, self.partition, exc)
-                self._restore(current, self._download(current))
+                self._restore(current)
 
     def _update(self, **changes: Any) -> ManifestUpdate:
-        base = {
-            "source_offset": self._committed_offset,
-            "state": self._state_ref,
-            "state_offset": self._state_offset,
-            "outputs": (),
-            "events_applied": self._events_applied,
-            "cluster_epoch": self.node.cluster_epoch,
-            "generation": self.node.generation,
-        }
-        base.update(changes)
-        return ManifestUpdate(**base)
+        """The manifest of the committed state as it stands, with `changes`."""
+        current = ManifestUpdate(
+            source_offset=self._committed_offset,
+            snapshot=self._snapshot,
+            deltas=tuple(self._deltas),
+            events_applied=self._events_applied,
+            cluster_epoch=self.node.cluster_epoch,
+            generation=self.node.generation,
+        )
+        return dataclasses.replace(current, **changes)
 
     # -- processing ---------------------------------------------------------------
 
@@ -476,8 +479,7 @@ class PartitionWorker(threading.Thread):
             self._check()
             batch = self.node.source.read(self.partition, self._committed_offset, cfg.batch_max_events)
             if batch is None:
-                if self._checkpoint_due(idle=True):
-                    self._commit_checkpoint_only()
+                self._snapshot_step(idle=True)
                 with self._task_changed:
                     # Re-checked under the lock: an offer/stop just before the wait is not lost.
                     if not self._stop_requested.is_set() and not self._draining_requested():
@@ -490,8 +492,8 @@ class PartitionWorker(threading.Thread):
             self._abandoned.clear()
             self._batch_group = f"laminar-n{self.node.id}-p{self.partition}-b{self._batch_seq}"
             try:
-                result = self.node.runner.run(
-                    self._state, files, epoch=self.epoch, generation=self.node.generation, job_group=self._batch_group
+                aggregate = self.node.engine.aggregate(
+                    files, epoch=self.epoch, generation=self.node.generation, job_group=self._batch_group
                 )
             except Exception:
                 if not self._abandoned.is_set():
@@ -501,65 +503,127 @@ class PartitionWorker(threading.Thread):
             finally:
                 self._batch_group = None
                 shutil.rmtree(self._workdir / f"batch-{batch.start_offset}", ignore_errors=True)
-            # Seed 002: a fenced tracker drops the in-flight batch before any external write.
+            # A fenced tracker drops the in-flight batch before any external write.
             self._check()
-            # A cancel that missed the running Spark jobs lets the batch finish: we still own the
-            # epoch until the release, so commit it rather than throw the work away.
+            if self._abandoned.is_set() and self._draining_requested():
+                # The cancel missed the Spark job, but nothing of the batch is written yet: drop it
+                # so the drain does not wait for a commit; the new owner reads these events again.
+                log.info("node %s: partition %s: batch dropped for the drain", self.node.id, self.partition)
+                continue
+            engine = self.node.engine
+            previous = self.replica.store.get_many(aggregate["key"].to_pylist()) if self.replica.store else None
+            assert previous is not None, "restored before processing"
+            fold = engine.processor.fold(aggregate, previous, epoch=self.epoch, generation=self.node.generation)
             try:
                 with self.node.epoch_window.fence(cluster_epoch):
-                    self._commit(result.state, result.output, batch.start_offset, batch.end_offset, cluster_epoch)
+                    self._commit(fold, batch.start_offset, batch.end_offset, cluster_epoch)
                 self.node.epoch_window.mark_applied(cluster_epoch)
             except StaleClusterEpoch as exc:
                 # Two membership changes overtook this batch: drop it, redo it under the new epoch.
                 log.warning("node %s: partition %s: %s; batch dropped and retried", self.node.id, self.partition, exc)
+                continue
+            self._snapshot_step(idle=False)
         self.state_name = WorkerState.DRAINING if not self._stop_requested.is_set() else self.state_name
 
-    def _checkpoint_due(self, *, idle: bool = False) -> bool:
-        if self._state_offset == self._committed_offset:
-            return False
-        if idle:
-            return time.monotonic() - self._last_ckpt >= self.node.config.checkpoint_every_s
-        return (
-            self._batches_since_ckpt + 1 >= self.node.config.checkpoint_every_batches
-            or time.monotonic() - self._last_ckpt >= self.node.config.checkpoint_every_s
-        )
-
-    def _commit(self, state: pa.Table, output: pa.Table, start: int, end: int, cluster_epoch: int) -> None:
+    def _commit(self, fold: BatchFold, start: int, end: int, cluster_epoch: int) -> None:
+        """Output and delta uploaded, then one manifest names them with the offset; then the local store."""
         assert self.guard is not None and self.token is not None
-        out_ref = self.node.outputs.write(self.guard, output, start, end)
-        state_ref, state_offset = self._state_ref, self._state_offset
-        checkpoint = self._checkpoint_due()
-        if checkpoint:
-            state_ref, state_offset = self.node.checkpoints.upload(self.guard, state), end
+        out_ref = self.node.outputs.write(self.guard, fold.output, start, end)
+        delta = self.node.checkpoints.upload_delta(self.guard, fold.delta, start, end)
+        snapshot, deltas = self._checkpoint_with(delta)
         self._check()
         update = self._update(
             source_offset=end,
-            state=state_ref,
-            state_offset=state_offset,
+            snapshot=snapshot,
+            deltas=tuple(deltas),
             outputs=(out_ref,),
             events_applied=self._events_applied + (end - start),
             cluster_epoch=cluster_epoch,
         )
         version = self._publish(update)
-        self._state, self._committed_offset, self._manifest = state, end, version
-        self._state_ref, self._state_offset = state_ref, state_offset
+        # The local store only ever holds committed state: it is written after the publish.
+        self.replica.apply(fold.delta, end)
+        self._committed(version)
         self._events_applied += end - start
         self._commits += 1
         self._last_commit_at = now()
-        if checkpoint:
-            self._batches_since_ckpt, self._last_ckpt = 0, time.monotonic()
-        else:
-            self._batches_since_ckpt += 1
 
-    def _commit_checkpoint_only(self) -> int:
+    def _checkpoint_with(self, delta: DeltaRef | None) -> tuple[SnapshotRef | None, list[DeltaRef]]:
+        """The checkpoint the next manifest names: an uploaded snapshot replaces the deltas it covers."""
+        snapshot = self._snapshot_ready or self._snapshot
+        base = snapshot.source_offset if snapshot else 0
+        deltas = [d for d in self._deltas if d.start_offset >= base]
+        return snapshot, deltas + ([delta] if delta else [])
+
+    def _committed(self, version: ManifestVersion) -> None:
+        m = version.manifest
+        self._manifest = version
+        self._committed_offset = m.source_offset
+        if self._snapshot_ready is not None and m.snapshot == self._snapshot_ready:
+            self.replica.adopt_snapshot(self._snapshot_ready)
+            self._snapshot_ready = None
+        self._snapshot, self._deltas = m.snapshot, list(m.deltas)
+
+    # -- snapshots (off the batch's critical path) ------------------------------------
+
+    def _snapshot_step(self, *, idle: bool) -> None:
+        """Start a snapshot when one is due; publish one that finished uploading when idle."""
+        upload = self._snapshot_upload
+        if upload is not None and upload.done():
+            self._snapshot_upload = None
+            self._remove_snapshot_dir()
+            try:
+                self._snapshot_ready = upload.result()
+            except (Fenced, EpochError):
+                raise
+            except Exception as exc:  # the deltas keep the state committed; try again later
+                log.warning("node %s: partition %s: snapshot upload failed: %s", self.node.id, self.partition, exc)
+                self._last_snapshot_at = time.monotonic()
+        if idle and self._snapshot_ready is not None and self.guard is not None:
+            self._check()
+            snapshot, deltas = self._checkpoint_with(None)
+            self._committed(self._publish(self._update(snapshot=snapshot, deltas=tuple(deltas), note="snapshot")))
+            return
+        if self._snapshot_upload is None and self._snapshot_ready is None and self._snapshot_due():
+            self._start_snapshot()
+
+    def _snapshot_due(self) -> bool:
+        if not self._deltas or self.guard is None:
+            return False
+        cfg = self.node.config
+        delta_bytes = sum(d.ref.size for d in self._deltas)
+        snapshot_bytes = self._snapshot.size if self._snapshot else 0
+        return (
+            len(self._deltas) >= cfg.checkpoint_every_batches
+            or (snapshot_bytes > 0 and delta_bytes >= cfg.checkpoint_delta_fraction * snapshot_bytes)
+            or time.monotonic() - self._last_snapshot_at >= cfg.checkpoint_every_s
+        )
+
+    def _start_snapshot(self) -> None:
         assert self.guard is not None
-        data = table_to_parquet_bytes(self._state)
-        ref = self.node.checkpoints.upload_bytes(self.guard, data)
-        self._check()
-        self._manifest = self._publish(self._update(state=ref, state_offset=self._committed_offset, note="checkpoint"))
-        self._state_ref, self._state_offset = ref, self._committed_offset
-        self._batches_since_ckpt, self._last_ckpt = 0, time.monotonic()
-        return len(data)
+        files, offset, directory = self.replica.snapshot_files()
+        self._snapshot_dir = directory
+        self._last_snapshot_at = time.monotonic()
+        known, guard = self.replica.lineage_files, self.guard
+        self._snapshot_cancel = cancel = threading.Event()
+        self._snapshot_upload = self.node.snapshot_pool.submit(
+            self.node.checkpoints.upload_snapshot, guard, files, offset, known, cancel
+        )
+
+    def _remove_snapshot_dir(self) -> None:
+        if self._snapshot_dir is not None:
+            shutil.rmtree(self._snapshot_dir, ignore_errors=True)
+            self._snapshot_dir = None
+
+    def _abandon_snapshot(self) -> None:
+        upload, self._snapshot_upload = self._snapshot_upload, None
+        if upload is not None:
+            self._snapshot_cancel.set()
+            upload.cancel()
+            with contextlib.suppress(Exception):
+                # At most the file in flight: its source is the directory removed below.
+                upload.result(timeout=30)
+        self._remove_snapshot_dir()
 
     def _publish(self, update: ManifestUpdate) -> ManifestVersion:
         assert self.token is not None and self.guard is not None
@@ -590,33 +654,27 @@ class PartitionWorker(threading.Thread):
     # -- setting (the old owner's side of a migration) -------------------------------
 
     def _set(self) -> None:
-        """drain → checkpoint → upload → release, each only once the task record allows it."""
+        """drain → checkpoint → upload → release, each only once the task record allows it.
+
+        Every commit already holds its delta, so the checkpoint the new owner needs
+        (snapshot + deltas) is committed the moment the last batch is: the old owner
+        only publishes a snapshot that finished uploading, never takes a new one.
+        """
         assert self.token is not None
         task = self._task
         assert task is not None
         self._report(MigrationPhase.DRAINING)
         self._wait_phase(MigrationPhase.CHECKPOINTING)
-        snapshot = table_to_parquet_bytes(self._state)
-        self._report(MigrationPhase.CHECKPOINTING, len(snapshot))
+        self._report(MigrationPhase.CHECKPOINTING)
         self._wait_phase(MigrationPhase.UPLOADING)
-        assert self.guard is not None
-        ref = self.node.checkpoints.upload_bytes(self.guard, snapshot)
-        self._check()
-        self._manifest = self._publish(
-            self._update(
-                state=ref,
-                state_offset=self._committed_offset,
-                note=f"final checkpoint for {task.migration_id}",
-            )
-        )
-        self._state_ref, self._state_offset = ref, self._committed_offset
-        self._report(MigrationPhase.UPLOADING, len(snapshot))
+        uploaded = 0
+        if self._snapshot_upload is not None and self._snapshot_upload.done():
+            self._snapshot_step(idle=True)
+            uploaded = self._snapshot.size if self._snapshot else 0
+        self._abandon_snapshot()
+        self._report(MigrationPhase.UPLOADING, uploaded)
         self._wait_phase(MigrationPhase.RELEASED)
-        self.node.ledger.release(
-            self.token, commit_ulid=self._manifest.manifest.commit_ulid, source_offset=self._committed_offset
-        )
-        self._drop_guard()
-        self.state_name = WorkerState.RELEASED
+        self._release()
         log.info(
             "node %s: partition %s released at epoch %s (migration %s, offset %s)",
             self.node.id,
@@ -625,19 +683,22 @@ class PartitionWorker(threading.Thread):
             task.migration_id,
             self._committed_offset,
         )
-        self._report(MigrationPhase.RELEASED, len(snapshot))
+        self._report(MigrationPhase.RELEASED)
+
+    def _release(self) -> None:
+        assert self.token is not None
+        commit = self._manifest.manifest.commit_ulid if self._manifest else None
+        self.node.ledger.release(self.token, commit_ulid=commit, source_offset=self._committed_offset)
+        self._drop_guard()
+        self.state_name = WorkerState.RELEASED
 
     def _shutdown(self) -> None:
-        """Clean stop: final checkpoint and commit, then release, so a restart takes over gracefully."""
+        """Clean stop: release after the last commit, so a restart (or another node) takes over gracefully."""
         if self.token is None or self.guard is None:
             self.state_name = WorkerState.STOPPED
             return
-        if self._state_offset != self._committed_offset:
-            self._commit_checkpoint_only()
-        assert self._manifest is not None
-        self.node.ledger.release(
-            self.token, commit_ulid=self._manifest.manifest.commit_ulid, source_offset=self._committed_offset
-        )
+        self._abandon_snapshot()
+        self._release()
         log.info(
             "node %s: partition %s released at epoch %s (shutdown, offset %s)",
             self.node.id,
@@ -656,7 +717,7 @@ class Node:
         config: NodeConfig,
         *,
         store: ObjectStore | None = None,
-        processor: Processor | None = None,
+        processor: KeyedProcessor | None = None,
         spark: Any = None,
     ) -> None:
         self.config = config
@@ -675,7 +736,9 @@ class Node:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._processor = processor
         self._spark = spark
-        self.runner: SparkBatchRunner
+        self.engine: BatchEngine
+        #: Snapshot uploads run here, off the batch loops.
+        self.snapshot_pool = ThreadPoolExecutor(2, thread_name_prefix=f"node{config.node_id}-snapshot")
         self.handle: NodeHandle | None = None
         self.workers: dict[PartitionId, PartitionWorker] = {}
         self._finished: dict[PartitionId, PartitionProgress] = {}
@@ -691,6 +754,11 @@ class Node:
     def generation(self) -> int:
         return self.handle.generation if self.handle else 0
 
+    def replica_for(self, partition: PartitionId) -> StateReplica:
+        """The local store directory of `partition` on this node (checked against the manifest before use)."""
+        root = self.workdir / "state" / f"p{int(partition):05d}"
+        return StateReplica(root, partition, self.engine.processor.state_schema, self.reader)
+
     # -- lifecycle -------------------------------------------------------------------
 
     def start_spark(self) -> None:
@@ -699,8 +767,8 @@ class Node:
             self._spark = build_spark_session(
                 self.config.spark_master, f"laminar-node-{self.id}", ui=self.config.spark_ui
             )
-        self.runner = SparkBatchRunner(self._spark, self._processor, str(self.workdir / "spark"))
-        warm = self.runner.warm_up()
+        self.engine = SparkBatchEngine(self._spark, self._processor, str(self.workdir / "spark"))
+        warm = self.engine.warm_up()
         log.info("node %s: spark ready in %.1fs (warm-up %.1fs)", self.id, time.monotonic() - started, warm)
 
     def run(self, *, install_signals: bool = True) -> None:
@@ -728,6 +796,7 @@ class Node:
                 self._stop.wait(self.config.reconcile_interval_s)
         finally:
             self._drain_all()
+            self.snapshot_pool.shutdown(wait=False, cancel_futures=True)
             for t in threads:
                 t.join(timeout=5)
             if self.handle is not None:
@@ -861,6 +930,6 @@ class Node:
         worker.start()
 
 
-def run_node(config: NodeConfig, *, processor: Processor | None = None) -> None:
+def run_node(config: NodeConfig, *, processor: KeyedProcessor | None = None) -> None:
     """Entry point of `laminar node run`."""
     Node(config, processor=processor).run()

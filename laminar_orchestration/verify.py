@@ -32,6 +32,7 @@ from .ledger import Ledger, LedgerError
 from .manifest import ManifestReader, ManifestVersion, SuccessionError, _decode_ulid, verify_artifacts
 from .processing import STATE_SCHEMA, empty_state
 from .records import GrantKind
+from .replica import StateGap, committed_state
 from .source import SourceLog
 from .store import ObjectStore
 
@@ -98,51 +99,6 @@ def _fold(events: pa.Table) -> pa.Table:
 def _as_dict(table: pa.Table, columns: Iterable[str]) -> dict[str, tuple[object, ...]]:
     cols = [table[c].to_pylist() for c in columns]
     return {k: tuple(row) for k, *row in zip(table["key"].to_pylist(), *cols, strict=True)}
-
-
-def committed_state(store: ObjectStore, partition: PartitionId) -> tuple[pa.Table, int]:
-    """The committed state of a partition and its committed source offset.
-
-    The last checkpoint, overlaid with the cumulative per-key values of the
-    output committed after it; no replay of the source is needed.
-    """
-    reader = ManifestReader(store)
-    current = reader.current(partition)
-    if current is None:
-        return empty_state(), 0
-    m = current.manifest
-    state = download_table(ReadStore(store), m.state) if m.state else empty_state()
-    rows = {k: v for k, v in _as_dict(state, STATE_SCHEMA.names[1:]).items()}
-    for version in reader.history(partition):
-        mv = version.manifest
-        if mv.source_offset <= m.state_offset or not mv.outputs:
-            continue
-        for ref in mv.outputs:
-            out = download_table(ReadStore(store), ref)
-            for key, count, total, lo, hi, last in zip(
-                out["key"].to_pylist(),
-                out["count"].to_pylist(),
-                out["sum"].to_pylist(),
-                out["min"].to_pylist(),
-                out["max"].to_pylist(),
-                out["last"].to_pylist(),
-                strict=True,
-            ):
-                rows[key] = (count, total, lo, hi, last, None)
-    keys = sorted(rows)
-    table = pa.table(
-        {
-            "key": keys,
-            "count": [rows[k][0] for k in keys],
-            "sum": [rows[k][1] for k in keys],
-            "min": [rows[k][2] for k in keys],
-            "max": [rows[k][3] for k in keys],
-            "last": [rows[k][4] for k in keys],
-            "last_offset": [rows[k][5] for k in keys],
-        },
-        schema=STATE_SCHEMA,
-    )
-    return table, m.source_offset
 
 
 def audit_ledger(ledger: Ledger, partition: PartitionId) -> tuple[list[AuditIssue], int]:
@@ -277,7 +233,7 @@ def audit_partition(store: ObjectStore, partition: PartitionId, *, ledger: Ledge
     # The committed state must be the fold of every committed event.
     try:
         state, _ = committed_state(store, partition)
-    except (CheckpointCorrupt, LedgerError) as exc:
+    except (CheckpointCorrupt, LedgerError, StateGap) as exc:
         audit.issues.append(AuditIssue(partition, "state", str(exc)))
         return audit
     have = _as_dict(state, ["count", "sum", "min", "max", "last"])

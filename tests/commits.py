@@ -1,72 +1,112 @@
 """Commit batches without Spark, through the library's real fenced write path (for CLI/audit tests).
 
-The fold is pyarrow's; what is under test is everything around it: output and
-checkpoint objects, manifest publish, query and the audit.
+The batch aggregate is pyarrow's; what is under test is everything around it:
+the processor's merge, the local store, output/delta/snapshot objects,
+manifest publish, query and the audit.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import pyarrow as pa
 
-from laminar_orchestration.capabilities import CheckpointWriter, OutputCommitter
+from laminar_orchestration.capabilities import CheckpointWriter, OutputCommitter, ReadStore
 from laminar_orchestration.checkpoint import CheckpointStore, OutputWriter
 from laminar_orchestration.fencing import FencingToken, PartitionGuard
 from laminar_orchestration.manifest import ManifestPublisher, ManifestUpdate, ManifestVersion
+from laminar_orchestration.processing import keyed_aggregation
+from laminar_orchestration.replica import StateReplica
 from laminar_orchestration.source import SourceLog
 from laminar_orchestration.store import ObjectStore
-from laminar_orchestration.verify import _fold
 
 
-def fold_output(events: pa.Table, previous: pa.Table, epoch: int) -> tuple[pa.Table, pa.Table]:
-    """New state and output of the default processor, computed with pyarrow."""
-    batch = _fold(events)
-    prev = {r["key"]: r for r in previous.to_pylist()}
-    state_rows = dict(prev)
-    out_rows = []
-    for r in batch.to_pylist():
-        p = prev.get(r["key"])
-        merged = dict(r) if p is None else {
-            "key": r["key"], "count": p["count"] + r["count"], "sum": p["sum"] + r["sum"],
-            "min": min(p["min"], r["min"]), "max": max(p["max"], r["max"]), "last": r["last"],
-            "last_offset": r["last_offset"],
-        }  # fmt: skip
-        state_rows[r["key"]] = merged
-        out_rows.append(
-            {
-                **{k: merged[k] for k in ("key", "count", "sum", "min", "max", "last")},
-                "batch_count": r["count"],
-                "batch_sum": r["sum"],
-                "epoch": epoch,
-                "generation": 1,
-            }
-        )
-    state = pa.Table.from_pylist(list(state_rows.values()), schema=previous.schema)
-    return state, pa.Table.from_pylist(out_rows)
+def batch_aggregate(events: pa.Table) -> pa.Table:
+    """The default processor's Spark aggregate, computed with pyarrow."""
+    grouped = events.sort_by("offset").group_by("key", use_threads=False)
+    agg = grouped.aggregate(
+        [
+            ("value", "count"),
+            ("value", "sum"),
+            ("value", "min"),
+            ("value", "max"),
+            ("value", "last"),
+            ("offset", "max"),
+        ]
+    )
+    return pa.table(
+        {
+            "key": agg["key"],
+            "batch_count": agg["value_count"].cast(pa.int64()),
+            "batch_sum": agg["value_sum"],
+            "batch_min": agg["value_min"],
+            "batch_max": agg["value_max"],
+            "batch_last": agg["value_last"],
+            "batch_last_offset": agg["offset_max"],
+        }
+    )
+
+
+def fold_output(events: pa.Table, replica: StateReplica, epoch: int) -> pa.Table:
+    """The output rows the default processor commits for `events` on top of `replica`'s state."""
+    aggregate = batch_aggregate(events)
+    assert replica.store is not None
+    previous = replica.store.get_many(aggregate["key"].to_pylist())
+    return keyed_aggregation.fold(aggregate, previous, epoch=epoch, generation=1).output
 
 
 def commit_all(
-    store: ObjectStore, token: FencingToken, state: pa.Table, offset: int, *, checkpoint: bool = True
+    store: ObjectStore, token: FencingToken, *, snapshot_every: int | None = 1
 ) -> tuple[pa.Table, int, ManifestVersion | None]:
-    """Commit every event of the partition from `offset`, one batch per read; returns state and offset."""
+    """Commit every event of the partition after the current manifest, one batch per read.
+
+    Takes a snapshot after every `snapshot_every` batches (None: deltas only).
+    Returns the committed state, the committed offset and the last manifest.
+    """
     guard = PartitionGuard(token)
     source = SourceLog(store)
     publisher = ManifestPublisher(OutputCommitter(store), store)
     outputs = OutputWriter(OutputCommitter(store))
     checkpoints = CheckpointStore(CheckpointWriter(store))
-    version = None
-    for batch in source.iter_batches(token.partition, offset, 50_000):
-        state, output = fold_output(batch.to_table(), state, token.epoch)
-        ref = outputs.write(guard, output, batch.start_offset, batch.end_offset)
-        ckpt = checkpoints.upload(guard, state) if checkpoint else None
-        version = publisher.publish(
-            token,
-            ManifestUpdate(
-                source_offset=batch.end_offset,
-                state=ckpt,
-                state_offset=batch.end_offset if ckpt else 0,
-                outputs=(ref,),
-                events_applied=batch.end_offset,
-            ),
-        )
-        offset = batch.end_offset
+    version = publisher.current(token.partition)
+    with tempfile.TemporaryDirectory() as tmp:
+        replica = StateReplica(Path(tmp), token.partition, keyed_aggregation.state_schema, ReadStore(store))
+        replica.catch_up(version.manifest if version else None)
+        m = version.manifest if version else None
+        snapshot, deltas = (m.snapshot, list(m.deltas)) if m else (None, [])
+        offset = m.source_offset if m else 0
+        for n, batch in enumerate(source.iter_batches(token.partition, offset, 50_000), start=1):
+            aggregate = batch_aggregate(batch.to_table())
+            assert replica.store is not None
+            previous = replica.store.get_many(aggregate["key"].to_pylist())
+            fold = keyed_aggregation.fold(aggregate, previous, epoch=token.epoch, generation=1)
+            ref = outputs.write(guard, fold.output, batch.start_offset, batch.end_offset)
+            deltas.append(checkpoints.upload_delta(guard, fold.delta, batch.start_offset, batch.end_offset))
+            version = publisher.publish(
+                token,
+                ManifestUpdate(
+                    source_offset=batch.end_offset,
+                    snapshot=snapshot,
+                    deltas=tuple(deltas),
+                    outputs=(ref,),
+                    events_applied=batch.end_offset,
+                ),
+            )
+            replica.apply(fold.delta, batch.end_offset)
+            offset = batch.end_offset
+            if snapshot_every is not None and n % snapshot_every == 0:
+                files, at, directory = replica.snapshot_files()
+                snapshot = checkpoints.upload_snapshot(guard, files, at, replica.lineage_files)
+                shutil.rmtree(directory)
+                replica.adopt_snapshot(snapshot)
+                deltas = []
+                version = publisher.publish(
+                    token,
+                    ManifestUpdate(source_offset=offset, snapshot=snapshot, events_applied=offset, note="snapshot"),
+                )
+        assert replica.store is not None
+        state = replica.store.to_table()
+        replica.close()
     return state, offset, version

@@ -11,7 +11,6 @@ from laminar_orchestration.fencing import PartitionGuard
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.manifest import ManifestPublisher, ManifestUpdate
-from laminar_orchestration.processing import empty_state
 from laminar_orchestration.source import SourceLog, generate_events
 from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.verify import audit_store
@@ -24,14 +23,17 @@ def test_sweep_deletes_only_unreachable_objects(store: ObjectStore) -> None:
     ledger.init_cluster(1)
     SourceLog(store, segment_events=100).append(0, generate_events(200, 4, 3, 1)[0])
     old = ledger.acquire(PartitionId(0), NodeId(1), expected_epoch=0)
-    state, _, _ = commit_all(store, old, empty_state(), 0)
+    state, _, _ = commit_all(store, old)
     # The old owner is fenced out; its late output and checkpoint are orphans forever.
     zombie = PartitionGuard(old)
     late_output = OutputWriter(OutputCommitter(store)).write(zombie, pa.table({"key": ["x"]}), 200, 300)
-    late_ckpt = CheckpointStore(CheckpointWriter(store)).upload(zombie, state)
+    late_ckpt = CheckpointStore(CheckpointWriter(store)).upload_delta(zombie, state, 200, 300).ref
     new = ledger.fence(PartitionId(0), NodeId(2), expected_epoch=1, reason="node 1 died")
     assert new is not None
-    ManifestPublisher(OutputCommitter(store), store).publish(new, ManifestUpdate(source_offset=200, state=None))
+    publisher = ManifestPublisher(OutputCommitter(store), store)
+    committed = publisher.current(PartitionId(0))
+    assert committed is not None
+    publisher.publish(new, ManifestUpdate(source_offset=200, snapshot=committed.manifest.snapshot, note="takeover"))
     # The current owner's upload in flight (not yet in a manifest) must survive.
     in_flight = OutputWriter(OutputCommitter(store)).write(PartitionGuard(new), pa.table({"key": ["y"]}), 200, 250)
 

@@ -15,7 +15,6 @@ from laminar_orchestration.backpressure import (
 )
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.processing import empty_state
 from laminar_orchestration.source import SourceLog, generate_events
 from laminar_orchestration.store import ObjectStore
 
@@ -52,7 +51,7 @@ def test_positions_come_from_the_source_head_and_the_manifest(store: ObjectStore
     log.append(0, generate_events(300, 5, 1, 1)[0])
     assert partition_backpressure(store, 0, soft_threshold=10, hard_threshold=20).pending_lag == 300
     token = ledger.acquire(PartitionId(0), NodeId(1), expected_epoch=0)
-    commit_all(store, token, empty_state(), 0, checkpoint=False)
+    commit_all(store, token, snapshot_every=None)
     bp = partition_backpressure(store, 0, soft_threshold=10, hard_threshold=20)
     assert (bp.last_written_position, bp.last_committed_position, bp.pending_lag) == (300, 300, 0)
 

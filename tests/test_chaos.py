@@ -22,7 +22,7 @@ from laminar_orchestration.capabilities import OutputCommitter
 from laminar_orchestration.chaos import (
     PROFILES,
     SCENARIOS,
-    ArrowBatchRunner,
+    ArrowBatchEngine,
     LogCounts,
     ScenarioResult,
     count_revocations,
@@ -37,7 +37,8 @@ from laminar_orchestration.fencing import PartitionGuard, StaleEpoch
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.manifest import ManifestPublisher, ManifestUpdate, StaleFencingToken, next_ulid
-from laminar_orchestration.processing import empty_state
+from laminar_orchestration.processing import keyed_aggregation
+from laminar_orchestration.statestore import PartitionStateStore
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 from laminar_orchestration.verify import _fold, audit_epoch_history
 
@@ -116,19 +117,23 @@ def test_revocations_are_counted_from_the_runtime_log_line() -> None:
     assert LogCounts(5, 3) - LogCounts(2, 1) == LogCounts(3, 2)
 
 
-def test_arrow_runner_folds_like_the_reference(tmp_path: Path) -> None:
-    runner = ArrowBatchRunner(str(tmp_path / "runner"))
+def test_arrow_engine_and_the_default_merge_fold_like_the_reference(tmp_path: Path) -> None:
+    engine = ArrowBatchEngine()
     batches = [
         pa.table({"offset": [0, 1, 2], "key": ["a", "b", "a"], "value": [1.0, 5.0, 3.0], "ts": [0, 0, 0]}),
         pa.table({"offset": [3, 4], "key": ["a", "c"], "value": [-2.0, 7.0], "ts": [0, 0]}),
     ]
-    state = empty_state()
     outputs: list[pa.Table] = []
-    for i, batch in enumerate(batches):
-        path = tmp_path / f"b{i}.parquet"
-        pq.write_table(batch, path)
-        result = runner.run(state, [path], epoch=4, generation=2)
-        state, outputs = result.state, [*outputs, result.output]
+    with PartitionStateStore(tmp_path / "db", keyed_aggregation.state_schema, partition=0) as local:
+        for i, batch in enumerate(batches):
+            path = tmp_path / f"b{i}.parquet"
+            pq.write_table(batch, path)
+            aggregate = engine.aggregate([path], epoch=4, generation=2)
+            previous = local.get_many(aggregate["key"].to_pylist())
+            fold = keyed_aggregation.fold(aggregate, previous, epoch=4, generation=2)
+            local.apply(fold.delta, int(batch["offset"][-1].as_py()) + 1)
+            outputs.append(fold.output)
+        state = local.to_table()
     expected = _fold(pa.concat_tables(batches))
     assert state.sort_by("key").to_pylist() == expected.sort_by("key").to_pylist()
     last = outputs[-1].sort_by("key").to_pylist()
@@ -149,7 +154,7 @@ def test_chaos_command_rejects_unknown_scenarios(capsys: pytest.CaptureFixture[s
 
 def _output(store: ObjectStore, guard: PartitionGuard) -> ManifestUpdate:
     ref = OutputWriter(OutputCommitter(store)).write(guard, pa.table({"key": ["k"], "epoch": [guard.epoch]}), 0, 0)
-    return ManifestUpdate(source_offset=0, state=None, outputs=(ref,))
+    return ManifestUpdate(source_offset=0, outputs=(ref,))
 
 
 def test_epoch_history_audit_finds_stale_writes_and_split_brain(store: ObjectStore) -> None:
@@ -164,7 +169,7 @@ def test_epoch_history_audit_finds_stale_writes_and_split_brain(store: ObjectSto
     time.sleep(0.01)  # object names carry millisecond timestamps
     zombie = PartitionGuard(first)  # node 1 never refreshed: its cached epoch is still 1
     stale = _output(store, zombie)  # lands, as an object no manifest names
-    publisher.publish(second, ManifestUpdate(source_offset=0, state=None, note="takeover"))
+    publisher.publish(second, ManifestUpdate(source_offset=0, note="takeover"))
     with pytest.raises(StaleFencingToken):
         publisher.publish(first, stale)
 

@@ -6,18 +6,20 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from laminar_orchestration.capabilities import OutputCommitter
+from laminar_orchestration.capabilities import OutputCommitter, ReadStore
 from laminar_orchestration.checkpoint import OutputWriter
 from laminar_orchestration.fencing import PartitionGuard
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.manifest import ManifestPublisher, ManifestUpdate
-from laminar_orchestration.processing import empty_state
+from laminar_orchestration.processing import keyed_aggregation
+from laminar_orchestration.replica import StateReplica
 from laminar_orchestration.store import open_store
 
 from .commits import commit_all, fold_output
@@ -100,7 +102,7 @@ def test_produce_from_file_query_and_verify(store_url: str, tmp_path: Path) -> N
     store = open_store(store_url)
     ledger = Ledger(store)
     token = ledger.acquire(PartitionId(0), NodeId(1), expected_epoch=0)
-    commit_all(store, token, empty_state(), 0)
+    commit_all(store, token)
 
     query = laminar("query", "--store", store_url, "--partition", "0", "--json")
     assert query.returncode == 0, query.stderr
@@ -148,16 +150,23 @@ def test_verify_reports_duplicates_and_losses_with_offsets(store_url: str) -> No
     store = open_store(store_url)
     ledger = Ledger(store)
     token = ledger.acquire(PartitionId(0), NodeId(1), expected_epoch=0)
-    state, offset, _ = commit_all(store, token, empty_state(), 0)
+    _, offset, last = commit_all(store, token)
     assert offset == 300
     # A commit that applies events 100..300 a second time, as a broken fence would.
     from laminar_orchestration.source import SourceLog
 
     batch = pa.concat_tables([b.to_table() for b in SourceLog(store).iter_batches(0, 0, 1000)]).slice(100)
-    _, output = fold_output(batch, state, token.epoch)
+    with tempfile.TemporaryDirectory() as tmp:
+        empty = StateReplica(Path(tmp), 0, keyed_aggregation.state_schema, ReadStore(store))
+        empty.catch_up(None)
+        output = fold_output(batch, empty, token.epoch)
+        empty.close()
     ref = OutputWriter(OutputCommitter(store)).write(PartitionGuard(token), output, 100, 300)
     ManifestPublisher(OutputCommitter(store), store).publish(
-        token, ManifestUpdate(source_offset=300, state=None, outputs=(ref,), events_applied=500)
+        token,
+        ManifestUpdate(
+            source_offset=300, snapshot=last.manifest.snapshot if last else None, outputs=(ref,), events_applied=500
+        ),
     )
     result = laminar("verify", "--store", store_url, "--json")
     assert result.returncode == 1

@@ -32,7 +32,14 @@ from jobs import GRACEFUL_OPS, MIGRATION_ID_TAG, RISING_OPS, failover_partition,
 from laminar_orchestration.capabilities import OutputCommitter
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import ManifestPublisher, ManifestUpdate, artifact_ref
+from laminar_orchestration.manifest import (
+    DeltaRef,
+    ManifestPublisher,
+    ManifestUpdate,
+    SnapshotFile,
+    SnapshotRef,
+    artifact_ref,
+)
 from laminar_orchestration.migration import MigrationCoordinator, MigrationKind, MigrationPhase, desired_key
 from laminar_orchestration.records import grant_key
 from laminar_orchestration.store import LocalObjectStore
@@ -320,8 +327,11 @@ def test_observation_job_records_the_ledger_as_asset_metadata(ledger: Ledger, la
     token = ledger.acquire(P(0), N(1), expected_epoch=0)
     ledger.acquire(P(1), N(1), expected_epoch=0)
     publisher = ManifestPublisher(OutputCommitter(ledger.store), ledger.store)
-    state = artifact_ref("checkpoints/00000/state-1.arrow", b"state bytes")
-    publisher.publish(token, ManifestUpdate(source_offset=42, state=state, state_offset=40))
+    snapshot = SnapshotRef(
+        source_offset=40, files=[SnapshotFile(name="000008.sst", ref=artifact_ref("checkpoints/00000/s.sst", b"state"))]
+    )
+    delta = DeltaRef(ref=artifact_ref("checkpoints/00000/d.parquet", b"delta!"), start_offset=40, end_offset=42, rows=2)
+    publisher.publish(token, ManifestUpdate(source_offset=42, snapshot=snapshot, deltas=(delta,)))
     defs = Definitions(assets=ASSETS, jobs=[observe_laminar_state], resources={"laminar": laminar})
     instance = DagsterInstance.ephemeral()
     assert defs.resolve_job_def("observe_laminar_state").execute_in_process(instance=instance).success
@@ -347,7 +357,8 @@ def test_observation_job_records_the_ledger_as_asset_metadata(ledger: Ledger, la
     ckpt = observed("checkpoint_manifests")
     entry = ckpt.metadata["partition_00000"].value
     assert (entry["seq"], entry["fencing_token"], entry["source_offset"]) == (1, 1, 42)
-    assert (entry["state_key"], entry["state_size"]) == ("checkpoints/00000/state-1.arrow", 11)
+    assert (entry["state_offset"], entry["snapshot_files"], entry["snapshot_bytes"]) == (40, 1, 5)
+    assert (entry["deltas"], entry["delta_bytes"]) == (1, 6)
     assert "partition_00001" not in ckpt.metadata
 
 

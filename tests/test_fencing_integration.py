@@ -19,6 +19,7 @@ from laminar_orchestration.fencing import (
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ledger import EpochConflict, Ledger
 from laminar_orchestration.manifest import (
+    DeltaRef,
     ManifestPublisher,
     ManifestUpdate,
     StaleFencingToken,
@@ -121,7 +122,7 @@ def test_checkpoint_rejection_stale_node_via_conditional_put(ledger: Ledger, sto
     """A zombie that read the manifest before the takeover loses at the store itself."""
     publisher = ManifestPublisher(OutputCommitter(store), store)
     old = ledger.acquire(P(0), N(1), expected_epoch=0)
-    publisher.publish(old, ManifestUpdate(source_offset=10, state=None))
+    publisher.publish(old, ManifestUpdate(source_offset=10))
 
     # The zombie uploads its checkpoint (create-only, fenced metadata) and starts
     # publishing it, but stalls right before the conditional write of seq 2.
@@ -135,7 +136,13 @@ def test_checkpoint_rejection_stale_node_via_conditional_put(ledger: Ledger, sto
 
     def zombie_publish() -> None:
         try:
-            zombie.publish(old, ManifestUpdate(source_offset=20, state=artifact_ref(key, data)))
+            zombie.publish(
+                old,
+                ManifestUpdate(
+                    source_offset=20,
+                    deltas=(DeltaRef(ref=artifact_ref(key, data), start_offset=10, end_offset=20, rows=1),),
+                ),
+            )
         except BaseException as exc:
             failure.append(exc)
 
@@ -145,28 +152,28 @@ def test_checkpoint_rejection_stale_node_via_conditional_put(ledger: Ledger, sto
     # Meanwhile node 2 is granted the partition and takes the manifest over.
     new = ledger.fence(P(0), N(2), expected_epoch=1, reason="node 1 unresponsive")
     assert new is not None
-    publisher.publish(new, ManifestUpdate(source_offset=10, state=None, note="takeover"))
+    publisher.publish(new, ManifestUpdate(source_offset=10, note="takeover"))
     paused.resume.set()
     t.join(30)
     assert len(failure) == 1 and type(failure[0]) is ConditionalPutFailed
     assert (failure[0].expected_epoch, failure[0].actual_epoch) == (1, 2)
     current = publisher.current(P(0))
     assert current is not None and current.manifest.fencing_token == 2
-    assert current.manifest.source_offset == 10 and current.manifest.state is None
+    assert current.manifest.source_offset == 10 and not current.manifest.artifacts()
 
 
 def test_stale_holder_cannot_publish_even_with_fresh_version(ledger: Ledger, store: ObjectStore) -> None:
     """Seed 004: the stale holder reads the freshest manifest and still loses on its token."""
     publisher = ManifestPublisher(OutputCommitter(store), store)
     holder_a = ledger.acquire(P(1), N(1), expected_epoch=0)
-    publisher.publish(holder_a, ManifestUpdate(source_offset=5, state=None))
+    publisher.publish(holder_a, ManifestUpdate(source_offset=5))
     holder_b = ledger.fence(P(1), N(2), expected_epoch=1, reason="A lost the lock")
     assert holder_b is not None
-    publisher.publish(holder_b, ManifestUpdate(source_offset=7, state=None))
+    publisher.publish(holder_b, ManifestUpdate(source_offset=7))
     fresh = publisher.current(P(1))
     assert fresh is not None and fresh.manifest.seq == 2
     with pytest.raises(StaleFencingToken) as info:
-        publisher.publish(holder_a, ManifestUpdate(source_offset=9, state=None))
+        publisher.publish(holder_a, ManifestUpdate(source_offset=9))
     assert (info.value.expected_epoch, info.value.actual_epoch) == (1, 2)
     after = publisher.current(P(1))
     assert after is not None and after.raw == fresh.raw

@@ -15,7 +15,6 @@ import pytest
 
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.processing import empty_state
 from laminar_orchestration.report import (
     FAILOVER,
     MIGRATION,
@@ -51,7 +50,7 @@ def build_history(root: Path) -> Ledger:
     assert p1 is not None
     source = SourceLog(ledger.store, partitions=3)
     source.append(1, generate_events(600, 10, 1, 1)[0])
-    commit_all(ledger.store, p1, empty_state(), 0)
+    commit_all(ledger.store, p1)
     source.append(1, generate_events(400, 10, 2, 1)[0])
     return ledger
 

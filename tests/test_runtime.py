@@ -27,7 +27,7 @@ from laminar_orchestration.migration import (
     MigrationPhase,
     MigrationTimeout,
 )
-from laminar_orchestration.verify import committed_state
+from laminar_orchestration.replica import committed_state
 
 pytestmark = pytest.mark.spark
 
