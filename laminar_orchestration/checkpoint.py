@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from .capabilities import CheckpointWriter, OutputCommitter, ReadStore, checkpoint_key, sink_key
+from .errors import CorruptDataError
 from .fencing import PartitionGuard
 from .manifest import SHA256_METADATA, ArtifactRef, next_ulid
 from .processing import parquet_bytes_to_table, table_to_parquet_bytes
@@ -23,7 +24,7 @@ BATCH_END_METADATA = "x-laminar-batch-end"
 
 
 @dataclass
-class CheckpointCorrupt(Exception):
+class CheckpointCorrupt(CorruptDataError):
     """A checkpoint or output object whose bytes do not match its manifest entry."""
 
     key: str

@@ -27,6 +27,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from .capabilities import LedgerWriter, ledger_key
+from .errors import ConflictError, CorruptDataError, LaminarError, NotFoundError
 from .fencing import FencingToken, NotOwned, StaleEpoch, UnknownPartition, _mint_token
 from .identity import UNASSIGNED, NodeId, PartitionId
 from .records import (
@@ -57,12 +58,12 @@ M = TypeVar("M", bound=BaseModel)
 # --- errors ---------------------------------------------------------------
 
 
-class LedgerError(Exception):
+class LedgerError(LaminarError):
     """Base of ledger errors."""
 
 
 @dataclass
-class CorruptLedgerObject(LedgerError):
+class CorruptLedgerObject(LedgerError, CorruptDataError):
     """A ledger object that cannot be parsed. Nothing overwrites it."""
 
     key: str
@@ -73,7 +74,7 @@ class CorruptLedgerObject(LedgerError):
 
 
 @dataclass
-class ClusterNotInitialized(LedgerError):
+class ClusterNotInitialized(LedgerError, NotFoundError):
     store_url: str
 
     def __str__(self) -> str:
@@ -81,7 +82,7 @@ class ClusterNotInitialized(LedgerError):
 
 
 @dataclass
-class ClusterAlreadyInitialized(LedgerError):
+class ClusterAlreadyInitialized(LedgerError, ConflictError):
     store_url: str
     partitions: int
 
@@ -93,7 +94,7 @@ class ClusterAlreadyInitialized(LedgerError):
 
 
 @dataclass
-class EpochConflict(LedgerError):
+class EpochConflict(LedgerError, ConflictError):
     """Someone else moved the partition's epoch first (seed 003 MigrationError::EpochConflict)."""
 
     partition: PartitionId
@@ -105,7 +106,7 @@ class EpochConflict(LedgerError):
 
 
 @dataclass
-class NotReleased(LedgerError):
+class NotReleased(LedgerError, ConflictError):
     """A graceful acquisition of a partition whose current owner has not released it."""
 
     partition: PartitionId
@@ -120,7 +121,7 @@ class NotReleased(LedgerError):
 
 
 @dataclass
-class NodeIdentityConflict(LedgerError):
+class NodeIdentityConflict(LedgerError, ConflictError):
     """Another process wrote this node's record: two processes claim one node id."""
 
     node: NodeId

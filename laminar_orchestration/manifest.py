@@ -27,6 +27,7 @@ from typing import Literal
 from pydantic import Field
 
 from .capabilities import OutputCommitter, manifest_key
+from .errors import ConflictError, CorruptDataError
 from .fencing import ConditionalPutFailed, FencingToken
 from .identity import PartitionId
 from .ledger import LedgerError, parse_record
@@ -134,7 +135,7 @@ class PartitionManifest(Record):
 # --- errors -----------------------------------------------------------------
 
 
-class SuccessionError(LedgerError):
+class SuccessionError(LedgerError, ConflictError):
     """A manifest that may not follow its predecessor."""
 
 
@@ -190,7 +191,7 @@ class SourceOffsetRegression(SuccessionError):
 
 
 @dataclass
-class ArtifactMissing(LedgerError):
+class ArtifactMissing(LedgerError, CorruptDataError):
     key: str
 
     def __str__(self) -> str:
@@ -198,7 +199,7 @@ class ArtifactMissing(LedgerError):
 
 
 @dataclass
-class ArtifactMismatch(LedgerError):
+class ArtifactMismatch(LedgerError, CorruptDataError):
     key: str
     field: str
     expected: str

@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .errors import CorruptDataError, InvalidInputError, LaminarError
 from .framing import FLAG_PUBLISHED, HEADER_SIZE, FrameHeader, iter_frames
 from .store import ConcurrentModification, ObjectStore, PreconditionFailed
 
@@ -108,7 +109,7 @@ def head_key(partition: int) -> str:
 
 
 @dataclass(eq=False)
-class SourceError(Exception):
+class SourceError(LaminarError):
     """Base of source-log errors. Fields are positional args too, so errors pickle."""
 
     def __post_init__(self) -> None:
@@ -116,7 +117,7 @@ class SourceError(Exception):
 
 
 @dataclass(eq=False)
-class OffsetNotAtSegmentBoundary(SourceError):
+class OffsetNotAtSegmentBoundary(SourceError, InvalidInputError):
     """`offset` is neither the start of a segment nor the end of the log (`log_end`)."""
 
     partition: int
@@ -132,7 +133,7 @@ class OffsetNotAtSegmentBoundary(SourceError):
 
 
 @dataclass(eq=False)
-class CorruptSegment(SourceError):
+class CorruptSegment(SourceError, CorruptDataError):
     """A segment object that does not decode into the expected frames and events."""
 
     key: str
@@ -143,7 +144,7 @@ class CorruptSegment(SourceError):
 
 
 @dataclass(eq=False)
-class CorruptSourceHead(SourceError):
+class CorruptSourceHead(SourceError, CorruptDataError):
     """A head pointer that does not parse (or moved backwards). Nothing overwrites it."""
 
     key: str
@@ -154,7 +155,7 @@ class CorruptSourceHead(SourceError):
 
 
 @dataclass(eq=False)
-class InvalidEvents(SourceError):
+class InvalidEvents(SourceError, InvalidInputError):
     """Events handed to `SourceLog.append` that do not fit the event schema."""
 
     partition: int
@@ -165,7 +166,7 @@ class InvalidEvents(SourceError):
 
 
 @dataclass(eq=False)
-class PartitionOutOfRange(SourceError):
+class PartitionOutOfRange(SourceError, InvalidInputError):
     """A partition id below 0 or not below the configured partition count."""
 
     partition: int
@@ -177,7 +178,7 @@ class PartitionOutOfRange(SourceError):
 
 
 @dataclass(eq=False)
-class BadInputLine(SourceError):
+class BadInputLine(SourceError, InvalidInputError):
     """A JSONL input line that is not a valid `SourceEvent`; nothing of the file was appended."""
 
     path: str

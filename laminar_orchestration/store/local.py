@@ -21,6 +21,7 @@ import struct
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from ..errors import CorruptDataError
 from .base import (
     InvalidKey,
     ObjectMeta,
@@ -44,7 +45,7 @@ _ETAG_END = _ETAG_START + 24
 _CACHE_ENTRIES = 50_000
 
 
-class CorruptObject(StoreError):
+class CorruptObject(StoreError, CorruptDataError):
     """A file in the local store that is not a well-formed object (torn or foreign)."""
 
     def __init__(self, key: str, path: Path, reason: str) -> None:
