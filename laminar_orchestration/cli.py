@@ -527,8 +527,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 @command("chaos")
 def cmd_chaos(args: argparse.Namespace) -> int:
+    from .chaos import SCENARIOS
     from .chaos import main as chaos_main
 
+    unknown = sorted(set(args.scenario or ()) - set(SCENARIOS))
+    if unknown:
+        raise InvalidArgument("--scenario", f"unknown scenario(s) {unknown}; choose from {list(SCENARIOS)}")
     return chaos_main(
         profile_name=args.profile,
         names=args.scenario,
@@ -565,8 +569,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         options.check()
     except ValueError as exc:
-        flag, _, reason = str(exc).partition(" ")
-        raise InvalidArgument(flag, reason) from None
+        raise InvalidArgument("demo", str(exc)) from None
     return run_demo(options)
 
 
