@@ -184,6 +184,17 @@ def test_init_partition_count_is_bounded(tmp_path: Path, capsys: pytest.CaptureF
     assert not target.exists()
 
 
+def test_interrupted_init_says_how_to_complete_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(self: Ledger, partitions: int, *, force: bool = False) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Ledger, "init_cluster", interrupted)
+    assert cli.main(["init", "--store", (tmp_path / "s").as_uri(), "--partitions", "2"]) == 130
+    assert "run the same `laminar init` again" in capsys.readouterr().err
+
+
 def test_init_twice_is_a_conflict(cluster: str, capsys: pytest.CaptureFixture[str]) -> None:
     before = snapshot(cluster)
     code, line = run_error(capsys, "init", "--store", cluster, "--partitions", "2")

@@ -10,14 +10,16 @@ import pkgutil
 import pytest
 
 import laminar_orchestration
+from laminar_orchestration.backpressure import Backpressure
 from laminar_orchestration.checkpoint import CheckpointCorrupt
+from laminar_orchestration.cluster_epoch import ClusterEpochFenceTimeout, StaleClusterEpoch
 from laminar_orchestration.errors import EXIT_CODES, ErrorKind, InvalidArgument, LaminarError, exit_code
 from laminar_orchestration.fencing import StaleEpoch, UnknownPartition
 from laminar_orchestration.framing import BadMagic, FrameError
 from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.ledger import ClusterAlreadyInitialized, ClusterNotInitialized, CorruptLedgerObject
 from laminar_orchestration.migration import InvalidTransition, MigrationKind, MigrationPhase
-from laminar_orchestration.source import BadInputLine, CorruptSegment
+from laminar_orchestration.source import BadInputLine, CorruptSegment, InputFileError
 from laminar_orchestration.store import InvalidStoreUrl, ObjectNotFound, PreconditionFailed, StoreUnavailable
 
 
@@ -67,6 +69,10 @@ def test_every_kind_has_a_distinct_exit_code() -> None:
         (ObjectNotFound("k"), ErrorKind.NOT_FOUND),
         (ClusterNotInitialized("file:///s"), ErrorKind.NOT_FOUND),
         (UnknownPartition(PartitionId(9)), ErrorKind.NOT_FOUND),
+        (StaleClusterEpoch(1, 3, 4), ErrorKind.FENCED),
+        (ClusterEpochFenceTimeout(4, 1.5), ErrorKind.UNAVAILABLE),
+        (Backpressure(0, 100, 50, 1.0), ErrorKind.UNAVAILABLE),
+        (InputFileError("/nope", "no such file"), ErrorKind.INVALID_INPUT),
     ],
 )
 def test_kinds_fields_messages_and_pickling(error: LaminarError, kind: ErrorKind) -> None:
