@@ -8,10 +8,8 @@ from typing import Any
 from dagster import Config, Failure, MetadataValue, OpExecutionContext
 from pydantic import Field
 
-from laminar_orchestration.fencing import EpochError
-from laminar_orchestration.ledger import LedgerError
+from laminar_orchestration.errors import LaminarError
 from laminar_orchestration.migration import MigrationConfig, MigrationTask, PhaseReport
-from laminar_orchestration.store import StoreError
 
 #: Run tags (the sensors read and write them).
 PARTITION_TAG = "laminar/partition"
@@ -25,7 +23,7 @@ NOT_BEFORE_TAG = "laminar/not_before"
 MAX_RETRY_WAIT_S = 600.0
 
 #: Errors an op turns into a Dagster `Failure` with a one-line message.
-EXPECTED_ERRORS: tuple[type[Exception], ...] = (LedgerError, EpochError, StoreError)
+EXPECTED_ERRORS: tuple[type[Exception], ...] = (LaminarError,)
 
 
 class MigrationLimits(Config):

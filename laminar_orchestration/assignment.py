@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Generic, TypeVar
 
+from .errors import InvalidInputError, UnavailableError
 from .identity import UNASSIGNED, NodeId, PartitionId
 from .ledger import Ledger, LedgerError
 from .migration import (
@@ -75,7 +76,7 @@ __all__ = [
 # --- the planner (pure) ---------------------------------------------------------
 
 
-class AssignmentError(ValueError):
+class AssignmentError(InvalidInputError, ValueError):
     """The inputs admit no assignment (no live node, bad weights)."""
 
 
@@ -508,7 +509,7 @@ def stranded(task: MigrationTask | None, epoch: int, owner: int) -> bool:
 
 
 @dataclass
-class NoFailoverTarget(MigrationError):
+class NoFailoverTarget(MigrationError, UnavailableError):
     """No live node other than the current owner can take the partition."""
 
     partition: int

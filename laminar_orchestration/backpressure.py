@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import UnavailableError
 from .store import ObjectStore
 
 
@@ -61,7 +62,7 @@ class BackpressureState:
 
 
 @dataclass
-class Backpressure(Exception):
+class Backpressure(UnavailableError):
     """Raised to a producer when a partition's lag is past the hard threshold."""
 
     partition: int

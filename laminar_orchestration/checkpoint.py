@@ -28,7 +28,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from .capabilities import CheckpointWriter, OutputCommitter, ReadStore, checkpoint_key, sink_key
-from .errors import ErrorKind, LaminarError
+from .errors import ConflictError, CorruptDataError
 from .fencing import PartitionGuard
 from .manifest import SHA256_METADATA, ArtifactRef, DeltaRef, SnapshotFile, SnapshotRef, next_ulid
 from .processing import parquet_bytes_to_table, table_to_parquet_bytes
@@ -42,10 +42,9 @@ _OBJECT_NAME = re.compile(r"^(?:checkpoints|sink)/(\d{5})/(\d{10})-")
 
 
 @dataclass
-class CheckpointCorrupt(LaminarError):
+class CheckpointCorrupt(CorruptDataError):
     """A checkpoint or output object whose bytes do not match its manifest entry."""
 
-    kind = ErrorKind.CORRUPT_DATA
     key: str
     reason: str
 
@@ -54,10 +53,9 @@ class CheckpointCorrupt(LaminarError):
 
 
 @dataclass
-class SnapshotCancelled(LaminarError):
+class SnapshotCancelled(ConflictError):
     """A snapshot upload stopped because its partition is moving or stopping (nothing was published)."""
 
-    kind = ErrorKind.CONFLICT
     partition: int
 
     def __str__(self) -> str:

@@ -1,8 +1,11 @@
 """The `laminar` command line: one subcommand per operation, `--json` where output is data.
 
 Every subcommand takes `--store URL` (default: ``LAMINAR_STORE``, else a local
-store under the working directory). Errors are reported as one line naming
-what is wrong, with exit code 2 for bad input and 1 for a failed operation.
+store under the working directory). Errors are reported as one line,
+``laminar: error: <what is wrong>``, with an exit code by the error's kind
+(`laminar_orchestration.errors.EXIT_CODES`): 2 invalid input, 3 unavailable,
+4 conflict, 5 fenced, 6 corrupt data, 7 not found, 1 any other failure (and
+`verify` finding losses or duplicates).
 """
 
 from __future__ import annotations
@@ -14,11 +17,10 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from .backpressure import Backpressure
-from .fencing import EpochError
-from .ledger import Ledger, LedgerError
-from .source import SourceError
-from .store import StoreError, default_store_url, open_store
+from .errors import InvalidArgument, LaminarError, exit_code
+from .identity import MAX_PARTITIONS, UNASSIGNED
+from .ledger import Ledger
+from .store import default_store_url, open_store
 
 Handler = Callable[[argparse.Namespace], int]
 _COMMANDS: dict[str, Handler] = {}
@@ -46,11 +48,36 @@ def _ledger(args: argparse.Namespace, *, create: bool = False) -> Ledger:
     return Ledger(open_store(args.store, create=create))
 
 
+# --- argument checks: before anything is read or written ----------------------------
+
+
+def _check_at_least(flag: str, value: float | None, low: float) -> None:
+    if value is not None and value < low:
+        raise InvalidArgument(flag, f"{value} is below the minimum of {low}")
+
+
+def _check_node_id(flag: str, node: int | None) -> None:
+    if node is None:
+        return
+    if node == UNASSIGNED:
+        raise InvalidArgument(flag, "node 0 is the 'unassigned' sentinel, not a node (node ids are >= 1)")
+    if node < 1:
+        raise InvalidArgument(flag, f"{node} is not a node id (node ids are >= 1)")
+
+
+def _check_partition(ledger: Ledger, flag: str, partition: int) -> None:
+    count = ledger.cluster().partitions
+    if not 0 <= partition < count:
+        raise InvalidArgument(flag, f"partition {partition} does not exist (the cluster has partitions 0..{count - 1})")
+
+
 # --- init / status -----------------------------------------------------------
 
 
 @command("init")
 def cmd_init(args: argparse.Namespace) -> int:
+    if not 1 <= args.partitions <= MAX_PARTITIONS:
+        raise InvalidArgument("--partitions", f"{args.partitions} is not within 1..{MAX_PARTITIONS}")
     ledger = _ledger(args, create=True)
     record = ledger.init_cluster(args.partitions, force=args.force)
     if args.json:
@@ -126,6 +153,17 @@ def cmd_node(args: argparse.Namespace) -> int:
 
     from .runtime import NodeConfig, run_node
 
+    _check_node_id("--node-id", args.node_id)
+    positive = {
+        "--heartbeat-timeout": args.heartbeat_timeout,
+        "--refresh-interval": args.refresh_interval,
+        "--checkpoint-every-s": args.checkpoint_every_s,
+    }
+    for flag, value in positive.items():
+        if not value > 0:
+            raise InvalidArgument(flag, f"{value} must be > 0")
+    _check_at_least("--batch-max-events", args.batch_max_events, 1)
+    _check_at_least("--checkpoint-every-batches", args.checkpoint_every_batches, 1)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = NodeConfig(
         store_url=args.store,
@@ -148,6 +186,13 @@ def cmd_produce(args: argparse.Namespace) -> int:
     from .backpressure import admit, partition_backpressure
     from .source import SourceLog, generate_events, produce_from_jsonl
 
+    if args.from_file is None and args.count is None:
+        raise InvalidArgument("produce", "give --from-file FILE or --count N")
+    _check_at_least("--count", args.count, 0)
+    _check_at_least("--keys", args.keys, 1)
+    _check_at_least("--segment-events", args.segment_events, 1)
+    _check_at_least("--soft-lag", args.soft_lag, 1)
+    _check_at_least("--hard-lag", args.hard_lag, 0)
     ledger = _ledger(args)
     partitions = ledger.cluster().partitions
     log = SourceLog(ledger.store, partitions=partitions, segment_events=args.segment_events)
@@ -169,8 +214,6 @@ def cmd_produce(args: argparse.Namespace) -> int:
         for p, res in produce_from_jsonl(args.from_file, log).items():
             counts[p] = res.events
     else:
-        if args.count is None:
-            raise ValueError("give --from-file FILE or --count N")
         tables = generate_events(args.count, args.keys, args.seed, partitions)
         for p, table in tables.items():
             counts[p] = log.append(p, table).events
@@ -187,8 +230,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     from .replica import committed_state, lookup
 
     ledger = _ledger(args)
-    if args.partition not in ledger.partitions():
-        raise ValueError(f"partition {args.partition} does not exist (cluster has {ledger.cluster().partitions})")
+    _check_partition(ledger, "--partition", args.partition)
     if args.key is not None:
         values, offset = lookup(ledger.store, args.partition, args.key)
         if args.json:
@@ -273,6 +315,15 @@ def _migration_config(args: argparse.Namespace) -> Any:
         "checkpoint_transfer_timeout_s": args.transfer_timeout,
         "max_concurrent_migrations": getattr(args, "max_concurrent", None),
     }
+    flags = {
+        "migration_timeout_s": "--migration-timeout",
+        "release_wait_timeout_s": "--release-wait-timeout",
+        "checkpoint_transfer_timeout_s": "--transfer-timeout",
+        "max_concurrent_migrations": "--max-concurrent",
+    }
+    for name, value in values.items():
+        if value is not None and not value > 0:
+            raise InvalidArgument(flags[name], f"{value} must be > 0")
     return MigrationConfig(**{k: v for k, v in values.items() if v is not None})
 
 
@@ -313,6 +364,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from .assignment import run_migration
     from .migration import MigrationCoordinator, PhaseReport
 
+    # Checked first: a wrong partition or node must be named as such, not as a failed phase.
+    _check_partition(_ledger(args), "--partition", args.partition)
+    _check_node_id("--to", args.to)
     coordinator = MigrationCoordinator(_ledger(args), _migration_config(args))
     reports: list[PhaseReport] = []
 
@@ -350,15 +404,20 @@ def cmd_failover(args: argparse.Namespace) -> int:
     )
     from .migration import MigrationCoordinator, NoLiveNode, PhaseReport
 
+    _check_node_id("--node", args.node)
+    _check_node_id("--to", args.to)
+    if args.to is not None and args.to == args.node:
+        raise InvalidArgument("--to", f"node {args.to} is the node being failed over")
     ledger = _ledger(args)
     config = _migration_config(args)
     live = live_node_ids(ledger)
     if args.node in live and not args.force:
-        raise ValueError(
+        raise InvalidArgument(
+            "--node",
             f"node {args.node} is alive: move its partitions with `laminar migrate` (graceful), "
-            "or pass --force to fence it anyway"
+            "or pass --force to fence it anyway",
         )
-    if args.to is not None and (args.to == args.node or args.to not in live):
+    if args.to is not None and args.to not in live:
         raise NoLiveNode(args.to)
     current = ownership_map(ledger)
     loads = node_loads(current, live - {args.node})
@@ -401,7 +460,7 @@ def _parse_weights(items: Sequence[str]) -> dict[int, float]:
                 raise ValueError
             weights[int(node)] = float(weight)
         except ValueError:
-            raise ValueError(f"--weight {item!r}: expected NODE=WEIGHT, e.g. 3=2.0") from None
+            raise InvalidArgument("--weight", f"{item!r}: expected NODE=WEIGHT, e.g. 3=2.0") from None
     return weights
 
 
@@ -486,8 +545,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 @command("chaos")
 def cmd_chaos(args: argparse.Namespace) -> int:
+    from .chaos import SCENARIOS
     from .chaos import main as chaos_main
 
+    unknown = sorted(set(args.scenario or ()) - set(SCENARIOS))
+    if unknown:
+        raise InvalidArgument("--scenario", f"unknown scenario(s) {unknown}; choose from {list(SCENARIOS)}")
     return chaos_main(
         profile_name=args.profile,
         names=args.scenario,
@@ -521,7 +584,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         dagster=not args.no_dagster,
         base_dir=Path.cwd(),
     )
-    options.check()
+    try:
+        options.check()
+    except ValueError as exc:
+        raise InvalidArgument("demo", str(exc)) from None
     return run_demo(options)
 
 
@@ -719,10 +785,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.store = default_store_url()
     try:
         return _COMMANDS[args.command](args)
-    except (StoreError, LedgerError, EpochError, SourceError, Backpressure, ValueError) as exc:
-        print(f"laminar {args.command}: error: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ValueError) else 1
+    except LaminarError as exc:
+        # One line whatever the message holds: scripts grep it, humans read it.
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"laminar: error: {message}", file=sys.stderr)
+        return exit_code(exc.error_kind)
     except KeyboardInterrupt:
+        if args.command == "init":
+            print("laminar: interrupted: run the same `laminar init` again to complete it", file=sys.stderr)
         return 130
 
 

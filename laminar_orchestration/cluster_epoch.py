@@ -55,6 +55,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .errors import FencedError, LaminarError, UnavailableError
 from .identity import RESERVED_EPOCH
 
 __all__ = [
@@ -73,7 +74,7 @@ _log = logging.getLogger(__name__)
 # --- errors ---------------------------------------------------------------
 
 
-class ClusterEpochError(Exception):
+class ClusterEpochError(LaminarError):
     """Base of the cluster-epoch fencing errors (typed values: compare fields, never messages)."""
 
     def __reduce__(self) -> tuple[type[ClusterEpochError], tuple[object, ...]]:
@@ -110,7 +111,7 @@ def _error_dataclass(cls: type[_E]) -> type[_E]:
 
 @_error_dataclass
 @dataclass(frozen=True)
-class StaleClusterEpoch(ClusterEpochError):
+class StaleClusterEpoch(ClusterEpochError, FencedError):
     """The epoch is below the acceptance window: the commit must be abandoned.
 
     ``oldest_accepted``/``latest_seen`` are the window at the time of rejection,
@@ -133,7 +134,7 @@ class StaleClusterEpoch(ClusterEpochError):
 
 @_error_dataclass
 @dataclass(frozen=True)
-class ClusterEpochFenceTimeout(ClusterEpochError):
+class ClusterEpochFenceTimeout(ClusterEpochError, UnavailableError):
     """The fence could not be acquired within ``timeout`` seconds (holders did not finish)."""
 
     epoch: int

@@ -49,6 +49,7 @@ from types import FrameType
 from typing import IO, TextIO
 
 from .assignment import Move, MoveOutcome, live_node_ids, ownership_map, plan_assignment, run_migration, run_moves
+from .errors import OperationFailedError
 from .identity import UNASSIGNED, PartitionId
 from .ledger import Ledger
 from .manifest import ManifestReader
@@ -78,7 +79,7 @@ NODE_START_TIMEOUT_S = 240.0
 WEBSERVER_START_TIMEOUT_S = 180.0
 
 
-class DemoError(Exception):
+class DemoError(OperationFailedError):
     """The demo cannot go on (a port in use, a node that exited, ...)."""
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from .errors import FencedError, LaminarError, NotFoundError
 from .identity import UNASSIGNED, NodeId, PartitionId
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 # --- errors ---------------------------------------------------------------
 
 
-class EpochError(Exception):
+class EpochError(LaminarError):
     """Base of the fencing errors. Variants: StaleEpoch, UnknownPartition, NotOwned,
     ConditionalPutFailed, also reachable as ``EpochError.StaleEpoch`` etc."""
 
@@ -36,7 +37,7 @@ class EpochError(Exception):
 
 
 @dataclass(eq=True)
-class StaleEpoch(EpochError):
+class StaleEpoch(EpochError, FencedError):
     """Another node holds the partition at a higher epoch; abort all in-flight work."""
 
     partition: PartitionId
@@ -48,7 +49,7 @@ class StaleEpoch(EpochError):
 
 
 @dataclass(eq=True)
-class UnknownPartition(EpochError):
+class UnknownPartition(EpochError, NotFoundError):
     """The partition does not exist in the ledger."""
 
     partition: PartitionId
@@ -58,7 +59,7 @@ class UnknownPartition(EpochError):
 
 
 @dataclass(eq=True)
-class NotOwned(EpochError):
+class NotOwned(EpochError, FencedError):
     """This node does not own the partition (another node, or node 0: unassigned)."""
 
     partition: PartitionId
@@ -68,7 +69,7 @@ class NotOwned(EpochError):
 
 
 @dataclass(eq=True)
-class ConditionalPutFailed(EpochError):
+class ConditionalPutFailed(EpochError, FencedError):
     """The store rejected a fenced write because the partition's epoch moved on."""
 
     partition: PartitionId

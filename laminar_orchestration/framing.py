@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from .errors import CorruptDataError
+
 __all__ = [
     "FLAGS_OFFSET",
     "FLAG_PUBLISHED",
@@ -71,7 +73,7 @@ assert HEADER_SIZE == 32  # the seed fixes the layout; a struct typo must not sl
 
 
 @dataclass(eq=False)
-class FrameError(Exception):
+class FrameError(CorruptDataError):
     """Base of frame errors: `source` (object key or file name) and byte `offset` of the frame."""
 
     source: str

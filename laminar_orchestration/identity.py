@@ -14,3 +14,7 @@ UNASSIGNED = NodeId(0)
 
 #: Epoch 0 is reserved: a partition at epoch 0 has never been granted to anyone.
 RESERVED_EPOCH = 0
+
+#: Most partitions a cluster may have. Keys spell partition ids with five digits
+#: (``ledger/partitions/00042``), and a bound keeps `init` and full-cluster scans finite.
+MAX_PARTITIONS = 65_536

@@ -27,8 +27,9 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from .capabilities import LedgerWriter, ledger_key
+from .errors import ConflictError, CorruptDataError, InvalidArgument, LaminarError, NotFoundError
 from .fencing import FencingToken, NotOwned, StaleEpoch, UnknownPartition, _mint_token
-from .identity import UNASSIGNED, NodeId, PartitionId
+from .identity import MAX_PARTITIONS, UNASSIGNED, NodeId, PartitionId
 from .records import (
     CLUSTER_KEY,
     MEMBERSHIP_KEY,
@@ -57,12 +58,12 @@ M = TypeVar("M", bound=BaseModel)
 # --- errors ---------------------------------------------------------------
 
 
-class LedgerError(Exception):
+class LedgerError(LaminarError):
     """Base of ledger errors."""
 
 
 @dataclass
-class CorruptLedgerObject(LedgerError):
+class CorruptLedgerObject(LedgerError, CorruptDataError):
     """A ledger object that cannot be parsed. Nothing overwrites it."""
 
     key: str
@@ -73,7 +74,7 @@ class CorruptLedgerObject(LedgerError):
 
 
 @dataclass
-class ClusterNotInitialized(LedgerError):
+class ClusterNotInitialized(LedgerError, NotFoundError):
     store_url: str
 
     def __str__(self) -> str:
@@ -81,7 +82,7 @@ class ClusterNotInitialized(LedgerError):
 
 
 @dataclass
-class ClusterAlreadyInitialized(LedgerError):
+class ClusterAlreadyInitialized(LedgerError, ConflictError):
     store_url: str
     partitions: int
 
@@ -93,7 +94,7 @@ class ClusterAlreadyInitialized(LedgerError):
 
 
 @dataclass
-class EpochConflict(LedgerError):
+class EpochConflict(LedgerError, ConflictError):
     """Someone else moved the partition's epoch first (seed 003 MigrationError::EpochConflict)."""
 
     partition: PartitionId
@@ -105,7 +106,7 @@ class EpochConflict(LedgerError):
 
 
 @dataclass
-class NotReleased(LedgerError):
+class NotReleased(LedgerError, ConflictError):
     """A graceful acquisition of a partition whose current owner has not released it."""
 
     partition: PartitionId
@@ -120,7 +121,7 @@ class NotReleased(LedgerError):
 
 
 @dataclass
-class NodeIdentityConflict(LedgerError):
+class NodeIdentityConflict(LedgerError, ConflictError):
     """Another process wrote this node's record: two processes claim one node id."""
 
     node: NodeId
@@ -233,24 +234,25 @@ class Ledger:
     def init_cluster(self, partitions: int, *, force: bool = False) -> ClusterRecord:
         """Create the cluster record and `partitions` unassigned partitions at epoch 0.
 
-        Re-initialization needs `force`; it never lowers an epoch or removes a
-        partition (that would hand out an epoch twice), it only adds partitions.
+        `partitions` must be within 1..`MAX_PARTITIONS`. Re-initialization needs
+        `force`; it never lowers an epoch or removes a partition (that would hand
+        out an epoch twice), it only adds partitions.
+
+        Resumable: the partition heads and the membership record are written
+        first and the cluster record last, so an interrupted `init` leaves no
+        cluster that names missing partitions; running it again completes it.
         """
-        if partitions < 1:
-            raise ValueError("a cluster needs at least one partition")
-        record = ClusterRecord(cluster_id=uuid.uuid4().hex, partitions=partitions, created_at=now())
-        try:
-            self._writer.create(ledger_key(CLUSTER_KEY), _encode(record))
-        except PreconditionFailed:
-            existing, etag = self._require(CLUSTER_KEY, ClusterRecord)
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= MAX_PARTITIONS:
+            raise InvalidArgument("partitions", f"{partitions!r} is not within 1..{MAX_PARTITIONS}")
+        existing = self._read(CLUSTER_KEY, ClusterRecord)
+        if existing is not None:
             if not force:
-                raise ClusterAlreadyInitialized(self.store.url, existing.partitions) from None
-            if partitions < existing.partitions:
-                raise ValueError(
-                    f"cannot shrink the cluster from {existing.partitions} to {partitions} partitions"
-                ) from None
-            record = existing.model_copy(update={"partitions": partitions, "reinitialized_at": now()})
-            self._writer.swap(ledger_key(CLUSTER_KEY), _encode(record), etag)
+                raise ClusterAlreadyInitialized(self.store.url, existing[0].partitions)
+            if partitions < existing[0].partitions:
+                raise InvalidArgument(
+                    "partitions",
+                    f"cannot shrink the cluster from {existing[0].partitions} to {partitions} partitions",
+                )
         for p in range(partitions):
             head = PartitionHead(
                 partition=p, epoch=0, owner=UNASSIGNED, status=PartitionStatus.UNASSIGNED, updated_at=now()
@@ -258,12 +260,25 @@ class Ledger:
             try:
                 self._writer.create(ledger_key(head_key(p)), _encode(head))
             except PreconditionFailed:
-                self._require(head_key(p), PartitionHead)  # exists: must at least parse
+                self._require(head_key(p), PartitionHead)  # exists (earlier run or re-init): must parse
         if self._read(MEMBERSHIP_KEY, MembershipRecord) is None:
             membership = MembershipRecord(cluster_epoch=1, members=[], reason="init", updated_at=now())
             # Losing this race is fine: someone else created the same initial record.
             with contextlib.suppress(PreconditionFailed):
                 self._writer.create(ledger_key(MEMBERSHIP_KEY), _encode(membership))
+        # Last: once the cluster record exists, every partition it names has a head.
+        if existing is None:
+            record = ClusterRecord(cluster_id=uuid.uuid4().hex, partitions=partitions, created_at=now())
+            try:
+                self._writer.create(ledger_key(CLUSTER_KEY), _encode(record))
+            except PreconditionFailed:
+                # A concurrent init finished first: its heads are ours too, report the conflict.
+                raise ClusterAlreadyInitialized(self.store.url, self.cluster().partitions) from None
+            return record
+        previous, etag = existing
+        record = previous.model_copy(update={"partitions": partitions, "reinitialized_at": now()})
+        # A concurrent re-init moves the ETag: PreconditionFailed (a conflict) propagates.
+        self._writer.swap(ledger_key(CLUSTER_KEY), _encode(record), etag)
         return record
 
     def partitions(self) -> list[PartitionId]:

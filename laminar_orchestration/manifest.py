@@ -28,6 +28,7 @@ from typing import Literal
 from pydantic import Field
 
 from .capabilities import OutputCommitter, manifest_key
+from .errors import ConflictError, CorruptDataError
 from .fencing import ConditionalPutFailed, FencingToken
 from .identity import PartitionId
 from .ledger import LedgerError, parse_record
@@ -173,7 +174,7 @@ class PartitionManifest(Record):
 # --- errors -----------------------------------------------------------------
 
 
-class SuccessionError(LedgerError):
+class SuccessionError(LedgerError, ConflictError):
     """A manifest that may not follow its predecessor."""
 
 
@@ -229,7 +230,7 @@ class SourceOffsetRegression(SuccessionError):
 
 
 @dataclass
-class ArtifactMissing(LedgerError):
+class ArtifactMissing(LedgerError, CorruptDataError):
     key: str
 
     def __str__(self) -> str:
@@ -237,7 +238,7 @@ class ArtifactMissing(LedgerError):
 
 
 @dataclass
-class ArtifactMismatch(LedgerError):
+class ArtifactMismatch(LedgerError, CorruptDataError):
     key: str
     field: str
     expected: str

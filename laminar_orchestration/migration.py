@@ -28,6 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .capabilities import LedgerWriter, ledger_key
+from .errors import ConflictError, OperationFailedError, UnavailableError
 from .identity import UNASSIGNED, NodeId, PartitionId
 from .ledger import EpochConflict, Ledger, LedgerError, parse_record
 from .records import Record, new_write_id, now, partition_prefix
@@ -175,7 +176,7 @@ class MigrationError(LedgerError):
 
 
 @dataclass
-class InvalidTransition(MigrationError):
+class InvalidTransition(MigrationError, ConflictError):
     kind: MigrationKind
     current: MigrationPhase
     target: MigrationPhase
@@ -185,7 +186,7 @@ class InvalidTransition(MigrationError):
 
 
 @dataclass
-class MigrationNotOwned(MigrationError):
+class MigrationNotOwned(MigrationError, ConflictError):
     """seed: NotOwned(partition) — the named old owner does not hold the partition."""
 
     partition: PartitionId
@@ -196,7 +197,7 @@ class MigrationNotOwned(MigrationError):
 
 
 @dataclass
-class MigrationTimeout(MigrationError):
+class MigrationTimeout(MigrationError, UnavailableError):
     partition: PartitionId
     phase: MigrationPhase
     elapsed_s: float
@@ -206,7 +207,7 @@ class MigrationTimeout(MigrationError):
 
 
 @dataclass
-class CheckpointFailed(MigrationError):
+class CheckpointFailed(MigrationError, OperationFailedError):
     partition: PartitionId
     source: str
 
@@ -215,7 +216,7 @@ class CheckpointFailed(MigrationError):
 
 
 @dataclass
-class UploadFailed(MigrationError):
+class UploadFailed(MigrationError, OperationFailedError):
     partition: PartitionId
     source: str
 
@@ -224,7 +225,7 @@ class UploadFailed(MigrationError):
 
 
 @dataclass
-class DownloadFailed(MigrationError):
+class DownloadFailed(MigrationError, OperationFailedError):
     partition: PartitionId
     checkpoint: str
     source: str
@@ -234,7 +235,7 @@ class DownloadFailed(MigrationError):
 
 
 @dataclass
-class RestoreFailed(MigrationError):
+class RestoreFailed(MigrationError, OperationFailedError):
     partition: PartitionId
     source: str
 
@@ -243,7 +244,7 @@ class RestoreFailed(MigrationError):
 
 
 @dataclass
-class LedgerCommitFailed(MigrationError):
+class LedgerCommitFailed(MigrationError, OperationFailedError):
     """seed: RaftCommitFailed — the ledger write of a release or acquisition failed."""
 
     partition: PartitionId
@@ -254,7 +255,7 @@ class LedgerCommitFailed(MigrationError):
 
 
 @dataclass
-class OldOwnerCrashed(MigrationError):
+class OldOwnerCrashed(MigrationError, UnavailableError):
     """The old owner stopped heartbeating mid-release; fall back to the forced path."""
 
     partition: PartitionId
@@ -265,7 +266,7 @@ class OldOwnerCrashed(MigrationError):
 
 
 @dataclass
-class MigrationEpochConflict(MigrationError):
+class MigrationEpochConflict(MigrationError, ConflictError):
     """Another migration of the partition is in progress, or its epoch moved."""
 
     partition: PartitionId
@@ -277,7 +278,7 @@ class MigrationEpochConflict(MigrationError):
 
 
 @dataclass
-class SeekFailed(MigrationError):
+class SeekFailed(MigrationError, OperationFailedError):
     partition: PartitionId
     source: str
 
@@ -286,7 +287,7 @@ class SeekFailed(MigrationError):
 
 
 @dataclass
-class MigrationFailed(MigrationError):
+class MigrationFailed(MigrationError, OperationFailedError):
     """A node reported a failure for the phase it was carrying out."""
 
     partition: PartitionId
@@ -298,7 +299,7 @@ class MigrationFailed(MigrationError):
 
 
 @dataclass
-class NoLiveNode(MigrationError):
+class NoLiveNode(MigrationError, UnavailableError):
     node: NodeId
 
     def __str__(self) -> str:

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from .capabilities import ReadStore
 from .checkpoint import download_snapshot, download_table
-from .errors import ErrorKind, LaminarError
+from .errors import CorruptDataError
 from .identity import PartitionId
 from .manifest import ManifestReader, PartitionManifest, SnapshotFile, SnapshotRef
 from .processing import keyed_aggregation
@@ -32,10 +32,9 @@ from .store import ObjectStore
 
 
 @dataclass
-class StateGap(LaminarError):
+class StateGap(CorruptDataError):
     """A manifest whose snapshot and deltas do not add up to its source offset."""
 
-    kind = ErrorKind.CORRUPT_DATA
     partition: int
     seq: int
     reason: str

@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .capabilities import CheckpointWriter, OutputCommitter, ReadStore
 from .checkpoint import CheckpointStore, OutputWriter
 from .cluster_epoch import ClusterEpochWindow, StaleClusterEpoch
+from .errors import FencedError, OperationFailedError
 from .fencing import EpochError, FencingToken, PartitionGuard, PartitionGuardSet, StaleEpoch
 from .identity import UNASSIGNED, NodeId, PartitionId
 from .ledger import Ledger, NodeHandle, NodeIdentityConflict
@@ -118,11 +119,11 @@ class Tracker:
         return self._fenced.is_set()
 
 
-class Fenced(Exception):
+class Fenced(FencedError):
     """Raised inside a worker when its tracker is fenced; unwinds without side effects."""
 
 
-class PhaseAborted(Exception):
+class PhaseAborted(OperationFailedError):
     """The migration this worker was carrying out was cancelled or failed."""
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import secrets
 import threading
@@ -41,18 +42,25 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .errors import CorruptDataError, InvalidInputError, LaminarError
 from .framing import FLAG_PUBLISHED, HEADER_SIZE, FrameHeader, iter_frames
+from .identity import MAX_PARTITIONS
 from .store import ConcurrentModification, ObjectStore, PreconditionFailed
 
 __all__ = [
     "EVENT_SCHEMA",
+    "INT64_MAX",
+    "INT64_MIN",
+    "MAX_KEY_BYTES",
+    "MAX_LINE_BYTES",
     "SOURCE_PREFIX",
     "AppendResult",
     "BadInputLine",
     "CorruptSegment",
     "CorruptSourceHead",
+    "InputFileError",
     "InvalidEvents",
     "OffsetNotAtSegmentBoundary",
     "PartitionOutOfRange",
@@ -89,6 +97,15 @@ _WRITE_ID_META = b"laminar.write_id"
 SOURCE_FRAME_EPOCH = 0
 
 
+#: Range of the int64 columns (``offset``, ``ts``): a larger number cannot be stored.
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+#: Longest event key, in UTF-8 bytes: keys are state-store keys, not payloads.
+MAX_KEY_BYTES = 1024
+#: Longest JSONL input line, in bytes (newline excluded); lines are read with this bound.
+MAX_LINE_BYTES = 1024 * 1024
+
+
 def partition_prefix(partition: int) -> str:
     """``source/{partition:05d}``."""
     return f"{SOURCE_PREFIX}{partition:05d}"
@@ -108,7 +125,7 @@ def head_key(partition: int) -> str:
 
 
 @dataclass(eq=False)
-class SourceError(Exception):
+class SourceError(LaminarError):
     """Base of source-log errors. Fields are positional args too, so errors pickle."""
 
     def __post_init__(self) -> None:
@@ -116,7 +133,7 @@ class SourceError(Exception):
 
 
 @dataclass(eq=False)
-class OffsetNotAtSegmentBoundary(SourceError):
+class OffsetNotAtSegmentBoundary(SourceError, InvalidInputError):
     """`offset` is neither the start of a segment nor the end of the log (`log_end`)."""
 
     partition: int
@@ -132,7 +149,7 @@ class OffsetNotAtSegmentBoundary(SourceError):
 
 
 @dataclass(eq=False)
-class CorruptSegment(SourceError):
+class CorruptSegment(SourceError, CorruptDataError):
     """A segment object that does not decode into the expected frames and events."""
 
     key: str
@@ -143,7 +160,7 @@ class CorruptSegment(SourceError):
 
 
 @dataclass(eq=False)
-class CorruptSourceHead(SourceError):
+class CorruptSourceHead(SourceError, CorruptDataError):
     """A head pointer that does not parse (or moved backwards). Nothing overwrites it."""
 
     key: str
@@ -154,7 +171,7 @@ class CorruptSourceHead(SourceError):
 
 
 @dataclass(eq=False)
-class InvalidEvents(SourceError):
+class InvalidEvents(SourceError, InvalidInputError):
     """Events handed to `SourceLog.append` that do not fit the event schema."""
 
     partition: int
@@ -165,7 +182,7 @@ class InvalidEvents(SourceError):
 
 
 @dataclass(eq=False)
-class PartitionOutOfRange(SourceError):
+class PartitionOutOfRange(SourceError, InvalidInputError):
     """A partition id below 0 or not below the configured partition count."""
 
     partition: int
@@ -177,7 +194,7 @@ class PartitionOutOfRange(SourceError):
 
 
 @dataclass(eq=False)
-class BadInputLine(SourceError):
+class BadInputLine(SourceError, InvalidInputError):
     """A JSONL input line that is not a valid `SourceEvent`; nothing of the file was appended."""
 
     path: str
@@ -188,22 +205,51 @@ class BadInputLine(SourceError):
         return f"{self.path}, line {self.line_number}: {self.reason} (nothing from this file was appended)"
 
 
+@dataclass(eq=False)
+class InputFileError(SourceError, InvalidInputError):
+    """An input file that cannot be read (missing, a directory, no permission); nothing was appended."""
+
+    path: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"cannot read input file {self.path}: {self.reason} (nothing was appended)"
+
+
 # --- records and values ---------------------------------------------------------
 
 
 class SourceEvent(BaseModel):
     """One input event. Strict: no string-to-number coercion, no bools, no extra fields.
 
-    `value` accepts ints (stored as float64). `ts` is epoch millis; None means
-    "stamp with the append time".
+    Every field is range-checked so that a valid event always fits the event
+    schema: `partition` below `MAX_PARTITIONS`, `key` at most `MAX_KEY_BYTES`
+    UTF-8 bytes, `value` finite (ints are stored as float64), `ts` epoch millis
+    within int64; None means "stamp with the append time".
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    partition: int = Field(ge=0)
+    partition: int = Field(ge=0, lt=MAX_PARTITIONS)
     key: str
     value: float = Field(allow_inf_nan=False)
-    ts: int | None = None
+    ts: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+
+    @field_validator("key")
+    @classmethod
+    def _key_fits(cls, key: str) -> str:
+        size = len(key.encode("utf-8", "surrogatepass"))
+        if size > MAX_KEY_BYTES:
+            raise ValueError(f"key is {size} bytes long, at most {MAX_KEY_BYTES} are allowed")
+        return key
+
+    @field_validator("value")
+    @classmethod
+    def _value_is_finite(cls, value: float) -> float:
+        # An int literal beyond float range becomes inf on conversion, past allow_inf_nan.
+        if not math.isfinite(value):
+            raise ValueError("value must be a finite number")
+        return value
 
 
 class SourceHead(BaseModel):
@@ -759,33 +805,36 @@ def produce_from_jsonl(path: str | os.PathLike[str], log: SourceLog) -> dict[int
 
     Every line is validated before anything is appended: a bad line raises
     `BadInputLine` naming the file and the 1-based line number, and nothing of
-    the file is appended. Blank lines are skipped. Returns one result per
-    partition that received events. (A store failure midway can still leave
-    earlier partitions appended; each partition's append is all-or-nothing per segment.)
+    the file is appended; a file that cannot be read raises `InputFileError`.
+    Lines longer than `MAX_LINE_BYTES` are rejected without reading them
+    whole (``/dev/zero`` fails fast). Blank lines are skipped. Returns one
+    result per partition that received events. (A store failure midway can
+    still leave earlier partitions appended; each partition's append is
+    all-or-nothing per segment.)
     """
     keys: dict[int, list[str]] = {}
     values: dict[int, list[float]] = {}
     stamps: dict[int, list[int | None]] = {}
-    with open(path, "rb") as fh:
-        for line_number, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                ev = SourceEvent.model_validate_json(raw)
-            except ValidationError as exc:
-                first = exc.errors()[0]
-                where = ".".join(str(p) for p in first.get("loc", ()))
-                reason = f"{where}: {first['msg']}" if where else str(first["msg"])
-                raise BadInputLine(str(path), line_number, reason) from None
-            if log.partitions is not None and ev.partition >= log.partitions:
-                raise BadInputLine(
-                    str(path),
-                    line_number,
-                    f"partition: {ev.partition} out of range 0..{log.partitions - 1}",
-                )
-            keys.setdefault(ev.partition, []).append(ev.key)
-            values.setdefault(ev.partition, []).append(ev.value)
-            stamps.setdefault(ev.partition, []).append(ev.ts)
+    name = os.fspath(path)
+    try:
+        with open(path, "rb") as fh:
+            line_number = 0
+            while raw := fh.readline(MAX_LINE_BYTES + 2):  # the line, its newline (maybe CRLF), one more
+                line_number += 1
+                if len(raw.rstrip(b"\r\n")) > MAX_LINE_BYTES:
+                    raise BadInputLine(name, line_number, f"line is longer than {MAX_LINE_BYTES} bytes")
+                if not raw.strip():
+                    continue
+                ev = _parse_line(name, line_number, raw, log.partitions)
+                keys.setdefault(ev.partition, []).append(ev.key)
+                values.setdefault(ev.partition, []).append(ev.value)
+                stamps.setdefault(ev.partition, []).append(ev.ts)
+    except FileNotFoundError:
+        raise InputFileError(name, "no such file") from None
+    except IsADirectoryError:
+        raise InputFileError(name, "it is a directory, not a file") from None
+    except OSError as exc:
+        raise InputFileError(name, exc.strerror or str(exc)) from None
     results: dict[int, AppendResult] = {}
     for partition in sorted(keys):
         table = pa.table(
@@ -797,6 +846,19 @@ def produce_from_jsonl(path: str | os.PathLike[str], log: SourceLog) -> dict[int
         )
         results[partition] = log.append(partition, table)
     return results
+
+
+def _parse_line(path: str, line_number: int, raw: bytes, partitions: int | None) -> SourceEvent:
+    try:
+        ev = SourceEvent.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        reason = f"{where}: {first['msg']}" if where else str(first["msg"])
+        raise BadInputLine(path, line_number, reason) from None
+    if partitions is not None and ev.partition >= partitions:
+        raise BadInputLine(path, line_number, f"partition: {ev.partition} out of range 0..{partitions - 1}")
+    return ev
 
 
 #: First timestamp of `generate_events` (2023-11-14T22:13:20Z), fixed for determinism.

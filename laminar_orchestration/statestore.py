@@ -25,7 +25,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rocksdict import Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
-from .errors import ErrorKind, LaminarError
+from .errors import CorruptDataError, InvalidInputError, UnavailableError
 
 # User keys and the store's own records never collide: every user key is stored under this prefix.
 _KEY_PREFIX = b"k"
@@ -44,10 +44,9 @@ MAX_KEY_BYTES = 1024
 
 
 @dataclass
-class InvalidStateSchema(LaminarError):
+class InvalidStateSchema(InvalidInputError):
     """A processor's state schema the local store cannot hold (only fixed-width numbers)."""
 
-    kind = ErrorKind.INVALID_INPUT
     column: str
     type: str
 
@@ -59,10 +58,9 @@ class InvalidStateSchema(LaminarError):
 
 
 @dataclass
-class LocalStateUnusable(LaminarError):
+class LocalStateUnusable(CorruptDataError):
     """A local store directory that cannot be opened or does not hold a valid applied marker."""
 
-    kind = ErrorKind.CORRUPT_DATA
     path: str
     reason: str
 
@@ -71,10 +69,9 @@ class LocalStateUnusable(LaminarError):
 
 
 @dataclass
-class LocalStateWriteFailed(LaminarError):
+class LocalStateWriteFailed(UnavailableError):
     """Writing the local store failed (disk full, I/O error): the batch is not applied."""
 
-    kind = ErrorKind.UNAVAILABLE
     path: str
     reason: str
 

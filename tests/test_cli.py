@@ -20,7 +20,7 @@ from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.manifest import ManifestPublisher, ManifestUpdate
 from laminar_orchestration.processing import keyed_aggregation
 from laminar_orchestration.replica import StateReplica
-from laminar_orchestration.store import open_store
+from laminar_orchestration.store import LocalObjectStore, open_store
 
 from .commits import commit_all, fold_output
 
@@ -40,7 +40,7 @@ def test_init_status_and_reinit(store_url: str) -> None:
     first = laminar("init", "--store", store_url, "--partitions", "3")
     assert first.returncode == 0, first.stderr
     again = laminar("init", "--store", store_url, "--partitions", "3")
-    assert again.returncode == 1 and "already exists" in again.stderr and "--force" in again.stderr
+    assert again.returncode == 4 and "already exists" in again.stderr and "--force" in again.stderr
     status = laminar("status", "--store", store_url, "--json")
     assert status.returncode == 0, status.stderr
     report = json.loads(status.stdout)
@@ -62,11 +62,11 @@ def test_store_defaults_to_env_then_working_directory(tmp_path: Path) -> None:
     os.environ["LAMINAR_STORE"] = env_store
     try:
         assert laminar("init", "--partitions", "1", cwd=tmp_path).returncode == 0
-        assert (tmp_path / "from-env" / "ledger" / "cluster.json").exists()
+        assert LocalObjectStore(tmp_path / "from-env", create=False).object_path("ledger/cluster.json").exists()
     finally:
         del os.environ["LAMINAR_STORE"]
     assert laminar("init", "--partitions", "1", cwd=tmp_path).returncode == 0
-    assert (tmp_path / ".laminar" / "store" / "ledger" / "cluster.json").exists()
+    assert LocalObjectStore(tmp_path / ".laminar" / "store", create=False).object_path("ledger/cluster.json").exists()
 
 
 @pytest.mark.parametrize(
@@ -79,14 +79,14 @@ def test_store_defaults_to_env_then_working_directory(tmp_path: Path) -> None:
 )
 def test_bad_store_url_is_named(url: str, message: str) -> None:
     result = laminar("status", "--store", url)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert message in result.stderr and url in result.stderr
 
 
 def test_status_of_missing_local_store_does_not_create_it(tmp_path: Path) -> None:
     target = tmp_path / "typo"
     result = laminar("status", "--store", target.as_uri())
-    assert result.returncode == 1 and "no local store" in result.stderr
+    assert result.returncode == 7 and "no local store" in result.stderr
     assert not target.exists()
 
 
@@ -133,7 +133,7 @@ def test_produce_bad_line_names_it_and_appends_nothing(store_url: str, tmp_path:
         '{"partition": 0, "key": "c", "valeu": 3}\n'
     )
     result = laminar("produce", "--store", store_url, "--from-file", str(events))
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "line 3" in result.stderr and "bad.jsonl" in result.stderr
     from laminar_orchestration.source import SourceLog
 

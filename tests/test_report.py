@@ -163,7 +163,7 @@ def test_cli_report_out_and_errors(tmp_path: Path) -> None:
         text=True,
         timeout=120,
     )  # fmt: skip
-    assert run.returncode == 1 and "no cluster" in run.stderr
+    assert run.returncode == 7 and "no cluster" in run.stderr  # not found
     assert not (tmp_path / "x.html").exists()
 
 

@@ -8,13 +8,15 @@ non-atomic conditional write would show up as two winners or a lost update.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.queues import Queue as MpQueue
 from multiprocessing.synchronize import Event as MpEvent
+from pathlib import Path
 
 import pytest
 
@@ -154,6 +156,36 @@ def test_etag_changes_on_every_write(store: ObjectStore) -> None:
         head = store.head("ctr")
         assert head is not None and head.etag == etags[-1]
     assert len(set(etags)) == len(etags)
+
+
+
+def test_a_key_and_a_longer_key_under_it_are_independent(store: ObjectStore) -> None:
+    # S3 has no directories: "a/b" and "a/b/c" are two objects, in either creation order.
+    e_short = store.put_if_absent("a/b", b"short")
+    e_long = store.put_if_absent("a/b/c", b"long")
+    store.put_if_absent("x/y/z", b"first the longer one")
+    store.put_if_absent("x/y", b"then its prefix")
+    assert store.get("a/b").data == b"short" and store.get("a/b/c").data == b"long"
+    assert store.get("x/y").data == b"then its prefix"
+    assert list(store.list("a/b")) == ["a/b", "a/b/c"]
+    assert list(store.list("")) == ["a/b", "a/b/c", "x/y", "x/y/z"]
+    with pytest.raises(PreconditionFailed):
+        store.put_if_absent("a/b", b"again")
+    e_short = store.put_if_match("a/b", b"short-2", e_short)
+    store.delete_if_match("a/b/c", e_long)
+    assert store.head("a/b/c") is None and store.get("a/b").data == b"short-2"
+    store.delete_if_match("a/b", e_short)
+    assert store.get_or_none("a/b") is None
+    assert store.head("a") is None  # a prefix alone is no object
+
+
+def test_keys_with_escape_characters_round_trip(store: ObjectStore) -> None:
+    keys = ["p%/q", "p%25", "p%", "p/q%", "p%2/r"]
+    for key in keys:
+        store.put_if_absent(key, key.encode())
+    for key in keys:
+        assert store.get(key).data == key.encode()
+    assert list(store.list("p")) == sorted(keys)
 
 
 BAD_KEYS = ["", "/abs", "trailing/", "a//b", "./a", "a/./b", "a/../b", "..", ".tmp-x", "a/.tmp-y"]
@@ -383,3 +415,53 @@ def test_s3_prefixes_isolate_stores(s3_endpoint: str, s3_bucket: str) -> None:
 def test_s3_metadata_keys_come_back_lowercased(s3_store: S3ObjectStore) -> None:
     s3_store.put_if_absent("m", b"x", {"Writer-Id": "W1"})
     assert dict(s3_store.get("m").metadata) == {"writer-id": "W1"}
+
+
+# -- local store on-disk format --------------------------------------------------------------
+
+
+def test_local_store_opens_a_store_written_before_keys_were_escaped(tmp_path: Path) -> None:
+    root = tmp_path / "old"
+    (root / ".locks").mkdir(parents=True)
+    # An object as the previous format wrote it: the file sits under the plain key.
+    (root / "ledger").mkdir()
+    (root / "ledger" / "cluster.json").write_bytes(LocalObjectStore._encode(b"{}", None)[0] + b"{}")
+    old = LocalObjectStore(root)
+    assert old.format == 1 and old.get("ledger/cluster.json").data == b"{}"
+    assert list(old.list("")) == ["ledger/cluster.json"]
+    old.put_if_absent("ledger/more", b"x")
+    assert (root / "ledger" / "more").exists()
+    new = LocalObjectStore(tmp_path / "new")
+    new.put_if_absent("ledger/more", b"x")
+    assert new.format == 2 and new.object_path("ledger/more").name == "more%"
+    assert LocalObjectStore(tmp_path / "new", create=False).format == 2
+
+
+def test_local_store_syncs_the_directory_before_releasing_the_key_lock(
+    local_store: LocalObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[str] = []
+    real_locked = local_store._locked
+    real_sync = local_store._sync_dir
+
+    @contextlib.contextmanager
+    def locked(key: str) -> Iterator[None]:
+        with real_locked(key):
+            events.append("lock")
+            yield
+            events.append("unlock")
+
+    def sync(path: Path) -> None:
+        events.append("sync")
+        real_sync(path)
+
+    monkeypatch.setattr(local_store, "_locked", locked)
+    monkeypatch.setattr(local_store, "_sync_dir", sync)
+    for op in (
+        lambda: local_store.put_if_absent("grants/1", b"g"),
+        lambda: local_store.put_if_match("grants/1", b"h", local_store.get("grants/1").etag),
+        lambda: local_store.delete_if_match("grants/1", local_store.get("grants/1").etag),
+    ):
+        events.clear()
+        op()
+        assert events[-3:] == ["lock", "sync", "unlock"], events

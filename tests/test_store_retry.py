@@ -627,7 +627,7 @@ def test_s3_network_errors_are_transient(offline_client: S3Client, error: Except
 
 
 def _corrupt(store: LocalObjectStore, key: str, edit: Callable[[bytes], bytes]) -> None:
-    path = store.root / key
+    path = store.object_path(key)
     path.write_bytes(edit(path.read_bytes()))
 
 

@@ -12,6 +12,8 @@ import abc
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from ..errors import ConflictError, InvalidInputError, LaminarError, NotFoundError, UnavailableError
+
 
 @dataclass(frozen=True)
 class ObjectMeta:
@@ -33,12 +35,12 @@ class StoredObject:
     metadata: Mapping[str, str] = field(default_factory=dict)
 
 
-class StoreError(Exception):
+class StoreError(LaminarError):
     """Base of every error an object store raises."""
 
 
 @dataclass
-class PreconditionFailed(StoreError):
+class PreconditionFailed(StoreError, ConflictError):
     """A conditional write lost: the object exists (create-only) or its ETag moved (CAS).
 
     HTTP 412 on S3. `expected_etag` is None for a create-only write.
@@ -54,7 +56,7 @@ class PreconditionFailed(StoreError):
 
 
 @dataclass
-class ConcurrentModification(StoreError):
+class ConcurrentModification(StoreError, ConflictError):
     """Another conditional write on the same key was in flight (HTTP 409 on S3). Retry after re-reading."""
 
     key: str
@@ -64,7 +66,7 @@ class ConcurrentModification(StoreError):
 
 
 @dataclass
-class ObjectNotFound(StoreError):
+class ObjectNotFound(StoreError, NotFoundError):
     """The key does not exist."""
 
     key: str
@@ -74,7 +76,7 @@ class ObjectNotFound(StoreError):
 
 
 @dataclass
-class TransientStoreError(StoreError):
+class TransientStoreError(StoreError, UnavailableError):
     """A failure worth retrying: 5xx, throttling, a reset connection, a timeout."""
 
     operation: str
@@ -86,7 +88,7 @@ class TransientStoreError(StoreError):
 
 
 @dataclass
-class StoreUnavailable(StoreError):
+class StoreUnavailable(StoreError, UnavailableError):
     """Retries were exhausted, or the store is misconfigured/unreachable."""
 
     operation: str
@@ -99,7 +101,7 @@ class StoreUnavailable(StoreError):
 
 
 @dataclass
-class InvalidStoreUrl(StoreError):
+class InvalidStoreUrl(StoreError, InvalidInputError):
     """A store URL that names no supported backend or lacks a part."""
 
     url: str
@@ -110,7 +112,7 @@ class InvalidStoreUrl(StoreError):
 
 
 @dataclass
-class InvalidKey(StoreError):
+class InvalidKey(StoreError, InvalidInputError):
     """A key that is empty, absolute, or escapes the store root."""
 
     key: str

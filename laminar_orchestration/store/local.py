@@ -5,7 +5,15 @@ a small header (ETag, user metadata, size, checksum) followed by the bytes.
 Writes go to a temporary file in the same directory, are fsynced, and are then
 published atomically (`link` for create-only, `rename` for CAS), so a reader or
 a crash never sees a torn object. Mutations of one key are serialized across
-processes with an `flock` on a per-key lock file.
+processes with an `flock` on a per-key lock file, and the directory entry is
+fsynced before that lock is released.
+
+File names (store format 2): key ``a/b`` is the file ``a/b%`` and every
+segment has ``%`` escaped as ``%25``. A file name therefore always ends in a
+bare ``%`` and a directory name never does, so ``a/b`` and ``a/b/c`` are
+independent objects, as on S3. A store written before this format (no
+``.laminar-store-format`` file, objects under their plain key) is opened in
+format 1 and keeps working, without the prefix-key guarantee.
 """
 
 from __future__ import annotations
@@ -20,9 +28,12 @@ import secrets
 import struct
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import ClassVar
 
+from ..errors import CorruptDataError, ErrorKind
 from .base import (
     InvalidKey,
+    InvalidStoreUrl,
     ObjectMeta,
     ObjectNotFound,
     ObjectStore,
@@ -42,9 +53,14 @@ _CACHE_MAX_OBJECT = 16 * 1024
 _ETAG_START = len(_MAGIC) + 4 + len('{"etag":"')
 _ETAG_END = _ETAG_START + 24
 _CACHE_ENTRIES = 50_000
+#: Names the on-disk layout; absent in stores written before keys were escaped.
+_FORMAT_FILE = ".laminar-store-format"
+_FORMAT = "2"
+#: Suffix of every object file in format 2 (see the module docstring).
+_OBJ_SUFFIX = "%"
 
 
-class CorruptObject(StoreError):
+class CorruptObject(StoreError, CorruptDataError):
     """A file in the local store that is not a well-formed object (torn or foreign)."""
 
     def __init__(self, key: str, path: Path, reason: str) -> None:
@@ -57,21 +73,71 @@ class CorruptObject(StoreError):
         return f"corrupt object {self.key!r} at {self.path}: {self.reason}"
 
 
+class NoSuchStore(StoreUnavailable):
+    """A read-only open of a local store directory that does not exist (a typo must not create one)."""
+
+    error_kind: ClassVar[ErrorKind] = ErrorKind.NOT_FOUND
+
+
+def _escape(segment: str) -> str:
+    return segment.replace("%", "%25")
+
+
+def _unescape(name: str) -> str:
+    # Escaped text has every '%' followed by '25', so a left-to-right replace inverts _escape.
+    return name.replace("%25", "%")
+
+
 class LocalObjectStore(ObjectStore):
     """An object store rooted at a local directory."""
 
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True, create: bool = True) -> None:
         self.root = Path(root).resolve()
+        if self.root.exists() and not self.root.is_dir():
+            raise InvalidStoreUrl(self.root.as_uri(), f"{self.root} is a file, not a store directory")
         if not create and not self.root.is_dir():
             # A typo in a store path must not silently create an empty store.
-            raise StoreUnavailable("open", "", f"no local store at {self.root} (does the path exist?)")
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / _LOCK_DIR).mkdir(exist_ok=True)
+            raise NoSuchStore("open", "", f"no local store at {self.root} (does the path exist?)")
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            (self.root / _LOCK_DIR).mkdir(exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise InvalidStoreUrl(self.root.as_uri(), f"a parent of {self.root} is a file, not a directory") from None
+        except OSError as exc:
+            raise StoreUnavailable("open", "", f"cannot create the store directory {self.root}: {exc}") from exc
         self.url = self.root.as_uri()
         self._fsync = fsync
         self._cache: dict[str, tuple[bytes, StoredObject]] = {}
         self._paths: dict[str, str] = {}
         self._root_s = str(self.root)
+        #: 2: escaped names (keys and prefixes never collide); 1: plain names of older stores.
+        self.format = self._open_format()
+
+    def _open_format(self) -> int:
+        marker = self.root / _FORMAT_FILE
+        try:
+            return int(marker.read_text().strip() or _FORMAT)
+        except FileNotFoundError:
+            pass
+        except ValueError as exc:
+            raise CorruptObject(_FORMAT_FILE, marker, f"unreadable store format: {exc}") from exc
+        with os.scandir(self.root) as entries:
+            if any(e.name != _LOCK_DIR and not e.name.startswith(_TMP_PREFIX) for e in entries):
+                return 1  # written before the format file existed: keep its plain names
+        tmp = self.root / f"{_TMP_PREFIX}{secrets.token_hex(8)}"
+        tmp.write_text(_FORMAT + "\n")
+        try:
+            os.link(tmp, marker)  # atomic: concurrent openers of an empty store agree on one format
+        except FileExistsError:
+            return int(marker.read_text().strip())
+        finally:
+            tmp.unlink()
+        self._sync_dir(marker)
+        return int(_FORMAT)
+
+    def object_path(self, key: str) -> Path:
+        """The file that holds `key` (for tools and tests that inspect the store on disk)."""
+        return self._path(key)
 
     # -- paths and locks -------------------------------------------------
 
@@ -85,7 +151,11 @@ class LocalObjectStore(ObjectStore):
             check_key(key)
             if key.split("/", 1)[0] == _LOCK_DIR:
                 raise InvalidKey(key, f"the top-level name {_LOCK_DIR!r} is reserved")
-            path = f"{self._root_s}/{key}"
+            if self.format >= 2:
+                *dirs, name = (_escape(s) for s in key.split("/"))
+                path = "/".join([self._root_s, *dirs, name + _OBJ_SUFFIX])
+            else:
+                path = f"{self._root_s}/{key}"
             if len(self._paths) >= _CACHE_ENTRIES:
                 self._paths.clear()
             self._paths[key] = path
@@ -132,8 +202,20 @@ class LocalObjectStore(ObjectStore):
             raise CorruptObject(key, path, "header lacks etag/size/sha256/metadata")
         return header
 
+    def _make_parents(self, path: Path) -> None:
+        missing: list[Path] = []
+        parent = path.parent
+        while not parent.is_dir():
+            missing.append(parent)
+            parent = parent.parent
+        for directory in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                directory.mkdir()
+            # A new directory's entry lives in its parent: sync it, or a synced object below could vanish.
+            self._sync_dir(directory)
+
     def _write_tmp(self, path: Path, data: bytes, metadata: Mapping[str, str] | None) -> tuple[Path, str]:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self._make_parents(path)
         tmp = path.parent / f"{_TMP_PREFIX}{secrets.token_hex(8)}"
         head, etag = self._encode(data, metadata)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -169,42 +251,53 @@ class LocalObjectStore(ObjectStore):
 
     def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
         path = self._path(key)
-        tmp, etag = self._write_tmp(path, data, metadata)
         try:
-            with self._locked(key):
-                try:
-                    os.link(tmp, path)  # atomic create-if-absent, across processes
-                except FileExistsError:
-                    raise PreconditionFailed(key, None) from None
-        finally:
-            os.unlink(tmp)
-        self._sync_dir(path)
+            tmp, etag = self._write_tmp(path, data, metadata)
+            try:
+                with self._locked(key):
+                    try:
+                        os.link(tmp, path)  # atomic create-if-absent, across processes
+                    except FileExistsError:
+                        raise PreconditionFailed(key, None) from None
+                    # Durable before the lock lets a contender see it: a grant another
+                    # process lost to must not vanish in a power loss.
+                    self._sync_dir(path)
+            finally:
+                os.unlink(tmp)
+        except OSError as exc:
+            raise StoreUnavailable("put_if_absent", key, str(exc)) from exc
         return etag
 
     def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
         path = self._path(key)
-        tmp, new_etag = self._write_tmp(path, data, metadata)
         try:
-            with self._locked(key):
-                if self._current_etag(key, path) != etag:
-                    raise PreconditionFailed(key, etag)
-                os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-        self._sync_dir(path)
+            tmp, new_etag = self._write_tmp(path, data, metadata)
+            try:
+                with self._locked(key):
+                    if self._current_etag(key, path) != etag:
+                        raise PreconditionFailed(key, etag)
+                    os.replace(tmp, path)
+                    self._sync_dir(path)  # durable before the next CAS can read it
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+        except OSError as exc:
+            raise StoreUnavailable("put_if_match", key, str(exc)) from exc
         return new_etag
 
     def delete_if_match(self, key: str, etag: str) -> None:
         path = self._path(key)
-        with self._locked(key):
-            current = self._current_etag(key, path)
-            if current is None:
-                raise ObjectNotFound(key)
-            if current != etag:
-                raise PreconditionFailed(key, etag)
-            os.unlink(path)
-        self._sync_dir(path)
+        try:
+            with self._locked(key):
+                current = self._current_etag(key, path)
+                if current is None:
+                    raise ObjectNotFound(key)
+                if current != etag:
+                    raise PreconditionFailed(key, etag)
+                os.unlink(path)
+                self._sync_dir(path)
+        except OSError as exc:
+            raise StoreUnavailable("delete_if_match", key, str(exc)) from exc
 
     def get(self, key: str) -> StoredObject:
         obj = self.get_or_none(key)
@@ -258,15 +351,22 @@ class LocalObjectStore(ObjectStore):
 
     def list(self, prefix: str) -> Iterator[str]:
         base = self.root
+        escaped = self.format >= 2
         keys: list[str] = []
         for dirpath, dirnames, filenames in os.walk(base):
             rel_dir = os.path.relpath(dirpath, base)
             if rel_dir == ".":
                 dirnames[:] = [d for d in dirnames if d != _LOCK_DIR]
                 rel_dir = ""
+            if escaped:
+                rel_dir = "/".join(_unescape(d) for d in rel_dir.split("/")) if rel_dir else ""
             for name in filenames:
-                if name.startswith(_TMP_PREFIX):
+                if name.startswith(_TMP_PREFIX) or name == _FORMAT_FILE:
                     continue
+                if escaped:
+                    if not name.endswith(_OBJ_SUFFIX):
+                        continue  # not an object file (a stray file someone put here)
+                    name = _unescape(name[: -len(_OBJ_SUFFIX)])
                 key = f"{rel_dir}/{name}" if rel_dir else name
                 if key.startswith(prefix):
                     keys.append(key)
