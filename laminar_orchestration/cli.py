@@ -456,13 +456,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     report = sweep(_ledger(args).store, grace_s=args.grace_s, dry_run=args.dry_run)
     if args.json:
-        _print_json(vars(report))
+        _print_json(report.to_json())
     else:
         verb = "would delete" if args.dry_run else "deleted"
         print(
             f"scanned {report.scanned} objects: {report.referenced} referenced, "
-            f"{verb} {len(report.deleted)}, {len(report.kept_in_grace)} unreferenced but within the grace period"
+            f"{verb} {len(report.deleted)}, {len(report.kept_in_grace)} unreferenced but within the grace period, "
+            f"{len(report.kept_unsealed)} of an epoch that may still publish, "
+            f"{len(report.kept_unverified)} kept unverified"
         )
+        for key, why in sorted(report.kept_unverified.items()):
+            print(f"  kept {key}: {why}")
     return 0
 
 
@@ -627,7 +631,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--grace-s",
         type=float,
         default=3600.0,
-        help="keep unreferenced objects of the current epoch younger than this (default 3600)",
+        help="minimum age in seconds (>= 0) of an unreferenced object of a sealed epoch before it is "
+        "deleted (default 3600); objects of an epoch that may still publish are never deleted",
     )
 
     # Not `add()`: chaos must not default to the shared store; it starts from an empty one.
