@@ -296,6 +296,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from .migration import MigrationCoordinator, PhaseReport
 
     coordinator = MigrationCoordinator(_ledger(args), _migration_config(args))
+    if args.cancel:
+        if args.to is not None:
+            raise ValueError("give --to NODE (move) or --cancel, not both")
+        return _cancel_migration(coordinator, args)
+    if args.to is None:
+        raise ValueError("give --to NODE (the node to move the partition to), or --cancel")
     reports: list[PhaseReport] = []
 
     def on_phase(report: PhaseReport) -> None:
@@ -314,6 +320,21 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         print(
             f"migration {task.migration_id}: partition {task.partition} node {task.from_node} -> "
             f"{task.to_node}, epoch {task.from_epoch} -> {task.to_epoch}: {task.phase} in {total:.2f}s"
+        )
+    return 0
+
+
+def _cancel_migration(coordinator: Any, args: argparse.Namespace) -> int:
+    from .identity import PartitionId
+
+    # NothingToCancel / CancelRefused are ledger errors: one line on stderr, exit 1.
+    task = coordinator.cancel_current(PartitionId(args.partition))
+    if args.json:
+        _print_json({"migration": task.model_dump(mode="json")})
+    else:
+        print(
+            f"cancelled migration {task.migration_id} of partition {task.partition} "
+            f"(node {task.from_node} -> {task.to_node}) at phase {task.failed_phase}"
         )
     return 0
 
@@ -595,7 +616,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("migrate", "move a partition to another node (graceful), printing each phase", json_output=True)
     p.add_argument("--partition", type=int, required=True, help="the partition to move")
-    p.add_argument("--to", type=int, required=True, help="the live node that takes it over")
+    p.add_argument("--to", type=int, help="the live node that takes it over (required unless --cancel)")
+    p.add_argument(
+        "--cancel",
+        action="store_true",
+        help="cancel the partition's migration in flight (before its new owner seeks); exit 1 if there is none",
+    )
     add_limits(p)
 
     p = add(
