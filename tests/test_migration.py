@@ -10,7 +10,6 @@ import pytest
 
 from laminar_orchestration import cli
 from laminar_orchestration.assignment import drive, run_migration
-
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger, NodeHandle
 from laminar_orchestration.migration import (
