@@ -182,6 +182,9 @@ def plan(
     coordinator = laminar.coordinator(settings)
     p = PartitionId(config.partition)
     try:
+        expired = coordinator.expire_overdue(p)
+        if expired is not None:
+            context.log.warning(f"migration {expired.migration_id} was past its deadline: recorded Failed")
         running = coordinator.current(p)
         own = coordinator.ledger.ownership(p)
         idle = running is None or running.is_terminal

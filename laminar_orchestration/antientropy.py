@@ -3,75 +3,177 @@
 Fenced writes upload their objects before publishing the manifest that names
 them; a writer that loses ownership (or crashes) in between leaves objects that
 readers never see. The sweep deletes such an object only when it can never
-become visible: its epoch is below the partition's current manifest fencing
-token (its writer can no longer publish), or it is older than a grace period.
+become visible: its epoch is strictly below both the partition's current
+ledger epoch and the latest fencing token of its manifest chain (a publish
+under that epoch is rejected from then on), and no manifest names it. Age is
+never a reason to delete, only an extra margin (`grace_s`): an owner stalled
+between upload and publish, or one whose clock is behind, keeps its objects.
 Deletion is conditional on the ETag read, so a concurrent rewrite is never lost.
 This lists the store: it is an audit path, never a hot one.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+from .errors import InvalidInputError
 from .identity import PartitionId
 from .ledger import Ledger
 from .manifest import ManifestReader, _decode_ulid
 from .store import ObjectNotFound, ObjectStore, PreconditionFailed
 
 SWEPT_PREFIXES = ("sink/", "checkpoints/")
+#: Default minimum age of an object before the sweep may delete it.
+DEFAULT_GRACE_S = 3600.0
+
+PARTITION_METADATA = "x-laminar-partition"
+EPOCH_METADATA = "x-laminar-epoch"
+
+# `{sink|checkpoints}/{partition:05d}/{epoch:010d}-<rest>`; the rest ends in (or contains) a ULID.
+_KEY_RE = re.compile(r"^(sink|checkpoints)/(\d{5,})/(\d{10})-([^/]+)$")
+_ULID_RE = re.compile(r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$")
+
+
+@dataclass
+class InvalidGracePeriod(InvalidInputError, ValueError):
+    """The sweep's grace period is not a number of seconds >= 0."""
+
+    grace_s: float
+
+    def __str__(self) -> str:
+        return f"grace period must be a number of seconds >= 0, got {self.grace_s!r}"
+
+
+@dataclass
+class UnparseableObjectKey(InvalidInputError, ValueError):
+    """A swept object's name does not carry a partition, an epoch and a ULID."""
+
+    key: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"object {self.key!r}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class FencedObjectName:
+    """What a fenced object's key says about it: whose partition, which epoch, written when."""
+
+    key: str
+    partition: int
+    epoch: int
+    #: Creation time from the key's ULID, in ms by the writer's clock (not trusted for safety).
+    created_ms: int
+
+
+def parse_object_key(key: str) -> FencedObjectName:
+    """The one parser of `sink/` and `checkpoints/` object names; UnparseableObjectKey if it is not one."""
+    match = _KEY_RE.match(key)
+    if match is None:
+        raise UnparseableObjectKey(key, "not {sink|checkpoints}/{partition}/{epoch:010d}-...")
+    _, partition, epoch, rest = match.groups()
+    # The ULID is the last 26-character Crockford segment of the name before its extension.
+    segments = [s for s in rest.split(".", 1)[0].split("-") if _ULID_RE.match(s)]
+    if not segments:
+        raise UnparseableObjectKey(key, "no ULID in the name")
+    created_ms = _decode_ulid(segments[-1]) >> 80
+    return FencedObjectName(key, int(partition), int(epoch), created_ms)
 
 
 @dataclass
 class SweepReport:
+    """What one sweep saw and did (JSON-ready through `to_json`)."""
+
     scanned: int = 0
     referenced: int = 0
     deleted: list[str] = field(default_factory=list)
+    #: Sealed (never publishable) but younger than the grace period.
     kept_in_grace: list[str] = field(default_factory=list)
+    #: Epoch not below the ledger epoch and the chain's fencing token: its writer may still publish it.
+    kept_unsealed: list[str] = field(default_factory=list)
+    #: Name unparseable, or name and metadata disagree: kept, key -> why.
+    kept_unverified: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as plain JSON."""
+        return {
+            "scanned": self.scanned,
+            "referenced": self.referenced,
+            "deleted": list(self.deleted),
+            "kept_in_grace": list(self.kept_in_grace),
+            "kept_unsealed": list(self.kept_unsealed),
+            "kept_unverified": dict(self.kept_unverified),
+        }
 
 
-def _age_s(key: str, now_s: float) -> float | None:
-    """Object names end in a ULID; its first 48 bits are the creation time in ms."""
-    stem = key.rsplit("/", 1)[-1].split(".", 1)[0]
-    ulid = stem.rsplit("-", 1)[-1]
-    try:
-        created_ms = _decode_ulid(ulid) >> 80
-    except ValueError:
-        return None
-    return now_s - created_ms / 1000.0
+def _metadata_mismatch(name: FencedObjectName, metadata: Mapping[str, str]) -> str | None:
+    for field_name, expected in ((PARTITION_METADATA, name.partition), (EPOCH_METADATA, name.epoch)):
+        raw = metadata.get(field_name)
+        if raw is None:
+            return f"no {field_name} metadata"
+        try:
+            value = int(raw)
+        except ValueError:
+            return f"{field_name} metadata {raw!r} is not an integer"
+        if value != expected:
+            return f"{field_name} metadata {value} disagrees with the key ({expected})"
+    return None
 
 
-def sweep(store: ObjectStore, *, grace_s: float = 3600.0, dry_run: bool = False) -> SweepReport:
-    """Delete unreferenced `sink/` and `checkpoints/` objects that can never be published."""
+def sweep(store: ObjectStore, *, grace_s: float = DEFAULT_GRACE_S, dry_run: bool = False) -> SweepReport:
+    """Delete unreferenced `sink/` and `checkpoints/` objects that can never be published.
+
+    An object is deleted only when its epoch (from its key, confirmed by its
+    metadata) is strictly below the partition's ledger epoch and below the
+    latest fencing token of its manifest chain, no manifest names it, and it
+    is at least `grace_s` old. Raises InvalidGracePeriod for a negative or NaN
+    `grace_s`.
+    """
+    if math.isnan(grace_s) or grace_s < 0:
+        raise InvalidGracePeriod(grace_s)
     ledger = Ledger(store)
     reader = ManifestReader(store)
+    partitions = ledger.partitions()
+    # Epochs and tokens only grow and are read before the listing, so a stale
+    # value can only keep an object, never delete a publishable one.
+    epochs = {int(p): (own.epoch if own else 0) for p, own in ledger.ownerships(partitions).items()}
     referenced: set[str] = set()
     tokens: dict[int, int] = {}
-    for p in ledger.partitions():
+    for p in partitions:
         for version in reader.history(PartitionId(p)):
             m = version.manifest
             referenced.update(ref.key for ref in m.artifacts())
-            tokens[p] = m.fencing_token
+            tokens[int(p)] = max(tokens.get(int(p), 0), m.fencing_token)
     report = SweepReport()
-    now_s = time.time()
+    now_ms = time.time() * 1000.0
     for prefix in SWEPT_PREFIXES:
         for key in store.list(prefix):
             report.scanned += 1
             if key in referenced:
                 report.referenced += 1
                 continue
+            try:
+                name = parse_object_key(key)
+            except UnparseableObjectKey as exc:
+                report.kept_unverified[key] = exc.reason
+                continue
             meta = store.head(key)
             if meta is None:
                 continue
-            try:
-                partition = int(meta.metadata.get("x-laminar-partition", "-1"))
-                epoch = int(meta.metadata.get("x-laminar-epoch", "-1"))
-            except ValueError:
-                continue  # not ours: leave foreign objects alone
-            superseded = 0 <= epoch < tokens.get(partition, 0)
-            age = _age_s(key, now_s)
-            expired = age is not None and age > grace_s
-            if not (superseded or expired):
+            mismatch = _metadata_mismatch(name, meta.metadata)
+            if mismatch is not None:
+                report.kept_unverified[key] = mismatch
+                continue
+            sealed = name.epoch < tokens.get(name.partition, 0) and name.epoch < epochs.get(name.partition, 0)
+            if not sealed:
+                report.kept_unsealed.append(key)
+                continue
+            if now_ms - name.created_ms < grace_s * 1000.0:
                 report.kept_in_grace.append(key)
                 continue
             report.deleted.append(key)

@@ -412,11 +412,11 @@ def ownership_map(ledger: Ledger) -> dict[int, int]:
 def record_failure(coordinator: MigrationCoordinator, partition: int, migration_id: str, error: BaseException) -> None:
     """Mark migration `migration_id` Failed so nodes stop working on it and a retry starts afresh.
 
-    Skipped for an epoch conflict (the record belongs to another migration)
-    and when the migration already ended; never raises.
+    Decided by migration id, not by error type: skipped when the partition's
+    record belongs to another migration (an epoch conflict with someone else's
+    move) or the migration already ended; a conflict on its own record fails
+    it. Never raises.
     """
-    if isinstance(error, MigrationEpochConflict):
-        return
     try:
         current = coordinator.current(PartitionId(partition))
         if current is None or current.migration_id != migration_id or current.is_terminal:
@@ -493,15 +493,15 @@ def run_migration(
 
 
 def stranded(task: MigrationTask | None, epoch: int, owner: int) -> bool:
-    """True when `owner` holds `epoch` only through a migration that then failed.
+    """True when `owner` holds `epoch` only through a migration that then failed or was cancelled.
 
     A forced migration fences (grants the new epoch to its target) before the
-    target restores; if it fails after that, the ledger names a live owner
-    that never started. Such a partition still needs a failover.
+    target restores; if it ends without becoming active after that, the ledger
+    names a live owner that never started. Such a partition still needs a failover.
     """
     return (
         task is not None
-        and task.phase == MigrationPhase.FAILED
+        and task.phase in (MigrationPhase.FAILED, MigrationPhase.CANCELLED)
         and task.to_node == owner
         and task.to_epoch == epoch
         and owner != UNASSIGNED
@@ -559,6 +559,7 @@ def prepare_failover(
     if own is None:
         raise MigrationNotOwned(p, UNASSIGNED)
     superseded = []
+    coordinator.expire_overdue(p)  # a record past its deadline never blocks a failover
     running = coordinator.current(p)
     if running is not None and not running.is_terminal:
         rising = GRACEFUL_PHASES.index(running.phase) >= GRACEFUL_PHASES.index(MigrationPhase.DOWNLOADING)
@@ -567,11 +568,11 @@ def prepare_failover(
         if resumable:
             if to_node is None or to_node == running.to_node:
                 return FailoverDecision(running, f"resuming migration {running.migration_id} to node {running.to_node}")
-            raise MigrationEpochConflict(p, own.epoch, running.from_epoch)
+            raise MigrationEpochConflict(p, own.epoch, running.from_epoch, running.migration_id)
         if running.from_node in live_set and running.to_node in live_set:
             # A healthy graceful move still needing its (live) old owner: leave it alone.
             if allow_live_owner:
-                raise MigrationEpochConflict(p, own.epoch, running.from_epoch)
+                raise MigrationEpochConflict(p, own.epoch, running.from_epoch, running.migration_id)
             return FailoverDecision(None, f"graceful migration {running.migration_id} between live nodes is in flight")
         dead = sorted({running.from_node, running.to_node} - live_set - {UNASSIGNED})
         coordinator.fail(p, running.migration_id, f"superseded by a failover: node(s) {dead} not alive")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import secrets
 import threading
 from collections.abc import Iterable, Mapping
@@ -35,11 +34,6 @@ from .processing import parquet_bytes_to_table, table_to_parquet_bytes
 
 BATCH_START_METADATA = "x-laminar-batch-start"
 BATCH_END_METADATA = "x-laminar-batch-end"
-
-#: ``checkpoints/<partition>/<epoch>-<ulid>…`` and ``sink/<partition>/<epoch>-…``: the writer's
-#: partition and epoch are part of every name, so the sweep can judge an object without its metadata.
-_OBJECT_NAME = re.compile(r"^(?:checkpoints|sink)/(\d{5})/(\d{10})-")
-
 
 @dataclass
 class CheckpointCorrupt(CorruptDataError):
@@ -68,12 +62,6 @@ def checkpoint_object_key(partition: int, epoch: int, suffix: str = ".parquet") 
 
 def output_object_key(partition: int, epoch: int, start: int, end: int) -> str:
     return f"sink/{partition:05d}/{epoch:010d}-{start:020d}-{end:020d}-{next_ulid()}.parquet"
-
-
-def object_writer_epoch(key: str) -> tuple[int, int] | None:
-    """(partition, epoch) of the writer of a ``checkpoints/`` or ``sink/`` object, from its name."""
-    m = _OBJECT_NAME.match(key)
-    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def _fenced_metadata(guard: PartitionGuard, sha256: str) -> dict[str, str]:
@@ -147,7 +135,8 @@ class CheckpointStore:
                 and _file_sha256(path) == previous.ref.sha256
             ):
                 return previous
-            return SnapshotFile(name=path.name, ref=self._put(guard, f"{base}/{path.name}", path.read_bytes()))
+            # One flat name per file: `<epoch>-<ulid>.snap.<file>` (the sweep parses epoch and ULID from it).
+            return SnapshotFile(name=path.name, ref=self._put(guard, f"{base}.{path.name}", path.read_bytes()))
 
         paths = sorted(files)
         with ThreadPoolExecutor(self._parallelism, thread_name_prefix="snapshot-upload") as pool:

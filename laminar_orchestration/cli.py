@@ -368,6 +368,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     _check_partition(_ledger(args), "--partition", args.partition)
     _check_node_id("--to", args.to)
     coordinator = MigrationCoordinator(_ledger(args), _migration_config(args))
+    if args.cancel:
+        if args.to is not None:
+            raise InvalidArgument("--cancel", "give --to NODE (move) or --cancel, not both")
+        return _cancel_migration(coordinator, args)
+    if args.to is None:
+        raise InvalidArgument("--to", "give the node to move the partition to, or --cancel")
     reports: list[PhaseReport] = []
 
     def on_phase(report: PhaseReport) -> None:
@@ -386,6 +392,21 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         print(
             f"migration {task.migration_id}: partition {task.partition} node {task.from_node} -> "
             f"{task.to_node}, epoch {task.from_epoch} -> {task.to_epoch}: {task.phase} in {total:.2f}s"
+        )
+    return 0
+
+
+def _cancel_migration(coordinator: Any, args: argparse.Namespace) -> int:
+    from .identity import PartitionId
+
+    # NothingToCancel / CancelRefused are ledger errors: one line on stderr, exit 1.
+    task = coordinator.cancel_current(PartitionId(args.partition))
+    if args.json:
+        _print_json({"migration": task.model_dump(mode="json")})
+    else:
+        print(
+            f"cancelled migration {task.migration_id} of partition {task.partition} "
+            f"(node {task.from_node} -> {task.to_node}) at phase {task.failed_phase}"
         )
     return 0
 
@@ -533,13 +554,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     report = sweep(_ledger(args).store, grace_s=args.grace_s, dry_run=args.dry_run)
     if args.json:
-        _print_json(vars(report))
+        _print_json(report.to_json())
     else:
         verb = "would delete" if args.dry_run else "deleted"
         print(
             f"scanned {report.scanned} objects: {report.referenced} referenced, "
-            f"{verb} {len(report.deleted)}, {len(report.kept_in_grace)} unreferenced but within the grace period"
+            f"{verb} {len(report.deleted)}, {len(report.kept_in_grace)} unreferenced but within the grace period, "
+            f"{len(report.kept_unsealed)} of an epoch that may still publish, "
+            f"{len(report.kept_unverified)} kept unverified"
         )
+        for key, why in sorted(report.kept_unverified.items()):
+            print(f"  kept {key}: {why}")
     return 0
 
 
@@ -676,7 +701,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("migrate", "move a partition to another node (graceful), printing each phase", json_output=True)
     p.add_argument("--partition", type=int, required=True, help="the partition to move")
-    p.add_argument("--to", type=int, required=True, help="the live node that takes it over")
+    p.add_argument("--to", type=int, help="the live node that takes it over (required unless --cancel)")
+    p.add_argument(
+        "--cancel",
+        action="store_true",
+        help="cancel the partition's migration in flight (before its new owner seeks); exit 1 if there is none",
+    )
     add_limits(p)
 
     p = add(
@@ -712,7 +742,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--grace-s",
         type=float,
         default=3600.0,
-        help="keep unreferenced objects of the current epoch younger than this (default 3600)",
+        help="minimum age in seconds (>= 0) of an unreferenced object of a sealed epoch before it is "
+        "deleted (default 3600); objects of an epoch that may still publish are never deleted",
     )
 
     # Not `add()`: chaos must not default to the shared store; it starts from an empty one.

@@ -13,7 +13,10 @@ Graceful:  Planned → Draining → Checkpointing → Uploading → Released →
            Downloading → Restoring → Seeking → Active
 Forced:    Planned → Released (old epoch fenced by the coordinator) →
            Downloading → Restoring → Seeking → Active
-Any non-terminal phase may go to Failed; phases before Released may be Cancelled.
+Any non-terminal phase may go to Failed; phases before Seeking (where the new
+owner takes the epoch) may be Cancelled. A record past its deadline
+(``started_at + timeout_s``) is failed by whoever finds it, so it never blocks
+the partition.
 """
 
 from __future__ import annotations
@@ -91,7 +94,11 @@ def check_transition(kind: MigrationKind, current: MigrationPhase, target: Migra
     """The one function that decides which phase changes are allowed.
 
     Linear and non-reversible: only the next phase of the kind's sequence,
-    Failed from any non-terminal phase, Cancelled before the old epoch is released.
+    Failed from any non-terminal phase, Cancelled before Seeking. Up to
+    Restoring the new owner has taken no epoch (it acquires or adopts only once
+    Seeking is recorded), so a cancel leaves either the old owner holding the
+    partition (it resumes) or its released/fenced epoch for the normal
+    recovery path to take (see `assignment.stranded`).
     """
     if current in TERMINAL_PHASES:
         raise InvalidTransition(kind, current, target)
@@ -99,7 +106,7 @@ def check_transition(kind: MigrationKind, current: MigrationPhase, target: Migra
         return
     seq = phase_sequence(kind)
     if target == MigrationPhase.CANCELLED:
-        if seq.index(current) < seq.index(MigrationPhase.RELEASED):
+        if seq.index(current) < seq.index(MigrationPhase.SEEKING):
             return
         raise InvalidTransition(kind, current, target)
     if target in seq and seq.index(target) == seq.index(current) + 1:
@@ -135,7 +142,7 @@ class MigrationTask(Record):
     from_epoch: int = Field(ge=0)
     to_epoch: int = Field(ge=1)
     phase: MigrationPhase
-    #: For Failed: the phase it failed in, and why.
+    #: For Failed (and Cancelled): the phase it ended in, and why.
     failed_phase: MigrationPhase | None = None
     error: str | None = None
     commit_ulid: str | None = None
@@ -272,9 +279,64 @@ class MigrationEpochConflict(MigrationError, ConflictError):
     partition: PartitionId
     expected: int
     actual: int
+    #: The migration whose record is in the way, when known (never the caller's own).
+    other_migration: str | None = None
 
     def __str__(self) -> str:
-        return f"epoch conflict for partition {self.partition}: expected={self.expected}, actual={self.actual}"
+        text = f"epoch conflict for partition {self.partition}: expected={self.expected}, actual={self.actual}"
+        return text if self.other_migration is None else f"{text} (migration {self.other_migration} in the way)"
+
+
+@dataclass
+class FenceLost(MigrationError):
+    """A forced migration's fence found the epoch already moved: another fence or grant landed first.
+
+    The migration is recorded Failed before this is raised, so a new one can be planned.
+    """
+
+    partition: PartitionId
+    migration_id: str
+    expected: int
+    actual: int
+
+    def __str__(self) -> str:
+        return (
+            f"migration {self.migration_id} lost the fence race for partition {self.partition}: "
+            f"expected epoch {self.expected}, found {self.actual}"
+        )
+
+
+@dataclass
+class NothingToCancel(MigrationError):
+    """`cancel` found no migration in flight for the partition."""
+
+    partition: PartitionId
+    #: The last migration of the partition and how it ended, if any.
+    last_migration: str | None = None
+    last_phase: MigrationPhase | None = None
+
+    def __str__(self) -> str:
+        if self.last_migration is None:
+            return f"no migration of partition {self.partition} to cancel"
+        return (
+            f"no migration of partition {self.partition} to cancel "
+            f"(the last one, {self.last_migration}, ended {self.last_phase})"
+        )
+
+
+@dataclass
+class CancelRefused(MigrationError):
+    """The migration is past the point where cancelling is safe (the new owner may hold the epoch)."""
+
+    partition: PartitionId
+    migration_id: str
+    phase: MigrationPhase
+
+    def __str__(self) -> str:
+        return (
+            f"cannot cancel migration {self.migration_id} of partition {self.partition} at phase {self.phase}: "
+            "the new owner may already hold the epoch; let it finish or fail"
+        )
 
 
 @dataclass
@@ -361,12 +423,24 @@ def new_migration_id(partition: int, from_epoch: int) -> str:
 
 
 def deadline_passed(task: MigrationTask, at: datetime | None = None) -> bool:
+    """True when `task`'s overall deadline (``started_at + timeout_s``) is behind `at` (default now)."""
     return (at or now()) - task.started_at > timedelta(seconds=task.timeout_s)
+
+
+def seconds_left(task: MigrationTask, at: datetime | None = None) -> float:
+    """Seconds until `task`'s overall deadline (negative once it passed)."""
+    return task.timeout_s - ((at or now()) - task.started_at).total_seconds()
+
+
+def _deadline_reason(task: MigrationTask) -> str:
+    return f"deadline exceeded: not finished within {task.timeout_s:g}s of {task.started_at.isoformat()}"
 
 
 # --- the coordinator ------------------------------------------------------------------
 
 _PROGRESS_ORDER = {phase: i for i, phase in enumerate(GRACEFUL_PHASES)}
+#: How often a wait re-reads the migration record (cheap, but not on every poll).
+_RECORD_CHECK_INTERVAL_S = 0.25
 
 
 class MigrationCoordinator:
@@ -394,6 +468,7 @@ class MigrationCoordinator:
         Resumes instead if an unfinished migration to the same node exists;
         raises MigrationEpochConflict if one to another node is in flight.
         """
+        self.expire_overdue(partition)
         alive = {v.record.node for v in self.ledger.nodes() if v.alive}
         if to_node not in alive:
             raise NoLiveNode(to_node)
@@ -421,19 +496,32 @@ class MigrationCoordinator:
         def claim(state: DesiredState) -> DesiredState:
             running = state.migration
             if running is not None and not running.is_terminal:
-                raise MigrationEpochConflict(partition, own.epoch, running.from_epoch)
+                raise MigrationEpochConflict(partition, own.epoch, running.from_epoch, running.migration_id)
             return state.model_copy(update={"migration": task})
 
         self.desired.update(partition, claim)
         return task
 
     def plan_or_resume(self, partition: PartitionId, to_node: NodeId, *, forced: bool = False) -> MigrationTask:
+        """`plan`, or the unfinished migration to `to_node` (a record past its deadline is failed first)."""
+        self.expire_overdue(partition)
         running = self.current(partition)
         if running is not None and not running.is_terminal:
             if running.to_node == to_node:
                 return running
-            raise MigrationEpochConflict(partition, running.from_epoch, running.from_epoch)
+            raise MigrationEpochConflict(partition, running.from_epoch, running.from_epoch, running.migration_id)
         return self.plan(partition, to_node, forced=forced)
+
+    def expire_overdue(self, partition: PartitionId) -> MigrationTask | None:
+        """Record Failed the partition's unfinished migration if its deadline passed; returns it then.
+
+        Whoever finds such a record fails it (planning, resuming, the retry
+        sensor), so a migration whose driver died never blocks the partition.
+        """
+        task = self.current(partition)
+        if task is None or task.is_terminal or not deadline_passed(task):
+            return None
+        return self._fail_if_current(partition, task.migration_id, _deadline_reason(task))
 
     # -- phase changes ------------------------------------------------------------
 
@@ -443,7 +531,7 @@ class MigrationCoordinator:
         def change(state: DesiredState) -> DesiredState | None:
             task = state.migration
             if task is None or task.migration_id != migration_id:
-                raise MigrationEpochConflict(partition, -1, -1)
+                raise MigrationEpochConflict(partition, -1, -1, task.migration_id if task else None)
             if task.phase == target:
                 return None  # already recorded (a resumed orchestrator)
             check_transition(task.migration_kind, task.phase, target)
@@ -461,12 +549,40 @@ class MigrationCoordinator:
         return state.migration
 
     def fail(self, partition: PartitionId, migration_id: str, error: str) -> MigrationTask:
+        """Record migration `migration_id` Failed with `error` (and the phase it failed in)."""
         task = self.current(partition)
         failed_phase = task.phase if task else None
         return self._transition(partition, migration_id, MigrationPhase.FAILED, failed_phase=failed_phase, error=error)
 
     def cancel(self, partition: PartitionId, migration_id: str) -> MigrationTask:
-        return self._transition(partition, migration_id, MigrationPhase.CANCELLED)
+        """Record migration `migration_id` Cancelled; InvalidTransition once that is no longer safe."""
+        task = self.current(partition)
+        return self._transition(
+            partition,
+            migration_id,
+            MigrationPhase.CANCELLED,
+            failed_phase=task.phase if task else None,
+            error="cancelled by an operator",
+        )
+
+    def cancel_current(self, partition: PartitionId) -> MigrationTask:
+        """Cancel whatever migration of `partition` is in flight; returns the Cancelled record.
+
+        Raises NothingToCancel when none is, CancelRefused when it reached Seeking
+        (the new owner may hold the epoch: cancelling then would strand it).
+        """
+        task = self.current(partition)
+        if task is None or task.is_terminal:
+            raise NothingToCancel(partition, task.migration_id if task else None, task.phase if task else None)
+        try:
+            return self.cancel(partition, task.migration_id)
+        except InvalidTransition:
+            latest = self.current(partition)
+            if latest is None or latest.migration_id != task.migration_id or latest.is_terminal:
+                raise NothingToCancel(
+                    partition, latest.migration_id if latest else None, latest.phase if latest else None
+                ) from None
+            raise CancelRefused(partition, task.migration_id, latest.phase) from None
 
     def run_phase(self, partition: PartitionId, migration_id: str, phase: MigrationPhase) -> PhaseReport:
         """Persist `phase`, do the coordinator's part of it, wait until the node reports it done."""
@@ -479,6 +595,8 @@ class MigrationCoordinator:
             return PhaseReport(phase, 0.0, 0, f"not part of a {task.migration_kind} migration")
         if task.phase in TERMINAL_PHASES and task.phase != MigrationPhase.ACTIVE:
             raise MigrationFailed(partition, task.failed_phase or task.phase, task.error or str(task.phase))
+        if not task.is_terminal and deadline_passed(task):
+            raise self._expire(task)
         if seq.index(task.phase) < seq.index(phase):
             task = self._transition(partition, migration_id, phase)
         if task.migration_kind == MigrationKind.FORCED and phase == MigrationPhase.RELEASED:
@@ -501,6 +619,7 @@ class MigrationCoordinator:
             raise MigrationNotOwned(p, NodeId(task.from_node))
         if own.epoch == task.to_epoch and own.owner == task.to_node:
             return  # done before a crash of the orchestrator
+        self._still_running(task, MigrationPhase.RELEASED)  # cancelled meanwhile: do not fence
         target = self.ledger.node(NodeId(task.to_node))
         try:
             self.ledger.fence(
@@ -511,7 +630,25 @@ class MigrationCoordinator:
                 generation=target.generation if target else None,
             )
         except EpochConflict as exc:
-            raise MigrationEpochConflict(p, exc.expected, exc.actual) from None
+            # This migration's own record: it can never fence now, so end it (terminally,
+            # before raising) instead of leaving it to block every later migration.
+            lost = FenceLost(p, task.migration_id, exc.expected, exc.actual)
+            self._fail_if_current(p, task.migration_id, str(lost))
+            raise lost from None
+
+    def _expire(self, task: MigrationTask) -> MigrationTimeout:
+        """Record `task` Failed for its overall deadline; returns the error to raise."""
+        p = PartitionId(task.partition)
+        elapsed = (now() - task.started_at).total_seconds()
+        self._fail_if_current(p, task.migration_id, _deadline_reason(task))
+        return MigrationTimeout(p, task.phase, elapsed)
+
+    def _fail_if_current(self, partition: PartitionId, migration_id: str, error: str) -> MigrationTask | None:
+        """`fail`, or None when the migration already ended or another replaced it meanwhile."""
+        try:
+            return self.fail(partition, migration_id, error)
+        except (InvalidTransition, MigrationEpochConflict):
+            return None
 
     @staticmethod
     def _responsible(task: MigrationTask, phase: MigrationPhase) -> NodeId:
@@ -523,8 +660,10 @@ class MigrationCoordinator:
         limit = (
             self.config.release_wait_timeout_s if phase in SETTING_PHASES else self.config.checkpoint_transfer_timeout_s
         )
-        limit = min(limit, self.config.migration_timeout_s)
+        # The record's own deadline bounds every wait, whoever planned it and with which config.
+        overall = seconds_left(task)
         start = time.monotonic()
+        next_record_check = start + _RECORD_CHECK_INTERVAL_S
         while True:
             record = self.ledger.node(node)
             progress = record.partitions.get(task.partition) if record else None
@@ -539,9 +678,24 @@ class MigrationCoordinator:
                 view = next((v for v in self.ledger.nodes() if v.record.node == node), None)
                 if view is not None and not view.alive:
                     raise OldOwnerCrashed(p, task.from_epoch)
+            if elapsed > overall:
+                raise self._expire(task)
             if elapsed > limit:
                 raise MigrationTimeout(p, phase, elapsed)
+            if time.monotonic() >= next_record_check:
+                # A cancel or a failure recorded by someone else ends the wait at once.
+                self._still_running(task, phase)
+                next_record_check = time.monotonic() + _RECORD_CHECK_INTERVAL_S
             time.sleep(self.poll_interval_s)
+
+    def _still_running(self, task: MigrationTask, phase: MigrationPhase) -> None:
+        """Raise MigrationFailed if `task`'s record ended (or was replaced) behind the driver's back."""
+        p = PartitionId(task.partition)
+        current = self.current(p)
+        if current is None or current.migration_id != task.migration_id:
+            raise MigrationFailed(p, phase, "the migration record was replaced by another migration")
+        if current.is_terminal and current.phase != MigrationPhase.ACTIVE:
+            raise MigrationFailed(p, current.failed_phase or phase, current.error or str(current.phase))
 
     def run(
         self,

@@ -52,7 +52,13 @@ from jobs import (
 from laminar_orchestration.assignment import least_loaded_node, live_node_ids, node_loads, stranded
 from laminar_orchestration.identity import UNASSIGNED, PartitionId
 from laminar_orchestration.ledger import ClusterNotInitialized, Ledger, LedgerError
-from laminar_orchestration.migration import GRACEFUL_PHASES, DesiredStates, MigrationKind, MigrationPhase
+from laminar_orchestration.migration import (
+    GRACEFUL_PHASES,
+    DesiredStates,
+    MigrationCoordinator,
+    MigrationKind,
+    MigrationPhase,
+)
 from laminar_orchestration.store import StoreError
 from resources import LaminarResource
 
@@ -241,6 +247,8 @@ def decide_retry(
         return SkipReason(f"partition {partition} does not exist")
     live = live_node_ids(ledger)
     lineage = {PARTITION_TAG: str(partition), RETRY_OF_TAG: run_id}
+    # A record past its deadline would block the retry: whoever finds it fails it.
+    MigrationCoordinator(ledger).expire_overdue(PartitionId(partition))
     latest = DesiredStates(ledger).read(PartitionId(partition))[0].migration
     # The owner got its epoch from a migration that then failed: not done yet.
     is_stranded = stranded(latest, own.epoch, own.owner)

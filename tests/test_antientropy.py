@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
-import pyarrow as pa
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
 
-from laminar_orchestration.antientropy import sweep
-from laminar_orchestration.capabilities import CheckpointWriter, OutputCommitter
+import pyarrow as pa
+import pytest
+
+from laminar_orchestration import cli
+from laminar_orchestration.antientropy import InvalidGracePeriod, UnparseableObjectKey, parse_object_key, sweep
+from laminar_orchestration.capabilities import CheckpointWriter, OutputCommitter, ReadStore
 from laminar_orchestration.checkpoint import CheckpointStore, OutputWriter
 from laminar_orchestration.fencing import PartitionGuard
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import ManifestPublisher, ManifestUpdate
+from laminar_orchestration.manifest import ManifestPublisher, ManifestReader, ManifestUpdate
+from laminar_orchestration.processing import keyed_aggregation
+from laminar_orchestration.replica import StateReplica, committed_state
 from laminar_orchestration.source import SourceLog, generate_events
 from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.verify import audit_store
 
-from .commits import commit_all
+from .commits import batch_aggregate, commit_all
+
+TWO_DAYS_S = 2 * 24 * 3600.0
 
 
 def test_sweep_deletes_only_unreachable_objects(store: ObjectStore) -> None:
@@ -37,15 +48,121 @@ def test_sweep_deletes_only_unreachable_objects(store: ObjectStore) -> None:
     # The current owner's upload in flight (not yet in a manifest) must survive.
     in_flight = OutputWriter(OutputCommitter(store)).write(PartitionGuard(new), pa.table({"key": ["y"]}), 200, 250)
 
-    dry = sweep(store, grace_s=3600, dry_run=True)
+    dry = sweep(store, grace_s=0, dry_run=True)
     assert sorted(dry.deleted) == sorted([late_output.key, late_ckpt.key])
     assert store.head(late_output.key) is not None
 
-    report = sweep(store, grace_s=3600)
+    report = sweep(store, grace_s=0)
     assert sorted(report.deleted) == sorted([late_output.key, late_ckpt.key])
-    assert report.kept_in_grace == [in_flight.key]
+    assert report.kept_unsealed == [in_flight.key]
     assert store.head(late_output.key) is None and store.head(late_ckpt.key) is None
     assert store.head(in_flight.key) is not None
     assert all(a.ok for a in audit_store(store))  # everything a manifest names is still there
-    # Past the grace period an unpublished object of the current epoch goes too.
-    assert sweep(store, grace_s=-1).deleted == [in_flight.key]
+    # Age never deletes an unpublished object of the current epoch: its owner may still publish it.
+    assert sweep(store, grace_s=0).deleted == []
+    assert store.head(in_flight.key) is not None
+
+
+@pytest.mark.parametrize("clock_behind_s", [0.0, TWO_DAYS_S], ids=["writer-clock-ok", "writer-clock-2-days-behind"])
+def test_sweep_never_deletes_what_a_stalled_owner_is_about_to_publish(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch, clock_behind_s: float
+) -> None:
+    ledger = Ledger(store)
+    ledger.init_cluster(1)
+    source = SourceLog(store, segment_events=100)
+    source.append(0, generate_events(100, 4, 3, 1)[0])
+    token = ledger.acquire(PartitionId(0), NodeId(1), expected_epoch=0)
+    _, offset, last = commit_all(store, token, snapshot_every=None)
+    assert last is not None
+    source.append(0, generate_events(100, 4, 4, 1)[0])
+    batch = next(source.iter_batches(token.partition, offset, 50_000))
+    with tempfile.TemporaryDirectory() as tmp:
+        replica = StateReplica(Path(tmp), 0, keyed_aggregation.state_schema, ReadStore(store))
+        replica.catch_up(last.manifest)
+        assert replica.store is not None
+        aggregate = batch_aggregate(batch.to_table())
+        fold = keyed_aggregation.fold(
+            aggregate, replica.store.get_many(aggregate["key"].to_pylist()), epoch=token.epoch, generation=1
+        )
+        replica.apply(fold.delta, batch.end_offset)
+        files, at, _ = replica.snapshot_files()
+        # The owner's clock is behind: the ULIDs in its object names say they are old.
+        import laminar_orchestration.manifest as manifest_module
+
+        skewed = SimpleNamespace(time=lambda: time.time() - clock_behind_s)
+        monkeypatch.setattr(manifest_module, "time", skewed)
+        guard = PartitionGuard(token)
+        out_ref = OutputWriter(OutputCommitter(store)).write(guard, fold.output, batch.start_offset, batch.end_offset)
+        checkpoints = CheckpointStore(CheckpointWriter(store))
+        delta = checkpoints.upload_delta(guard, fold.delta, batch.start_offset, batch.end_offset)
+        snapshot = checkpoints.upload_snapshot(guard, files, at, {})
+        monkeypatch.undo()
+        replica.close()
+    assert parse_object_key(out_ref.key).created_ms <= (time.time() - clock_behind_s + 1) * 1000
+    unpublished = sorted([out_ref.key, delta.ref.key, *(f.ref.key for f in snapshot.files)])
+
+    # The owner stalls between upload and publish; sweeps run with any grace period.
+    for grace in (0.0, 60.0, 3600.0):
+        report = sweep(store, grace_s=grace)
+        assert report.deleted == []
+        assert sorted(report.kept_unsealed) == unpublished
+
+    ManifestPublisher(OutputCommitter(store), store).publish(
+        token,
+        ManifestUpdate(
+            source_offset=batch.end_offset,
+            snapshot=snapshot,
+            outputs=(out_ref,),
+            events_applied=batch.end_offset,
+        ),
+    )
+    # Restore from the published manifest finds everything it names.
+    current = ManifestReader(store).current(PartitionId(0))
+    assert current is not None and current.manifest.snapshot == snapshot
+    restored, committed = committed_state(store, PartitionId(0))
+    assert committed == 200 and restored.num_rows == 4
+    assert all(a.ok for a in audit_store(store))
+
+
+def test_sweep_keeps_objects_whose_key_and_metadata_disagree(store: ObjectStore) -> None:
+    ledger = Ledger(store)
+    ledger.init_cluster(1)
+    old = ledger.acquire(PartitionId(0), NodeId(1), expected_epoch=0)
+    ref = OutputWriter(OutputCommitter(store)).write(PartitionGuard(old), pa.table({"key": ["x"]}), 0, 1)
+    new = ledger.fence(PartitionId(0), NodeId(2), expected_epoch=1, reason="node 1 died")
+    assert new is not None
+    ManifestPublisher(OutputCommitter(store), store).publish(new, ManifestUpdate(source_offset=0))
+    # Same bytes and metadata under a name claiming another epoch, and a name without an epoch.
+    obj = store.get(ref.key)
+    lying = ref.key.replace("/0000000001-", "/0000000000-")
+    store.put_if_absent(lying, obj.data, obj.metadata)
+    foreign = "sink/00000/not-ours.parquet"
+    store.put_if_absent(foreign, b"x", {})
+    report = sweep(store, grace_s=0)
+    assert report.deleted == [ref.key]  # the genuine superseded orphan goes
+    assert set(report.kept_unverified) == {lying, foreign}
+    assert "disagrees with the key" in report.kept_unverified[lying]
+    assert store.head(lying) is not None and store.head(foreign) is not None
+
+
+def test_parse_object_key_reads_partition_epoch_and_ulid() -> None:
+    name = parse_object_key("checkpoints/00003/0000000007-01J0000000000000000000000A.parquet")
+    assert (name.partition, name.epoch) == (3, 7)
+    sink = parse_object_key(f"sink/00001/0000000002-{0:020d}-{5:020d}-01J0000000000000000000000A.parquet")
+    assert (sink.partition, sink.epoch, sink.created_ms) == (1, 2, name.created_ms)
+    for bad in ("sink/00001/2-01J0000000000000000000000A.parquet", "checkpoints/00001/0000000002-nothing.parquet"):
+        with pytest.raises(UnparseableObjectKey):
+            parse_object_key(bad)
+
+
+@pytest.mark.parametrize("grace", [-1.0, -0.001, float("nan")])
+def test_sweep_rejects_a_negative_grace_period(store: ObjectStore, grace: float) -> None:
+    Ledger(store).init_cluster(1)
+    with pytest.raises(InvalidGracePeriod):
+        sweep(store, grace_s=grace)
+
+
+def test_cli_sweep_rejects_a_negative_grace_period(store: ObjectStore, capsys: pytest.CaptureFixture[str]) -> None:
+    Ledger(store).init_cluster(1)
+    assert cli.main(["sweep", "--store", store.url, "--grace-s", "-5"]) == 2
+    assert "grace period must be a number of seconds >= 0, got -5.0" in capsys.readouterr().err

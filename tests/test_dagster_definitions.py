@@ -394,3 +394,19 @@ def test_s3_store_is_built_from_the_dagster_aws_client(s3_endpoint: str, s3_buck
     assert client.meta.config.retries["total_max_attempts"] == 1, "botocore must not retry on its own"
     resource.ledger().init_cluster(2)
     assert Ledger(store).cluster().partitions == 2
+
+
+def test_the_ops_enforce_the_migrations_overall_deadline(ledger: Ledger, laminar: LaminarResource) -> None:
+    for n in (1, 2):
+        ledger.register_node(N(n), heartbeat_timeout_s=60)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    # Generous per-phase limit: only the whole migration's deadline can end the drain wait.
+    limits = {"migration_timeout_s": 0.5, "release_wait_timeout_s": 30}
+    started = time.monotonic()
+    result = run(migrate_partition, laminar, {"partition": 0, "to_node": 2, "limits": limits})
+    assert time.monotonic() - started < 20
+    failed = step_events(result, DagsterEventType.STEP_FAILURE)["drain"].event_specific_data.user_failure_data
+    assert failed.metadata["error_type"].value == "MigrationTimeout"
+    task = MigrationCoordinator(ledger).current(P(0))
+    assert task is not None and task.phase == MigrationPhase.FAILED
+    assert (task.error or "").startswith("deadline exceeded")

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import itertools
+import time
+from typing import Any
 
 import pytest
 
+from laminar_orchestration import cli
+from laminar_orchestration.assignment import drive, run_migration
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.ledger import Ledger
+from laminar_orchestration.ledger import Ledger, NodeHandle
 from laminar_orchestration.migration import (
     FORCED_PHASES,
     GRACEFUL_PHASES,
     CheckpointFailed,
     DesiredState,
     DownloadFailed,
+    FenceLost,
     InvalidTransition,
     LedgerCommitFailed,
     MigrationConfig,
@@ -31,8 +36,8 @@ from laminar_orchestration.migration import (
     UploadFailed,
     check_transition,
 )
-from laminar_orchestration.records import ReleaseRecord, now
-from laminar_orchestration.store import ObjectStore
+from laminar_orchestration.records import PartitionProgress, ReleaseRecord, now
+from laminar_orchestration.store import ObjectStore, open_store
 
 P, N = PartitionId, NodeId
 G, F = MigrationKind.GRACEFUL, MigrationKind.FORCED
@@ -52,10 +57,13 @@ def test_migration_phase_transitions_linear() -> None:
         MigrationPhase.RELEASED, MigrationPhase.DOWNLOADING, MigrationPhase.RESTORING, MigrationPhase.SEEKING,
         MigrationPhase.ACTIVE,
     )  # fmt: skip
-    # Cancelling is possible only before the old epoch is released; terminal phases are final.
-    check_transition(G, MigrationPhase.UPLOADING, MigrationPhase.CANCELLED)
-    with pytest.raises(InvalidTransition):
-        check_transition(G, MigrationPhase.RELEASED, MigrationPhase.CANCELLED)
+    # Cancelling is possible until the new owner may take the epoch (Seeking); terminal phases are final.
+    for kind, seq in ((G, GRACEFUL_PHASES), (F, FORCED_PHASES)):
+        for phase in seq[: seq.index(MigrationPhase.SEEKING)]:
+            check_transition(kind, phase, MigrationPhase.CANCELLED)
+        for phase in (MigrationPhase.SEEKING, MigrationPhase.ACTIVE):
+            with pytest.raises(InvalidTransition):
+                check_transition(kind, phase, MigrationPhase.CANCELLED)
     for terminal in (MigrationPhase.ACTIVE, MigrationPhase.FAILED, MigrationPhase.CANCELLED):
         with pytest.raises(InvalidTransition):
             check_transition(G, terminal, MigrationPhase.FAILED)
@@ -151,3 +159,156 @@ def test_migration_error_display() -> None:
     for error, text in errors:
         assert str(error) == text
     assert OldOwnerCrashed(p, 9).last_known_epoch == 9  # fields, not strings to parse
+
+
+# --- wedged and overdue migrations ------------------------------------------------------
+
+
+def report_done(handle: NodeHandle, task: MigrationTask) -> None:
+    """What the target node's process reports when it finished every phase of `task`."""
+    progress = PartitionProgress(
+        partition=task.partition,
+        epoch=task.to_epoch,
+        state="running",
+        migration_id=task.migration_id,
+        phase_done=MigrationPhase.ACTIVE.value,
+    )
+    handle.heartbeat(partitions={task.partition: progress})
+
+
+def rival_fence_first(ledger: Ledger, monkeypatch: pytest.MonkeyPatch, winner: NodeId) -> None:
+    """Make the next `ledger.fence` lose the race: another fence of the same epoch lands just before it."""
+    real = ledger.fence
+
+    def racing(partition: PartitionId, node: NodeId, *, expected_epoch: int, **kw: Any) -> Any:
+        monkeypatch.setattr(ledger, "fence", real)
+        real(partition, winner, expected_epoch=expected_epoch, reason="a rival failover")
+        return real(partition, node, expected_epoch=expected_epoch, **kw)
+
+    monkeypatch.setattr(ledger, "fence", racing)
+
+
+def three_nodes(store: ObjectStore) -> tuple[Ledger, dict[int, NodeHandle]]:
+    ledger = Ledger(store)
+    ledger.init_cluster(1)
+    handles = {n: ledger.register_node(N(n), heartbeat_timeout_s=60) for n in (1, 2, 3)}
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    return ledger, handles
+
+
+def test_forced_migration_that_loses_the_fence_race_fails_and_a_new_one_succeeds(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger, handles = three_nodes(store)
+    coordinator = MigrationCoordinator(ledger, MigrationConfig(checkpoint_transfer_timeout_s=5))
+    task = coordinator.plan(P(0), N(2), forced=True)
+    rival_fence_first(ledger, monkeypatch, N(3))
+    with pytest.raises(FenceLost) as info:
+        drive(coordinator, task)
+    assert (info.value.migration_id, info.value.expected, info.value.actual) == (task.migration_id, 1, 2)
+    failed = coordinator.current(P(0))
+    assert failed is not None and failed.migration_id == task.migration_id
+    assert failed.phase == MigrationPhase.FAILED and failed.failed_phase == MigrationPhase.RELEASED
+    assert failed.error is not None and "lost the fence race" in failed.error
+    # Not wedged: a new forced migration is planned from the epoch the rival left, and completes.
+    retry = coordinator.plan(P(0), N(2), forced=True)
+    assert (retry.from_node, retry.from_epoch, retry.to_epoch) == (3, 2, 3)
+    report_done(handles[2], retry)
+    final = drive(coordinator, retry)
+    assert final.phase == MigrationPhase.ACTIVE and final.migration_id == retry.migration_id
+    own = ledger.ownership(P(0))
+    assert own is not None and (own.owner, own.epoch) == (2, 3)
+
+
+def test_a_conflict_with_another_migrations_record_leaves_that_record_alone(store: ObjectStore) -> None:
+    ledger, _ = three_nodes(store)
+    coordinator = MigrationCoordinator(ledger)
+    theirs = coordinator.plan(P(0), N(2))
+    with pytest.raises(MigrationEpochConflict) as info:
+        run_migration(coordinator, 0, 3)
+    assert info.value.other_migration == theirs.migration_id
+    current = coordinator.current(P(0))
+    assert current is not None and current.migration_id == theirs.migration_id and not current.is_terminal
+
+
+def test_a_record_past_its_deadline_is_failed_by_the_next_coordinator_call(store: ObjectStore) -> None:
+    ledger, _ = three_nodes(store)
+    hasty = MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=0.05))
+    stale = hasty.plan(P(0), N(2))
+    time.sleep(0.1)  # its driver died: nobody will ever finish or fail it
+    coordinator = MigrationCoordinator(ledger)
+    fresh = coordinator.plan_or_resume(P(0), N(3))  # another target: a live record would conflict
+    assert fresh.migration_id != stale.migration_id and fresh.phase == MigrationPhase.PLANNED
+    # `plan` alone does the same.
+    coordinator.desired.update(
+        P(0), lambda s: s.model_copy(update={"migration": stale.model_copy(update={"migration_id": "old"})})
+    )
+    assert coordinator.plan(P(0), N(3)).migration_id != "old"
+
+
+def test_run_phase_enforces_the_records_overall_deadline(store: ObjectStore) -> None:
+    ledger, _ = three_nodes(store)
+    # The phase limit is generous; only the migration's own deadline can stop the wait.
+    coordinator = MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=0.3, release_wait_timeout_s=20))
+    task = coordinator.plan(P(0), N(2))
+    started = time.monotonic()
+    with pytest.raises(MigrationTimeout):
+        coordinator.run_phase(P(0), task.migration_id, MigrationPhase.DRAINING)  # node 1 never reports
+    assert time.monotonic() - started < 5
+    failed = coordinator.current(P(0))
+    assert failed is not None and failed.phase == MigrationPhase.FAILED
+    assert failed.failed_phase == MigrationPhase.DRAINING
+    assert failed.error is not None and failed.error.startswith("deadline exceeded")
+    # A driver resuming a record already past its deadline fails it without waiting.
+    late = MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=0.05)).plan(P(0), N(2))
+    time.sleep(0.1)
+    with pytest.raises(MigrationTimeout):
+        coordinator.run_phase(P(0), late.migration_id, MigrationPhase.DRAINING)
+    expired = coordinator.current(P(0))
+    assert expired is not None and expired.phase == MigrationPhase.FAILED
+    assert expired.failed_phase == MigrationPhase.PLANNED
+
+
+def wedge(ledger: Ledger, coordinator: MigrationCoordinator) -> MigrationTask:
+    """A forced migration stuck at Released whose fence lost, as older releases left it."""
+    task = coordinator.plan(P(0), N(2), forced=True)
+    coordinator._transition(P(0), task.migration_id, MigrationPhase.RELEASED)
+    ledger.fence(P(0), N(3), expected_epoch=1, reason="a rival failover")
+    return task
+
+
+def test_cli_migrate_cancel_ends_a_wedged_migration(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    ledger, handles = three_nodes(open_store(store_url, create=True))
+    coordinator = MigrationCoordinator(ledger)
+    wedged = wedge(ledger, coordinator)
+    with pytest.raises(MigrationEpochConflict):
+        coordinator.plan(P(0), N(2))
+    assert cli.main(["migrate", "--store", store_url, "--partition", "0", "--cancel"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == f"cancelled migration {wedged.migration_id} of partition 0 (node 1 -> 2) at phase released"
+    cancelled = coordinator.current(P(0))
+    assert cancelled is not None and cancelled.phase == MigrationPhase.CANCELLED
+    # The partition can be moved again.
+    retry = coordinator.plan(P(0), N(2), forced=True)
+    report_done(handles[2], retry)
+    assert drive(coordinator, retry).phase == MigrationPhase.ACTIVE
+    # Nothing in flight: a clear message and a non-zero exit.
+    assert cli.main(["migrate", "--store", store_url, "--partition", "0", "--cancel"]) == 1
+    err = capsys.readouterr().err
+    assert f"no migration of partition 0 to cancel (the last one, {retry.migration_id}, ended active)" in err
+
+
+def test_cli_migrate_cancel_refuses_once_the_new_owner_may_hold_the_epoch(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ledger, _ = three_nodes(open_store(store_url, create=True))
+    coordinator = MigrationCoordinator(ledger)
+    task = coordinator.plan(P(0), N(2))
+    for phase in GRACEFUL_PHASES[1 : GRACEFUL_PHASES.index(MigrationPhase.SEEKING) + 1]:
+        coordinator._transition(P(0), task.migration_id, phase)
+    assert cli.main(["migrate", "--store", store_url, "--partition", "0", "--cancel"]) == 1
+    assert f"cannot cancel migration {task.migration_id} of partition 0 at phase seeking" in capsys.readouterr().err
+    current = coordinator.current(P(0))
+    assert current is not None and current.phase == MigrationPhase.SEEKING
+    assert cli.main(["migrate", "--store", store_url, "--partition", "0"]) == 2
+    assert "--to: give the node to move the partition to" in capsys.readouterr().err

@@ -30,7 +30,7 @@ from dagster import (
 from jobs import ATTEMPT_TAG, NOT_BEFORE_TAG, RETRY_OF_TAG, failover_partition, migrate_partition
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.migration import MigrationCoordinator
+from laminar_orchestration.migration import MigrationConfig, MigrationCoordinator, MigrationPhase
 from laminar_orchestration.store import LocalObjectStore
 from resources import LaminarResource
 from sensors import (
@@ -293,3 +293,15 @@ def test_observation_sensor_fires_only_on_change(ledger: Ledger, laminar: Lamina
     ledger.acquire(P(0), N(1), expected_epoch=0)
     changed = tick(laminar_observation_sensor, laminar, first.cursor)
     assert len(changed.requests) == 1 and changed.cursor != first.cursor
+
+
+def test_the_retry_sensor_fails_a_record_past_its_deadline(ledger: Ledger) -> None:
+    make_alive(ledger, 1, 2)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    stale = MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=0.05)).plan(P(0), N(2))
+    time.sleep(0.1)  # the run driving it died without recording anything
+    out = decide_retry(migrate_partition.name, {"partition": 0, "to_node": 2}, {}, "r1", ledger)
+    assert isinstance(out, RunRequest) and out.job_name == migrate_partition.name
+    current = MigrationCoordinator(ledger).current(P(0))
+    assert current is not None and current.migration_id == stale.migration_id
+    assert current.phase == MigrationPhase.FAILED and (current.error or "").startswith("deadline exceeded")
