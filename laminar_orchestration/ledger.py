@@ -344,6 +344,7 @@ class Ledger:
 
         The current epoch must be `expected_epoch` and it must have been released
         (or be unassigned). Raises EpochConflict if someone else moved first.
+        Seals the partition's manifest chain at the new epoch before returning.
         """
         current = self._current_or_unknown(partition)
         if current.epoch != expected_epoch:
@@ -365,7 +366,8 @@ class Ledger:
         """Forced: grant `expected_epoch + 1` to `node` without the old owner's release.
 
         Anything the old owner still does at its epoch is rejected from here on.
-        `node` may be UNASSIGNED (fence only); then no token is returned.
+        `node` may be UNASSIGNED (fence only); then no token is returned. The
+        fence takes effect on manifests at the seal this call puts on the chain.
         """
         current = self._current_or_unknown(partition)
         if current.epoch != expected_epoch:
