@@ -10,6 +10,7 @@ method is a type error (`mypy --strict`) and, at run time, a `ValueError`.
 | `LedgerWriter`      | ``ledger/``                    | the ledger (control plane)    |
 | `CheckpointWriter`  | ``checkpoints/``               | a node, per owned partition   |
 | `OutputCommitter`   | ``sink/``, ``manifests/``      | a node, per owned partition   |
+| `ManifestSealer`    | ``manifests/``                 | the ledger's grant path       |
 | `SourceAppender`    | ``source/``                    | producers                     |
 
 `storage_policies()` renders the same split as per-principal S3 bucket policies.
@@ -106,6 +107,17 @@ class OutputCommitter(ReadStore):
         return self._store.put_if_match(_scoped(key, PREFIXES["manifests"]), data, etag)
 
 
+class ManifestSealer(ReadStore):
+    """Writes manifest history entries and the pointer under ``manifests/``: the seal a grant puts
+    on a partition's manifest chain. No output, no checkpoint, no ledger record."""
+
+    def create_manifest(self, key: ManifestKey, data: bytes) -> str:
+        return self._store.put_if_absent(_scoped(key, PREFIXES["manifests"]), data)
+
+    def swap_manifest(self, key: ManifestKey, data: bytes, etag: str) -> str:
+        return self._store.put_if_match(_scoped(key, PREFIXES["manifests"]), data, etag)
+
+
 class SourceAppender(ReadStore):
     """Appends to the input log under ``source/``."""
 
@@ -133,7 +145,8 @@ def storage_policies(bucket: str, prefix: str = "") -> dict[str, dict[str, objec
     read_all = statement(["s3:GetObject"], list(PREFIXES))
     write = ["s3:PutObject", "s3:DeleteObject"]
     return {
-        "control-plane": {"Version": "2012-10-17", "Statement": [read_all, statement(write, ["ledger"])]},
+        # Granting an epoch seals the partition's manifest chain (see `ManifestSealer`).
+        "control-plane": {"Version": "2012-10-17", "Statement": [read_all, statement(write, ["ledger", "manifests"])]},
         "node": {
             "Version": "2012-10-17",
             "Statement": [

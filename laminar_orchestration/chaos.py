@@ -27,12 +27,14 @@ epoch history cross-checked against every manifest and fenced object) and an
 independent per-key count against what was produced are run. Each row reports
 the scenario's own figures (differences of cumulative audits): events produced
 and committed, duplicates and losses (must be 0), stale writes attempted and
-rejected, revocations, epochs granted and the most owners seen in any epoch
-(must be 1).
+rejected, stale writes accepted after the fence (must be 0), revocations,
+epochs granted, double grants (epochs acted on by two nodes; must be 0), the
+most owners seen in any epoch (must be 1), and wedged migrations (migration
+records left non-terminal at the end; must be 0).
 
 Stale writes are counted from evidence, never assumed: objects written under an
-epoch after the next epoch was granted (the audit finds them; rejected = no
-manifest names them), manifest publishes rejected by fencing (node logs:
+epoch after the manifest chain was fenced above it (the audit finds them;
+rejected = no manifest names them), manifest publishes rejected by fencing (node logs:
 "REVOKED ... stale fencing token"), and the deterministic stale writer of
 ``store-faults`` (publish and release with a superseded token).
 """
@@ -87,6 +89,7 @@ from .ledger import Ledger
 from .localcluster import Cluster, NodeProcess, wait_until
 from .manifest import ManifestPublisher, ManifestReader, ManifestUpdate
 from .migration import (
+    DesiredStates,
     MigrationConfig,
     MigrationCoordinator,
     MigrationError,
@@ -222,7 +225,11 @@ class ScenarioResult:
     #: Partitions a fenced node's kill-switch revoked (node logs "REVOKED").
     revoked: int = 0
     epochs_granted: int = 0
+    #: Epochs acted on by more than one node.
+    double_grants: int = 0
     max_owners_per_epoch: int = 0
+    #: Migration records left non-terminal (neither active, failed nor cancelled) at the end.
+    wedged_migrations: int = 0
     duration_s: float = 0.0
     #: Whether the scenario creates a zombie whose stale writes are attempted deterministically.
     deterministic_stale_writes: bool = False
@@ -241,8 +248,15 @@ class ScenarioResult:
             and self.duplicates == 0
             and self.losses == 0
             and self.max_owners_per_epoch <= 1
-            and self.stale_writes_rejected == self.stale_writes_attempted
+            and self.double_grants == 0
+            and self.wedged_migrations == 0
+            and self.stale_writes_accepted == 0
         )
+
+    @property
+    def stale_writes_accepted(self) -> int:
+        """Stale writes that became visible after the fence: must be 0."""
+        return self.stale_writes_attempted - self.stale_writes_rejected
 
     @property
     def verdict(self) -> str:
@@ -251,7 +265,13 @@ class ScenarioResult:
         return "ok" if self.ok else "FAILED"
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "ok": self.ok, "verdict": self.verdict, "duration_s": round(self.duration_s, 3)}
+        return {
+            **asdict(self),
+            "stale_writes_accepted": self.stale_writes_accepted,
+            "ok": self.ok,
+            "verdict": self.verdict,
+            "duration_s": round(self.duration_s, 3),
+        }
 
 
 _COLUMNS = (
@@ -262,9 +282,12 @@ _COLUMNS = (
     ("dup", ">"),
     ("loss", ">"),
     ("stale att/rej", ">"),
+    ("stale acc", ">"),
     ("revoked", ">"),
     ("epochs", ">"),
+    ("dbl grant", ">"),
     ("max own", ">"),
+    ("wedged", ">"),
     ("time", ">"),
     ("verdict", "<"),
 )
@@ -281,9 +304,12 @@ def format_table(results: Sequence[ScenarioResult], *, title: str = "", notes: b
             str(r.duplicates),
             str(r.losses),
             f"{r.stale_writes_attempted}/{r.stale_writes_rejected}",
+            str(r.stale_writes_accepted),
             str(r.revoked),
             str(r.epochs_granted),
+            str(r.double_grants),
             str(r.max_owners_per_epoch),
+            str(r.wedged_migrations),
             f"{r.duration_s:.1f}s",
             r.verdict if r.skipped is None else f"skipped: {r.skipped}",
         ]
@@ -332,6 +358,9 @@ class Measure:
     stale_writes: int = 0
     stale_rejected: int = 0
     max_owners: int = 0
+    double_grants: int = 0
+    #: Migration records not in a terminal phase (at this moment, not cumulative).
+    wedged: int = 0
     issues: tuple[str, ...] = ()
 
 
@@ -366,6 +395,12 @@ def measure(store: ObjectStore, expected: Mapping[str, int] | None = None) -> Me
         issues.update((_issue_text(i), None) for i in h.issues)
     duplicates = sum(a.duplicates for a in audits)
     losses = sum(a.losses for a in audits)
+    wedged = 0
+    for p, state in DesiredStates(Ledger(store)).all().items():
+        task = state.migration
+        if task is not None and not task.is_terminal:
+            wedged += 1
+            issues[f"p{p} wedged: migration {task.migration_id} left in phase {task.phase}"] = None
     if expected is not None:
         committed: dict[str, int] = {}
         for a in audits:
@@ -391,6 +426,8 @@ def measure(store: ObjectStore, expected: Mapping[str, int] | None = None) -> Me
         stale_writes=sum(h.stale_writes for h in history),
         stale_rejected=sum(h.stale_writes_rejected for h in history),
         max_owners=max((h.max_owners_per_epoch for h in history), default=0),
+        double_grants=sum(h.double_grants for h in history),
+        wedged=wedged,
         issues=tuple(issues),
     )
 
@@ -405,6 +442,8 @@ def _apply(result: ScenarioResult, before: Measure, after: Measure) -> None:
     result.stale_writes_rejected += after.stale_rejected - before.stale_rejected
     result.epochs_granted = after.epochs - before.epochs
     result.max_owners_per_epoch = after.max_owners
+    result.double_grants = max(0, after.double_grants - before.double_grants)
+    result.wedged_migrations = after.wedged
     seen = set(before.issues)
     result.issues.extend(i for i in after.issues if i not in seen)
 

@@ -92,9 +92,13 @@ def status_report(ledger: Ledger) -> dict[str, Any]:
     cluster = ledger.cluster()
     membership = ledger.membership()
     partitions = []
+    views = ledger.nodes()
+    # What the owner reports about its worker: consecutive failures and the last reason.
+    progress = {(v.record.node, p): pr for v in views for p, pr in v.record.partitions.items()}
     for pid, own in ledger.ownerships(ledger.partitions()).items():
         if own is None:
             continue
+        reported = progress.get((int(own.owner), int(pid)))
         partitions.append(
             {
                 "partition": int(pid),
@@ -102,6 +106,8 @@ def status_report(ledger: Ledger) -> dict[str, Any]:
                 "owner": int(own.owner),
                 "status": own.status.value,
                 "head_lagged": own.head_lagged,
+                "failures": reported.consecutive_failures if reported else 0,
+                "last_failure": reported.last_failure if reported else None,
             }
         )
     nodes = [
@@ -115,7 +121,7 @@ def status_report(ledger: Ledger) -> dict[str, Any]:
             "host": v.record.host,
             "pid": v.record.pid,
         }
-        for v in ledger.nodes()
+        for v in views
     ]
     return {
         "store": ledger.store.url,
@@ -133,10 +139,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         _print_json(report)
         return 0
     print(f"store {report['store']}  cluster {report['cluster_id']}  cluster epoch {report['cluster_epoch']}")
-    print(f"{'PARTITION':>9}  {'EPOCH':>5}  {'OWNER':>5}  STATUS")
+    print(f"{'PARTITION':>9}  {'EPOCH':>5}  {'OWNER':>5}  {'FAILURES':>8}  STATUS")
     for p in report["partitions"]:
         owner = p["owner"] or "-"
-        print(f"{p['partition']:>9}  {p['epoch']:>5}  {owner:>5}  {p['status']}")
+        failing = f"  ({p['last_failure']})" if p["failures"] else ""
+        print(f"{p['partition']:>9}  {p['epoch']:>5}  {owner:>5}  {p['failures']:>8}  {p['status']}{failing}")
     print(f"{'NODE':>9}  {'GEN':>5}  {'ALIVE':>5}  {'HEARTBEAT AGE':>13}  STATUS")
     for n in report["nodes"]:
         alive = "yes" if n["alive"] else "NO"

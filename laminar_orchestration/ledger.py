@@ -8,6 +8,14 @@ hole). A CAS head record names the current owner without listing; when it lags
 the grants (a grantee died between the two writes) readers roll forward by
 probing the next grant keys.
 
+Granting an epoch also seals the partition's manifest chain at that epoch
+(`manifest.ChainSealer.seal`), right after the grant is created and before
+the grant call returns: every acquisition and fence goes through `_grant`, so
+none can skip it. The fence point is that seal: a publish under an older epoch
+that lands before it is the old owner's last commit, none after it is accepted.
+If the granter dies between the grant and the seal, the grantee's acquisition
+path re-ensures the seal before it reads the chain to restore.
+
 The ledger is the only code that mints `FencingToken`s.
 """
 
@@ -22,11 +30,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from .capabilities import LedgerWriter, ledger_key
+from .capabilities import LedgerWriter, ManifestSealer, ledger_key
 from .errors import ConflictError, CorruptDataError, InvalidArgument, LaminarError, NotFoundError
 from .fencing import FencingToken, NotOwned, StaleEpoch, UnknownPartition, _mint_token
 from .identity import MAX_PARTITIONS, UNASSIGNED, NodeId, PartitionId
@@ -51,6 +59,9 @@ from .records import (
     release_key,
 )
 from .store import ObjectStore, PreconditionFailed
+
+if TYPE_CHECKING:
+    from .manifest import ChainSealer
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -189,6 +200,16 @@ class Ledger:
         self._pool: ThreadPoolExecutor | None = None
         self._parsed: dict[str, tuple[str, BaseModel]] = {}
         self._pool_lock = threading.Lock()
+        self._sealer: ChainSealer | None = None
+
+    @property
+    def sealer(self) -> ChainSealer:
+        """Seals manifest chains on grants (holds only the `ManifestSealer` capability)."""
+        if self._sealer is None:
+            from .manifest import ChainSealer  # manifest.py imports this module
+
+            self._sealer = ChainSealer(ManifestSealer(self.store), self.store)
+        return self._sealer
 
     # -- reading -----------------------------------------------------------
 
@@ -338,6 +359,7 @@ class Ledger:
 
         The current epoch must be `expected_epoch` and it must have been released
         (or be unassigned). Raises EpochConflict if someone else moved first.
+        Seals the partition's manifest chain at the new epoch before returning.
         """
         current = self._current_or_unknown(partition)
         if current.epoch != expected_epoch:
@@ -359,7 +381,8 @@ class Ledger:
         """Forced: grant `expected_epoch + 1` to `node` without the old owner's release.
 
         Anything the old owner still does at its epoch is rejected from here on.
-        `node` may be UNASSIGNED (fence only); then no token is returned.
+        `node` may be UNASSIGNED (fence only); then no token is returned. The
+        fence takes effect on manifests at the seal this call puts on the chain.
         """
         current = self._current_or_unknown(partition)
         if current.epoch != expected_epoch:
@@ -397,7 +420,10 @@ class Ledger:
         reason: str,
         generation: int | None = None,
     ) -> int:
-        """Create grant `current.epoch + 1` for `node` and move the head; returns the epoch."""
+        """Create grant `current.epoch + 1` for `node`, seal the manifest chain at it, move the head.
+
+        Returns the epoch.
+        """
         epoch = current.epoch + 1
         grant = EpochGrant(
             partition=partition,
@@ -415,6 +441,9 @@ class Ledger:
             self._writer.create(ledger_key(grant_key(partition, epoch)), _encode(grant))
         except PreconditionFailed:
             raise EpochConflict(partition, current.epoch, self._current_or_unknown(partition).epoch) from None
+        # The fence point: from this seal on, no publish under an older epoch is accepted. A
+        # failure here leaves the grant in place; the grantee seals before it restores.
+        self.sealer.seal(partition, epoch, node=node, generation=generation or 0, reason=f"{kind.value} by the ledger")
         status = PartitionStatus.ACTIVE if node != UNASSIGNED else PartitionStatus.UNASSIGNED
         # The grant already holds; a successor may supersede it at once, which the
         # token's guard will then report on its next validate.

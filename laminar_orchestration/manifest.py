@@ -1,4 +1,4 @@
-"""Per-partition commit manifests, published under the owner's fencing token (seed 004).
+"""Per-partition commit manifests, published under the owner's fencing token.
 
 A manifest names what one commit made visible together: the source offset
 reached, the state checkpoint (a snapshot plus the deltas committed since it)
@@ -9,6 +9,21 @@ and the output files. Publishing is fenced twice:
 * the new manifest's `fencing_token` (the partition epoch) must be >= the
   previous one, so a stale holder loses even when it read the freshest
   version (``validate_succession``, "stale holder with a fresh version").
+
+The fence point is in this chain. Granting epoch e+1 *seals* it (`seal_chain`):
+a seal is the next history entry, a copy of the previous manifest with
+``fencing_token = e+1`` and no outputs. The ledger writes it right after it
+creates the grant, and the grantee re-ensures it (idempotently) before it
+reads the chain to restore, so the seal always precedes the new owner's read.
+A publish under e that read the chain before the seal collides with it on the
+create-only sequence number; one that reads it after fails on the token. A
+write that lands before the seal is the old owner's last commit, and the seal
+(carrying its offset and state) hands it to the new owner.
+
+Readers enforce the same rule: rolling forward from the pointer, every entry
+must follow its predecessor (sequence, parent hash, fencing token never
+decreasing), so an entry made by a writer that skipped the client-side check
+is rejected with `BrokenManifestChain`, naming the object.
 
 ``manifests/p/current.json`` is a CAS pointer to the newest entry; readers roll
 forward over history entries it has not caught up with, so no listing is needed.
@@ -23,11 +38,11 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import Field
 
-from .capabilities import OutputCommitter, manifest_key
+from .capabilities import ManifestKey, OutputCommitter, manifest_key
 from .errors import ConflictError, CorruptDataError
 from .fencing import ConditionalPutFailed, FencingToken
 from .identity import PartitionId
@@ -128,7 +143,8 @@ class PartitionManifest(Record):
     seq: int = Field(ge=1)
     #: The partition epoch of the writer; must never go down.
     fencing_token: int = Field(ge=1)
-    node: int = Field(ge=1)
+    #: The writer's node; 0 only on a seal made by a fence to "unassigned".
+    node: int = Field(ge=0)
     generation: int = Field(ge=0)
     commit_ulid: str = Field(min_length=26, max_length=26)
     #: sha256 of the previous manifest's raw stored bytes; None only for seq 1.
@@ -146,6 +162,11 @@ class PartitionManifest(Record):
     note: str = ""
     committed_at: datetime
     write_id: str = Field(default_factory=new_write_id)
+
+    @property
+    def is_seal(self) -> bool:
+        """A seal: the entry a grant puts on the chain (no outputs, the previous offset and state)."""
+        return self.note.startswith(SEAL_NOTE) and not self.outputs
 
     def artifacts(self) -> list[ArtifactRef]:
         """Every object this manifest names (state checkpoint objects and outputs): the sweep keeps them."""
@@ -169,6 +190,10 @@ class PartitionManifest(Record):
             raise ParentHashMismatch(PartitionId(self.partition), previous_raw_hash, self.parent_hash)
         if self.source_offset < previous.source_offset:
             raise SourceOffsetRegression(PartitionId(self.partition), previous.source_offset, self.source_offset)
+
+
+#: How a seal's note begins (`PartitionManifest.is_seal`).
+SEAL_NOTE = "seal"
 
 
 # --- errors -----------------------------------------------------------------
@@ -227,6 +252,37 @@ class SourceOffsetRegression(SuccessionError):
 
     def __str__(self) -> str:
         return f"source offset regression on partition {self.partition}: {self.previous} -> {self.attempted}"
+
+
+@dataclass
+class BrokenManifestChain(SuccessionError):
+    """A stored history entry that may not follow its predecessor: readers refuse to roll past it.
+
+    Only a writer that bypassed the publisher's fencing (or a corrupted store)
+    can create one; nothing overwrites it, an operator must look at `key`.
+    """
+
+    partition: PartitionId
+    key: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"manifest chain of partition {self.partition} is broken at {self.key!r}: {self.reason}"
+
+
+@dataclass
+class SealContended(SuccessionError):
+    """The seal kept losing its sequence number to concurrent publishes under the old epoch."""
+
+    partition: PartitionId
+    epoch: int
+    attempts: int
+
+    def __str__(self) -> str:
+        return (
+            f"could not seal the manifest chain of partition {self.partition} at epoch {self.epoch}: "
+            f"lost the next sequence number {self.attempts} times"
+        )
 
 
 @dataclass
@@ -290,6 +346,10 @@ class ManifestReader:
             return None
         return ManifestVersion(parse_record(key, obj.data, PartitionManifest), obj.data)
 
+    def entry(self, partition: PartitionId, seq: int) -> ManifestVersion | None:
+        """History entry `seq` as stored (not checked against its neighbours), or None."""
+        return self._entry(partition, seq) if seq >= 1 else None
+
     def current(self, partition: PartitionId) -> ManifestVersion | None:
         """The newest manifest: the pointer, rolled forward over newer history entries."""
         return self._current_with_etag(partition)[0]
@@ -301,6 +361,15 @@ class ManifestReader:
         version = ManifestVersion(parse_record(key, obj.data, PartitionManifest), obj.data) if obj else None
         seq = version.manifest.seq if version else 0
         while (nxt := self._entry(partition, seq + 1)) is not None:
+            if version is not None:
+                # Succession is enforced here, not only by honest publishers: an entry under a
+                # lower epoch than its predecessor (a write after the seal) is never rolled onto.
+                try:
+                    nxt.manifest.validate_succession(version.manifest, version.raw_hash)
+                except (SuccessionError, StaleFencingToken) as exc:
+                    raise BrokenManifestChain(
+                        PartitionId(partition), manifest_history_key(partition, seq + 1), str(exc)
+                    ) from exc
             version, seq = nxt, seq + 1
         return version, etag
 
@@ -312,18 +381,111 @@ class ManifestReader:
             seq += 1
 
 
-class ManifestPublisher(ManifestReader):
+class ManifestWrites(Protocol):
+    """The manifest half of a write capability (`OutputCommitter`, `ManifestSealer`)."""
+
+    def create_manifest(self, key: ManifestKey, data: bytes) -> str: ...
+
+    def swap_manifest(self, key: ManifestKey, data: bytes, etag: str) -> str: ...
+
+
+#: A seal retries on top of each publish that beat it to a sequence number; only a writer
+#: under the old epoch publishing in a tight loop could make it lose this often.
+_SEAL_ATTEMPTS = 50
+
+
+class ChainSealer(ManifestReader):
+    """Seals manifest chains: the part of granting an epoch that fences the manifest history."""
+
+    def __init__(self, writer: ManifestWrites, store: ObjectStore) -> None:
+        super().__init__(store)
+        self._committer = writer
+
+    def seal(
+        self, partition: PartitionId, epoch: int, *, node: int, generation: int = 0, reason: str = ""
+    ) -> ManifestVersion:
+        """Make sure the chain's newest entry carries a fencing token >= `epoch`; return that entry.
+
+        Idempotent: when the chain is already sealed at `epoch` (or an owner at
+        `epoch` or later has published), nothing is written and the newest entry
+        is returned, so a caller can tell it was superseded (token > `epoch`).
+        Otherwise the seal is created as the next entry: a copy of the newest
+        manifest (offset, state, events applied and any other field carry over)
+        under `epoch` with no outputs, or an empty first entry. A publish under
+        an older epoch that wins a sequence number first is the old owner's last
+        commit; the seal goes on top of it.
+        """
+        for _ in range(_SEAL_ATTEMPTS):
+            previous, pointer_etag = self._current_with_etag(partition)
+            if previous is not None and previous.manifest.fencing_token >= epoch:
+                return previous
+            note = f"{SEAL_NOTE} at epoch {epoch}" + (f": {reason}" if reason else "")
+            if previous is None:
+                manifest = PartitionManifest(
+                    partition=partition,
+                    seq=1,
+                    fencing_token=epoch,
+                    node=node,
+                    generation=generation,
+                    commit_ulid=next_ulid(),
+                    parent_hash=None,
+                    cluster_epoch=0,
+                    source_offset=0,
+                    outputs=[],
+                    events_applied=0,
+                    note=note,
+                    committed_at=now(),
+                )
+            else:
+                prev = previous.manifest
+                # A copy, so fields added to manifests later carry over without touching this.
+                manifest = prev.model_copy(
+                    update={
+                        "seq": prev.seq + 1,
+                        "fencing_token": epoch,
+                        "node": node,
+                        "generation": generation,
+                        "commit_ulid": next_ulid(prev.commit_ulid),
+                        "parent_hash": previous.raw_hash,
+                        "outputs": [],
+                        "note": note,
+                        "committed_at": now(),
+                        "write_id": new_write_id(),
+                    }
+                )
+                manifest.validate_succession(prev, previous.raw_hash)
+            raw = manifest.model_dump_json().encode()
+            try:
+                self._committer.create_manifest(manifest_key(manifest_history_key(partition, manifest.seq)), raw)
+            except PreconditionFailed:
+                continue  # the old owner's last commit took this seq: seal on top of it
+            self._move_pointer(partition, raw, pointer_etag)
+            return ManifestVersion(manifest, raw)
+        raise SealContended(partition, epoch, _SEAL_ATTEMPTS)
+
+    def _move_pointer(self, partition: int, raw: bytes, pointer_etag: str | None) -> None:
+        # The pointer is a cache; losing this CAS only means a reader rolls forward.
+        try:
+            if pointer_etag is None:
+                self._committer.create_manifest(manifest_key(manifest_pointer_key(partition)), raw)
+            else:
+                self._committer.swap_manifest(manifest_key(manifest_pointer_key(partition)), raw, pointer_etag)
+        except PreconditionFailed:
+            pass
+
+
+class ManifestPublisher(ChainSealer):
     """Publishes manifests. Holds the `OutputCommitter` capability."""
 
     def __init__(self, committer: OutputCommitter, store: ObjectStore) -> None:
-        super().__init__(store)
-        self._committer = committer
+        super().__init__(committer, store)
 
     def publish(self, token: FencingToken, update: ManifestUpdate) -> ManifestVersion:
         """Commit `update` for `token.partition`, fenced by `token.epoch`.
 
-        Raises StaleFencingToken if a newer owner already published, and
-        ConditionalPutFailed if one did so concurrently.
+        Raises StaleFencingToken if the chain was sealed (or published) at a
+        newer epoch, and ConditionalPutFailed if that happened concurrently
+        (the seal took our sequence number).
         """
         p = token.partition
         previous, pointer_etag = self._current_with_etag(p)
@@ -356,14 +518,7 @@ class ManifestPublisher(ManifestReader):
             winner = self.current(p)
             actual = winner.manifest.fencing_token if winner else token.epoch
             raise ConditionalPutFailed(p, token.epoch, actual) from None
-        # The pointer is a cache; losing this CAS only means a reader rolls forward.
-        try:
-            if pointer_etag is None:
-                self._committer.create_manifest(manifest_key(manifest_pointer_key(p)), raw)
-            else:
-                self._committer.swap_manifest(manifest_key(manifest_pointer_key(p)), raw, pointer_etag)
-        except PreconditionFailed:
-            pass
+        self._move_pointer(p, raw, pointer_etag)
         return ManifestVersion(manifest, raw)
 
 

@@ -147,6 +147,12 @@ class PartitionProgress(Record):
     commits: int = Field(default=0, ge=0)
     last_commit_at: datetime | None = None
     error: str | None = None
+    #: Failures in a row of this partition's worker on this node (reset by a successful commit).
+    consecutive_failures: int = Field(default=0, ge=0)
+    #: The last of those failures, while `consecutive_failures` > 0.
+    last_failure: str | None = None
+    #: The delay before the restart that followed the last failure.
+    retry_delay_s: float | None = Field(default=None, ge=0)
 
 
 class NodeRecord(Record):

@@ -31,6 +31,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -44,7 +45,7 @@ from .errors import FencedError, OperationFailedError
 from .fencing import EpochError, FencingToken, PartitionGuard, PartitionGuardSet, StaleEpoch
 from .identity import UNASSIGNED, NodeId, PartitionId
 from .ledger import Ledger, NodeHandle, NodeIdentityConflict
-from .manifest import DeltaRef, ManifestPublisher, ManifestUpdate, ManifestVersion, SnapshotRef, SuccessionError
+from .manifest import DeltaRef, ManifestPublisher, ManifestUpdate, ManifestVersion, SnapshotRef, StaleFencingToken
 from .migration import (
     GRACEFUL_PHASES,
     SETTING_PHASES,
@@ -87,6 +88,10 @@ class NodeConfig(BaseModel):
     checkpoint_delta_fraction: float = Field(default=0.25, gt=0)
     #: ... or this much time passed since it (with at least one delta).
     checkpoint_every_s: float = Field(default=30.0, gt=0)
+    #: A failed partition is restarted after this delay, doubled per consecutive failure
+    #: up to `restart_backoff_max_s`; a successful commit resets it.
+    restart_backoff_initial_s: float = Field(default=0.5, gt=0)
+    restart_backoff_max_s: float = Field(default=30.0, gt=0)
     workdir: str | None = None
 
 
@@ -125,6 +130,21 @@ class Fenced(FencedError):
 
 class PhaseAborted(OperationFailedError):
     """The migration this worker was carrying out was cancelled or failed."""
+
+
+@dataclass
+class HandoffMismatch(Exception):
+    """A graceful handoff whose manifest chain does not continue from the commit the old owner released."""
+
+    partition: PartitionId
+    released_commit: str
+    found_commit: str | None
+
+    def __str__(self) -> str:
+        return (
+            f"partition {self.partition}: the old owner released commit {self.released_commit}, "
+            f"but the manifest chain continues from {self.found_commit or 'nothing'}"
+        )
 
 
 class PartitionWorker(threading.Thread):
@@ -167,6 +187,8 @@ class PartitionWorker(threading.Thread):
         self._batch_group: str | None = None
         self._batch_seq = 0
         self._abandoned = threading.Event()
+        #: Why the thread ended in FAILED (the node logs it with the restart delay).
+        self.failure: BaseException | None = None
 
     # -- control (called from the reconcile loop) --------------------------------
 
@@ -198,6 +220,11 @@ class PartitionWorker(threading.Thread):
     @property
     def epoch(self) -> int:
         return self.token.epoch if self.token else 0
+
+    @property
+    def commits(self) -> int:
+        """Batches this worker committed (a restart's backoff is reset by the first one)."""
+        return self._commits
 
     @property
     def finished(self) -> bool:
@@ -252,7 +279,9 @@ class PartitionWorker(threading.Thread):
         except (Fenced, EpochError) as exc:
             self._revoked(str(exc) if not isinstance(exc, Fenced) else (self.tracker.reason or "fenced"))
         except Exception as exc:
-            log.exception("node %s: partition %s failed", self.node.id, self.partition)
+            # One line per failure, with the restart delay, is logged by the node's reconcile loop.
+            log.debug("node %s: partition %s failed", self.node.id, self.partition, exc_info=True)
+            self.failure = exc
             self._error = f"{type(exc).__name__}: {exc}"
             self.state_name = WorkerState.FAILED
             self.node.report_now()
@@ -353,7 +382,8 @@ class PartitionWorker(threading.Thread):
             )
             how = "acquired"
         self.state_name = WorkerState.RESTORING
-        manifest = self._publisher.current(self.partition)
+        # Sealed at our epoch before we read it: nothing of an older owner lands after what we restore.
+        manifest = self._sealed(token)
         self._restore(manifest)
         self._install(token)
         self._takeover(manifest)
@@ -371,12 +401,14 @@ class PartitionWorker(threading.Thread):
         task = self._wait_phase(MigrationPhase.DOWNLOADING)
         ledger = self.node.ledger
         manifest = self._publisher.current(self.partition)
+        released: str | None = None
         if task.migration_kind == MigrationKind.GRACEFUL:
             release = ledger.release_record(self.partition, task.from_epoch)
             if release is None:
                 raise RuntimeError(f"epoch {task.from_epoch} of partition {self.partition} was not released")
-            if release.commit_ulid and (manifest is None or manifest.manifest.commit_ulid != release.commit_ulid):
-                raise RuntimeError("the current manifest is not the one the old owner released")
+            released = release.commit_ulid
+            if released and (manifest is None or manifest.manifest.commit_ulid != released):
+                raise HandoffMismatch(self.partition, released, manifest.manifest.commit_ulid if manifest else None)
         self.state_name = WorkerState.RESTORING
         # Snapshot (files this node does not hold yet) + deltas: the restore is done with the download.
         stats = self._restore(manifest)
@@ -396,7 +428,7 @@ class PartitionWorker(threading.Thread):
         else:
             token = ledger.adopt(self.partition, self.node.id, generation=gen)
         self._install(token)
-        self._takeover(manifest)
+        self._takeover(manifest, released=released)
         self._report(MigrationPhase.SEEKING)
         self._wait_phase(MigrationPhase.ACTIVE)
         log.info(
@@ -442,21 +474,48 @@ class PartitionWorker(threading.Thread):
         )
         return stats
 
-    def _takeover(self, restored: ManifestVersion | None) -> None:
-        """Publish a manifest under our token first: from here on a zombie's publish fails."""
+    def _sealed(self, token: FencingToken) -> ManifestVersion:
+        """The chain sealed at `token.epoch`: sealed here if the granter died before it could.
+
+        Writes nothing when it already is (a restart at the same epoch publishes no
+        manifest). StaleFencingToken when a newer epoch sealed it: we were superseded.
+        """
+        version = self._publisher.seal(
+            token.partition, token.epoch, node=token.node, generation=self.node.generation, reason="grantee"
+        )
+        if version.manifest.fencing_token > token.epoch:
+            if self.guard is not None:
+                self.guard.observe_epoch(version.manifest.fencing_token)
+            raise StaleFencingToken(token.partition, token.epoch, version.manifest.fencing_token)
+        return version
+
+    def _takeover(self, restored: ManifestVersion | None, *, released: str | None = None) -> None:
+        """Hold the chain at our epoch before the first batch: its seal is our takeover entry.
+
+        `restored` is what we restored from. If the chain moved on before it was
+        sealed at our epoch (forced path: the old owner's last commit landed after
+        our read), restore again from the seal, which carries that commit's
+        offset and state. `released` is the commit a graceful handoff released:
+        the entry below our seal must be it.
+        """
         assert self.token is not None
-        while True:
-            try:
-                self._manifest = self._publisher.publish(self.token, self._update(note="takeover"))
-                return
-            except (EpochError, SuccessionError) as exc:
-                current = self._publisher.current(self.partition)
-                if current is None or current.manifest.fencing_token > self.token.epoch:
-                    raise
-                # A commit of the previous owner landed between our restore and the takeover
-                # (forced path only): restore from it and try again.
-                log.warning("node %s: partition %s: %s; re-restoring", self.node.id, self.partition, exc)
-                self._restore(current)
+        sealed = self._sealed(self.token)
+        m = sealed.manifest
+        if released is not None:
+            below = self._publisher.entry(self.partition, m.seq - 1) if m.is_seal else sealed
+            found = below.manifest.commit_ulid if below is not None else None
+            if found != released:
+                raise HandoffMismatch(self.partition, released, found)
+        same = restored is not None and restored.raw_hash in (sealed.raw_hash, m.parent_hash if m.is_seal else None)
+        if not same and not (restored is None and m.is_seal and m.parent_hash is None):
+            log.warning(
+                "node %s: partition %s: the chain moved past what was restored (seq %s); re-restoring",
+                self.node.id,
+                self.partition,
+                restored.manifest.seq if restored else 0,
+            )
+            self._restore(sealed)
+        self._manifest = sealed
 
     def _update(self, **changes: Any) -> ManifestUpdate:
         """The manifest of the committed state as it stands, with `changes`."""
@@ -629,8 +688,8 @@ class PartitionWorker(threading.Thread):
     def _publish(self, update: ManifestUpdate) -> ManifestVersion:
         assert self.token is not None and self.guard is not None
         try:
-            # A successor's grant exists from the moment we are fenced, before its takeover
-            # manifest does: probe it (one GET by key) right before the conditional write.
+            # Not the fence (the seal a grant puts on the chain is): an early exit that spares a
+            # doomed write when a successor's grant is already visible (one GET by key).
             successor = self.node.ledger.grant(self.partition, self.token.epoch + 1)
             if successor is not None:
                 self.guard.observe_epoch(successor.epoch)
@@ -710,6 +769,16 @@ class PartitionWorker(threading.Thread):
         self.state_name = WorkerState.STOPPED
 
 
+@dataclass
+class RestartBackoff:
+    """Consecutive failures of one partition on a node, and when it may be restarted."""
+
+    failures: int
+    reason: str
+    delay_s: float
+    retry_at: float  # time.monotonic()
+
+
 class Node:
     """A worker node process. `run()` blocks until `stop()` (or SIGTERM/SIGINT)."""
 
@@ -743,6 +812,8 @@ class Node:
         self.handle: NodeHandle | None = None
         self.workers: dict[PartitionId, PartitionWorker] = {}
         self._finished: dict[PartitionId, PartitionProgress] = {}
+        #: Partitions whose worker failed: restarted only after an exponential delay.
+        self._backoff: dict[PartitionId, RestartBackoff] = {}
         self._stop = threading.Event()
         self._report_now = threading.Event()
         self._lock = threading.Lock()
@@ -840,6 +911,10 @@ class Node:
             report: dict[int, PartitionProgress] = {int(p): pr for p, pr in self._finished.items()}
             for p, w in self.workers.items():
                 report[int(p)] = w.progress()
+            for p, b in self._backoff.items():
+                if int(p) in report:
+                    failing = {"consecutive_failures": b.failures, "last_failure": b.reason, "retry_delay_s": b.delay_s}
+                    report[int(p)] = report[int(p)].model_copy(update=failing)
         return report
 
     def _heartbeat_loop(self) -> None:
@@ -896,8 +971,14 @@ class Node:
         with self._lock:
             for p, w in list(self.workers.items()):
                 if w.finished and not w.is_alive():
+                    if w.state_name == WorkerState.FAILED:
+                        self._note_failure(p, w)
+                    else:
+                        self._backoff.pop(p, None)
                     self._finished[p] = w.progress()
                     del self.workers[p]
+                elif w.commits and p in self._backoff:
+                    del self._backoff[p]  # it made progress again
         for p, state in desired.items():
             self._reconcile_partition(p, state)
 
@@ -907,7 +988,7 @@ class Node:
         if worker is not None:
             worker.offer(task)
             return
-        if self._stop.is_set():
+        if self._stop.is_set() or self._backing_off(p):
             return
         if task is not None and not task.is_terminal:
             done = self._finished.get(p)
@@ -923,6 +1004,29 @@ class Node:
         free = own.owner == UNASSIGNED or (own.status == PartitionStatus.RELEASED and own.owner == self.id)
         if mine or free:
             self._start(PartitionWorker(self, p))
+
+    def _note_failure(self, p: PartitionId, worker: PartitionWorker) -> None:
+        """Count a failed worker and schedule its restart: doubling delays, capped. Caller holds `_lock`."""
+        previous = self._backoff.get(p)
+        failures = 1 if previous is None or worker.commits else previous.failures + 1
+        cfg = self.config
+        delay = min(cfg.restart_backoff_initial_s * 2.0 ** min(failures - 1, 32), cfg.restart_backoff_max_s)
+        reason = worker.progress().error or "unknown"
+        self._backoff[p] = RestartBackoff(failures, reason, delay, time.monotonic() + delay)
+        log.error(
+            "node %s: partition %s failed (%s in a row): %s; restarting in %.1fs",
+            self.id,
+            p,
+            failures,
+            reason,
+            delay,
+            # The traceback once per run of failures: a poison batch must not flood the log.
+            exc_info=worker.failure if failures == 1 else None,
+        )
+
+    def _backing_off(self, p: PartitionId) -> bool:
+        backoff = self._backoff.get(p)
+        return backoff is not None and time.monotonic() < backoff.retry_at
 
     def _start(self, worker: PartitionWorker) -> None:
         with self._lock:

@@ -282,7 +282,9 @@ class EpochHistoryAudit:
     #: epoch -> the node ids seen acting under it: its grantee, manifest writers, artifact writers.
     owners: dict[int, set[int]] = field(default_factory=dict)
     max_owners_per_epoch: int = 0
-    #: Writes under an epoch made after the next epoch was granted: a fenced owner's late writes.
+    #: Epochs acted on by more than one node (must be 0: grants are create-only).
+    double_grants: int = 0
+    #: Writes under an epoch made after the chain was fenced above it: a fenced owner's late writes.
     stale_writes: int = 0
     #: Of those, the ones that became visible (a manifest, or an artifact a manifest names).
     stale_writes_accepted: int = 0
@@ -309,12 +311,18 @@ def audit_epoch_history(
 
     Each manifest and each ``sink/``/``checkpoints/`` object carries the epoch and
     node it was written under. Per epoch, the grantee and every writer seen must
-    be one node (`max_owners_per_epoch` is measured, not assumed). A write under
-    epoch e after epoch e+1 was granted is a stale write: it must stay invisible
-    (no manifest names it) and no manifest may be published under e after that
-    grant. Times compare object ULIDs and record timestamps, so this needs the
-    writers' clocks to agree (one machine, as in `laminar chaos`). Lists the
-    store: an audit path.
+    be one node (`max_owners_per_epoch` is measured, not assumed).
+
+    The fence point of epoch e is in the manifest chain: the first entry under a
+    later epoch, normally the seal the grant of e+1 put there (before any such
+    entry exists, the grant of e+1 itself). A manifest under e after that entry
+    is a stale write that was accepted; an object written under e after that
+    point is a stale write, accepted if a manifest names it. Writes under e
+    between the grant of e+1 and its seal are the old owner's last commit, not
+    stale. Seal entries (no outputs, the previous offset, node 0 for a fence to
+    "unassigned") are neither writers nor stale. Object times come from their
+    ULIDs, so this needs the writers' clocks to agree (one machine, as in
+    `laminar chaos`). Lists the store: an audit path.
     """
     ledger = ledger or Ledger(store)
     result = EpochHistoryAudit(partition)
@@ -324,27 +332,25 @@ def audit_epoch_history(
         if g.node != UNASSIGNED:
             result.owners.setdefault(e, set()).add(g.node)
 
-    def superseded_at(epoch: int) -> datetime | None:
-        nxt = grants.get(epoch + 1)
-        return nxt.granted_at if nxt else None
-
-    def check_window(epoch: int, at: datetime, what: str, tolerance: timedelta = timedelta(0)) -> bool:
-        """True when `what` was written after its epoch was superseded; issues for impossible times."""
+    def check_granted(epoch: int, at: datetime, what: str, tolerance: timedelta = timedelta(0)) -> None:
         grant = grants.get(epoch)
         if grant is None:
             result.issues.append(AuditIssue(partition, "ledger", f"{what} written under epoch {epoch}, never granted"))
-            return False
-        if at + tolerance < grant.granted_at:
+        elif at + tolerance < grant.granted_at:
             result.issues.append(AuditIssue(partition, "ledger", f"{what} written before epoch {epoch} was granted"))
-        end = superseded_at(epoch)
-        return end is not None and at > end
 
+    history = list(ManifestReader(store).history(partition))
+    # epoch -> when the chain was fenced above it (the first entry under a later epoch).
+    fenced_at: dict[int, datetime] = {}
     named: set[str] = set()
-    for version in ManifestReader(store).history(partition):
+    top = 0
+    for version in history:
         m = version.manifest
         named.update(ref.key for ref in m.artifacts())
-        result.owners.setdefault(m.fencing_token, set()).add(m.node)
-        if check_window(m.fencing_token, m.committed_at, f"manifest seq {m.seq}"):
+        if m.node != UNASSIGNED:
+            result.owners.setdefault(m.fencing_token, set()).add(m.node)
+        check_granted(m.fencing_token, m.committed_at, f"manifest seq {m.seq}")
+        if m.fencing_token < top:
             result.stale_writes += 1
             result.stale_writes_accepted += 1
             result.issues.append(
@@ -352,10 +358,21 @@ def audit_epoch_history(
                     partition,
                     "stale-write",
                     f"manifest seq {m.seq} published under epoch {m.fencing_token} by node {m.node} "
-                    f"after epoch {m.fencing_token + 1} was granted",
+                    f"after the chain was fenced at epoch {top}",
                     m.source_offset,
                 )
             )
+        elif m.fencing_token > top:
+            for e in range(top, m.fencing_token):
+                fenced_at.setdefault(e, m.committed_at)
+            top = m.fencing_token
+
+    def fence_point(epoch: int) -> datetime | None:
+        if epoch in fenced_at:
+            return fenced_at[epoch]
+        nxt = grants.get(epoch + 1)  # granted, its seal not (yet) in the chain: the grant fences
+        return nxt.granted_at if nxt else None
+
     for prefix in ("sink", "checkpoints"):
         for key in store.list(f"{prefix}/{partition:05d}/"):
             meta = store.head(key)
@@ -369,7 +386,9 @@ def audit_epoch_history(
                 result.issues.append(AuditIssue(partition, "artifact", f"{key}: no fencing identity in its metadata"))
                 continue
             result.owners.setdefault(epoch, set()).add(node)
-            if check_window(epoch, created, key, _ULID_RESOLUTION):
+            check_granted(epoch, created, key, _ULID_RESOLUTION)
+            fence = fence_point(epoch)
+            if fence is not None and created > fence:
                 result.stale_writes += 1
                 if key in named:
                     result.stale_writes_accepted += 1
@@ -377,11 +396,12 @@ def audit_epoch_history(
                         AuditIssue(
                             partition,
                             "stale-write",
-                            f"{key}: written by node {node} under epoch {epoch} after epoch {epoch + 1} "
-                            "was granted, and named by a manifest",
+                            f"{key}: written by node {node} under epoch {epoch} after the chain was fenced "
+                            "above it, and named by a manifest",
                         )
                     )
     result.max_owners_per_epoch = max((len(nodes) for nodes in result.owners.values()), default=0)
+    result.double_grants = sum(1 for nodes in result.owners.values() if len(nodes) > 1)
     for epoch, nodes in sorted(result.owners.items()):
         if len(nodes) > 1:
             result.issues.append(

@@ -79,7 +79,8 @@ def test_storage_policies_split_prefixes_by_principal() -> None:
                 out |= {r.split("prefix/")[1].rstrip("*") for r in st["Resource"]}
         return out
 
-    assert writes("control-plane") == {"ledger/"}
+    # The control plane seals manifest chains when it grants an epoch; it never writes output or state.
+    assert writes("control-plane") == {"ledger/", "manifests/"}
     assert writes("producer") == {"source/"}
     assert "source/" not in writes("node")
     lists = [p for p, doc in policies.items() if any("s3:ListBucket" in st["Action"] for st in doc["Statement"])]  # type: ignore[attr-defined]

@@ -125,12 +125,13 @@ def test_checkpoint_rejection_stale_node_via_conditional_put(ledger: Ledger, sto
     publisher.publish(old, ManifestUpdate(source_offset=10))
 
     # The zombie uploads its checkpoint (create-only, fenced metadata) and starts
-    # publishing it, but stalls right before the conditional write of seq 2.
+    # publishing it, but stalls right before the conditional write of seq 3 (seq 1 is the
+    # seal of epoch 1, seq 2 its commit).
     ckpt = CheckpointWriter(store)
     data = b"zombie state"
     key = checkpoint_key(f"checkpoints/00000/{old.epoch:010d}-zombie.bin")
     ckpt.put_checkpoint(key, data, PartitionGuard(old).conditional_put_precondition().as_metadata())
-    paused = PausingStore(store, manifest_history_key(0, 2))
+    paused = PausingStore(store, manifest_history_key(0, 3))
     zombie = ManifestPublisher(OutputCommitter(paused), paused)
     failure: list[BaseException] = []
 
@@ -149,7 +150,7 @@ def test_checkpoint_rejection_stale_node_via_conditional_put(ledger: Ledger, sto
     t = threading.Thread(target=zombie_publish)
     t.start()
     assert paused.reached.wait(10)
-    # Meanwhile node 2 is granted the partition and takes the manifest over.
+    # Meanwhile node 2 is granted the partition: the grant seals the chain at epoch 2 (seq 3).
     new = ledger.fence(P(0), N(2), expected_epoch=1, reason="node 1 unresponsive")
     assert new is not None
     publisher.publish(new, ManifestUpdate(source_offset=10, note="takeover"))
@@ -171,7 +172,7 @@ def test_stale_holder_cannot_publish_even_with_fresh_version(ledger: Ledger, sto
     assert holder_b is not None
     publisher.publish(holder_b, ManifestUpdate(source_offset=7))
     fresh = publisher.current(P(1))
-    assert fresh is not None and fresh.manifest.seq == 2
+    assert fresh is not None and fresh.manifest.seq == 4  # seal, commit, seal, commit
     with pytest.raises(StaleFencingToken) as info:
         publisher.publish(holder_a, ManifestUpdate(source_offset=9))
     assert (info.value.expected_epoch, info.value.actual_epoch) == (1, 2)
