@@ -343,8 +343,10 @@ class PartitionWorker(threading.Thread):
 
     def _draining_requested(self) -> bool:
         task = self._task
+        # A forced move never asks the old owner for anything: it is fenced, and revoked by the fence.
         return (
             task is not None
+            and task.migration_kind == MigrationKind.GRACEFUL
             and task.phase in SETTING_PHASES
             and task.from_node == self.node.id
             and task.from_epoch == self.epoch
