@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .capabilities import CheckpointWriter, OutputCommitter, ReadStore
 from .checkpoint import CheckpointStore, OutputWriter
 from .cluster_epoch import ClusterEpochWindow, StaleClusterEpoch
-from .errors import FencedError, OperationFailedError
+from .errors import CorruptDataError, FencedError, OperationFailedError
 from .fencing import EpochError, FencingToken, PartitionGuard, PartitionGuardSet, StaleEpoch
 from .identity import UNASSIGNED, NodeId, PartitionId
 from .ledger import Ledger, NodeHandle, NodeIdentityConflict
@@ -133,7 +133,7 @@ class PhaseAborted(OperationFailedError):
 
 
 @dataclass
-class HandoffMismatch(Exception):
+class HandoffMismatch(CorruptDataError):
     """A graceful handoff whose manifest chain does not continue from the commit the old owner released."""
 
     partition: PartitionId

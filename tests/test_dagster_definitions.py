@@ -356,10 +356,10 @@ def test_observation_job_records_the_ledger_as_asset_metadata(ledger: Ledger, la
     assert plan.metadata["balanced"].value is False  # p2, p3 unassigned
     ckpt = observed("checkpoint_manifests")
     entry = ckpt.metadata["partition_00000"].value
-    assert (entry["seq"], entry["fencing_token"], entry["source_offset"]) == (1, 1, 42)
+    assert (entry["seq"], entry["fencing_token"], entry["source_offset"]) == (2, 1, 42)  # after the grant's seal
     assert (entry["state_offset"], entry["snapshot_files"], entry["snapshot_bytes"]) == (40, 1, 5)
     assert (entry["deltas"], entry["delta_bytes"]) == (1, 6)
-    assert "partition_00001" not in ckpt.metadata
+    assert ckpt.metadata["partition_00001"].value["seq"] == 1  # only the seal of its grant
 
 
 # --- resources ------------------------------------------------------------------------------
