@@ -2,8 +2,8 @@
 
 Run from the repository root::
 
-    python -m benchmarks.bench_runtime           # full, ~4-6 minutes
-    python -m benchmarks.bench_runtime --quick   # fewer runs, < 3 minutes
+    python -m benchmarks.bench_runtime           # full, 1.5 minutes on a quiet machine, < 5 loaded
+    python -m benchmarks.bench_runtime --quick   # fewer runs, < 1 minute quiet, < 3 loaded
     python -m benchmarks.bench_runtime --only 1,4  # some figures only (1 also makes 3 and 4)
 
 Figures (each printed next to its target, with whether it was met; nothing asserts):
@@ -125,28 +125,32 @@ class Params:
     restore_runs: int
     standby_runs: int
     breakdown_runs: int
+    #: Snapshots of the snapshot series (figure 3).
+    snapshot_series: int
     #: (batch size, interleaved runs per configuration)
     sizes: tuple[tuple[int, int], ...]
     drain_runs: int
 
 
 FULL = Params(
-    warmup_rounds=6,
-    small_batches=16,
+    warmup_rounds=8,
+    small_batches=21,
     big_series=10,
-    restore_runs=3,
-    standby_runs=3,
-    breakdown_runs=3,
-    sizes=((10_000, 7), (100_000, 5), (1_000_000, 4)),
-    drain_runs=5,
+    restore_runs=5,
+    standby_runs=5,
+    breakdown_runs=5,
+    snapshot_series=12,
+    sizes=((10_000, 11), (100_000, 7), (1_000_000, 5)),
+    drain_runs=9,
 )
 QUICK = Params(
-    warmup_rounds=3,
+    warmup_rounds=2,
     small_batches=8,
     big_series=10,
     restore_runs=1,
     standby_runs=1,
     breakdown_runs=1,
+    snapshot_series=6,
     sizes=((10_000, 2), (100_000, 2), (1_000_000, 2)),
     drain_runs=2,
 )
@@ -378,6 +382,10 @@ def seed_partition(store: ObjectStore, ledger: Ledger, workdir: Path, keys: int)
                 }
             )
             local.apply(rows, lo + n)
+        # A store that has run for a while keeps its rows in the bottom level: compact the bulk
+        # load (its memtable flushes would otherwise leave L0 files that compact on the first open).
+        local._db.flush()
+        local._db.compact_range(None, None)
         fill_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         files = local.checkpoint(ckpt_dir)
@@ -419,6 +427,25 @@ class BatchMaker:
         self.next_new = state_keys  # new keys continue the k<i> key space
         self.ts = 10**12
 
+    def delta(self) -> pa.Table:
+        """A batch's delta without Spark: full new values for the keys `next()` would touch."""
+        n_new = round(BATCH_KEYS * NEW_KEY_FRACTION)
+        old = self.rng.choice(self.state_keys, BATCH_KEYS - n_new, replace=False)
+        ids = np.concatenate([old, np.arange(self.next_new, self.next_new + n_new)])
+        self.next_new += n_new
+        v = pa.array(self.rng.random(BATCH_KEYS) * 100.0)
+        return pa.table(
+            {
+                "key": pa.array([f"k{i}" for i in ids], pa.string()),
+                "count": pa.array(self.rng.integers(1, 100, BATCH_KEYS)),
+                "sum": v,
+                "min": v,
+                "max": v,
+                "last": v,
+                "last_offset": pa.array(self.rng.integers(0, 10**9, BATCH_KEYS)),
+            }
+        )
+
     def next(self) -> pa.Table:
         n_new = round(BATCH_KEYS * NEW_KEY_FRACTION)
         old = self.rng.choice(self.state_keys, BATCH_KEYS - n_new, replace=False)
@@ -457,8 +484,9 @@ class StateResult:
     #: Snapshots the node published, each: (bytes newly uploaded, bytes named by the manifest, files new).
     node_snapshots: list[tuple[int, int, int]]
     steps: list[dict[str, float]]
-    #: One incremental snapshot timed directly: checkpoint s, upload s, bytes uploaded, files uploaded.
-    timed_snapshot: tuple[float, float, int, int] | None = None
+    #: Snapshots taken and uploaded directly, each after `SERIES_DELTAS` batch-sized deltas:
+    #: (checkpoint s, upload s, bytes uploaded, files uploaded, bytes named).
+    snapshot_series: list[tuple[float, float, int, int, int]] = field(default_factory=list)
     restores: list[tuple[float, CatchUp]] = field(default_factory=list)
     standby: list[tuple[CatchUp, CatchUp]] = field(default_factory=list)
     restore_deltas: int = 0
@@ -568,6 +596,7 @@ def breakdown_once(
     files = step(STEP_NAMES[1], lambda: batch.write_parquet(workdir / f"batch-{start}"))
     sc = spark.sparkContext
     group = f"bench-{uuid.uuid4().hex}"
+    wall0 = time.time()
     try:
         aggregate = step(
             STEP_NAMES[2], lambda: engine.aggregate(files, epoch=token.epoch, generation=0, job_group=group)
@@ -617,7 +646,52 @@ def breakdown_once(
     steps["(Spark jobs)"] = float(len(jobs))
     steps["(Spark stages)"] = float(sum(len(i.stageIds) for i in infos if i is not None))
     steps["(aggregate rows)"] = float(aggregate.num_rows)
+    steps["(before the job)"] = first_job_submitted(sc, jobs, wall0)
     return steps, version.manifest
+
+
+def first_job_submitted(sc: Any, jobs: Sequence[int], wall0: float) -> float:
+    """Seconds from `wall0` (time.time()) until the first of `jobs` was submitted (the JVM's status store)."""
+    try:
+        status = sc._jsc.sc().statusStore()
+        return float(min(status.job(j).submissionTime().get().getTime() / 1000.0 - wall0 for j in jobs))
+    except Exception:  # the status store is not public API: no figure rather than no benchmark
+        return float("nan")
+
+
+#: Batch-sized deltas applied between two snapshots of the series (the node's `checkpoint_every_batches`).
+SERIES_DELTAS = 10
+
+
+def snapshot_series(
+    store: ObjectStore, replica: StateReplica, token: FencingToken, maker: BatchMaker, count: int
+) -> list[tuple[float, float, int, int, int]]:
+    """`count` snapshots as the node takes them (`_start_snapshot` + upload + adopt on publish),
+    each after `SERIES_DELTAS` batch-sized deltas written straight to the local store.
+
+    Nothing is published: the replica's marker stays put (it is thrown away afterwards).
+    """
+    guard = PartitionGuard(token)
+    checkpoints = CheckpointStore(CheckpointWriter(store))
+    local = replica.store
+    assert local is not None
+    offset = local.source_offset
+    out = []
+    for _ in range(count):
+        for _ in range(SERIES_DELTAS):
+            local.apply(maker.delta(), offset)
+        known = replica.lineage_files
+        t0 = time.perf_counter()
+        files, at, directory = replica.snapshot_files()
+        ckpt_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        snap = checkpoints.upload_snapshot(guard, files, at, known)
+        up_s = time.perf_counter() - t0
+        shutil.rmtree(directory, ignore_errors=True)
+        replica.adopt_snapshot(snap)
+        new = [f for f in snap.files if known.get(f.name) != f]
+        out.append((ckpt_s, up_s, sum(f.ref.size for f in new), len(new), snap.size))
+    return out
 
 
 def bench_state(spark: Any, workroot: Path, keys: int, p: Params) -> StateResult:
@@ -706,28 +780,16 @@ def bench_state(spark: Any, workroot: Path, keys: int, p: Params) -> StateResult
             )
         assert replica is not None and replica.store is not None
 
-        # One incremental snapshot timed directly (the node's _start_snapshot + upload).
         own = ledger.ownership(P0)
         assert own is not None
         token = ledger.acquire(P0, NODE1, expected_epoch=own.epoch, reason="benchmark breakdown")
-        guard = PartitionGuard(token)
         manifest = current_manifest(store)  # the seal our grant put on the chain
         replica.catch_up(manifest)
-        known = replica.lineage_files
-        t0 = time.perf_counter()
-        files, offset, directory = replica.snapshot_files()
-        ckpt_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        snap = CheckpointStore(CheckpointWriter(store)).upload_snapshot(guard, files, offset, known)
-        up_s = time.perf_counter() - t0
-        shutil.rmtree(directory, ignore_errors=True)
-        new = [f for f in snap.files if known.get(f.name) != f]
-        result.timed_snapshot = (ckpt_s, up_s, sum(f.ref.size for f in new), len(new))
-
         for b in range(p.breakdown_runs):
             steps, manifest = breakdown_once(spark, store, ledger, replica, token, manifest, maker.next(), tmp)
             result.steps.append(steps)
             progress(f"1. {_size(keys)} keys step breakdown {b + 1}/{p.breakdown_runs}")
+        result.snapshot_series = snapshot_series(store, replica, token, maker, p.snapshot_series)
         ledger.release(token, commit_ulid=manifest.commit_ulid, source_offset=manifest.source_offset)
         replica.destroy()
         return result
@@ -772,6 +834,9 @@ def report_states(report: Report, small: StateResult, big: StateResult) -> None:
             value = median([s[name] for s in r.steps])
             total += value
             report.info(f"{label}: {name}", _ms(value))
+            if name == STEP_NAMES[2]:
+                before = median([s["(before the job)"] for s in r.steps])
+                report.info(f"{label}:   of which before its Spark job was submitted", _ms(before))
         report.info(f"{label}: sum of the steps", _ms(total))
         s0 = r.steps[0]
         report.info(
@@ -784,7 +849,8 @@ def report_states(report: Report, small: StateResult, big: StateResult) -> None:
         "committed offset (set after publish + local apply) reaches the log end; the library's "
         f"PartitionWorker on an in-process Node, {MASTER}, local store with fsync; {BATCH_KEYS} keys per batch, "
         f"{NEW_KEY_FRACTION:.0%} new; 50 ms pause between batches; snapshots every 10 deltas or at 25 % of the "
-        "snapshot size (none by time), uploaded in the background as the node does"
+        "snapshot size (none by time), uploaded in the background as the node does; with the default "
+        "idle_poll_s (50 ms) a batch would wait ~25 ms more on average before it is read"
     )
     report.note(
         f"1: steps = median of {len(small.steps)} batch(es) per state size, the calls of _process/_commit "
@@ -792,8 +858,9 @@ def report_states(report: Report, small: StateResult, big: StateResult) -> None:
     )
     big_seed = big.seed
     report.info(
-        "1. seeding 2.7M keys: append / fill store / checkpoint / upload",
-        f"{big_seed.append_s:.1f} / {big_seed.fill_s:.1f} / {big_seed.checkpoint_s:.2f} / {big_seed.upload_s:.1f} s",
+        "1. seeding 2.7M keys: append / fill + compact store / checkpoint / upload",
+        f"{big_seed.append_s * 1000:.0f} / {big_seed.fill_s * 1000:.0f} / {big_seed.checkpoint_s * 1000:.0f} / "
+        f"{big_seed.upload_s * 1000:.0f} ms",
     )
 
 
@@ -822,17 +889,34 @@ def report_bytes(report: Report, small: StateResult, big: StateResult) -> None:
             )
         else:
             report.info(f"{label}: incremental snapshots by the node", "none published")
-        if r.timed_snapshot is not None:
-            ckpt_s, up_s, nbytes, nfiles = r.timed_snapshot
+        series = r.snapshot_series
+        if series:
             report.info(
-                f"{label}: one incremental snapshot timed: checkpoint + upload",
-                f"{ckpt_s * 1000:.0f} + {up_s * 1000:.0f} ms, {_bytes(nbytes)} ({nfiles} files)",
+                f"{label}: snapshot series ({len(series)}), each after {SERIES_DELTAS} deltas: uploaded (median)",
+                f"{_bytes(median([x[2] for x in series]))} ({median([x[3] for x in series]):.0f} files)",
+            )
+            report.info(
+                f"{label}: snapshot series: uploaded, mean / max / total",
+                f"{_bytes(sum(x[2] for x in series) / len(series))} / {_bytes(max(x[2] for x in series))} / "
+                f"{_bytes(sum(x[2] for x in series))}",
+            )
+            report.info(
+                f"{label}: snapshot series: checkpoint + upload (medians)",
+                f"{median([x[0] for x in series]) * 1000:.0f} + {median([x[1] for x in series]) * 1000:.0f} ms",
+            )
+            report.note(
+                f"3 ({_size(r.keys)} keys): snapshot series, KB uploaded per snapshot: "
+                + ", ".join(f"{x[2] / 1000:.0f}" for x in series)
+                + "; KB named: "
+                + ", ".join(f"{x[4] / 1000:.0f}" for x in series)
             )
     report.note(
         "3: per-batch bytes from each batch's manifest; node snapshots from the manifest chain (bytes = "
-        "files whose object the previous snapshots did not name); the timed snapshot = "
-        "StateReplica.snapshot_files (flush + RocksDB checkpoint) + CheckpointStore.upload_snapshot with "
-        "the replica's lineage files, right after the restore/catch-up"
+        "files whose object the previous snapshots did not name); the seed snapshot is a fully compacted "
+        "store; snapshot series = on the caught-up replica, "
+        f"{SERIES_DELTAS} batch-sized deltas (1,000 keys, 5 % new) written to the store, then "
+        "StateReplica.snapshot_files (flush + RocksDB checkpoint) + CheckpointStore.upload_snapshot with the "
+        "lineage files + adopt_snapshot, as the node does every 10 batches"
     )
 
 
@@ -1274,6 +1358,12 @@ def bench_drain(report: Report, spark: Any, workroot: Path, runs: int) -> None:
         "through its reconcile loop (every 50 ms), which also abandons the in-flight batch (cancelJobGroup), "
         "stops between batches, and reports through its heartbeat thread (one CAS of its record); each "
         "migration is then cancelled and the worker catches up before the next run"
+    )
+
+    report.note(
+        "5: SparkBatchEngine.cancel is cancelJobGroup, which cancels only jobs already submitted; a cancel "
+        "that lands while the aggregate is still building its DataFrame and plan (figure 1: 'before its "
+        "Spark job was submitted') does nothing, and the drain waits for the batch to end (d)"
     )
 
     def each(rs: list[DrainRun]) -> str:

@@ -29,7 +29,7 @@ from typing import Any, Generic, TypeVar
 
 from .errors import InvalidInputError, UnavailableError
 from .identity import UNASSIGNED, NodeId, PartitionId
-from .ledger import Ledger, LedgerError
+from .ledger import Ledger, LedgerError, NodeView
 from .migration import (
     GRACEFUL_PHASES,
     MigrationCoordinator,
@@ -57,6 +57,7 @@ __all__ = [
     "NoFailoverTarget",
     "NodeBounds",
     "drive",
+    "failover_target",
     "least_loaded_node",
     "live_node_ids",
     "must_force",
@@ -69,6 +70,7 @@ __all__ = [
     "run_moves",
     "schedule_waves",
     "stranded",
+    "warm_copies",
     "weighted_bounds",
 ]
 
@@ -270,6 +272,36 @@ def least_loaded_node(
         if best is None or key < best:
             best = key
     return None if best is None else best[1]
+
+
+#: Progress states in which a node holds a warm copy of a partition it does not own.
+WARM_STATES = frozenset({"standby", "warming"})
+
+
+def warm_copies(views: Iterable[NodeView]) -> dict[int, dict[int, int]]:
+    """partition -> {node: lag in events} of the live nodes reporting a warm copy of it."""
+    warm: dict[int, dict[int, int]] = {}
+    for view in views:
+        if not view.alive:
+            continue
+        for p, progress in view.record.partitions.items():
+            if progress.state in WARM_STATES and progress.lag is not None and progress.error is None:
+                warm.setdefault(int(p), {})[view.record.node] = progress.lag
+    return warm
+
+
+def failover_target(
+    loads: Mapping[int, int], *, warm: Mapping[int, int] | None = None, exclude: Collection[int] = ()
+) -> int | None:
+    """Where a partition goes when its owner died: the live node with the warmest copy, else the least loaded.
+
+    A warm standby takes over by applying only the deltas it lacks instead of
+    downloading the whole state. `loads` holds the live candidates.
+    """
+    candidates = [n for n in (warm or {}) if n in loads and n not in exclude]
+    if candidates:
+        return min(candidates, key=lambda n: ((warm or {})[n], loads[n], n))
+    return least_loaded_node(loads, exclude=exclude)
 
 
 def _participants(move: Move, live_nodes: Collection[int] | None) -> set[int]:
@@ -585,7 +617,8 @@ def prepare_failover(
     if target is None:
         candidates = dict(loads) if loads is not None else node_loads(ownership_map(ledger), live_set)
         candidates = {n: c for n, c in candidates.items() if n in live_set}
-        target = least_loaded_node(candidates, exclude={own.owner})
+        warm = warm_copies(ledger.nodes()).get(int(p))
+        target = failover_target(candidates, warm=warm, exclude={own.owner})
         if target is None and is_stranded and own.owner in live_set:
             target = own.owner  # the only live node: grant it a fresh epoch and let it restore again
         if target is None:

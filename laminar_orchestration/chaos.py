@@ -71,7 +71,7 @@ from .assignment import (
     Move,
     MoveOutcome,
     drive,
-    least_loaded_node,
+    failover_target,
     live_node_ids,
     node_loads,
     ownership_map,
@@ -80,6 +80,7 @@ from .assignment import (
     record_failure,
     run_migration,
     run_moves,
+    warm_copies,
 )
 from .capabilities import CheckpointWriter, OutputCommitter
 from .checkpoint import CheckpointStore, OutputWriter
@@ -772,10 +773,11 @@ def fail_over(
     live = live - {node}
     loads = node_loads(ownership_map(ledger), live)
     moves = []
+    warm = warm_copies(ledger.nodes())
     for p, owner in sorted(ownership_map(ledger).items()):
         if owner != node:
             continue
-        target = least_loaded_node(loads)
+        target = failover_target(loads, warm=warm.get(p))
         if target is None:
             raise RuntimeError(f"no live node left to take partition {p} of node {node}")
         loads[target] += 1

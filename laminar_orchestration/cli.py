@@ -89,16 +89,26 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 def status_report(ledger: Ledger) -> dict[str, Any]:
     """The data `laminar status` prints: partitions, nodes, cluster epoch."""
+    from .assignment import warm_copies
+    from .manifest import ManifestReader
+    from .source import SourceLog
+
     cluster = ledger.cluster()
     membership = ledger.membership()
     partitions = []
     views = ledger.nodes()
     # What the owner reports about its worker: consecutive failures and the last reason.
     progress = {(v.record.node, p): pr for v in views for p, pr in v.record.partitions.items()}
+    standbys = warm_copies(views)
+    manifests = ManifestReader(ledger.store)
+    source = SourceLog(ledger.store)
     for pid, own in ledger.ownerships(ledger.partitions()).items():
         if own is None:
             continue
         reported = progress.get((int(own.owner), int(pid)))
+        current = manifests.current(pid)
+        committed = current.manifest.source_offset if current else 0
+        log_end = source.end_offset(int(pid))
         partitions.append(
             {
                 "partition": int(pid),
@@ -106,6 +116,10 @@ def status_report(ledger: Ledger) -> dict[str, Any]:
                 "owner": int(own.owner),
                 "status": own.status.value,
                 "head_lagged": own.head_lagged,
+                "committed_offset": committed,
+                "log_end": log_end,
+                "lag": max(0, log_end - committed),
+                "standbys": {str(n): lag for n, lag in sorted(standbys.get(int(pid), {}).items())},
                 "failures": reported.consecutive_failures if reported else 0,
                 "last_failure": reported.last_failure if reported else None,
             }
@@ -139,11 +153,18 @@ def cmd_status(args: argparse.Namespace) -> int:
         _print_json(report)
         return 0
     print(f"store {report['store']}  cluster {report['cluster_id']}  cluster epoch {report['cluster_epoch']}")
-    print(f"{'PARTITION':>9}  {'EPOCH':>5}  {'OWNER':>5}  {'FAILURES':>8}  STATUS")
+    print(
+        f"{'PARTITION':>9}  {'EPOCH':>5}  {'OWNER':>5}  {'COMMITTED':>12}  {'LOG END':>12}  {'LAG':>10}  "
+        f"{'STANDBYS':<12}  {'FAILURES':>8}  STATUS"
+    )
     for p in report["partitions"]:
         owner = p["owner"] or "-"
         failing = f"  ({p['last_failure']})" if p["failures"] else ""
-        print(f"{p['partition']:>9}  {p['epoch']:>5}  {owner:>5}  {p['failures']:>8}  {p['status']}{failing}")
+        standbys = ",".join(f"{n}(lag {lag})" for n, lag in p["standbys"].items()) or "-"
+        print(
+            f"{p['partition']:>9}  {p['epoch']:>5}  {owner:>5}  {p['committed_offset']:>12}  {p['log_end']:>12}  "
+            f"{p['lag']:>10}  {standbys:<12}  {p['failures']:>8}  {p['status']}{failing}"
+        )
     print(f"{'NODE':>9}  {'GEN':>5}  {'ALIVE':>5}  {'HEARTBEAT AGE':>13}  STATUS")
     for n in report["nodes"]:
         alive = "yes" if n["alive"] else "NO"
@@ -183,6 +204,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         batch_max_events=args.batch_max_events,
         checkpoint_every_batches=args.checkpoint_every_batches,
         checkpoint_every_s=args.checkpoint_every_s,
+        standby_for=_partition_list("--standby-for", args.standby_for),
     )
     run_node(config)
     return 0
@@ -423,12 +445,13 @@ def cmd_failover(args: argparse.Namespace) -> int:
     from .assignment import (
         Move,
         drive,
-        least_loaded_node,
+        failover_target,
         live_node_ids,
         node_loads,
         ownership_map,
         prepare_failover,
         run_moves,
+        warm_copies,
     )
     from .migration import MigrationCoordinator, NoLiveNode, PhaseReport
 
@@ -450,8 +473,9 @@ def cmd_failover(args: argparse.Namespace) -> int:
     current = ownership_map(ledger)
     loads = node_loads(current, live - {args.node})
     moves = []
+    warm = warm_copies(ledger.nodes())
     for p in sorted(p for p, owner in current.items() if owner == args.node):
-        target = args.to if args.to is not None else least_loaded_node(loads)
+        target = args.to if args.to is not None else failover_target(loads, warm=warm.get(p))
         if target is None:
             raise NoLiveNode(args.node)  # no other live node
         loads[target] = loads.get(target, 0) + 1
@@ -477,6 +501,19 @@ def cmd_failover(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"node": args.node, "failovers": [_outcome_json(o) for o in outcomes]})
     return 0 if all(o.ok for o in outcomes) else 1
+
+
+def _partition_list(flag: str, text: str) -> tuple[int, ...]:
+    """``"0,2,3"`` -> (0, 2, 3); an empty string is no partition."""
+    parts = [t.strip() for t in text.split(",") if t.strip()]
+    try:
+        values = tuple(int(t) for t in parts)
+    except ValueError:
+        raise InvalidArgument(flag, f"{text!r} is not a comma-separated list of partition numbers") from None
+    for v in values:
+        if v < 0:
+            raise InvalidArgument(flag, f"partition {v} is negative")
+    return values
 
 
 def _parse_weights(items: Sequence[str]) -> dict[int, float]:
@@ -681,6 +718,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--batch-max-events", type=int, default=1_000_000, help="events per micro-batch at most")
     run.add_argument("--checkpoint-every-batches", type=int, default=10, help="state snapshot every K batches")
     run.add_argument("--checkpoint-every-s", type=float, default=30.0, help="state snapshot every T seconds")
+    run.add_argument(
+        "--standby-for",
+        default="",
+        metavar="P[,P...]",
+        help="keep a warm standby copy of these partitions while another node owns them (failovers prefer it)",
+    )
 
     p = add("produce", "append events to the partitioned source log", json_output=True)
     p.add_argument("--from-file", help='JSONL file: one {"partition", "key", "value"[, "ts"]} per line')

@@ -128,6 +128,10 @@ class MigrationConfig(BaseModel):
     max_concurrent_migrations: int = Field(default=2, ge=1)
     max_retries: int = Field(default=3, ge=0)
     retry_delay_s: float = Field(default=5.0, ge=0)
+    #: A graceful move asks the old owner to drain once the target's warm copy is within this many
+    #: committed events (or after `warmup_timeout_s`), so the handoff applies only a few deltas.
+    warm_lag_events: int = Field(default=10_000, ge=0)
+    warmup_timeout_s: float = Field(default=10.0, ge=0)
 
 
 class MigrationTask(Record):
@@ -603,7 +607,8 @@ class MigrationCoordinator:
             self._fence_old_owner(task)
             return PhaseReport(phase, time.monotonic() - started, 0, f"epoch {task.from_epoch} fenced")
         if phase == MigrationPhase.PLANNED:
-            return PhaseReport(phase, time.monotonic() - started, 0, "planned")
+            detail = self._wait_warm(task) if task.migration_kind == MigrationKind.GRACEFUL else "planned"
+            return PhaseReport(phase, time.monotonic() - started, 0, detail)
         progress = self._wait_for_node(task, phase)
         return PhaseReport(
             phase,
@@ -611,6 +616,25 @@ class MigrationCoordinator:
             progress.bytes_moved if progress else 0,
             f"node {self._responsible(task, phase)} reported {phase}",
         )
+
+    def _wait_warm(self, task: MigrationTask) -> str:
+        """Wait (bounded) until the target reports a warm copy of the partition; never fails the move."""
+        limit = min(self.config.warmup_timeout_s, seconds_left(task))
+        start = time.monotonic()
+        while True:
+            record = self.ledger.node(NodeId(task.to_node))
+            progress = record.partitions.get(task.partition) if record else None
+            if (
+                progress is not None
+                and progress.migration_id == task.migration_id
+                and progress.lag is not None
+                and progress.lag <= self.config.warm_lag_events
+            ):
+                return f"target node {task.to_node} warm: {progress.lag} committed events behind"
+            if time.monotonic() - start >= limit:
+                return f"target node {task.to_node} not warm after {limit:.1f}s: the handoff transfers the state"
+            self._still_running(task, MigrationPhase.PLANNED)
+            time.sleep(self.poll_interval_s)
 
     def _fence_old_owner(self, task: MigrationTask) -> None:
         p = PartitionId(task.partition)

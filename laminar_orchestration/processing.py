@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .errors import InvalidInputError
 from .statestore import ValueCodec
 
 #: What every output row carries besides the processor's own columns.
@@ -43,6 +44,23 @@ OUTPUT_LINEAGE = ("epoch", "generation")
 
 Aggregate = Callable[[Any], Any]
 Merge = Callable[[pa.Table, pa.Table], pa.Table]
+
+
+@dataclass
+class MergeResultInvalid(InvalidInputError, ValueError):
+    """A processor's merge broke the contract: one row per touched key, every state column."""
+
+    processor: str
+    expected_rows: int
+    rows: int
+    columns: list[str]
+    missing: list[str]
+
+    def __str__(self) -> str:
+        return (
+            f"processor {self.processor!r}: merge must return {self.expected_rows} rows with columns "
+            f"{self.columns}; got {self.rows} rows, missing {self.missing}"
+        )
 
 
 @dataclass(frozen=True)
@@ -70,10 +88,7 @@ class KeyedProcessor:
         values = self.merge(aggregate, previous)
         missing = [f.name for f in self.state_schema if f.name not in values.column_names]
         if missing or values.num_rows != aggregate.num_rows:
-            raise ValueError(
-                f"processor {self.name!r}: merge must return {aggregate.num_rows} rows with columns "
-                f"{self.state_schema.names}; got {values.num_rows} rows, missing {missing}"
-            )
+            raise MergeResultInvalid(self.name, aggregate.num_rows, values.num_rows, self.state_schema.names, missing)
         keys = aggregate["key"]
         delta = pa.table(
             [keys, *(values[f.name].cast(f.type) for f in self.state_schema)],

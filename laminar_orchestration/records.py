@@ -136,7 +136,7 @@ class PartitionProgress(Record):
 
     partition: int = Field(ge=0)
     epoch: int = Field(ge=0)
-    #: running | draining | drained | released | restoring | failed | revoked
+    #: running | warming | restoring | draining | released | failed | revoked | stopped | standby
     state: str
     migration_id: str | None = None
     #: The last migration phase (a `MigrationPhase` value) this node completed.
@@ -153,6 +153,8 @@ class PartitionProgress(Record):
     last_failure: str | None = None
     #: The delay before the restart that followed the last failure.
     retry_delay_s: float | None = Field(default=None, ge=0)
+    #: A standby's or a warming migration target's distance behind the committed state, in events.
+    lag: int | None = Field(default=None, ge=0)
 
 
 class NodeRecord(Record):

@@ -59,6 +59,7 @@ from .processing import BatchEngine, BatchFold, KeyedProcessor, SparkBatchEngine
 from .records import NodeStatus, PartitionProgress, PartitionStatus, now
 from .replica import CatchUp, StateReplica
 from .source import SourceLog
+from .standby import StandbyFollower
 from .store import ObjectStore, StoreError, open_store
 
 log = logging.getLogger("laminar.node")
@@ -93,10 +94,16 @@ class NodeConfig(BaseModel):
     restart_backoff_initial_s: float = Field(default=0.5, gt=0)
     restart_backoff_max_s: float = Field(default=30.0, gt=0)
     workdir: str | None = None
+    #: Partitions this node keeps a warm standby copy of while it does not own them.
+    standby_for: tuple[int, ...] = ()
+    #: How often a standby (or a migration's warming target) reads the partition's newest manifest.
+    standby_poll_s: float = Field(default=0.1, gt=0)
 
 
 class WorkerState(enum.StrEnum):
     STARTING = "starting"
+    #: A migration's target following the chain before the handoff (a warm-up, like a standby).
+    WARMING = "warming"
     RESTORING = "restoring"
     RUNNING = "running"
     DRAINING = "draining"
@@ -176,6 +183,7 @@ class PartitionWorker(threading.Thread):
         self._snapshot_ready: SnapshotRef | None = None
         self._last_snapshot_at = time.monotonic()
         self.last_catch_up: CatchUp | None = None
+        self._warm_lag: int | None = None
         self._commits = 0
         self._last_commit_at: Any = None
         # The last phase this worker completed, and the migration it belongs to.
@@ -248,6 +256,7 @@ class PartitionWorker(threading.Thread):
             commits=self._commits,
             last_commit_at=self._last_commit_at,
             error=self._error,
+            lag=self._warm_lag if self.state_name == WorkerState.WARMING else None,
         )
 
     # -- the thread --------------------------------------------------------------
@@ -326,8 +335,9 @@ class PartitionWorker(threading.Thread):
         self._bytes_moved = bytes_moved
         self.node.report_now()
 
-    def _wait_phase(self, phase: MigrationPhase) -> MigrationTask:
-        """Block until the recorded task allows `phase`; PhaseAborted if it was abandoned."""
+    def _wait_phase(self, phase: MigrationPhase, *, timeout_s: float | None = None) -> MigrationTask | None:
+        """Block until the recorded task allows `phase` (None after `timeout_s`); PhaseAborted if abandoned."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._task_changed:
             while True:
                 task = self._task
@@ -339,7 +349,36 @@ class PartitionWorker(threading.Thread):
                     raise PhaseAborted()
                 if task.phase in _RANK and _RANK[task.phase] >= _RANK[phase]:
                     return task
-                self._task_changed.wait(0.5)
+                left = 0.5 if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._task_changed.wait(min(left, 0.5))
+
+    def _phase(self, phase: MigrationPhase) -> MigrationTask:
+        task = self._wait_phase(phase)
+        assert task is not None
+        return task
+
+    def _warm_up(self) -> MigrationTask:
+        """Until the task allows Downloading, follow the chain like a standby and report the lag.
+
+        The coordinator lets the old owner drain once the lag is small, so the
+        handoff itself only applies the old owner's last few deltas.
+        """
+        self.state_name = WorkerState.WARMING
+        self._done_for = self._task.migration_id if self._task else None
+        while True:
+            task = self._wait_phase(MigrationPhase.DOWNLOADING, timeout_s=self.node.config.standby_poll_s)
+            if task is not None:
+                return task
+            current = self._publisher.current(self.partition)
+            if current is not None:
+                self.replica.catch_up(current.manifest)
+                self._committed_offset = self.replica.source_offset
+                lag = max(0, current.manifest.source_offset - self.replica.source_offset)
+                if lag != self._warm_lag:
+                    self._warm_lag = lag
+                    self.node.report_now()
 
     def _draining_requested(self) -> bool:
         task = self._task
@@ -400,7 +439,7 @@ class PartitionWorker(threading.Thread):
 
     def _rise(self) -> None:
         """The new owner's side of a migration: download → restore → seek → active."""
-        task = self._wait_phase(MigrationPhase.DOWNLOADING)
+        task = self._warm_up()
         ledger = self.node.ledger
         manifest = self._publisher.current(self.partition)
         released: str | None = None
@@ -415,9 +454,9 @@ class PartitionWorker(threading.Thread):
         # Snapshot (files this node does not hold yet) + deltas: the restore is done with the download.
         stats = self._restore(manifest)
         self._report(MigrationPhase.DOWNLOADING, stats.bytes_downloaded)
-        self._wait_phase(MigrationPhase.RESTORING)
+        self._phase(MigrationPhase.RESTORING)
         self._report(MigrationPhase.RESTORING, stats.bytes_downloaded)
-        task = self._wait_phase(MigrationPhase.SEEKING)
+        task = self._phase(MigrationPhase.SEEKING)
         gen = self.node.generation
         if task.migration_kind == MigrationKind.GRACEFUL:
             token = ledger.acquire(
@@ -432,7 +471,7 @@ class PartitionWorker(threading.Thread):
         self._install(token)
         self._takeover(manifest, released=released)
         self._report(MigrationPhase.SEEKING)
-        self._wait_phase(MigrationPhase.ACTIVE)
+        self._phase(MigrationPhase.ACTIVE)
         log.info(
             "node %s: partition %s acquired at epoch %s (%s migration %s, offset %s)",
             self.node.id,
@@ -726,16 +765,16 @@ class PartitionWorker(threading.Thread):
         task = self._task
         assert task is not None
         self._report(MigrationPhase.DRAINING)
-        self._wait_phase(MigrationPhase.CHECKPOINTING)
+        self._phase(MigrationPhase.CHECKPOINTING)
         self._report(MigrationPhase.CHECKPOINTING)
-        self._wait_phase(MigrationPhase.UPLOADING)
+        self._phase(MigrationPhase.UPLOADING)
         uploaded = 0
         if self._snapshot_upload is not None and self._snapshot_upload.done():
             self._snapshot_step(idle=True)
             uploaded = self._snapshot.size if self._snapshot else 0
         self._abandon_snapshot()
         self._report(MigrationPhase.UPLOADING, uploaded)
-        self._wait_phase(MigrationPhase.RELEASED)
+        self._phase(MigrationPhase.RELEASED)
         self._release()
         log.info(
             "node %s: partition %s released at epoch %s (migration %s, offset %s)",
@@ -813,6 +852,7 @@ class Node:
         self.snapshot_pool = ThreadPoolExecutor(2, thread_name_prefix=f"node{config.node_id}-snapshot")
         self.handle: NodeHandle | None = None
         self.workers: dict[PartitionId, PartitionWorker] = {}
+        self.standbys: dict[PartitionId, StandbyFollower] = {}
         self._finished: dict[PartitionId, PartitionProgress] = {}
         #: Partitions whose worker failed: restarted only after an exponential delay.
         self._backoff: dict[PartitionId, RestartBackoff] = {}
@@ -829,9 +869,30 @@ class Node:
         return self.handle.generation if self.handle else 0
 
     def replica_for(self, partition: PartitionId) -> StateReplica:
-        """The local store directory of `partition` on this node (checked against the manifest before use)."""
+        """The local copy of `partition` for a worker: the standby's, warm, if there is one.
+
+        Whatever it holds is checked against the manifest before use.
+        """
+        with self._lock:
+            follower = self.standbys.pop(partition, None)
+        if follower is not None:
+            return follower.stop()
         root = self.workdir / "state" / f"p{int(partition):05d}"
         return StateReplica(root, partition, self.engine.processor.state_schema, self.reader)
+
+    def _reconcile_standbys(self) -> None:
+        """Follow every `standby_for` partition this node does not run."""
+        for p in self.config.standby_for:
+            pid = PartitionId(p)
+            if pid in self.workers or pid in self.standbys or self._stop.is_set():
+                continue
+            follower = StandbyFollower(
+                self.replica_for(pid), self.publisher, poll_s=self.config.standby_poll_s, node=self.id
+            )
+            with self._lock:
+                self.standbys[pid] = follower
+            follower.start()
+            log.info("node %s: following partition %s as a warm standby", self.id, p)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -898,6 +959,8 @@ class Node:
             # Best effort: the final `leave()` follows; a lost "leaving" is harmless.
             with contextlib.suppress(StoreError, NodeIdentityConflict):
                 self.handle.heartbeat(NodeStatus.LEAVING, partitions=self._progress())
+        for follower in list(self.standbys.values()):
+            follower.stop().close()
         for worker in list(self.workers.values()):
             worker.request_stop()
         for worker in list(self.workers.values()):
@@ -911,6 +974,15 @@ class Node:
     def _progress(self) -> dict[int, PartitionProgress]:
         with self._lock:
             report: dict[int, PartitionProgress] = {int(p): pr for p, pr in self._finished.items()}
+            for p, f in self.standbys.items():
+                report[int(p)] = PartitionProgress(
+                    partition=int(p),
+                    epoch=0,
+                    state="standby",
+                    source_offset=f.replica.source_offset,
+                    lag=f.lag,
+                    error=f.error,
+                )
             for p, w in self.workers.items():
                 report[int(p)] = w.progress()
             for p, b in self._backoff.items():
@@ -983,6 +1055,7 @@ class Node:
                     del self._backoff[p]  # it made progress again
         for p, state in desired.items():
             self._reconcile_partition(p, state)
+        self._reconcile_standbys()
 
     def _reconcile_partition(self, p: PartitionId, state: DesiredState) -> None:
         task = state.migration

@@ -49,7 +49,7 @@ from jobs import (
     migrate_partition,
     rebalance,
 )
-from laminar_orchestration.assignment import least_loaded_node, live_node_ids, node_loads, stranded
+from laminar_orchestration.assignment import failover_target, live_node_ids, node_loads, stranded, warm_copies
 from laminar_orchestration.identity import UNASSIGNED, PartitionId
 from laminar_orchestration.ledger import ClusterNotInitialized, Ledger, LedgerError
 from laminar_orchestration.migration import (
@@ -121,14 +121,16 @@ def scan_for_failovers(
     A partition is left alone when its owner is alive or unassigned, when a
     migration that no longer needs the old owner is in flight (a forced one,
     or a graceful one past the release) towards a live node, or when its
-    (partition, epoch) is in `handled`. Targets are the least-loaded live
-    nodes, counting the failovers requested in this scan.
+    (partition, epoch) is in `handled`. The target is a live node with a warm
+    copy of the partition (a standby), else the least-loaded live node,
+    counting the failovers requested in this scan.
     """
     scan = FailoverScan()
     live = live_node_ids(ledger, heartbeat_timeout_s=heartbeat_timeout_s)
     owners = ledger.ownerships(ledger.partitions())
     current = {int(p): (int(o.owner) if o else UNASSIGNED) for p, o in owners.items()}
     loads = node_loads(current, live)
+    warm = warm_copies(ledger.nodes())
     desired = DesiredStates(ledger)
     for p, own in sorted(owners.items()):
         if own is None or own.owner == UNASSIGNED or own.owner in live:
@@ -150,7 +152,7 @@ def scan_for_failovers(
         if key in handled:
             scan.handled.add(key)
             continue
-        target = least_loaded_node(loads)
+        target = failover_target(loads, warm=warm.get(int(p)))
         if target is None:
             # Not marked handled: retried on the next tick, when a node may be back.
             scan.skipped.append(f"p{p}: owner node {own.owner} is dead and no live node can take it")
