@@ -117,11 +117,10 @@ class Params:
 
     #: Rounds of (10k, 100k, 1M) aggregates through the shared session before measuring.
     warmup_rounds: int
-    #: Batches at the 1k-key state (the first one is reported on its own).
-    small_batches: int
-    #: Batches at the 2.7M-key state: two series of `checkpoint_every_batches` (10), so the
-    #: node takes one snapshot between them and the restore finds ~10 deltas after it.
-    big_series: int
+    #: Batches per state size come in two series of this many, interleaved between the sizes (the
+    #: first batch after the restore is reported on its own). With 10 (`checkpoint_every_batches`)
+    #: the 2.7M node takes one snapshot between them and the restore finds 10 deltas after it.
+    series_batches: int
     restore_runs: int
     standby_runs: int
     breakdown_runs: int
@@ -134,8 +133,7 @@ class Params:
 
 FULL = Params(
     warmup_rounds=8,
-    small_batches=21,
-    big_series=10,
+    series_batches=10,
     restore_runs=5,
     standby_runs=5,
     breakdown_runs=5,
@@ -145,8 +143,7 @@ FULL = Params(
 )
 QUICK = Params(
     warmup_rounds=2,
-    small_batches=8,
-    big_series=10,
+    series_batches=10,
     restore_runs=1,
     standby_runs=1,
     breakdown_runs=1,
@@ -694,61 +691,81 @@ def snapshot_series(
     return out
 
 
-def bench_state(spark: Any, workroot: Path, keys: int, p: Params) -> StateResult:
-    tmp = Path(tempfile.mkdtemp(prefix=f"state{keys}-", dir=workroot))
-    big = keys == BIG_STATE
-    try:
-        store, ledger = new_local_cluster(tmp)
-        progress(f"1. {_size(keys)} keys: seeding the committed state")
-        seed = seed_partition(store, ledger, tmp, keys)
+class StateBench:
+    """One partition with a seeded state of `keys` keys, run by an in-process node (figures 1, 3, 4)."""
+
+    def __init__(self, spark: Any, workroot: Path, keys: int, p: Params) -> None:
+        self.spark, self.keys, self.p = spark, keys, p
+        self.big = keys == BIG_STATE
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"state{keys}-", dir=workroot))
+        self.store, self.ledger = new_local_cluster(self.tmp)
+        self.maker = BatchMaker(keys, seed=keys + 1)
+        self.source = SourceLog(self.store, segment_events=BATCH_EVENTS)
+        self.batches: list[BatchRun] = []
+
+    def start(self) -> None:
+        """Seed the committed state, then a node takes the partition (a full restore, no deltas)."""
+        progress(f"1. {_size(self.keys)} keys: seeding the committed state")
+        self.seed = seed_partition(self.store, self.ledger, self.tmp, self.keys)
         progress(
-            f"1. {_size(keys)} keys: seeded (append {seed.append_s:.1f} s, fill {seed.fill_s:.1f} s, "
-            f"upload {seed.upload_s:.1f} s, {_bytes(seed.snapshot.size)})"
+            f"1. {_size(self.keys)} keys: seeded (append {self.seed.append_s:.1f} s, fill {self.seed.fill_s:.1f} s, "
+            f"upload {self.seed.upload_s:.1f} s, {_bytes(self.seed.snapshot.size)})"
         )
         # Snapshots every 10 deltas (or when the deltas reach 25 % of the snapshot); none by time,
         # so the 2.7M run ends with exactly one series of deltas after the node's snapshot.
-        node = in_process_node(
-            store, spark, tmp / "node-a", batch_max_events=BATCH_EVENTS, idle_poll_s=3600.0, checkpoint_every_s=3600.0
+        self.node = in_process_node(
+            self.store,
+            self.spark,
+            self.tmp / "node-a",
+            batch_max_events=BATCH_EVENTS,
+            idle_poll_s=3600.0,
+            checkpoint_every_s=3600.0,
         )
-        worker = PartitionWorker(node, P0)
-        first_restore_s = start_worker(node, worker)
-        first_catch_up = worker.last_catch_up
+        self.worker = PartitionWorker(self.node, P0)
+        self.first_restore_s = start_worker(self.node, self.worker)
+        self.first_catch_up = self.worker.last_catch_up
         time.sleep(SETTLE_S)
-        source = SourceLog(store, segment_events=BATCH_EVENTS)
-        maker = BatchMaker(keys, seed=keys + 1)
-        series = [p.big_series, p.big_series] if big else [p.small_batches]
-        batches: list[BatchRun] = []
-        for s, count in enumerate(series):
-            for _ in range(count):
-                run = run_batch(store, worker, source, maker.next())
-                batches.append(run)
-                progress(
-                    f"1. {_size(keys)} keys batch {len(batches)}/{sum(series)}: {run.e2e_s * 1000:.0f} ms "
-                    f"(append {run.append_s * 1000:.0f} ms)"
-                )
-                time.sleep(0.05)  # the worker parks again (and starts a due snapshot) before the next
-            if s + 1 < len(series):
-                wait_snapshot_settled(worker)
-        stop_worker(worker)  # releases; a snapshot started after the last batch is abandoned
-        close_node(node)
+
+    def batch(self) -> None:
+        run = run_batch(self.store, self.worker, self.source, self.maker.next())
+        self.batches.append(run)
+        progress(
+            f"1. {_size(self.keys)} keys batch {len(self.batches)}: {run.e2e_s * 1000:.0f} ms "
+            f"(append {run.append_s * 1000:.0f} ms)"
+        )
+        time.sleep(0.05)  # the worker parks again (and starts a due snapshot) before the next
+
+    def settle(self) -> None:
+        wait_snapshot_settled(self.worker)
+
+    def finish(self) -> StateResult:
+        """Stop the node (it releases), then restores, standby catch-up, step breakdown, snapshot series."""
+        try:
+            return self._finish()
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _finish(self) -> StateResult:
+        p, store, ledger, tmp = self.p, self.store, self.ledger, self.tmp
+        stop_worker(self.worker)  # releases; a snapshot started after the last batch is abandoned
+        close_node(self.node)
         shutil.rmtree(tmp / "node-a", ignore_errors=True)
         chain = history(store)
         result = StateResult(
-            keys=keys,
-            seed=seed,
-            first_restore_s=first_restore_s,
-            first_catch_up=first_catch_up,
-            batches=batches,
+            keys=self.keys,
+            seed=self.seed,
+            first_restore_s=self.first_restore_s,
+            first_catch_up=self.first_catch_up,
+            batches=self.batches,
             node_snapshots=node_snapshots(chain),
             steps=[],
         )
-        final = chain[-1]
-        result.restore_deltas = len(final.deltas)
+        result.restore_deltas = len(chain[-1].deltas)
 
-        if big:
+        if self.big:
             for r in range(p.restore_runs):
                 fresh = in_process_node(
-                    store, spark, tmp / f"node-r{r}", batch_max_events=BATCH_EVENTS, idle_poll_s=3600.0
+                    store, self.spark, tmp / f"node-r{r}", batch_max_events=BATCH_EVENTS, idle_poll_s=3600.0
                 )
                 w = PartitionWorker(fresh, P0)
                 wall = start_worker(fresh, w)
@@ -767,7 +784,7 @@ def bench_state(spark: Any, workroot: Path, keys: int, p: Params) -> StateResult
         final_version = current_manifest(store)
         base = next(m for m in history(store) if m.snapshot == final_version.snapshot)
         replica: StateReplica | None = None
-        for s in range(p.standby_runs if big else 1):
+        for s in range(p.standby_runs if self.big else 1):
             if replica is not None:
                 replica.destroy()
             replica = StateReplica(tmp / f"standby-{s}", P0, keyed_aggregation.state_schema, ReadStore(store))
@@ -786,15 +803,36 @@ def bench_state(spark: Any, workroot: Path, keys: int, p: Params) -> StateResult
         manifest = current_manifest(store)  # the seal our grant put on the chain
         replica.catch_up(manifest)
         for b in range(p.breakdown_runs):
-            steps, manifest = breakdown_once(spark, store, ledger, replica, token, manifest, maker.next(), tmp)
+            steps, manifest = breakdown_once(
+                self.spark, store, ledger, replica, token, manifest, self.maker.next(), tmp
+            )
             result.steps.append(steps)
-            progress(f"1. {_size(keys)} keys step breakdown {b + 1}/{p.breakdown_runs}")
-        result.snapshot_series = snapshot_series(store, replica, token, maker, p.snapshot_series)
+            progress(f"1. {_size(self.keys)} keys step breakdown {b + 1}/{p.breakdown_runs}")
+        result.snapshot_series = snapshot_series(store, replica, token, self.maker, p.snapshot_series)
         ledger.release(token, commit_ulid=manifest.commit_ulid, source_offset=manifest.source_offset)
         replica.destroy()
         return result
+
+
+def bench_states(spark: Any, workroot: Path, p: Params) -> tuple[StateResult, StateResult]:
+    """Both state sizes side by side, their batches interleaved so load drifts hit both alike."""
+    small = StateBench(spark, workroot, SMALL_STATE, p)
+    big = StateBench(spark, workroot, BIG_STATE, p)
+    try:
+        small.start()
+        big.start()
+        for series in range(2):
+            for i in range(p.series_batches):
+                # Alternating which state goes first.
+                for bench in (small, big) if i % 2 == 0 else (big, small):
+                    bench.batch()
+            if series == 0:
+                small.settle()
+                big.settle()
+        return small.finish(), big.finish()
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(small.tmp, ignore_errors=True)
+        shutil.rmtree(big.tmp, ignore_errors=True)
 
 
 def report_states(report: Report, small: StateResult, big: StateResult) -> None:
@@ -816,7 +854,7 @@ def report_states(report: Report, small: StateResult, big: StateResult) -> None:
         )
         report.info(f"{label}: of which the append", _ms(median([b.append_s for b in timed])))
         report.info(f"{label}: first batch after the restore", _ms(r.batches[0].e2e_s))
-        report.note(f"1 ({_size(r.keys)} keys): every batch, ms: {_list_ms([b.e2e_s for b in r.batches])}")
+        report.note(f"1 ({_size(r.keys)} keys): every batch in order, ms: {_list_ms([b.e2e_s for b in r.batches])}")
     ratio = meds[BIG_STATE] / meds[SMALL_STATE]
     report.add(
         Row(
@@ -844,7 +882,8 @@ def report_states(report: Report, small: StateResult, big: StateResult) -> None:
             f"{s0['(Spark jobs)']:.0f} / {s0['(Spark stages)']:.0f}, {s0['(aggregate rows)']:.0f}",
         )
     report.note(
-        "1: end to end = SourceLog.append of the batch (one 10k segment), then the parked worker is woken "
+        "1: the two state sizes run side by side (two stores, two nodes), their batches interleaved; "
+        "end to end = SourceLog.append of the batch (one 10k segment), then the parked worker is woken "
         "(offer; its idle poll is set to an hour so no poll read competes) and the clock stops when its "
         "committed offset (set after publish + local apply) reaches the log end; the library's "
         f"PartitionWorker on an in-process Node, {MASTER}, local store with fsync; {BATCH_KEYS} keys per batch, "
@@ -1404,8 +1443,7 @@ def main(argv: list[str] | None = None) -> None:
             warm_up(spark, workroot, p.warmup_rounds)
             warm_s = time.perf_counter() - t0
             if "1" in only:
-                small = bench_state(spark, workroot, SMALL_STATE, p)
-                big = bench_state(spark, workroot, BIG_STATE, p)
+                small, big = bench_states(spark, workroot, p)
                 report_states(report, small, big)
             if "2" in only:
                 bench_throughput(report, spark, workroot, p)

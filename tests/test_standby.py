@@ -1,0 +1,134 @@
+"""Warm standby: a copy that follows only published manifests, failovers that prefer it, and graceful
+moves whose target warms up before the old owner drains (nodes in-process, batches without Spark)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+from laminar_orchestration.assignment import drive, failover_target, prepare_failover, warm_copies
+from laminar_orchestration.capabilities import CheckpointWriter, ReadStore
+from laminar_orchestration.chaos import ArrowNode
+from laminar_orchestration.checkpoint import CheckpointStore
+from laminar_orchestration.fencing import PartitionGuard
+from laminar_orchestration.identity import NodeId
+from laminar_orchestration.ledger import Ledger
+from laminar_orchestration.manifest import ManifestReader
+from laminar_orchestration.migration import MigrationConfig, MigrationCoordinator, MigrationPhase, PhaseReport
+from laminar_orchestration.replica import StateReplica
+from laminar_orchestration.source import SourceLog
+from laminar_orchestration.standby import StandbyFollower
+from laminar_orchestration.store import LocalObjectStore, ObjectStore
+from laminar_orchestration.verify import audit_store
+
+from .commits import commit_all
+from .test_dataplane import (
+    P0,
+    SCHEMA,
+    assign,
+    build_lineage,
+    committed_offset,
+    events,
+    fence_writer,
+    node_config,
+    reference_state,
+    replica_state,
+    running,
+    wait_until,
+)
+
+
+def _progress_lag(store: ObjectStore, node: int) -> int | None:
+    record = Ledger(store).node(NodeId(node))
+    progress = record.partitions.get(0) if record else None
+    return progress.lag if progress else None
+
+
+def test_failover_target_prefers_the_warmest_live_copy() -> None:
+    loads = {1: 0, 2: 3, 3: 1}
+    assert failover_target(loads) == 1  # no standby: least loaded
+    assert failover_target(loads, warm={2: 40, 3: 900}) == 2  # least lag wins over load
+    assert failover_target(loads, warm={2: 0, 3: 0}) == 3  # equal lag: least loaded
+    assert failover_target(loads, warm={2: 0}, exclude={2}) == 1
+    assert failover_target(loads, warm={7: 0}) == 1  # a standby on a node that is not a candidate
+
+
+def test_a_standby_applies_only_what_published_manifests_name(store: ObjectStore, tmp_path: Path) -> None:
+    lineage = build_lineage(store)
+    follower = StandbyFollower(
+        StateReplica(tmp_path / "standby", 0, SCHEMA, ReadStore(store)), ManifestReader(store), poll_s=0.01, node=5
+    )
+    follower.follow_once()
+    end = lineage.manifest.source_offset
+    assert follower.replica.source_offset == end and follower.lag == 0
+    assert replica_state(follower.replica) == reference_state(store)
+
+    # A zombie's delta, uploaded but never named by a manifest, is never applied.
+    zombie = pa.table({"key": ["zombie", "shared"], **{f.name: pa.array([1, 1], f.type) for f in SCHEMA}})
+    CheckpointStore(CheckpointWriter(store)).upload_delta(PartitionGuard(lineage.token), zombie, end, end + 2)
+    follower.follow_once()
+    state = replica_state(follower.replica)
+    assert "zombie" not in state and state == reference_state(store)
+
+    # A new commit is applied as its delta only.
+    SourceLog(store, segment_events=100).append(0, events(["shared", "late"] * 3))
+    commit_all(store, lineage.token, snapshot_every=None)
+    follower.follow_once()
+    assert follower.replica.source_offset == committed_offset(store) == end + 6
+    assert replica_state(follower.replica) == reference_state(store)
+    follower.replica.close()
+
+
+def test_a_failover_goes_to_the_standby_and_applies_only_the_missing_deltas(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path / "store")
+    lineage = build_lineage(store)
+    fence_writer(store, lineage)
+    assign(store, 0, 1)
+    owner = ArrowNode(node_config(store, 1, tmp_path / "n1"), store=store)
+    standby = ArrowNode(node_config(store, 2, tmp_path / "n2", standby_for=(0,)), store=store)
+    bystander = ArrowNode(node_config(store, 3, tmp_path / "n3"), store=store)
+    source = SourceLog(store, segment_events=100)
+    with running(owner), running(standby), running(bystander):
+        wait_until(lambda: P0 in owner.workers and owner.workers[P0].commits >= 0, 30, "node 1 to run p0")
+        source.append(0, events([f"k{i % 17}" for i in range(300)]))
+        wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 1 to commit")
+        wait_until(lambda: _progress_lag(store, 2) == 0, 30, "node 2's standby to catch up")
+        assert warm_copies(Ledger(store).nodes()) == {0: {2: 0}}
+        coordinator = MigrationCoordinator(Ledger(store), MigrationConfig(migration_timeout_s=60))
+        # Node 3 holds nothing and would win on load; the warm copy on node 2 wins.
+        decision = prepare_failover(coordinator, 0, live={1, 2, 3}, allow_live_owner=True)
+        assert decision.task is not None and decision.task.to_node == 2
+        drive(coordinator, decision.task)
+        wait_until(lambda: P0 in standby.workers and standby.workers[P0].commits >= 0, 30, "node 2 to take p0")
+        restore = standby.workers[P0].last_catch_up
+        assert restore is not None and not restore.full_restore and restore.bytes_downloaded < 10_000
+        source.append(0, events([f"k{i % 5}" for i in range(100)]))
+        wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 2 to commit")
+    assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
+
+
+def test_a_graceful_move_warms_the_target_before_the_old_owner_drains(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path / "store")
+    lineage = build_lineage(store)
+    fence_writer(store, lineage)
+    assign(store, 0, 1)
+    old = ArrowNode(node_config(store, 1, tmp_path / "n1"), store=store)
+    new = ArrowNode(node_config(store, 2, tmp_path / "n2"), store=store)
+    source = SourceLog(store, segment_events=100)
+    reports: list[PhaseReport] = []
+    with running(old), running(new):
+        wait_until(lambda: P0 in old.workers and old.workers[P0].token is not None, 30, "node 1 to run p0")
+        source.append(0, events([f"k{i % 17}" for i in range(300)]))
+        wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 1 to commit")
+        coordinator = MigrationCoordinator(Ledger(store), MigrationConfig(migration_timeout_s=60))
+        task = coordinator.run(P0, NodeId(2), on_phase=reports.append)
+        assert task.phase == MigrationPhase.ACTIVE
+        planned = reports[0]
+        assert planned.phase == MigrationPhase.PLANNED and "warm" in planned.detail and "not warm" not in planned.detail
+        # The handoff itself transferred no snapshot: the target had it before the drain.
+        download = next(r for r in reports if r.phase == MigrationPhase.DOWNLOADING)
+        assert download.bytes_moved < 10_000, download
+        restore = new.workers[P0].last_catch_up
+        assert restore is not None and not restore.full_restore
+    assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
