@@ -79,9 +79,10 @@ from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.localcluster import HEARTBEAT_TIMEOUT_S, Cluster, wait_until
 from laminar_orchestration.manifest import ManifestReader
 from laminar_orchestration.migration import MigrationPhase
-from laminar_orchestration.source import generate_events
+from laminar_orchestration.replica import committed_state
+from laminar_orchestration.source import SourceLog, generate_events
 from laminar_orchestration.store import ObjectStore
-from laminar_orchestration.verify import audit_store, committed_state
+from laminar_orchestration.verify import audit_store
 
 from .bench_migration import (
     HEARTBEAT_INTERVAL_S,
@@ -89,15 +90,19 @@ from .bench_migration import (
     History,
     MigrationRun,
     Producer,
+    every_key_once,
     failover_run,
     gaps,
     graceful_run,
     log_tails,
     pick_target,
     random_instant,
+    restore_summary,
+    revive,
     signal_tree,
     start_cluster,
     wait_dead,
+    wait_standby,
 )
 from .common import REPO_ROOT, Row, format_table, median, progress, verdict, write_result
 
@@ -115,6 +120,17 @@ HOLD_S = 1.0  # the split-brain hook's hold after the sink (one batch, one time)
 
 FAILOVER_TARGET_S = 15.0
 GRACEFUL_TARGET_S = 5.0
+#: laminar's planned-move unavailability and kill recovery: at most this fraction of spark-ss's (warm standby).
+RATIO_TARGET = 0.5
+#: The seeded states: every key produced once before the load (~1 MB and ~100 MB of laminar state).
+SMALL_KEYS = 25_000
+BIG_KEYS = 2_700_000
+SMALL_PREFIX, BIG_PREFIX = "a", "b"
+SMALL_SEED, BIG_SEED = 1, 2
+#: laminar nodes keep a warm standby copy of both partitions while they do not own them.
+LAM_STANDBY_ARGS = ("--standby-for", "0,1")
+#: The baseline's worker JVMs: the HDFS-backed state store holds a 2.7M-key state on the heap.
+SS_DRIVER_MEMORY = "3g"
 
 SS = "spark-ss"
 LAMINAR = "laminar"
@@ -125,10 +141,11 @@ class Params:
     moves: int
     cold_restart: bool
     pauses: tuple[str, ...]
+    big_keys: int = BIG_KEYS
 
 
 FULL = Params(moves=3, cold_restart=True, pauses=(BATCH_START, AFTER_SINK))
-QUICK = Params(moves=1, cold_restart=False, pauses=(BATCH_START,))
+QUICK = Params(moves=1, cold_restart=False, pauses=(BATCH_START,), big_keys=300_000)
 
 
 # =====================================================================================================
@@ -351,9 +368,11 @@ class Worker:
         if not warm_up:
             cmd.append("--no-warm-up")
         self.spawned_at = time.time()
+        env = {**os.environ, "LAMINAR_SPARK_DRIVER_MEMORY": SS_DRIVER_MEMORY}
         with open(self.log_path, "ab") as fh:
             self.proc = subprocess.Popen(
                 cmd,
+                env=env,
                 cwd=REPO_ROOT,
                 stdout=fh,
                 stderr=subprocess.STDOUT,
@@ -587,14 +606,23 @@ def analyze(
 class SsScenario:
     """One baseline scenario: its own source, checkpoint and output directories, and its load."""
 
-    def __init__(self, root: Path, seed: int) -> None:
+    def __init__(self, root: Path, seed: int, *, seeded: pa.Table | None = None, start: bool = True) -> None:
         self.dirs = Dirs.make(root)
         self.log = FileLog(self.dirs.src)
+        #: A state built first: every key once, as the first source file.
+        self.seeded = seeded
+        if seeded is not None:
+            self.log.append(seeded)
         stream = EventStream(seed)
         self.producer = Producer(stream.next, self.log.append, TICK_S)
-        self.producer.start()
+        if start:
+            self.producer.start()
         self.stopped = False
         self.marker_written = False
+
+    def start_load(self) -> None:
+        if not self.producer.is_alive():
+            self.producer.start()
 
     def finish(self) -> None:
         """Stop the load and append the end marker (processed last: all files before it were read)."""
@@ -606,7 +634,8 @@ class SsScenario:
             self.marker_written = True
 
     def tables(self) -> list[pa.Table]:
-        return [*self.producer.tables, *([marker_table()] if self.marker_written else [])]
+        seeded = [self.seeded] if self.seeded is not None else []
+        return [*seeded, *self.producer.tables, *([marker_table()] if self.marker_written else [])]
 
     def marker_seen(self) -> bool:
         for f in self.dirs.out.glob("*.parquet"):
@@ -651,12 +680,23 @@ class SsMove:
 
 
 def ss_moves(workers: Sequence[Worker], root: Path, runs: int) -> tuple[list[SsMove], OutputAnalysis, int]:
-    sc = SsScenario(root, SEED + 1)
+    sc = SsScenario(root, SEED + 1, seeded=every_key_once(SMALL_PREFIX, SMALL_KEYS, SMALL_SEED))
     cur, other = workers[0], workers[1]
     seq = cur.command("start", sc.dirs)
     cur.wait_status(seq, 120)
+    out, cur, other = ss_move_series(sc, cur, other, runs, time.time())
+    sc.finish()
+    sc.wait_marker(120)
+    cur.wait_status(cur.command("stop"), 60)
+    expected = truth(sc.tables())
+    return out, analyze(sc.dirs.out, expected), sc.log.files
+
+
+def ss_move_series(
+    sc: SsScenario, cur: Worker, other: Worker, runs: int, since: float
+) -> tuple[list[SsMove], Worker, Worker]:
+    """`runs` planned moves back and forth; returns them and the (current, other) workers after the last."""
     out: list[SsMove] = []
-    since = time.time()
     for i in range(runs):
         random_instant(emission_gaps(cur.wait_outputs(since, 3, 120)))
         progress(f"  spark-ss move {i + 1}/{runs}: {cur.name} -> {other.name}")
@@ -665,7 +705,7 @@ def ss_moves(workers: Sequence[Worker], root: Path, runs: int) -> tuple[list[SsM
         t_stopped = time.time()
         other.wait_status(other.command("start", sc.dirs), 60)
         t_started = time.time()
-        first = float(other.wait_outputs(t_stopped, 1, 120)[0]["emitted_at"])
+        first = float(other.wait_outputs(t_stopped, 1, 900)[0]["emitted_at"])
         out.append(
             SsMove(
                 cur.name, other.name, t_stopped - t_stop, t_started - t_stop, first - t_stop, first - last_emitted(cur)
@@ -674,11 +714,36 @@ def ss_moves(workers: Sequence[Worker], root: Path, runs: int) -> tuple[list[SsM
         progress(f"    stop->first output {first - t_stop:.2f} s, unavailable {out[-1].unavailable_s:.2f} s")
         cur, other = other, cur
         since = first
-    sc.finish()
-    sc.wait_marker(120)
-    cur.wait_status(cur.command("stop"), 60)
-    expected = truth(sc.tables())
-    return out, analyze(sc.dirs.out, expected), sc.log.files
+    return out, cur, other
+
+
+@dataclass
+class SsBig:
+    """The ~100 MB case on spark-ss: seeding, planned moves, a killed worker (warm standby)."""
+
+    seeding_s: float
+    moves: list[SsMove]
+    kill: SsKill | None
+
+
+def ss_big(a: Worker, b: Worker, root: Path, runs: int, keys: int) -> SsBig:
+    """Seed `keys` keys (one file, the query's first micro-batch), then move the query and kill its worker."""
+    sc = SsScenario(root, SEED + 4, seeded=every_key_once(BIG_PREFIX, keys, BIG_SEED), start=False)
+    t0 = time.time()
+    a.wait_status(a.command("start", sc.dirs), 120)
+    a.wait_outputs(t0, 1, 1800)
+    seeding_s = time.time() - t0
+    progress(f"    seeded {keys:,} keys in {seeding_s:.1f} s")
+    sc.start_load()
+    try:
+        moves, cur, other = ss_move_series(sc, a, b, runs, time.time())
+        progress("  spark-ss (big): killed worker (warm standby)")
+        kill, running = ss_kill(cur, other, sc)
+        progress(f"    detection {kill.detection_s:.2f} s, recovery {kill.recovery_s:.2f} s")
+        running.wait_status(running.command("stop"), 120)
+    finally:
+        sc.finish()
+    return SsBig(seeding_s, moves, kill)
 
 
 @dataclass
@@ -703,7 +768,7 @@ def ss_kill(
     else:
         t_start = time.time()
         standby.command("start", sc.dirs)
-    first = float(standby.wait_outputs(t_start, 1, 240)[0]["emitted_at"])
+    first = float(standby.wait_outputs(t_start, 1, 900)[0]["emitted_at"])
     return SsKill(t_dead - t_kill, first - t_start, first - t_kill, first - last), standby
 
 
@@ -821,10 +886,11 @@ def ss_split_brain(zombie: Worker, newcomer: Worker, root: Path, pause_at: str) 
 
 
 class LaminarLoad:
-    """The same event stream appended to laminar partition 0 (one producer per scenario; all kept for truth)."""
+    """The same event stream appended to a laminar partition (one producer per scenario; all kept for truth)."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, partition: int = 0) -> None:
         self.cluster = cluster
+        self.partition = partition
         self.tables: list[pa.Table] = []
         self.producer: Producer | None = None
 
@@ -834,7 +900,7 @@ class LaminarLoad:
         self.producer.start()
 
     def _append(self, t: pa.Table) -> None:
-        self.cluster.source.append(0, t)
+        self.cluster.source.append(self.partition, t)
 
     def stop(self) -> None:
         if self.producer is not None:
@@ -931,27 +997,32 @@ class Results:
     lam_audit_issues: list[str] = field(default_factory=list)
     lam_orphans: int = 0
     lam_regressions: int = 0
+    ss_big: SsBig | None = None
+    lam_big_seeding_s: float = 0.0
+    lam_big_moves: list[MigrationRun] = field(default_factory=list)
+    lam_big_kill: FailoverRun | None = None
+    big_keys: int = 0
     notes: list[str] = field(default_factory=list)
 
 
 def run_spark_ss(p: Params, workdir: Path, res: Results) -> None:
     ctl = workdir / "ctl"
     ctl.mkdir()
-    progress("spark-ss: starting workers A and B (SparkSession + warm-up query)")
+    progress("spark-ss: starting workers A, B and (for the ~100 MB case) C, D (SparkSession + warm-up query)")
     t0 = time.perf_counter()
-    a, b = Worker("A", ctl), Worker("B", ctl)
-    workers = [a, b]
+    a, b, c, d = Worker("A", ctl), Worker("B", ctl), Worker("C", ctl), Worker("D", ctl)
+    workers = [a, b, c, d]
     try:
-        a.wait_ready(300)
-        b.wait_ready(300)
-        res.notes.append(f"spark-ss: 2 warm workers ready in {time.perf_counter() - t0:.1f} s")
+        for w in workers:
+            w.wait_ready(600)
+        res.notes.append(f"spark-ss: 4 warm workers ready in {time.perf_counter() - t0:.1f} s")
         progress("spark-ss: planned moves")
-        res.ss_moves, res.ss_move_analysis, res.ss_move_files = ss_moves(workers, workdir / "ss-move", p.moves)
+        res.ss_moves, res.ss_move_analysis, res.ss_move_files = ss_moves([a, b], workdir / "ss-move", p.moves)
         progress("spark-ss: split-brain")
         for i, pause_at in enumerate(p.pauses):
             res.ss_splits.append(ss_split_brain(a, b, workdir / f"ss-split-{i}", pause_at))
         progress("spark-ss: killed worker (warm standby)")
-        sc = SsScenario(workdir / "ss-kill", SEED + 3)
+        sc = SsScenario(workdir / "ss-kill", SEED + 3, seeded=every_key_once(SMALL_PREFIX, SMALL_KEYS, SMALL_SEED))
         # A may have lost its query in the split-brain run; its process (and session) are reused.
         a.wait_status(a.command("start", sc.dirs), 120)
         res.ss_kill_warm, running = ss_kill(a, b, sc)
@@ -968,6 +1039,10 @@ def run_spark_ss(p: Params, workdir: Path, res: Results) -> None:
         sc.wait_marker(120)
         running.wait_status(running.command("stop"), 60)
         res.ss_kill_analysis = analyze(sc.dirs.out, truth(sc.tables()))
+        with contextlib.suppress(Exception):
+            running.close()
+        progress(f"spark-ss (~100 MB): seeding {p.big_keys:,} keys, planned moves, killed worker (C, D)")
+        res.ss_big = ss_big(c, d, workdir / "ss-big", p.moves, p.big_keys)
     except BaseException:
         for w in workers:
             progress(f"--- worker {w.name} log tail ---\n{w.log()[-3000:]}")
@@ -978,19 +1053,47 @@ def run_spark_ss(p: Params, workdir: Path, res: Results) -> None:
                 w.close()
 
 
-def run_laminar(p: Params, workdir: Path, res: Results) -> None:
-    progress("laminar: starting nodes 1 and 2")
+def seed_partition(cluster: Cluster, partition: int, table: pa.Table, timeout: float) -> float:
+    """Append `table` (every key once) to `partition` and wait until it is committed; the seconds it took."""
     t0 = time.perf_counter()
-    cluster = start_cluster(workdir, (1, 2), partitions=1)
-    load = LaminarLoad(cluster)
+    SourceLog(cluster.store, segment_events=250_000).append(partition, table)
+    end = cluster.source.end_offset(partition)
+    wait_until(lambda: cluster.committed(partition) >= end, timeout, f"partition {partition} to commit {end}", 0.2)
+    return time.perf_counter() - t0
+
+
+def standby_of(cluster: Cluster, partition: int) -> int:
+    """The live node that does not own `partition` (the cluster has two)."""
+    return pick_target(cluster, {cluster.owner(partition)})
+
+
+def run_laminar(p: Params, workdir: Path, res: Results) -> None:
+    progress("laminar: starting nodes 1 and 2 (both --standby-for 0,1)")
+    t0 = time.perf_counter()
+    cluster = start_cluster(workdir, (1, 2), 2, per_node_args={1: LAM_STANDBY_ARGS, 2: LAM_STANDBY_ARGS})
+    load = LaminarLoad(cluster, 0)
+    big_load = LaminarLoad(cluster, 1)
     try:
         cluster.wait_alive(1, 2, timeout=300)
-        cluster.place({0: 1})
-        res.notes.append(f"laminar: 2 nodes up in {time.perf_counter() - t0:.1f} s")
+        cluster.place({0: 1, 1: 2})
+        res.notes.append(
+            f"laminar: 2 nodes up in {time.perf_counter() - t0:.1f} s, both with {' '.join(LAM_STANDBY_ARGS)} "
+            "(the node not owning a partition keeps a warm copy of it)"
+        )
+        small_seed = every_key_once(SMALL_PREFIX, SMALL_KEYS, SMALL_SEED)
+        small_s = seed_partition(cluster, 0, small_seed, 300)
+        progress(f"laminar: seeding {p.big_keys:,} keys into partition 1")
+        res.lam_big_seeding_s = seed_partition(cluster, 1, every_key_once(BIG_PREFIX, p.big_keys, BIG_SEED), 1800)
+        progress(f"    seeded in {res.lam_big_seeding_s:.1f} s")
+        res.notes.append(
+            f"laminar: seeded {SMALL_KEYS:,} keys into partition 0 in {small_s:.1f} s, {p.big_keys:,} keys into "
+            f"partition 1 in {res.lam_big_seeding_s:.1f} s"
+        )
         hist = History(cluster.store, 0)
         load.start(SEED + 1)
         for i in range(p.moves):
-            target = pick_target(cluster, {cluster.owner(0)})
+            target = standby_of(cluster, 0)
+            wait_standby(cluster, target, 0, 300)
             progress(f"  laminar move {i + 1}/{p.moves}: {cluster.owner(0)} -> {target}")
             res.lam_moves.append(graceful_run(cluster, hist, target, warm_commits=3, timeout=120))
             progress(
@@ -1003,21 +1106,45 @@ def run_laminar(p: Params, workdir: Path, res: Results) -> None:
         res.lam_split = laminar_zombie(cluster, hist)
         load.stop()
         cluster.wait_alive(1, 2, timeout=60)
-        progress("laminar: killed node (forced failover)")
+        progress("laminar: killed node (forced failover to the warm standby)")
+        wait_standby(cluster, standby_of(cluster, 0), 0, 300)
         load.start(SEED + 3)
         res.lam_kill = failover_run(cluster, hist, warm_commits=3, timeout=120)
         progress(f"    detection {res.lam_kill.detection_s:.2f} s, recovery {res.lam_kill.recovery_s:.2f} s")
         load.stop()
-        cluster.wait_committed(timeout=180)
+        progress(f"laminar: restarting node {res.lam_kill.victim}")
+        revive(cluster, res.lam_kill.victim)
+
+        progress("laminar (~100 MB): planned moves, killed node")
+        big = History(cluster.store, 1)
+        big_load.start(SEED + 4)
+        for i in range(p.moves):
+            target = standby_of(cluster, 1)
+            wait_standby(cluster, target, 1, 600)
+            progress(f"  laminar big move {i + 1}/{p.moves}: {cluster.owner(1)} -> {target}")
+            res.lam_big_moves.append(graceful_run(cluster, big, target, warm_commits=2, timeout=300))
+            m = res.lam_big_moves[-1]
+            progress(f"    launch->Active {m.total_s:.2f} s, unavailable {m.unavailable_s:.2f} s")
+        wait_standby(cluster, standby_of(cluster, 1), 1, 600)
+        res.lam_big_kill = failover_run(cluster, big, warm_commits=2, timeout=300)
+        k = res.lam_big_kill
+        progress(f"    detection {k.detection_s:.2f} s, recovery {k.recovery_s:.2f} s")
+        big_load.stop()
+        progress(f"laminar: restarting node {k.victim}")
+        revive(cluster, k.victim)
+
+        cluster.wait_committed(timeout=600)
         progress("laminar: audit")
+        t_audit = time.perf_counter()
         audits = audit_store(cluster.store)
+        res.notes.append(f"laminar: audit_store of both partitions took {time.perf_counter() - t_audit:.1f} s")
         res.lam_audit_duplicates = sum(a.duplicates for a in audits)
         res.lam_audit_losses = sum(a.losses for a in audits)
         res.lam_audit_issues = [f"{i.kind}: {i.detail}" for a in audits for i in a.issues]
         res.lam_orphans = sum(a.orphan_outputs for a in audits)
         res.lam_regressions = committed_regressions(cluster.store, 0)
-        state, _ = committed_state(cluster.store, PartitionId(0))
-        expected = truth(load.tables)
+        state, _ = committed_state(cluster.store, 0)
+        expected = truth([small_seed, *load.tables])
         got = dict(zip(state["key"].to_pylist(), state["count"].to_pylist(), strict=True))
         res.lam_keys = len(expected)
         res.lam_final_mismatch = sum(1 for k, n in expected.items() if got.get(k) != n)
@@ -1025,8 +1152,9 @@ def run_laminar(p: Params, workdir: Path, res: Results) -> None:
         progress("laminar FAILED; node log tails:\n" + log_tails(cluster))
         raise
     finally:
-        with contextlib.suppress(Exception):
-            load.stop()
+        for ld in (load, big_load):
+            with contextlib.suppress(Exception):
+                ld.stop()
         cluster.shutdown()
 
 
@@ -1142,6 +1270,59 @@ def build_rows(res: Results) -> tuple[list[Row], list[str]]:
              lz.zombie_commits_after_takeover)  # fmt: skip
         add("3. split-brain: zombie saw its revocation, after SIGCONT", LAMINAR,
             s(lz.revoked_after_s) if lz.revoked_after_s is not None else "not within 60 s")  # fmt: skip
+    # 4. ~100 MB of state
+    bg, lbm, lbk = res.ss_big, res.lam_big_moves, res.lam_big_kill
+    big = f"{res.big_keys / 1e6:.1f}M keys"
+    if bg is not None:
+        add(f"4. ~100 MB: seeding {big} (produced once) -> first output", SS, s(bg.seeding_s))
+    if res.lam_big_seeding_s:
+        add(f"4. ~100 MB: seeding {big} (produced once) -> committed", LAMINAR, s(res.lam_big_seeding_s))
+    fig = "4. ~100 MB planned move: unavailability, old owner's last output -> new owner's first"
+    if bg is not None and bg.moves:
+        add(f"{fig} (median of {len(bg.moves)})", SS, s(median([m.unavailable_s for m in bg.moves])))
+        add(f"4. ~100 MB planned move: stop on A -> first output on B (median of {len(bg.moves)})", SS,
+            s(median([m.stop_to_first_s for m in bg.moves])))  # fmt: skip
+    if lbm:
+        add(f"{fig} (median of {len(lbm)})", LAMINAR, s(median([m.unavailable_s for m in lbm])))
+        total = median([m.total_s for m in lbm])
+        add(f"4. ~100 MB planned move: launch -> Active (median of {len(lbm)})", LAMINAR, s(total), gt,
+            verdict(total, GRACEFUL_TARGET_S))  # fmt: skip
+        add("4. ~100 MB planned move: checkpoint bytes moved (DOWNLOADING bytes_moved, median)", LAMINAR,
+            f"{median([m.download_bytes for m in lbm]) / 1e6:.2f} MB")  # fmt: skip
+    if bg is not None and bg.kill is not None:
+        add(f"4. ~100 MB killed worker: detection ({hb})", SS, s(bg.kill.detection_s))
+        add("4. ~100 MB killed worker: recovery, start query on warm standby -> first output", SS,
+            s(bg.kill.recovery_s))  # fmt: skip
+        add("4. ~100 MB killed worker: total, kill -> first output elsewhere", SS, s(bg.kill.total_s))
+    if lbk is not None:
+        add(f"4. ~100 MB killed worker: detection ({hb})", LAMINAR, s(lbk.detection_s))
+        add("4. ~100 MB killed worker: recovery, forced failover launch -> first data commit", LAMINAR,
+            s(lbk.recovery_s))  # fmt: skip
+        add("4. ~100 MB killed worker: total, kill -> first data commit elsewhere", LAMINAR, s(lbk.total_s), ft,
+            verdict(lbk.total_s, FAILOVER_TARGET_S))  # fmt: skip
+        add("4. ~100 MB killed worker: checkpoint bytes moved (DOWNLOADING bytes_moved)", LAMINAR,
+            f"{lbk.download_bytes / 1e6:.2f} MB")  # fmt: skip
+
+    # 5. the ratios (same run)
+    def ratio(fig: str, lam: float | None, ss: float | None) -> None:
+        if lam is None or ss is None or ss <= 0:
+            add(fig, "ratio", "n/a", f"<= {RATIO_TARGET:.1f}", "not measured")
+            return
+        r = lam / ss
+        add(fig, "ratio", f"{r:.2f} ({lam:.2f} / {ss:.2f} s)", f"<= {RATIO_TARGET:.1f}", verdict(r, RATIO_TARGET))
+
+    def med(values: Sequence[float]) -> float | None:
+        return median(values) if values else None
+
+    ratio("5. ~1 MB planned move unavailability: laminar / spark-ss (warm standby)",
+          med([m.unavailable_s for m in lm]), med([m.unavailable_s for m in sm]))  # fmt: skip
+    ratio("5. ~1 MB kill recovery: laminar / spark-ss (warm standby)",
+          lk.recovery_s if lk else None, kw.recovery_s if kw else None)  # fmt: skip
+    ratio("5. ~100 MB planned move unavailability: laminar / spark-ss (warm standby)",
+          med([m.unavailable_s for m in lbm]), med([m.unavailable_s for m in bg.moves]) if bg else None)  # fmt: skip
+    ratio("5. ~100 MB kill recovery: laminar / spark-ss (warm standby)",
+          lbk.recovery_s if lbk else None, bg.kill.recovery_s if bg and bg.kill else None)  # fmt: skip
+
     zero("3. audit_store duplicates (events), whole laminar run", LAMINAR, res.lam_audit_duplicates)
     add("3. audit_store losses / other issues, whole laminar run", LAMINAR,
         f"{res.lam_audit_losses} / {len(res.lam_audit_issues)}")  # fmt: skip
@@ -1166,15 +1347,39 @@ def build_notes(res: Results) -> list[str]:
         phases = ", ".join(f"{ph.value} {median([m.phases.get(ph, 0.0) for m in lm]):.2f}" for ph in lm[0].phases)
         notes.append(
             f"2 laminar: unavailability {lst([m.unavailable_s for m in lm])} s; launch -> Active "
-            f"{lst([m.total_s for m in lm])} s; phases (median, s): {phases}; state moved "
-            f"{median([m.bytes_moved for m in lm]) / 1e6:.2f} MB"
+            f"{lst([m.total_s for m in lm])} s; phases (median, s): {phases}; DOWNLOADING bytes_moved "
+            f"{median([m.download_bytes for m in lm]) / 1e6:.2f} MB; PLANNED: "
+            f"{' | '.join(m.planned_detail for m in lm)}; new owner's restore: "
+            f"{restore_summary([m.restores for m in lm])}"
         )
     if lk is not None:
         restoring = lk.phases.get(MigrationPhase.RESTORING, 0.0)
         notes.append(
-            f"1 laminar: forced run launch -> Active {lk.run_s:.2f} s (restoring {restoring:.2f} s: replays "
-            f"{lk.replayed_events} events since the last checkpoint), launch -> takeover manifest "
-            f"{lk.launch_to_takeover_s:.2f} s"
+            f"1 laminar: {lk.victim} -> {lk.to_node} (failover_target's pick: the warm standby); forced run launch -> "
+            f"Active {lk.run_s:.2f} s (restoring {restoring:.2f} s), launch -> seal {lk.launch_to_seal_s:.2f} s; "
+            f"new owner's restore: {restore_summary([lk.restores])}"
+        )
+    if res.ss_big is not None:
+        bg = res.ss_big
+        notes.append(
+            f"4 spark-ss (~100 MB): unavailability {lst([m.unavailable_s for m in bg.moves])} s; stop -> first output "
+            f"{lst([m.stop_to_first_s for m in bg.moves])} s; the first batch on the new worker loads the state "
+            "from the checkpoint (HDFS-backed state store, the default; worker driver memory "
+            f"{SS_DRIVER_MEMORY})"
+        )
+    if res.lam_big_moves:
+        lbm = res.lam_big_moves
+        notes.append(
+            f"4 laminar (~100 MB): unavailability {lst([m.unavailable_s for m in lbm])} s; launch -> Active "
+            f"{lst([m.total_s for m in lbm])} s; PLANNED: {' | '.join(m.planned_detail for m in lbm)}; new owner's "
+            f"restore: {restore_summary([m.restores for m in lbm])}"
+        )
+    if res.lam_big_kill is not None:
+        k = res.lam_big_kill
+        notes.append(
+            f"4 laminar (~100 MB) kill: {k.victim} -> {k.to_node} (failover_target's pick), launch -> Active "
+            f"{k.run_s:.2f} s, unavailability {k.unavailable_s:.2f} s; new owner's restore: "
+            f"{restore_summary([k.restores])}"
         )
     for sb in res.ss_splits:
         if sb.analysis is None:
@@ -1218,14 +1423,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ctl", help=argparse.SUPPRESS)
     parser.add_argument("--no-warm-up", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--keep", metavar="DIR", help="keep the work directory (logs, checkpoints) here")
+    parser.add_argument("--big-keys", type=int, help="keys of the big state (default 2.7M; quick 300k)")
     args = parser.parse_args(argv)
     if args.worker:
         WorkerMain(args.worker, Path(args.ctl)).run(warm_up=not args.no_warm_up)
         return
     p = QUICK if args.quick else FULL
-    load_before = os.getloadavg()[0]
+    if args.big_keys:
+        p = Params(p.moves, p.cold_restart, p.pauses, args.big_keys)
+    load_before = os.getloadavg()
     started = time.perf_counter()
-    res = Results()
+    res = Results(big_keys=p.big_keys)
     with contextlib.ExitStack() as stack:
         if args.keep:
             workdir = Path(args.keep)
@@ -1242,7 +1450,8 @@ def main(argv: list[str] | None = None) -> None:
         f"laminar vs Spark Structured Streaming baseline ({'quick' if args.quick else 'full'}), "
         f"{datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%SZ')}, Python {platform.python_version()}, "
         f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
-        f"1-min load average {load_before:.1f} before / {os.getloadavg()[0]:.1f} after"
+        f"load average (1/5/15 min) {'/'.join(f'{x:.1f}' for x in load_before)} before, "
+        f"{'/'.join(f'{x:.1f}' for x in os.getloadavg())} after"
     )
     text = format_table(rows, title, notes) + f"\ntotal benchmark time: {elapsed:.1f} s"
     print(text, flush=True)

@@ -12,10 +12,11 @@ Figures (each printed next to its target, with whether it was met; nothing asser
    to the state) end to end on Spark ``local[2]``: the clock starts before the
    append to the source log and stops when the partition's committed offset
    (set after the manifest publish and the local apply) reaches the log end;
-   every stored manifest is checked afterwards. Measured with 1k keys of state
-   and with 2.7M keys (~100 MB); medians of the batches after the first one
-   (the first batch after a restore is reported on its own), the ratio of the
-   two medians (same run), and a per-step breakdown of one batch (the calls
+   each batch's stored manifest is checked afterwards. Measured with 1k keys of
+   state and with 2.7M keys (a ~57 MB compacted RocksDB snapshot), the two
+   side by side with their batches interleaved; medians of the batches after
+   the first one (the first batch after a restore is reported on its own), the
+   ratio of the two medians, and a per-step breakdown of one batch (the calls
    `PartitionWorker._process` / `_commit` make, made one by one here).
    The state is seeded without Spark: the source gets one event per key, a
    `PartitionStateStore` is filled with the state those events make, its RocksDB
@@ -29,9 +30,10 @@ Figures (each printed next to its target, with whether it was met; nothing asser
    below, benchmark only), interleaved, and the ratio ON/OFF.
 3. Checkpoint bytes: per batch (output + delta, from the manifests), per
    snapshot (the full first one vs the node's incremental later ones, from the
-   manifest chain), and one incremental snapshot timed directly.
+   manifest chain), and a series of snapshots taken the node's way, each after
+   10 batch-sized deltas, timed and sized directly.
 4. Restore of the 2.7M-key partition, split into download / open / delta apply
-   (`CatchUp`): a fresh node taking the partition (snapshot + ~10 deltas), and
+   (`CatchUp`): a fresh node taking the partition (snapshot + 10 deltas), and
    a replica that already holds the snapshot catching up (deltas only).
 5. Drain with a batch in flight: a node runs for real (`Node.run`), a migration
    asks for Draining while a 10k batch is in flight; the figure is the wall time

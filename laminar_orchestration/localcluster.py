@@ -67,6 +67,7 @@ class Cluster:
         spark_master: str = "local[1]",
         node_args: tuple[str, ...] = ("--refresh-interval", "0.5", "--checkpoint-every-batches", "3"),
         init: bool = True,
+        per_node_args: Mapping[int, tuple[str, ...]] | None = None,
     ) -> None:
         self.store_url = store_url
         self.workdir = workdir
@@ -76,6 +77,8 @@ class Cluster:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.spark_master = spark_master
         self.node_args = node_args
+        #: Extra arguments of particular nodes (e.g. ``--standby-for 0,1``), on every (re)start of them.
+        self.per_node_args: dict[int, tuple[str, ...]] = dict(per_node_args or {})
         if init:
             self.ledger.init_cluster(partitions)
         self.partitions = [PartitionId(p) for p in range(partitions)]
@@ -96,6 +99,7 @@ class Cluster:
             "--spark-master", self.spark_master,
             "--heartbeat-timeout", str(self.heartbeat_timeout_s),
             *self.node_args,
+            *self.per_node_args.get(node_id, ()),
             *extra,
         ]  # fmt: skip
         with open(log_path, "wb") as fh:

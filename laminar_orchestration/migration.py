@@ -607,8 +607,10 @@ class MigrationCoordinator:
             self._fence_old_owner(task)
             return PhaseReport(phase, time.monotonic() - started, 0, f"epoch {task.from_epoch} fenced")
         if phase == MigrationPhase.PLANNED:
-            detail = self._wait_warm(task) if task.migration_kind == MigrationKind.GRACEFUL else "planned"
-            return PhaseReport(phase, time.monotonic() - started, 0, detail)
+            if task.migration_kind != MigrationKind.GRACEFUL:
+                return PhaseReport(phase, time.monotonic() - started, 0, "planned")
+            detail, warmed = self._wait_warm(task)
+            return PhaseReport(phase, time.monotonic() - started, warmed, detail)
         progress = self._wait_for_node(task, phase)
         return PhaseReport(
             phase,
@@ -617,8 +619,11 @@ class MigrationCoordinator:
             f"node {self._responsible(task, phase)} reported {phase}",
         )
 
-    def _wait_warm(self, task: MigrationTask) -> str:
-        """Wait (bounded) until the target reports a warm copy of the partition; never fails the move."""
+    def _wait_warm(self, task: MigrationTask) -> tuple[str, int]:
+        """Wait (bounded) until the target reports a warm copy of the partition; never fails the move.
+
+        Returns what happened and the bytes the target's warm-up downloaded.
+        """
         limit = min(self.config.warmup_timeout_s, seconds_left(task))
         start = time.monotonic()
         while True:
@@ -630,9 +635,10 @@ class MigrationCoordinator:
                 and progress.lag is not None
                 and progress.lag <= self.config.warm_lag_events
             ):
-                return f"target node {task.to_node} warm: {progress.lag} committed events behind"
+                return f"target node {task.to_node} warm: {progress.lag} committed events behind", progress.bytes_moved
             if time.monotonic() - start >= limit:
-                return f"target node {task.to_node} not warm after {limit:.1f}s: the handoff transfers the state"
+                warmed = progress.bytes_moved if progress is not None else 0
+                return f"target node {task.to_node} not warm after {limit:.1f}s: the handoff transfers the rest", warmed
             self._still_running(task, MigrationPhase.PLANNED)
             time.sleep(self.poll_interval_s)
 

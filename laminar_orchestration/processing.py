@@ -275,8 +275,8 @@ class SparkBatchEngine:
         batch = (
             self.spark.read.schema(self._schema)
             .parquet(*[str(p) for p in event_files])
-            .withColumn("epoch", F.lit(epoch).cast("long"))
-            .withColumn("generation", F.lit(generation).cast("long"))
+            # One projection, not two: every call here is a round trip to the JVM.
+            .select("*", F.lit(epoch).cast("long").alias("epoch"), F.lit(generation).cast("long").alias("generation"))
         )
         table: pa.Table = self.processor.aggregate(batch).toArrow()
         return table

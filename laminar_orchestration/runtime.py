@@ -36,6 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from .capabilities import CheckpointWriter, OutputCommitter, ReadStore
@@ -85,8 +86,9 @@ class NodeConfig(BaseModel):
     idle_poll_s: float = Field(default=0.05, gt=0)
     #: A snapshot of the local store is uploaded once this many deltas follow the last one ...
     checkpoint_every_batches: int = Field(default=10, ge=1)
-    #: ... or the deltas since it reach this fraction of its size ...
+    #: ... or the deltas since it reach this fraction of its size (and at least `checkpoint_min_delta_bytes`) ...
     checkpoint_delta_fraction: float = Field(default=0.25, gt=0)
+    checkpoint_min_delta_bytes: int = Field(default=4 << 20, ge=0)
     #: ... or this much time passed since it (with at least one delta).
     checkpoint_every_s: float = Field(default=30.0, gt=0)
     #: A failed partition is restarted after this delay, doubled per consecutive failure
@@ -195,6 +197,8 @@ class PartitionWorker(threading.Thread):
         self._batch_group: str | None = None
         self._batch_seq = 0
         self._abandoned = threading.Event()
+        #: Runs the batch's Spark job, so the worker can drop it without waiting for it.
+        self._batch_thread = ThreadPoolExecutor(1, thread_name_prefix=f"partition-{partition}-batch")
         #: Why the thread ended in FAILED (the node logs it with the restart delay).
         self.failure: BaseException | None = None
 
@@ -220,9 +224,10 @@ class PartitionWorker(threading.Thread):
         group = self._batch_group
         if group is not None and not self._abandoned.is_set():
             self._abandoned.set()
+            self._wake()
             try:
                 self.node.engine.cancel(group)
-            except Exception as exc:  # the batch then simply finishes and is dropped
+            except Exception as exc:  # the job then runs to its end in the background, unused
                 log.warning("node %s: partition %s: cancel failed: %s", self.node.id, self.partition, exc)
 
     @property
@@ -296,6 +301,7 @@ class PartitionWorker(threading.Thread):
             self.node.report_now()
         finally:
             self._drop_guard()
+            self._batch_thread.shutdown(wait=False)
             self._abandon_snapshot()
             if self.state_name in (WorkerState.REVOKED, WorkerState.RELEASED):
                 self.replica.destroy()  # another node owns the partition now
@@ -373,7 +379,8 @@ class PartitionWorker(threading.Thread):
                 return task
             current = self._publisher.current(self.partition)
             if current is not None:
-                self.replica.catch_up(current.manifest)
+                # What the warm-up transfers is what this move moves: reported with the plan.
+                self._bytes_moved += self.replica.catch_up(current.manifest).bytes_downloaded
                 self._committed_offset = self.replica.source_offset
                 lag = max(0, current.manifest.source_offset - self.replica.source_offset)
                 if lag != self._warm_lag:
@@ -455,7 +462,7 @@ class PartitionWorker(threading.Thread):
         stats = self._restore(manifest)
         self._report(MigrationPhase.DOWNLOADING, stats.bytes_downloaded)
         self._phase(MigrationPhase.RESTORING)
-        self._report(MigrationPhase.RESTORING, stats.bytes_downloaded)
+        self._report(MigrationPhase.RESTORING)
         task = self._phase(MigrationPhase.SEEKING)
         gen = self.node.generation
         if task.migration_kind == MigrationKind.GRACEFUL:
@@ -593,24 +600,16 @@ class PartitionWorker(threading.Thread):
             self._abandoned.clear()
             self._batch_group = f"laminar-n{self.node.id}-p{self.partition}-b{self._batch_seq}"
             try:
-                aggregate = self.node.engine.aggregate(
-                    files, epoch=self.epoch, generation=self.node.generation, job_group=self._batch_group
-                )
-            except Exception:
-                if not self._abandoned.is_set():
-                    raise
-                log.info("node %s: partition %s: in-flight batch abandoned", self.node.id, self.partition)
-                continue  # the loop condition (drain, stop) or the check below decides what next
+                aggregate = self._aggregate(files, self._workdir / f"batch-{batch.start_offset}")
             finally:
                 self._batch_group = None
-                shutil.rmtree(self._workdir / f"batch-{batch.start_offset}", ignore_errors=True)
+            if aggregate is None:
+                # Nothing of the batch is written: dropping it is safe, and a drain (or a kill-switch)
+                # takes milliseconds instead of a batch's duration. Whoever runs next reads it again.
+                log.info("node %s: partition %s: in-flight batch abandoned", self.node.id, self.partition)
+                continue  # the loop condition (drain, stop) or the check below decides what next
             # A fenced tracker drops the in-flight batch before any external write.
             self._check()
-            if self._abandoned.is_set() and self._draining_requested():
-                # The cancel missed the Spark job, but nothing of the batch is written yet: drop it
-                # so the drain does not wait for a commit; the new owner reads these events again.
-                log.info("node %s: partition %s: batch dropped for the drain", self.node.id, self.partition)
-                continue
             engine = self.node.engine
             previous = self.replica.store.get_many(aggregate["key"].to_pylist()) if self.replica.store else None
             assert previous is not None, "restored before processing"
@@ -625,6 +624,37 @@ class PartitionWorker(threading.Thread):
                 continue
             self._snapshot_step(idle=False)
         self.state_name = WorkerState.DRAINING if not self._stop_requested.is_set() else self.state_name
+
+    def _aggregate(self, files: list[Path], batch_dir: Path) -> pa.Table | None:
+        """The batch's aggregate, or None as soon as the batch is abandoned (drain, stop, fence).
+
+        The Spark job runs on this worker's batch thread, so an abandon need not wait for it:
+        a cancel only reaches a job Spark has already submitted, and planning takes most of a
+        small batch. An abandoned job winds down in the background; its files go with it.
+        """
+        future = self._batch_thread.submit(
+            self.node.engine.aggregate,
+            files,
+            epoch=self.epoch,
+            generation=self.node.generation,
+            job_group=self._batch_group,
+        )
+
+        def finished(_: Future[pa.Table]) -> None:
+            shutil.rmtree(batch_dir, ignore_errors=True)
+            self._wake()
+
+        future.add_done_callback(finished)
+        with self._task_changed:
+            while not future.done() and not self._abandoned.is_set():
+                self._task_changed.wait(0.5)
+        if self._abandoned.is_set():
+            return None
+        return future.result()
+
+    def _wake(self) -> None:
+        with self._task_changed:
+            self._task_changed.notify_all()
 
     def _commit(self, fold: BatchFold, start: int, end: int, cluster_epoch: int) -> None:
         """Output and delta uploaded, then one manifest names them with the offset; then the local store."""
@@ -696,7 +726,10 @@ class PartitionWorker(threading.Thread):
         snapshot_bytes = self._snapshot.size if self._snapshot else 0
         return (
             len(self._deltas) >= cfg.checkpoint_every_batches
-            or (snapshot_bytes > 0 and delta_bytes >= cfg.checkpoint_delta_fraction * snapshot_bytes)
+            or (
+                snapshot_bytes > 0
+                and delta_bytes >= max(cfg.checkpoint_delta_fraction * snapshot_bytes, cfg.checkpoint_min_delta_bytes)
+            )
             or time.monotonic() - self._last_snapshot_at >= cfg.checkpoint_every_s
         )
 

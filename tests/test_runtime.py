@@ -298,10 +298,12 @@ def test_dagster_migrate_partition_job_against_live_nodes(cluster: Cluster) -> N
     assert result.success
     ops = [e.step_key for e in result.all_events if e.event_type_value == "STEP_SUCCESS"]
     assert ops == ["plan", "drain", "checkpoint", "upload", "release", "download", "restore", "seek", "activate"]
-    upload = next(e for e in result.all_events if e.event_type_value == "STEP_OUTPUT" and e.step_key == "upload")
-    metadata = upload.event_specific_data.metadata  # type: ignore[union-attr]
-    bytes_moved = metadata["bytes_moved"].value
-    assert isinstance(bytes_moved, int) and bytes_moved > 0 and "duration_s" in metadata
+    outputs = {e.step_key: e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"}
+    metadata = {step: e.event_specific_data.metadata for step, e in outputs.items()}  # type: ignore[union-attr]
+    # The state moves while the target warms up (plan) and in the handoff (download); nothing else moves bytes.
+    moved = {step: int(str(m["bytes_moved"].value)) for step, m in metadata.items()}
+    assert moved["plan"] + moved["download"] > 0 and all("duration_s" in m for m in metadata.values())
+    assert moved["checkpoint"] == moved["release"] == 0
     assert (cluster.owner(3), cluster.epoch(3)) == (target, epoch + 1)
     assert_exactly_once(cluster)
 
