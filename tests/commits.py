@@ -21,32 +21,13 @@ from laminar_orchestration.processing import keyed_aggregation
 from laminar_orchestration.replica import StateReplica
 from laminar_orchestration.source import SourceLog
 from laminar_orchestration.store import ObjectStore
+from laminar_orchestration.verify import _fold
 
 
 def batch_aggregate(events: pa.Table) -> pa.Table:
-    """The default processor's Spark aggregate, computed with pyarrow."""
-    grouped = events.sort_by("offset").group_by("key", use_threads=False)
-    agg = grouped.aggregate(
-        [
-            ("value", "count"),
-            ("value", "sum"),
-            ("value", "min"),
-            ("value", "max"),
-            ("value", "last"),
-            ("offset", "max"),
-        ]
-    )
-    return pa.table(
-        {
-            "key": agg["key"],
-            "batch_count": agg["value_count"].cast(pa.int64()),
-            "batch_sum": agg["value_sum"],
-            "batch_min": agg["value_min"],
-            "batch_max": agg["value_max"],
-            "batch_last": agg["value_last"],
-            "batch_last_offset": agg["offset_max"],
-        }
-    )
+    """The default processor's Spark aggregate, computed with pyarrow: the reference fold of the batch alone."""
+    fold = _fold(events)
+    return fold.rename_columns(["key", *(f"batch_{name}" for name in fold.column_names[1:])])
 
 
 def fold_output(events: pa.Table, replica: StateReplica, epoch: int) -> pa.Table:
