@@ -455,7 +455,7 @@ class MigrationCoordinator:
     responsible node to report the phase done.
     """
 
-    def __init__(self, ledger: Ledger, config: MigrationConfig | None = None, *, poll_interval_s: float = 0.02) -> None:
+    def __init__(self, ledger: Ledger, config: MigrationConfig | None = None, *, poll_interval_s: float = 0.01) -> None:
         self.ledger = ledger
         self.desired = DesiredStates(ledger)
         self.config = config or MigrationConfig()

@@ -66,6 +66,8 @@ from .store import ObjectStore, StoreError, open_store
 log = logging.getLogger("laminar.node")
 
 _RANK = {phase: i for i, phase in enumerate(GRACEFUL_PHASES)}
+#: How often a node re-reads the record of a migration it takes part in (the full reconcile is slower).
+MIGRATION_POLL_S = 0.01
 
 
 class NodeConfig(BaseModel):
@@ -233,6 +235,12 @@ class PartitionWorker(threading.Thread):
     @property
     def epoch(self) -> int:
         return self.token.epoch if self.token else 0
+
+    @property
+    def migrating(self) -> bool:
+        """Whether a migration of this partition is under way (this worker's next step may depend on it)."""
+        task = self._task
+        return task is not None and not task.is_terminal and not self.finished
 
     @property
     def commits(self) -> int:
@@ -913,6 +921,16 @@ class Node:
         root = self.workdir / "state" / f"p{int(partition):05d}"
         return StateReplica(root, partition, self.engine.processor.state_schema, self.reader)
 
+    def _follow_moves(self, *, until: float) -> None:
+        """A move waits on this node at every phase: until the next full pass, re-read only the
+        records of the partitions this node is moving, every `MIGRATION_POLL_S`."""
+        while time.monotonic() < until and not self._stop.is_set():
+            moving = [p for p, w in list(self.workers.items()) if w.migrating]
+            if not moving or self._stop.wait(MIGRATION_POLL_S):
+                return
+            for p in moving:
+                self._reconcile_partition(p, self.desired.read(p)[0])
+
     def _reconcile_standbys(self) -> None:
         """Follow every `standby_for` partition this node does not run."""
         for p in self.config.standby_for:
@@ -955,13 +973,15 @@ class Node:
             t.start()
         try:
             while not self._stop.is_set():
+                full_pass_at = time.monotonic() + self.config.reconcile_interval_s
                 try:
                     self._reconcile()
+                    self._follow_moves(until=full_pass_at)
                 except NodeIdentityConflict:
                     raise
                 except (StoreError, EpochError) as exc:
                     log.warning("node %s: reconcile failed: %s", self.id, exc)
-                self._stop.wait(self.config.reconcile_interval_s)
+                self._stop.wait(max(0.0, full_pass_at - time.monotonic()))
         finally:
             self._drain_all()
             self.snapshot_pool.shutdown(wait=False, cancel_futures=True)
