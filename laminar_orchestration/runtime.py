@@ -59,7 +59,7 @@ from .migration import (
 from .processing import BatchEngine, BatchFold, KeyedProcessor, SparkBatchEngine, build_spark_session
 from .records import NodeStatus, PartitionProgress, PartitionStatus, now
 from .replica import CatchUp, StateReplica
-from .source import SourceLog
+from .source import SourceBatch, SourceLog
 from .standby import StandbyFollower
 from .store import ObjectStore, StoreError, open_store
 
@@ -115,6 +115,15 @@ class WorkerState(enum.StrEnum):
     REVOKED = "revoked"
     FAILED = "failed"
     STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    """A batch whose aggregate is running: its events, the job, and the cluster epoch it began under."""
+
+    batch: SourceBatch
+    future: Future[pa.Table]
+    cluster_epoch: int
 
 
 class Tracker:
@@ -199,6 +208,7 @@ class PartitionWorker(threading.Thread):
         self._batch_group: str | None = None
         self._batch_seq = 0
         self._abandoned = threading.Event()
+        self._prefetched: _InFlight | None = None
         #: Runs the batch's Spark job, so the worker can drop it without waiting for it.
         self._batch_thread = ThreadPoolExecutor(1, thread_name_prefix=f"partition-{partition}-batch")
         #: Why the thread ended in FAILED (the node logs it with the restart delay).
@@ -486,6 +496,7 @@ class PartitionWorker(threading.Thread):
         self._install(token)
         self._takeover(manifest, released=released)
         self._report(MigrationPhase.SEEKING)
+        self._prefetch()
         self._phase(MigrationPhase.ACTIVE)
         log.info(
             "node %s: partition %s acquired at epoch %s (%s migration %s, offset %s)",
@@ -593,24 +604,18 @@ class PartitionWorker(threading.Thread):
         cfg = self.node.config
         while not self._stop_requested.is_set() and not self._draining_requested():
             self._check()
-            batch = self.node.source.read(self.partition, self._committed_offset, cfg.batch_max_events)
-            if batch is None:
-                self._snapshot_step(idle=True)
-                with self._task_changed:
-                    # Re-checked under the lock: an offer/stop just before the wait is not lost.
-                    if not self._stop_requested.is_set() and not self._draining_requested():
-                        self._task_changed.wait(cfg.idle_poll_s)
-                continue
-            # The cluster epoch this batch began under; its commit must still be inside the window.
-            cluster_epoch = self.node.cluster_epoch
-            files = batch.write_parquet(self._workdir / f"batch-{batch.start_offset}")
-            self._batch_seq += 1
-            self._abandoned.clear()
-            self._batch_group = f"laminar-n{self.node.id}-p{self.partition}-b{self._batch_seq}"
-            try:
-                aggregate = self._aggregate(files, self._workdir / f"batch-{batch.start_offset}")
-            finally:
-                self._batch_group = None
+            inflight, self._prefetched = self._prefetched, None
+            if inflight is None or inflight.batch.start_offset != self._committed_offset:
+                batch = self.node.source.read(self.partition, self._committed_offset, cfg.batch_max_events)
+                if batch is None:
+                    self._snapshot_step(idle=True)
+                    with self._task_changed:
+                        # Re-checked under the lock: an offer/stop just before the wait is not lost.
+                        if not self._stop_requested.is_set() and not self._draining_requested():
+                            self._task_changed.wait(cfg.idle_poll_s)
+                    continue
+                inflight = self._start_batch(batch)
+            aggregate = self._await_batch(inflight)
             if aggregate is None:
                 # Nothing of the batch is written: dropping it is safe, and a drain (or a kill-switch)
                 # takes milliseconds instead of a batch's duration. Whoever runs next reads it again.
@@ -622,9 +627,10 @@ class PartitionWorker(threading.Thread):
             previous = self.replica.store.get_many(aggregate["key"].to_pylist()) if self.replica.store else None
             assert previous is not None, "restored before processing"
             fold = engine.processor.fold(aggregate, previous, epoch=self.epoch, generation=self.node.generation)
+            start, end, cluster_epoch = inflight.batch.start_offset, inflight.batch.end_offset, inflight.cluster_epoch
             try:
                 with self.node.epoch_window.fence(cluster_epoch):
-                    self._commit(fold, batch.start_offset, batch.end_offset, cluster_epoch)
+                    self._commit(fold, start, end, cluster_epoch)
                 self.node.epoch_window.mark_applied(cluster_epoch)
             except StaleClusterEpoch as exc:
                 # Two membership changes overtook this batch: drop it, redo it under the new epoch.
@@ -633,32 +639,48 @@ class PartitionWorker(threading.Thread):
             self._snapshot_step(idle=False)
         self.state_name = WorkerState.DRAINING if not self._stop_requested.is_set() else self.state_name
 
-    def _aggregate(self, files: list[Path], batch_dir: Path) -> pa.Table | None:
-        """The batch's aggregate, or None as soon as the batch is abandoned (drain, stop, fence).
+    def _prefetch(self) -> None:
+        """Start the first batch's Spark work before the move is recorded Active; it commits only after."""
+        batch = self.node.source.read(self.partition, self._committed_offset, self.node.config.batch_max_events)
+        if batch is not None:
+            self._prefetched = self._start_batch(batch)
 
-        The Spark job runs on this worker's batch thread, so an abandon need not wait for it:
-        a cancel only reaches a job Spark has already submitted, and planning takes most of a
-        small batch. An abandoned job winds down in the background; its files go with it.
+    def _start_batch(self, batch: SourceBatch) -> _InFlight:
+        """Stage the batch's files and start its aggregate on this worker's batch thread.
+
+        The thread lets the worker drop the batch without waiting for it: a Spark cancel only
+        reaches a job already submitted, and planning takes most of a small batch. An abandoned
+        job winds down in the background; its files go with it.
         """
+        directory = self._workdir / f"batch-{batch.start_offset}"
+        files = batch.write_parquet(directory)
+        self._batch_seq += 1
+        self._abandoned.clear()
+        self._batch_group = group = f"laminar-n{self.node.id}-p{self.partition}-b{self._batch_seq}"
+        # The cluster epoch this batch began under; its commit must still be inside the window.
+        cluster_epoch = self.node.cluster_epoch
         future = self._batch_thread.submit(
-            self.node.engine.aggregate,
-            files,
-            epoch=self.epoch,
-            generation=self.node.generation,
-            job_group=self._batch_group,
+            self.node.engine.aggregate, files, epoch=self.epoch, generation=self.node.generation, job_group=group
         )
 
         def finished(_: Future[pa.Table]) -> None:
-            shutil.rmtree(batch_dir, ignore_errors=True)
+            shutil.rmtree(directory, ignore_errors=True)
             self._wake()
 
         future.add_done_callback(finished)
-        with self._task_changed:
-            while not future.done() and not self._abandoned.is_set():
-                self._task_changed.wait(0.5)
-        if self._abandoned.is_set():
-            return None
-        return future.result()
+        return _InFlight(batch, future, cluster_epoch)
+
+    def _await_batch(self, inflight: _InFlight) -> pa.Table | None:
+        """The batch's aggregate, or None as soon as the batch is abandoned (drain, stop, fence)."""
+        try:
+            with self._task_changed:
+                while not inflight.future.done() and not self._abandoned.is_set():
+                    self._task_changed.wait(0.5)
+            if self._abandoned.is_set():
+                return None
+            return inflight.future.result()
+        finally:
+            self._batch_group = None
 
     def _wake(self) -> None:
         with self._task_changed:
