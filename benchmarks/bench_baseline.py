@@ -3,7 +3,7 @@
 Run from the repository root::
 
     python -m benchmarks.bench_baseline           # full: 3 moves, 2 split-brain variants, warm+cold restart
-    python -m benchmarks.bench_baseline --quick   # 1 move, 1 split-brain variant, warm restart only
+    python -m benchmarks.bench_baseline --quick   # 1 move, 1 split-brain variant, warm restart only, 300k-key big state
     python -m benchmarks.bench_baseline --keep DIR   # keep checkpoints, outputs and logs
 
 Roughly 4-5 min full / 3 min quick on an idle 2-CPU machine (Spark start-up of 4-5
@@ -42,7 +42,18 @@ Scenarios, each on both systems (one after the other, never concurrently):
    emitted twice or by the zombie, final per-key counts that differ from the
    truth, query/checkpoint errors; for laminar `audit_store` duplicates.
 
-Output "first output" = spark-ss: a non-empty micro-batch file is in the output
+4. the same planned moves and killed worker at ~100 MB of state: both systems
+   first get the same 2.7M keys, each produced once (spark-ss: one source file,
+   its first micro-batch, on workers C and D; laminar: partition 1, committed
+   in batches of <= 1M events), then the same load.
+5. the ratios the targets are about, from the same run: laminar's planned-move
+   unavailability and kill recovery over spark-ss's warm-standby figures, at
+   ~1 MB (25,000 seeded keys, for both) and ~100 MB; target <= 0.5.
+
+laminar's two nodes both run with ``--standby-for 0,1``: the node that does not
+own a partition keeps a warm copy of it (laminar's warm standby), and the
+graceful and forced moves go to that copy; the no-standby figures are in
+`bench_migration`. Output "first output" = spark-ss: a non-empty micro-batch file is in the output
 directory; laminar: a manifest naming output is committed. The table is also
 written to ``benchmarks/results/baseline.txt``.
 """
@@ -1371,7 +1382,8 @@ def build_notes(res: Results) -> list[str]:
         lbm = res.lam_big_moves
         notes.append(
             f"4 laminar (~100 MB): unavailability {lst([m.unavailable_s for m in lbm])} s; launch -> Active "
-            f"{lst([m.total_s for m in lbm])} s; PLANNED: {' | '.join(m.planned_detail for m in lbm)}; new owner's "
+            f"{lst([m.total_s for m in lbm])} s; PLANNED bytes_moved {', '.join(str(m.planned_bytes) for m in lbm)}, "
+            f"{' | '.join(m.planned_detail for m in lbm)}; new owner's "
             f"restore: {restore_summary([m.restores for m in lbm])}"
         )
     if res.lam_big_kill is not None:

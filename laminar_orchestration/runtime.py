@@ -322,7 +322,10 @@ class PartitionWorker(threading.Thread):
             self._batch_thread.shutdown(wait=False)
             self._abandon_snapshot()
             if self.state_name in (WorkerState.REVOKED, WorkerState.RELEASED):
-                self.replica.destroy()  # another node owns the partition now
+                # Another node owns the partition now. It holds only committed state, so a standby
+                # of this node goes on from it instead of downloading the partition again.
+                if not self.node.follow_as_standby(self.replica):
+                    self.replica.destroy()
             else:
                 self.replica.close()  # a restart here checks it against the manifest before use
             shutil.rmtree(self._workdir, ignore_errors=True)
@@ -397,9 +400,12 @@ class PartitionWorker(threading.Thread):
                 return task
             current = self._publisher.current(self.partition)
             if current is not None:
+                stats = self.replica.catch_up(current.manifest)
                 # What the warm-up transfers is what this move moves: reported with the plan.
-                self._bytes_moved += self.replica.catch_up(current.manifest).bytes_downloaded
+                self._bytes_moved += stats.bytes_downloaded
                 self._committed_offset = self.replica.source_offset
+                if stats.full_restore or stats.deltas_applied:
+                    self._log_catch_up("warmed up", stats)
                 lag = max(0, current.manifest.source_offset - self.replica.source_offset)
                 if lag != self._warm_lag:
                     self._warm_lag = lag
@@ -529,17 +535,21 @@ class PartitionWorker(threading.Thread):
         self._snapshot = m.snapshot if m else None
         self._deltas = list(m.deltas) if m else []
         self._snapshot_ready = None
+        self._log_catch_up("restored", stats)
+        return stats
+
+    def _log_catch_up(self, what: str, stats: CatchUp) -> None:
         log.info(
-            "node %s: partition %s restored to offset %s (%s, %d bytes, %d deltas, %.0f ms)",
+            "node %s: partition %s %s to offset %s (%s, %d bytes, %d deltas, %.0f ms)",
             self.node.id,
             self.partition,
-            self._committed_offset,
+            what,
+            stats.source_offset,
             "snapshot + deltas" if stats.full_restore else "local store + deltas",
             stats.bytes_downloaded,
             stats.deltas_applied,
             stats.total_s * 1000,
         )
-        return stats
 
     def _sealed(self, token: FencingToken) -> ManifestVersion:
         """The chain sealed at `token.epoch`: sealed here if the granter died before it could.
@@ -957,15 +967,22 @@ class Node:
         """Follow every `standby_for` partition this node does not run."""
         for p in self.config.standby_for:
             pid = PartitionId(p)
-            if pid in self.workers or pid in self.standbys or self._stop.is_set():
-                continue
-            follower = StandbyFollower(
-                self.replica_for(pid), self.publisher, poll_s=self.config.standby_poll_s, node=self.id
-            )
-            with self._lock:
-                self.standbys[pid] = follower
-            follower.start()
-            log.info("node %s: following partition %s as a warm standby", self.id, p)
+            if pid not in self.workers and pid not in self.standbys:
+                self.follow_as_standby(self.replica_for(pid))
+
+    def follow_as_standby(self, replica: StateReplica) -> bool:
+        """Keep following `replica`'s partition if this node is a standby for it; False if it is not."""
+        pid = PartitionId(replica.partition)
+        if replica.partition not in self.config.standby_for or self._stop.is_set():
+            return False
+        follower = StandbyFollower(replica, self.publisher, poll_s=self.config.standby_poll_s, node=self.id)
+        with self._lock:
+            if pid in self.standbys:
+                return False
+            self.standbys[pid] = follower
+        follower.start()
+        log.info("node %s: following partition %s as a warm standby", self.id, replica.partition)
+        return True
 
     # -- lifecycle -------------------------------------------------------------------
 

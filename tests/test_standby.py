@@ -132,3 +132,24 @@ def test_a_graceful_move_warms_the_target_before_the_old_owner_drains(tmp_path: 
         restore = new.workers[P0].last_catch_up
         assert restore is not None and not restore.full_restore
     assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
+
+
+def test_an_owner_that_hands_a_partition_over_keeps_following_it_from_its_own_copy(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path / "store")
+    lineage = build_lineage(store)
+    fence_writer(store, lineage)
+    assign(store, 0, 1)
+    owner = ArrowNode(node_config(store, 1, tmp_path / "n1", standby_for=(0,)), store=store)
+    target = ArrowNode(node_config(store, 2, tmp_path / "n2"), store=store)
+    with running(owner), running(target):
+        wait_until(lambda: P0 in owner.workers and owner.workers[P0].token is not None, 30, "node 1 to run p0")
+        copy = owner.workers[P0].replica
+        coordinator = MigrationCoordinator(Ledger(store), MigrationConfig(migration_timeout_s=60))
+        assert coordinator.run(P0, NodeId(2)).phase == MigrationPhase.ACTIVE
+        wait_until(lambda: P0 in owner.standbys, 30, "node 1 to follow p0 as a standby")
+        # The released owner's own copy goes on as the standby: nothing is downloaded again.
+        assert owner.standbys[P0].replica is copy and copy.store is not None
+        SourceLog(store, segment_events=100).append(0, events(["shared"] * 10))
+        wait_until(lambda: committed_offset(store) == SourceLog(store).end_offset(0), 30, "node 2 to commit")
+        wait_until(lambda: _progress_lag(store, 1) == 0, 30, "node 1's standby to catch up")
+        assert replica_state(copy) == reference_state(store)
