@@ -662,9 +662,10 @@ class PartitionWorker(threading.Thread):
         reaches a job already submitted, and planning takes most of a small batch. An abandoned
         job winds down in the background; its files go with it.
         """
-        directory = self._workdir / f"batch-{batch.start_offset}"
-        files = batch.write_parquet(directory)
         self._batch_seq += 1
+        # Unique per attempt: an abandoned job of the same offsets removes only its own files.
+        directory = self._workdir / f"batch-{batch.start_offset}-{self._batch_seq}"
+        files = batch.write_parquet(directory)
         self._abandoned.clear()
         self._batch_group = group = f"laminar-n{self.node.id}-p{self.partition}-b{self._batch_seq}"
         # The cluster epoch this batch began under; its commit must still be inside the window.

@@ -731,3 +731,54 @@ def test_query_reads_the_snapshot_only_when_no_delta_holds_the_key(
     code = cli.main(["query", "--store", store.url, "--partition", "0", "--key", lineage.snapshot_only])
     assert code == 6
     assert "checkpoints/" in capsys.readouterr().err
+
+
+# --- an abandoned batch -----------------------------------------------------------------------------
+
+
+class _FirstBatchHangs(ArrowBatchEngine):
+    """The first aggregate blocks until released (a Spark job a cancel did not reach); later ones run at once."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.calls = 0
+
+    def aggregate(
+        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
+    ) -> pa.Table:
+        self.calls += 1
+        if self.calls == 1:
+            self.entered.set()
+            assert self.release.wait(30)
+        return super().aggregate(event_files, epoch=epoch, generation=generation, job_group=job_group)
+
+
+def test_an_abandoned_batch_is_dropped_at_once_and_the_same_events_commit_once(
+    local_store: ObjectStore, tmp_path: Path
+) -> None:
+    store = local_store
+    Ledger(store).init_cluster(1)
+    source = SourceLog(store, partitions=1)
+    source.append(0, events([f"k{i % 7}" for i in range(50)]))
+    assign(store, 0, 1)
+    engine = _FirstBatchHangs()
+
+    class HangingNode(ArrowNode):
+        def start_spark(self) -> None:
+            self.engine = engine
+
+    node = HangingNode(node_config(store, 1, tmp_path / "n1"), store=store)
+    with running(node):
+        assert engine.entered.wait(30), "the first batch never started"
+        worker = node.workers[P0]
+        started = time.monotonic()
+        worker.abandon_batch()  # what a drain or the kill-switch does
+        # The worker does not wait for the hung job: it reads the same events again at once.
+        wait_until(lambda: worker._batch_seq >= 2, 5, "the worker to start the batch again")
+        assert time.monotonic() - started < 1.0
+        engine.release.set()  # the abandoned job ends now, while the retry waits behind it
+        wait_until(lambda: committed_offset(store) == 50, 30, "the retried batch to commit")
+        assert worker.progress().error is None and not worker.finished
+    audit = audit_partition(store, P0)
+    assert audit.ok and audit.duplicates == 0 and audit.losses == 0, audit.issues
