@@ -1305,9 +1305,11 @@ class DrainBench:
             res = self.source.append(P0, events_table(10_000, seed=1000 + self.seed))
             first, end = res.first_offset, res.next_offset
         if scenario == "in-flight":
-            staged = w._workdir / f"batch-{first}"
-            # The worker read the segment and staged it for Spark: the batch is in flight.
-            wait_for(lambda: staged.exists() or w.progress().source_offset >= end, 10, "the batch to start")
+            # The worker read the segment and staged it for Spark (`batch-<start>-<attempt>`): in flight.
+            def staged() -> bool:
+                return any(w._workdir.glob(f"batch-{first}-*"))
+
+            wait_for(lambda: staged() or w.progress().source_offset >= end, 10, "the batch to start")
         commits_before = w.progress().commits
         wall0 = datetime.now(UTC)
         t0 = time.perf_counter()
