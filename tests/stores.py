@@ -8,18 +8,13 @@ from collections.abc import Iterator, Mapping
 from laminar_orchestration.store import ObjectMeta, ObjectStore, StoredObject
 
 
-class PausingStore(ObjectStore):
-    """Blocks the first create of `pause_key` until `resume` is set: a writer stalled mid-write."""
+class ForwardingStore(ObjectStore):
+    """Forwards every call to `inner`; a test wrapper overrides only the call it stages."""
 
-    def __init__(self, inner: ObjectStore, pause_key: str) -> None:
-        self.inner, self.url, self.pause_key = inner, inner.url, pause_key
-        self.reached, self.resume = threading.Event(), threading.Event()
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner, self.url = inner, inner.url
 
     def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
-        if key == self.pause_key and not self.reached.is_set():
-            self.reached.set()
-            if not self.resume.wait(30):
-                raise TimeoutError("PausingStore was never resumed")
         return self.inner.put_if_absent(key, data, metadata)
 
     def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
@@ -36,3 +31,19 @@ class PausingStore(ObjectStore):
 
     def list(self, prefix: str) -> Iterator[str]:
         return self.inner.list(prefix)
+
+
+class PausingStore(ForwardingStore):
+    """Blocks the first create of `pause_key` until `resume` is set: a writer stalled mid-write."""
+
+    def __init__(self, inner: ObjectStore, pause_key: str) -> None:
+        super().__init__(inner)
+        self.pause_key = pause_key
+        self.reached, self.resume = threading.Event(), threading.Event()
+
+    def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
+        if key == self.pause_key and not self.reached.is_set():
+            self.reached.set()
+            if not self.resume.wait(30):
+                raise TimeoutError("PausingStore was never resumed")
+        return self.inner.put_if_absent(key, data, metadata)

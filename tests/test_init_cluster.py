@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import pytest
 
@@ -10,35 +10,23 @@ from laminar_orchestration.errors import ErrorKind, InvalidArgument
 from laminar_orchestration.identity import MAX_PARTITIONS, PartitionId
 from laminar_orchestration.ledger import ClusterAlreadyInitialized, ClusterNotInitialized, Ledger
 from laminar_orchestration.records import CLUSTER_KEY, head_key
-from laminar_orchestration.store import ObjectMeta, ObjectStore, StoredObject
+from laminar_orchestration.store import ObjectStore
+
+from .stores import ForwardingStore
 
 
-class InterruptingStore(ObjectStore):
+class InterruptingStore(ForwardingStore):
     """Raises KeyboardInterrupt (Ctrl-C) instead of the `after`-th create: an init killed midway."""
 
     def __init__(self, inner: ObjectStore, after: int) -> None:
-        self.inner, self.url, self.left = inner, inner.url, after
+        super().__init__(inner)
+        self.left = after
 
     def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
         if self.left == 0:
             raise KeyboardInterrupt
         self.left -= 1
         return self.inner.put_if_absent(key, data, metadata)
-
-    def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
-        return self.inner.put_if_match(key, data, etag, metadata)
-
-    def delete_if_match(self, key: str, etag: str) -> None:
-        self.inner.delete_if_match(key, etag)
-
-    def get(self, key: str) -> StoredObject:
-        return self.inner.get(key)
-
-    def head(self, key: str) -> ObjectMeta | None:
-        return self.inner.head(key)
-
-    def list(self, prefix: str) -> Iterator[str]:
-        return self.inner.list(prefix)
 
 
 @pytest.mark.parametrize("partitions", [0, -1, MAX_PARTITIONS + 1, 100_000_000])
