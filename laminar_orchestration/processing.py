@@ -39,9 +39,6 @@ import pyarrow.parquet as pq
 from .errors import InvalidInputError
 from .statestore import ValueCodec
 
-#: What every output row carries besides the processor's own columns.
-OUTPUT_LINEAGE = ("epoch", "generation")
-
 Aggregate = Callable[[Any], Any]
 Merge = Callable[[pa.Table, pa.Table], pa.Table]
 
@@ -160,8 +157,6 @@ keyed_aggregation = KeyedProcessor(
     aggregate=_aggregate_counts,
     merge=_merge_counts,
 )
-
-Processor = KeyedProcessor
 
 
 def table_to_parquet_bytes(table: pa.Table) -> bytes:

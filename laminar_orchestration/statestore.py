@@ -39,9 +39,6 @@ _NUMPY_TYPES: dict[pa.DataType, str] = {
     pa.bool_(): "?",
 }
 
-#: The longest key the state accepts (bytes of UTF-8), matching the producer's limit.
-MAX_KEY_BYTES = 1024
-
 
 @dataclass
 class InvalidStateSchema(InvalidInputError):
