@@ -119,10 +119,13 @@ class WorkerState(enum.StrEnum):
 
 @dataclass(frozen=True)
 class _InFlight:
-    """A batch whose aggregate is running: its events, the job, and the cluster epoch it began under."""
+    """A batch whose aggregate is running: its events, the job, the epoch its records are stamped
+    with, its Spark job group and the cluster epoch it began under."""
 
     batch: SourceBatch
     future: Future[pa.Table]
+    epoch: int
+    group: str
     cluster_epoch: int
 
 
@@ -390,14 +393,21 @@ class PartitionWorker(threading.Thread):
         """Until the task allows Downloading, follow the chain like a standby and report the lag.
 
         The coordinator lets the old owner drain once the lag is small, so the
-        handoff itself only applies the old owner's last few deltas.
+        handoff itself only applies the old owner's last few deltas. Once the old
+        owner has drained (or was fenced), its committed offset is final: the
+        first batch's Spark work starts then, while the handoff is recorded.
         """
         self.state_name = WorkerState.WARMING
         self._done_for = self._task.migration_id if self._task else None
+        final: MigrationTask | None = None
         while True:
-            task = self._wait_phase(MigrationPhase.DOWNLOADING, timeout_s=self.node.config.standby_poll_s)
-            if task is not None:
-                return task
+            poll = self.node.config.standby_poll_s
+            if final is None:
+                final = self._wait_phase(MigrationPhase.CHECKPOINTING, timeout_s=poll)
+            else:
+                task = self._wait_phase(MigrationPhase.DOWNLOADING, timeout_s=poll)
+                if task is not None:
+                    return task
             current = self._publisher.current(self.partition)
             if current is not None:
                 stats = self.replica.catch_up(current.manifest)
@@ -410,6 +420,8 @@ class PartitionWorker(threading.Thread):
                 if lag != self._warm_lag:
                     self._warm_lag = lag
                     self.node.report_now()
+            if final is not None:
+                self._prefetch(final.to_epoch)
 
     def _draining_requested(self) -> bool:
         task = self._task
@@ -485,6 +497,7 @@ class PartitionWorker(threading.Thread):
         # Snapshot (files this node does not hold yet) + deltas: the restore is done with the download.
         stats = self._restore(manifest)
         self._report(MigrationPhase.DOWNLOADING, stats.bytes_downloaded)
+        self._prefetch(task.to_epoch)
         self._phase(MigrationPhase.RESTORING)
         self._report(MigrationPhase.RESTORING)
         task = self._phase(MigrationPhase.SEEKING)
@@ -502,7 +515,7 @@ class PartitionWorker(threading.Thread):
         self._install(token)
         self._takeover(manifest, released=released)
         self._report(MigrationPhase.SEEKING)
-        self._prefetch()
+        self._prefetch(token.epoch)
         self._phase(MigrationPhase.ACTIVE)
         log.info(
             "node %s: partition %s acquired at epoch %s (%s migration %s, offset %s)",
@@ -615,7 +628,13 @@ class PartitionWorker(threading.Thread):
         while not self._stop_requested.is_set() and not self._draining_requested():
             self._check()
             inflight, self._prefetched = self._prefetched, None
-            if inflight is None or inflight.batch.start_offset != self._committed_offset:
+            if inflight is not None and (
+                inflight.batch.start_offset != self._committed_offset or inflight.epoch != self.epoch
+            ):
+                # Started for a handoff that went differently (another offset or epoch): not ours to commit.
+                self._cancel(inflight)
+                inflight = None
+            if inflight is None:
                 batch = self.node.source.read(self.partition, self._committed_offset, cfg.batch_max_events)
                 if batch is None:
                     self._snapshot_step(idle=True)
@@ -649,13 +668,26 @@ class PartitionWorker(threading.Thread):
             self._snapshot_step(idle=False)
         self.state_name = WorkerState.DRAINING if not self._stop_requested.is_set() else self.state_name
 
-    def _prefetch(self) -> None:
-        """Start the first batch's Spark work before the move is recorded Active; it commits only after."""
+    def _prefetch(self, epoch: int) -> None:
+        """Start the first batch's Spark work as soon as the committed offset is final; it commits only
+        once the move is Active, and only if it began at the offset and epoch this worker then holds."""
+        current = self._prefetched
+        if current is not None and current.batch.start_offset == self._committed_offset and current.epoch == epoch:
+            return
+        if current is not None:
+            self._cancel(current)
+            self._prefetched = None
         batch = self.node.source.read(self.partition, self._committed_offset, self.node.config.batch_max_events)
         if batch is not None:
-            self._prefetched = self._start_batch(batch)
+            self._prefetched = self._start_batch(batch, epoch=epoch)
 
-    def _start_batch(self, batch: SourceBatch) -> _InFlight:
+    def _cancel(self, inflight: _InFlight) -> None:
+        """Drop a batch that will not be committed; its Spark job stops instead of using the CPU."""
+        if not inflight.future.done():
+            with contextlib.suppress(Exception):
+                self.node.engine.cancel(inflight.group)
+
+    def _start_batch(self, batch: SourceBatch, *, epoch: int | None = None) -> _InFlight:
         """Stage the batch's files and start its aggregate on this worker's batch thread.
 
         The thread lets the worker drop the batch without waiting for it: a Spark cancel only
@@ -670,8 +702,9 @@ class PartitionWorker(threading.Thread):
         self._batch_group = group = f"laminar-n{self.node.id}-p{self.partition}-b{self._batch_seq}"
         # The cluster epoch this batch began under; its commit must still be inside the window.
         cluster_epoch = self.node.cluster_epoch
+        epoch = self.epoch if epoch is None else epoch
         future = self._batch_thread.submit(
-            self.node.engine.aggregate, files, epoch=self.epoch, generation=self.node.generation, job_group=group
+            self.node.engine.aggregate, files, epoch=epoch, generation=self.node.generation, job_group=group
         )
 
         def finished(_: Future[pa.Table]) -> None:
@@ -679,7 +712,7 @@ class PartitionWorker(threading.Thread):
             self._wake()
 
         future.add_done_callback(finished)
-        return _InFlight(batch, future, cluster_epoch)
+        return _InFlight(batch, future, epoch, group, cluster_epoch)
 
     def _await_batch(self, inflight: _InFlight) -> pa.Table | None:
         """The batch's aggregate, or None as soon as the batch is abandoned (drain, stop, fence)."""
