@@ -168,6 +168,12 @@ class NodeView:
     alive: bool
     heartbeat_age_s: float
 
+    @classmethod
+    def judge(cls, record: NodeRecord, at: datetime | None = None) -> NodeView:
+        """`record` judged at `at` (now): alive while its heartbeat is younger than its own timeout."""
+        age = ((at or now()) - record.heartbeat_at).total_seconds()
+        return cls(record, record.status == NodeStatus.ALIVE and age <= record.heartbeat_timeout_s, age)
+
 
 def _encode(model: BaseModel) -> bytes:
     return model.model_dump_json().encode()
@@ -608,15 +614,8 @@ class Ledger:
     def nodes(self, *, at: datetime | None = None) -> list[NodeView]:
         """Every member node with its liveness (heartbeat younger than its timeout)."""
         ts = at or now()
-        views = []
-        for n in self.membership().members:
-            rec = self.node(NodeId(n))
-            if rec is None:
-                continue
-            age = (ts - rec.heartbeat_at).total_seconds()
-            alive = rec.status == NodeStatus.ALIVE and age <= rec.heartbeat_timeout_s
-            views.append(NodeView(rec, alive, age))
-        return views
+        records = (self.node(NodeId(n)) for n in self.membership().members)
+        return [NodeView.judge(rec, ts) for rec in records if rec is not None]
 
 
 class NodeHandle:

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .capabilities import LedgerWriter, ledger_key
 from .errors import ConflictError, OperationFailedError, UnavailableError
 from .identity import UNASSIGNED, NodeId, PartitionId
-from .ledger import EpochConflict, Ledger, LedgerError, parse_record
+from .ledger import EpochConflict, Ledger, LedgerError, NodeView, parse_record
 from .records import Record, new_write_id, now, partition_prefix
 from .store import PreconditionFailed
 
@@ -704,10 +704,9 @@ class MigrationCoordinator:
                 if done is not None and _PROGRESS_ORDER[MigrationPhase(done)] >= _PROGRESS_ORDER[phase]:
                     return PartitionProgressView(progress.bytes_moved)
             elapsed = time.monotonic() - start
-            if phase in SETTING_PHASES and record is not None:
-                view = next((v for v in self.ledger.nodes() if v.record.node == node), None)
-                if view is not None and not view.alive:
-                    raise OldOwnerCrashed(p, task.from_epoch)
+            # Judged from the record just read: no listing of every node on each poll.
+            if phase in SETTING_PHASES and record is not None and not NodeView.judge(record).alive:
+                raise OldOwnerCrashed(p, task.from_epoch)
             if elapsed > overall:
                 raise self._expire(task)
             if elapsed > limit:
