@@ -409,6 +409,9 @@ class PartitionWorker(threading.Thread):
                 if task is not None:
                     return task
             current = self._publisher.current(self.partition)
+            if final is not None:
+                # The batch needs the events, not the state: its Spark work overlaps the download.
+                self._prefetch(final.to_epoch, current.manifest.source_offset if current else 0)
             if current is not None:
                 stats = self.replica.catch_up(current.manifest)
                 # What the warm-up transfers is what this move moves: reported with the plan.
@@ -420,8 +423,6 @@ class PartitionWorker(threading.Thread):
                 if lag != self._warm_lag:
                     self._warm_lag = lag
                     self.node.report_now()
-            if final is not None:
-                self._prefetch(final.to_epoch)
 
     def _draining_requested(self) -> bool:
         task = self._task
@@ -497,7 +498,7 @@ class PartitionWorker(threading.Thread):
         # Snapshot (files this node does not hold yet) + deltas: the restore is done with the download.
         stats = self._restore(manifest)
         self._report(MigrationPhase.DOWNLOADING, stats.bytes_downloaded)
-        self._prefetch(task.to_epoch)
+        self._prefetch(task.to_epoch, self._committed_offset)
         self._phase(MigrationPhase.RESTORING)
         self._report(MigrationPhase.RESTORING)
         task = self._phase(MigrationPhase.SEEKING)
@@ -515,7 +516,7 @@ class PartitionWorker(threading.Thread):
         self._install(token)
         self._takeover(manifest, released=released)
         self._report(MigrationPhase.SEEKING)
-        self._prefetch(token.epoch)
+        self._prefetch(token.epoch, self._committed_offset)
         self._phase(MigrationPhase.ACTIVE)
         log.info(
             "node %s: partition %s acquired at epoch %s (%s migration %s, offset %s)",
@@ -668,16 +669,17 @@ class PartitionWorker(threading.Thread):
             self._snapshot_step(idle=False)
         self.state_name = WorkerState.DRAINING if not self._stop_requested.is_set() else self.state_name
 
-    def _prefetch(self, epoch: int) -> None:
-        """Start the first batch's Spark work as soon as the committed offset is final; it commits only
-        once the move is Active, and only if it began at the offset and epoch this worker then holds."""
+    def _prefetch(self, epoch: int, offset: int) -> None:
+        """Start the first batch's Spark work (from `offset`, stamped `epoch`) as soon as the committed
+        offset is final; it commits only once the move is Active, and only if it began at the offset
+        and epoch this worker then holds."""
         current = self._prefetched
-        if current is not None and current.batch.start_offset == self._committed_offset and current.epoch == epoch:
+        if current is not None and current.batch.start_offset == offset and current.epoch == epoch:
             return
         if current is not None:
             self._cancel(current)
             self._prefetched = None
-        batch = self.node.source.read(self.partition, self._committed_offset, self.node.config.batch_max_events)
+        batch = self.node.source.read(self.partition, offset, self.node.config.batch_max_events)
         if batch is not None:
             self._prefetched = self._start_batch(batch, epoch=epoch)
 
