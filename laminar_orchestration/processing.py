@@ -262,16 +262,16 @@ class SparkBatchEngine:
         self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
     ) -> pa.Table:
         """The processor's per-key aggregate of one batch. Jobs run in `job_group` so `cancel` can abandon them."""
-        from pyspark.sql import functions as F
-
         if job_group is not None:
             # Thread-local in PySpark's pinned-thread mode: only this batch's jobs join the group.
             self.spark.sparkContext.setJobGroup(job_group, "laminar batch", True)
         batch = (
             self.spark.read.schema(self._schema)
             .parquet(*[str(p) for p in event_files])
-            # One projection, not two: every call here is a round trip to the JVM.
-            .select("*", F.lit(epoch).cast("long").alias("epoch"), F.lit(generation).cast("long").alias("generation"))
+            # One call with SQL expressions: each Column built in Python is a round trip to the JVM.
+            .selectExpr(
+                "*", f"CAST({int(epoch)} AS BIGINT) AS epoch", f"CAST({int(generation)} AS BIGINT) AS generation"
+            )
         )
         table: pa.Table = self.processor.aggregate(batch).toArrow()
         return table
