@@ -3,13 +3,16 @@ moves whose target warms up before the old owner drains (nodes in-process, batch
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
 
 from laminar_orchestration.assignment import drive, failover_target, prepare_failover, warm_copies
 from laminar_orchestration.capabilities import CheckpointWriter, ReadStore
-from laminar_orchestration.chaos import ArrowNode
+from laminar_orchestration.chaos import ArrowBatchEngine, ArrowNode
 from laminar_orchestration.checkpoint import CheckpointStore
 from laminar_orchestration.fencing import PartitionGuard
 from laminar_orchestration.identity import NodeId
@@ -154,3 +157,78 @@ def test_an_owner_that_hands_a_partition_over_keeps_following_it_from_its_own_co
         wait_until(lambda: committed_offset(store) == SourceLog(store).end_offset(0), 30, "node 2 to commit")
         wait_until(lambda: _caught_up(store, 1), 30, "node 1's standby to catch up")
         assert replica_state(copy) == reference_state(store)
+
+
+class _SlowOwnerEngine(ArrowBatchEngine):
+    """Aggregates like `ArrowBatchEngine`; once `slow` is set, each batch stays in flight for seconds."""
+
+    def __init__(self) -> None:
+        self.slow = threading.Event()
+        self.in_flight = threading.Event()
+
+    def aggregate(
+        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
+    ) -> pa.Table:
+        if self.slow.is_set():
+            self.in_flight.set()
+            time.sleep(3)
+        return super().aggregate(event_files, epoch=epoch, generation=generation, job_group=job_group)
+
+
+class _RecordingEngine(ArrowBatchEngine):
+    """Aggregates like `ArrowBatchEngine` and records, per call, the epoch and the migration's recorded phase."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.coordinator = MigrationCoordinator(Ledger(store))
+        self.calls: list[tuple[int, MigrationPhase | None]] = []
+
+    def aggregate(
+        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
+    ) -> pa.Table:
+        task = self.coordinator.current(P0)
+        self.calls.append((epoch, task.phase if task else None))
+        return super().aggregate(event_files, epoch=epoch, generation=generation, job_group=job_group)
+
+
+def test_a_targets_first_batch_starts_once_the_old_owners_offset_is_final_and_commits_once(tmp_path: Path) -> None:
+    """The target aggregates the events the old owner left behind while the handoff is still being
+    recorded (before Seeking), stamped with its coming epoch; they are committed once, by the target."""
+    store = LocalObjectStore(tmp_path / "store")
+    lineage = build_lineage(store)
+    fence_writer(store, lineage)
+    assign(store, 0, 1)
+    old_engine, new_engine = _SlowOwnerEngine(), _RecordingEngine(store)
+
+    class OldNode(ArrowNode):
+        def start_spark(self) -> None:
+            self.engine = old_engine
+
+    class NewNode(ArrowNode):
+        def start_spark(self) -> None:
+            self.engine = new_engine
+
+    old = OldNode(node_config(store, 1, tmp_path / "n1"), store=store)
+    new = NewNode(node_config(store, 2, tmp_path / "n2"), store=store)
+    source = SourceLog(store, segment_events=100)
+    with running(old), running(new):
+        wait_until(lambda: P0 in old.workers and old.workers[P0].token is not None, 30, "node 1 to run p0")
+        source.append(0, events([f"k{i % 17}" for i in range(300)]))
+        wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 1 to commit")
+        final_offset = committed_offset(store)
+        old_engine.slow.set()
+        source.append(0, events([f"k{i % 5}" for i in range(50)]))
+        assert old_engine.in_flight.wait(30), "node 1 never started the batch the drain abandons"
+        coordinator = MigrationCoordinator(Ledger(store), MigrationConfig(migration_timeout_s=60))
+        task = coordinator.run(P0, NodeId(2))
+        assert task.phase == MigrationPhase.ACTIVE
+        wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 2 to commit")
+        early = {MigrationPhase.CHECKPOINTING, MigrationPhase.UPLOADING, MigrationPhase.RELEASED}
+        early |= {MigrationPhase.DOWNLOADING, MigrationPhase.RESTORING}
+        first = next(call for call in new_engine.calls if call[0] == task.to_epoch)
+        assert first[1] in early, new_engine.calls
+        history = ManifestReader(store).history(P0)
+        data = [m.manifest for m in history if m.manifest.outputs]
+        at_new_epoch = [m for m in data if m.fencing_token == task.to_epoch]
+        assert at_new_epoch and at_new_epoch[0].source_offset == source.end_offset(0)
+        assert max(m.source_offset for m in data if m.fencing_token < task.to_epoch) == final_offset
+    assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
