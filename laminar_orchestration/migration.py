@@ -34,6 +34,7 @@ from .capabilities import LedgerWriter, ledger_key
 from .errors import ConflictError, OperationFailedError, UnavailableError
 from .identity import UNASSIGNED, NodeId, PartitionId
 from .ledger import EpochConflict, Ledger, LedgerError, NodeView, parse_record
+from .manifest import ManifestReader
 from .records import Record, new_write_id, now, partition_prefix
 from .store import PreconditionFailed
 
@@ -132,6 +133,10 @@ class MigrationConfig(BaseModel):
     #: committed events (or after `warmup_timeout_s`), so the handoff applies only a few deltas.
     warm_lag_events: int = Field(default=10_000, ge=0)
     warmup_timeout_s: float = Field(default=10.0, ge=0)
+    #: Then the drain is asked for right after the old owner's next data commit (waiting at most this
+    #: long, and at most three of its commit intervals; 0 = at once): its output stops as late as possible
+    #: and the batch the drain abandons has barely begun. A partition with no commit due drains at once.
+    drain_alignment_s: float = Field(default=1.0, ge=0)
 
 
 class MigrationTask(Record):
@@ -610,7 +615,8 @@ class MigrationCoordinator:
             if task.migration_kind != MigrationKind.GRACEFUL:
                 return PhaseReport(phase, time.monotonic() - started, 0, "planned")
             detail, warmed = self._wait_warm(task)
-            return PhaseReport(phase, time.monotonic() - started, warmed, detail)
+            aligned = self._align_drain(task)
+            return PhaseReport(phase, time.monotonic() - started, warmed, f"{detail}; {aligned}")
         progress = self._wait_for_node(task, phase)
         return PhaseReport(
             phase,
@@ -641,6 +647,39 @@ class MigrationCoordinator:
                 return f"target node {task.to_node} not warm after {limit:.1f}s: the handoff transfers the rest", warmed
             self._still_running(task, MigrationPhase.PLANNED)
             time.sleep(self.poll_interval_s)
+
+    def _align_drain(self, task: MigrationTask) -> str:
+        """Wait for the old owner's next data commit, so the drain follows it at once.
+
+        Bounded by `drain_alignment_s` and by three times the interval between its last two
+        commits: a partition that stopped committing (no traffic) drains at once.
+        """
+        p = PartitionId(task.partition)
+        reader = ManifestReader(self.ledger.store)
+        last = reader.current(p)
+        limit = min(self.config.drain_alignment_s, seconds_left(task))
+        if limit <= 0 or last is None:
+            return "drain asked at once"
+        # The last two data commits (seals and snapshot-only entries carry no output) give the cadence.
+        commits = [last.manifest] if last.manifest.outputs else []
+        seq = last.manifest.seq
+        while len(commits) < 2 and seq > 1 and last.manifest.seq - seq < 8:
+            seq -= 1
+            entry = reader.entry(p, seq)
+            if entry is not None and entry.manifest.outputs:
+                commits.append(entry.manifest)
+        if len(commits) < 2:
+            return "drain asked at once (no recent commits)"
+        interval = (commits[0].committed_at - commits[1].committed_at).total_seconds()
+        deadline = commits[0].committed_at + timedelta(seconds=min(limit, max(3 * interval, 0.25)))
+        stop = time.monotonic() + limit  # the commit times come from the node's clock: bounded here too
+        while now() < deadline and time.monotonic() < stop:
+            current = reader.current(p)
+            if current is not None and current.manifest.seq > last.manifest.seq and current.manifest.outputs:
+                return f"drain asked right after the old owner's commit at offset {current.manifest.source_offset}"
+            time.sleep(self.poll_interval_s)
+        self._still_running(task, MigrationPhase.PLANNED)
+        return "drain asked at once (no commit due)"
 
     def _fence_old_owner(self, task: MigrationTask) -> None:
         p = PartitionId(task.partition)
