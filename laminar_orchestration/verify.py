@@ -21,6 +21,7 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -64,11 +65,42 @@ class PartitionAudit:
 
     @property
     def ok(self) -> bool:
+        """True when the audit found nothing wrong."""
         return not self.issues
 
+    def to_json(self) -> dict[str, Any]:
+        """The audit as plain JSON (what `laminar verify --json` prints per partition)."""
+        return {
+            "partition": self.partition,
+            "committed_offset": self.committed_offset,
+            "events_in_source": self.events_in_source,
+            "manifests": self.manifests,
+            "epochs_granted": self.epochs_granted,
+            "duplicates": self.duplicates,
+            "losses": self.losses,
+            "orphan_outputs": self.orphan_outputs,
+            "issues": [vars(i) for i in self.issues],
+        }
 
-def _fold(events: pa.Table) -> pa.Table:
-    """Reference keyed aggregation in pyarrow: count, sum, min, max, last by offset."""
+    def summary_lines(self) -> list[str]:
+        """The audit for a reader: one line of figures and verdict, then one line per issue."""
+        verdict = "ok" if self.ok else f"{len(self.issues)} PROBLEMS"
+        lines = [
+            f"partition {self.partition}: committed {self.committed_offset}/{self.events_in_source} events, "
+            f"{self.manifests} manifests, {self.epochs_granted} epochs: {verdict}"
+        ]
+        for i in self.issues:
+            where = f" [{i.start_offset}, {i.end_offset})" if i.start_offset is not None else ""
+            lines.append(f"  {i.kind}{where}: {i.detail}")
+        return lines
+
+
+def reference_fold(events: pa.Table) -> pa.Table:
+    """The default keyed aggregation of `events` in pyarrow, without Spark: count, sum, min, max, last by offset.
+
+    The audit's expectation of the committed state, and the Spark-free batch
+    aggregate of test and chaos nodes (`reference_batch_aggregate`).
+    """
     if events.num_rows == 0:
         return empty_state()
     ordered = events.sort_by("offset")
@@ -94,6 +126,12 @@ def _fold(events: pa.Table) -> pa.Table:
         },
         schema=STATE_SCHEMA,
     )
+
+
+def reference_batch_aggregate(events: pa.Table) -> pa.Table:
+    """`reference_fold` of one batch, named as the default processor's batch aggregate (``batch_count``, ...)."""
+    fold = reference_fold(events)
+    return fold.rename_columns(["key", *(f"batch_{name}" for name in fold.column_names[1:])])
 
 
 def _as_dict(table: pa.Table, columns: Iterable[str]) -> dict[str, tuple[object, ...]]:
@@ -212,7 +250,7 @@ def audit_partition(store: ObjectStore, partition: PartitionId, *, ledger: Ledge
     audit.events_in_source = events.num_rows
     if "key" in events.column_names:
         events = events.filter(pc.less(events["offset"], committed))
-        expected = _fold(events)
+        expected = reference_fold(events)
     else:
         expected = empty_state()
     audit.events_committed = committed
@@ -322,7 +360,7 @@ def audit_epoch_history(
     stale. Seal entries (no outputs, the previous offset, node 0 for a fence to
     "unassigned") are neither writers nor stale. Object times come from their
     ULIDs, so this needs the writers' clocks to agree (one machine, as in
-    `laminar chaos`). Lists the store: an audit path.
+    the chaos suite). Lists the store: an audit path.
     """
     ledger = ledger or Ledger(store)
     result = EpochHistoryAudit(partition)

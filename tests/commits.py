@@ -21,18 +21,12 @@ from laminar_orchestration.processing import keyed_aggregation
 from laminar_orchestration.replica import StateReplica
 from laminar_orchestration.source import SourceLog
 from laminar_orchestration.store import ObjectStore
-from laminar_orchestration.verify import _fold
-
-
-def batch_aggregate(events: pa.Table) -> pa.Table:
-    """The default processor's Spark aggregate, computed with pyarrow: the reference fold of the batch alone."""
-    fold = _fold(events)
-    return fold.rename_columns(["key", *(f"batch_{name}" for name in fold.column_names[1:])])
+from laminar_orchestration.verify import reference_batch_aggregate
 
 
 def fold_output(events: pa.Table, replica: StateReplica, epoch: int) -> pa.Table:
     """The output rows the default processor commits for `events` on top of `replica`'s state."""
-    aggregate = batch_aggregate(events)
+    aggregate = reference_batch_aggregate(events)
     assert replica.store is not None
     previous = replica.store.get_many(aggregate["key"].to_pylist())
     return keyed_aggregation.fold(aggregate, previous, epoch=epoch, generation=1).output
@@ -59,7 +53,7 @@ def commit_all(
         snapshot, deltas = (m.snapshot, list(m.deltas)) if m else (None, [])
         offset = m.source_offset if m else 0
         for n, batch in enumerate(source.iter_batches(token.partition, offset, 50_000), start=1):
-            aggregate = batch_aggregate(batch.to_table())
+            aggregate = reference_batch_aggregate(batch.to_table())
             assert replica.store is not None
             previous = replica.store.get_many(aggregate["key"].to_pylist())
             fold = keyed_aggregation.fold(aggregate, previous, epoch=token.epoch, generation=1)

@@ -22,9 +22,9 @@ from laminar_orchestration.processing import keyed_aggregation
 from laminar_orchestration.replica import StateReplica, committed_state
 from laminar_orchestration.source import SourceLog, generate_events
 from laminar_orchestration.store import ObjectStore
-from laminar_orchestration.verify import audit_store
+from laminar_orchestration.verify import audit_store, reference_batch_aggregate
 
-from .commits import batch_aggregate, commit_all
+from .commits import commit_all
 
 TWO_DAYS_S = 2 * 24 * 3600.0
 
@@ -80,7 +80,7 @@ def test_sweep_never_deletes_what_a_stalled_owner_is_about_to_publish(
         replica = StateReplica(Path(tmp), 0, keyed_aggregation.state_schema, ReadStore(store))
         replica.catch_up(last.manifest)
         assert replica.store is not None
-        aggregate = batch_aggregate(batch.to_table())
+        aggregate = reference_batch_aggregate(batch.to_table())
         fold = keyed_aggregation.fold(
             aggregate, replica.store.get_many(aggregate["key"].to_pylist()), epoch=token.epoch, generation=1
         )
