@@ -48,15 +48,18 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, TextIO
 
-from .assignment import Move, MoveOutcome, live_node_ids, ownership_map, plan_assignment, run_migration, run_moves
 from .errors import OperationFailedError
 from .identity import UNASSIGNED, PartitionId
 from .ledger import Ledger
 from .manifest import ManifestReader
-from .migration import DesiredStates, MigrationConfig, MigrationCoordinator, PhaseReport
+from .migration import MigrationConfig, PhaseReport
+from .moves import MoveOutcome
+from .ownership import live_node_ids, migrations_in_flight, ownership_map, snapshot_cluster
+from .planning import plan_rebalance, run_rebalance
 from .records import GrantKind
 from .source import SourceLog, generate_events
 from .store import StoreError, open_store
+from .verify import audit_store
 
 __all__ = [
     "DEFAULT_PORT",
@@ -131,12 +134,22 @@ class DemoOptions:
             raise ValueError("--heartbeat-timeout must be > 0")
 
 
-def find_code_location() -> Path | None:
-    """The repo root holding ``workspace.yaml`` and ``definitions.py``, or None when the
-    package is installed somewhere else (then there is no Dagster code location to run)."""
-    root = Path(__file__).resolve().parent.parent
-    if (root / "workspace.yaml").is_file() and (root / "definitions.py").is_file():
-        return root
+#: What makes a directory the Dagster code location: the workspace and the definitions beside it.
+CODE_LOCATION_FILES = ("workspace.yaml", "definitions.py")
+
+
+def find_code_location(start: Path | None = None) -> Path | None:
+    """The repository checkout holding the Dagster code location (``workspace.yaml``, ``definitions.py``).
+
+    The code location (``assets/``, ``jobs/``, ``sensors/``, ``resources/``) is
+    part of the repository, not of the installed package: it is looked for in
+    `start` (default: the working directory) and its parents, then beside the
+    package (an editable install). None when neither holds it.
+    """
+    here = (start or Path.cwd()).resolve()
+    for root in (here, *here.parents, Path(__file__).resolve().parent.parent):
+        if all((root / name).is_file() for name in CODE_LOCATION_FILES):
+            return root
     return None
 
 
@@ -461,7 +474,7 @@ class Demo:
 
     def _start(self) -> None:
         opts = self.options
-        self.code_location = find_code_location() if opts.dagster else None
+        self.code_location = find_code_location(opts.base_dir) if opts.dagster else None
         dagster_bins = self._dagster_executables() if opts.dagster else None
         if self.code_location is not None and dagster_bins is not None:
             _check_port_free(opts.port)  # before anything is created or started
@@ -496,10 +509,11 @@ class Demo:
         self._banner()
 
     def _dagster_executables(self) -> tuple[str, str] | None:
-        if find_code_location() is None:
+        if self.code_location is None:
+            where = (self.options.base_dir or Path.cwd()).resolve()
             self.say(
-                "  no Dagster: workspace.yaml was not found next to the laminar_orchestration package "
-                f"({Path(__file__).resolve().parent.parent}); the package is installed outside the repo. "
+                "  no Dagster: the Dagster code location (workspace.yaml, definitions.py, assets/, jobs/, sensors/) "
+                f"is part of the repository checkout, not the installed package, and {where} is not in one. "
                 "Run the demo from a checkout (scripts/demo.sh) for the Dagster UI."
             )
             return None
@@ -565,26 +579,14 @@ class Demo:
     def _place_partitions(self) -> None:
         """Put every partition on a live node: `laminar rebalance`'s plan, carried out the same way."""
         assert self.ledger is not None
-        ledger = self.ledger
-        live = live_node_ids(ledger)
-        plan = plan_assignment(ownership_map(ledger), live)
+        plan = plan_rebalance(self.ledger)
         if not plan.moves:
             self.say("placement: every partition is already on a live node")
             return
-        self.say(f"placing {len(plan.moves)} partition(s) on nodes {sorted(live)} (as `laminar rebalance` does):")
-        ledger.bump_cluster_epoch(f"laminar demo: {len(plan.moves)} move(s)")
-        config = MigrationConfig()
-
-        def move_one(move: Move) -> list[PhaseReport]:
-            reports: list[PhaseReport] = []
-            run_migration(
-                MigrationCoordinator(ledger, config),
-                move.partition,
-                move.to_node,
-                forced=None if move.from_node in live else True,
-                on_phase=reports.append,
-            )
-            return reports
+        self.say(
+            f"placing {_plural(len(plan.moves), 'partition')} on nodes {sorted(plan.live_nodes)} "
+            "(as `laminar rebalance` does):"
+        )
 
         def done(outcome: MoveOutcome[list[PhaseReport]]) -> None:
             m = outcome.move
@@ -597,7 +599,8 @@ class Demo:
                 f"in {outcome.duration_s:.1f}s: {verdict}"
             )
 
-        run_moves(plan.moves, move_one, config.max_concurrent_migrations, live_nodes=live, on_done=done)
+        reason = f"laminar demo: {_plural(len(plan.moves), 'move')}"
+        run_rebalance(self.ledger, plan, MigrationConfig(), reason=reason, on_done=done)
 
     def _banner(self) -> None:
         assert self.ledger is not None
@@ -703,33 +706,23 @@ class Demo:
 
     def _rows(self) -> list[_PartitionRow]:
         assert self.ledger is not None
-        ledger = self.ledger
-        manifests = ManifestReader(ledger.store)
-        source = SourceLog(ledger.store, partitions=self.partitions)
-        desired = DesiredStates(ledger).all()
         at = time.monotonic()
-        committed: dict[int, int] = {}
+        snapshot = snapshot_cluster(self.ledger)
+        committed = {p.partition: p.committed_offset or 0 for p in snapshot.partitions}
+        prev = self._last_sample
         rows = []
-        for pid, own in ledger.ownerships(ledger.partitions()).items():
-            p = int(pid)
-            current = manifests.current(pid)
-            committed[p] = current.manifest.source_offset if current else 0
-            status = own.status.value if own else "unknown"
-            task = desired[pid].migration if pid in desired else None
-            if task is not None and not task.is_terminal:
-                status = f"{task.migration_kind} {task.from_node or '-'}→{task.to_node} ({task.phase})"
+        for p in snapshot.partitions:
             rate = None
-            prev = self._last_sample
-            if prev is not None and p in prev.committed and at > prev.at:
-                rate = (committed[p] - prev.committed[p]) / (at - prev.at)
+            if prev is not None and p.partition in prev.committed and at > prev.at:
+                rate = (committed[p.partition] - prev.committed[p.partition]) / (at - prev.at)
             rows.append(
                 _PartitionRow(
-                    partition=p,
-                    owner=int(own.owner) if own else UNASSIGNED,
-                    epoch=own.epoch if own else 0,
-                    status=status,
-                    committed=committed[p],
-                    end=source.end_offset(p),
+                    partition=p.partition,
+                    owner=p.owner,
+                    epoch=p.epoch,
+                    status=p.phase_text(),
+                    committed=committed[p.partition],
+                    end=p.log_end or 0,
                     rate=rate,
                 )
             )
@@ -787,7 +780,7 @@ class Demo:
             else:
                 state = f"NO HEARTBEAT for {view.heartbeat_age_s:.0f}s"
             held = sum(1 for r in rows if r.owner == n)
-            nodes.append(f"node {n} {state} ({held} partition{'' if held == 1 else 's'})")
+            nodes.append(f"node {n} {state} ({_plural(held, 'partition')})")
         out.append("nodes: " + " · ".join(nodes))
         self.say("\n".join(out) + "\n")
 
@@ -852,10 +845,7 @@ class Demo:
         if self.ledger is None:
             return False
         try:
-            return any(
-                d.migration is not None and not d.migration.is_terminal
-                for d in DesiredStates(self.ledger).all().values()
-            )
+            return bool(migrations_in_flight(self.ledger))
         except StoreError:
             return False
 
@@ -888,18 +878,24 @@ class Demo:
     def _final_report(self) -> bool:
         if self.ledger is None or not self.nodes:
             return False  # nothing ran: nothing to audit
-        from .cli import main as cli_main
-
         with contextlib.suppress(StoreError):
             self._print_table(final=True)
         self.say("laminar verify:")
-        with self._print_lock, contextlib.redirect_stdout(self.out):
-            code = cli_main(["verify", "--store", self.store_url])
+        audits = audit_store(self.ledger.store)
+        for audit in audits:
+            for line in audit.summary_lines():
+                self.say(line)
+        ok = all(a.ok for a in audits)
+        self.say("verify: OK" if ok else "verify: FAILED")
         self.say()
         self.say(f"store  {self.store_url}")
         self.say(f"logs   {self.demo_dir}/")
         self.say(f"next   laminar report --store {self.store_url}   # the ownership timeline as HTML")
-        return code == 0
+        return ok
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _absolute_store_url(url: str) -> str:

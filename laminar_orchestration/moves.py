@@ -312,4 +312,3 @@ def prepare_failover(
     task = coordinator.plan(p, NodeId(target), forced=True)
     reason = f"forced migration {task.migration_id}: node {own.owner} -> {target}"
     return FailoverDecision(task, reason, superseded)
-

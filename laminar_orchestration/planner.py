@@ -281,4 +281,3 @@ def schedule_waves(
             waves.append([move])
             usage.append(Counter(nodes))
     return waves
-

@@ -32,14 +32,17 @@ from .ledger import Ledger
 from .manifest import ManifestReader
 from .records import EpochGrant, GrantKind, NodeStatus, now
 from .source import SourceLog
+from .store import LocalObjectStore, ObjectStore
 
 __all__ = [
     "EpochSpan",
     "NodeSummary",
     "PartitionSummary",
+    "REPORT_FILE_NAME",
     "ReportFiles",
     "TimelineReport",
     "collect_report",
+    "default_report_path",
     "node_color",
     "render_html",
     "render_png",
@@ -442,7 +445,7 @@ def _lane(svg: _Svg, part: PartitionSummary, top: float, index: int) -> None:
             f"{'node ' + str(span.node) if span.node else 'nobody'} at epoch {span.epoch}"
             + (f" (from node {span.previous_owner})" if span.previous_owner else "")
             + f", {_iso(span.granted_at)} UTC"
-            + (f": {span.reason}" if span.reason else "")
+            + (f": {_reason_text(span)}" if span.reason else "")
         )
         svg.add(
             f'<g class="marker {span.transition}" data-partition="{span.partition}" data-epoch="{span.epoch}" '
@@ -462,10 +465,10 @@ def _bar(svg: _Svg, span: EpochSpan, y: float) -> None:
     who = f"node {span.node}" if span.node else "nobody"
     held = (held_until - span.granted_at).total_seconds()
     title = (
-        f"partition {span.partition} · epoch {span.epoch} · {who} · {span.grant_kind}\n"
+        f"partition {span.partition} · epoch {span.epoch} · {who} · {_grant_kind_text(span)}\n"
         f"granted {_iso(span.granted_at)} UTC, held {_duration(held)}"
         + (f", released {_iso(span.released_at)} UTC" if span.released_at else "")
-        + (f"\n{span.reason}" if span.reason else "")
+        + (f"\n{_reason_text(span)}" if span.reason else "")
     )
     svg.add(
         f'<rect class="bar" data-partition="{span.partition}" data-epoch="{span.epoch}" data-node="{span.node}" '
@@ -622,6 +625,17 @@ def _offsets_table(report: TimelineReport) -> Iterator[str]:
     yield "</tbody></table>"
 
 
+def _grant_kind_text(span: EpochSpan) -> str:
+    # A placement is granted the way a forced move is (a fence of node 0, "unassigned"), but nobody is fenced.
+    return PLACEMENT if span.transition == PLACEMENT else span.grant_kind
+
+
+def _reason_text(span: EpochSpan) -> str:
+    if span.transition == PLACEMENT:
+        return span.reason.replace(f"fence node {UNASSIGNED}", f"place on node {span.node}")
+    return span.reason
+
+
 def _grants_table(report: TimelineReport) -> Iterator[str]:
     yield (
         '<table class="grants"><thead><tr><th class="num">partition</th><th class="num">epoch</th><th>node</th>'
@@ -634,8 +648,8 @@ def _grants_table(report: TimelineReport) -> Iterator[str]:
         yield (
             f'<tr data-partition="{s.partition}" data-epoch="{s.epoch}"><td class="num">{s.partition}</td>'
             f'<td class="num">{s.epoch}</td><td>{_node_cell(s.node)}</td>'
-            f'<td><code>{_esc(s.grant_kind)}</code> <span class="tag {s.transition}">{s.transition}</span></td>'
-            f'<td>{_node_cell(s.previous_owner)}</td><td class="reason">{_esc(s.reason) or "-"}</td>'
+            f'<td><code>{_esc(_grant_kind_text(s))}</code> <span class="tag {s.transition}">{s.transition}</span></td>'
+            f'<td>{_node_cell(s.previous_owner)}</td><td class="reason">{_esc(_reason_text(s)) or "-"}</td>'
             f"<td>{_esc(_iso(s.granted_at))}</td><td>{_esc(_iso(s.released_at))}</td>"
             f'<td class="num">{_esc(held)}</td></tr>'
         )
@@ -769,14 +783,28 @@ def render_png(report: TimelineReport, path: Path) -> bool:
     return True
 
 
+#: The report's file name when no path is given.
+REPORT_FILE_NAME = "laminar-report.html"
+
+
+def default_report_path(store: ObjectStore) -> Path:
+    """Where the report goes when no path is given: beside a local store's directory (for the
+    demo, its demo directory), else under ``./.laminar/`` (git-ignored) for a remote store."""
+    if isinstance(store, LocalObjectStore):
+        return store.root.parent / REPORT_FILE_NAME
+    return Path.cwd() / ".laminar" / REPORT_FILE_NAME
+
+
 @dataclass(frozen=True)
 class ReportFiles:
     """What `write_report` wrote."""
 
     report: TimelineReport
     html: Path
-    #: None when matplotlib is not importable (or no PNG was asked for).
+    #: None when no PNG was written; `png_skipped` says why.
     png: Path | None
+    #: Why no PNG was written (matplotlib missing, or none asked for); None when one was.
+    png_skipped: str | None = None
 
 
 def write_report(ledger: Ledger, out: Path, *, png: bool = True) -> ReportFiles:
@@ -785,6 +813,9 @@ def write_report(ledger: Ledger, out: Path, *, png: bool = True) -> ReportFiles:
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_html(report), encoding="utf-8")
+    if not png:
+        return ReportFiles(report, out, None, "no PNG asked for")
     png_path = out.with_suffix(".png")
-    wrote_png = png and render_png(report, png_path)
-    return ReportFiles(report, out, png_path if wrote_png else None)
+    if not render_png(report, png_path):
+        return ReportFiles(report, out, None, "matplotlib is not installed (pip install matplotlib)")
+    return ReportFiles(report, out, png_path)

@@ -38,7 +38,7 @@ def build_history(root: Path) -> Ledger:
     Partition 2: never granted."""
     ledger = Ledger(LocalObjectStore(root / "store"))
     ledger.init_cluster(3)
-    token = ledger.fence(P(0), N(1), expected_epoch=0, reason="placement")
+    token = ledger.fence(P(0), N(1), expected_epoch=0, reason="migration m0: fence node 0")
     assert token is not None
     time.sleep(0.05)
     ledger.release(token, commit_ulid=None, source_offset=0)
@@ -116,27 +116,33 @@ def test_tables_list_every_grant_and_the_committed_offsets(tmp_path: Path) -> No
     row = dict(((p, e), cells) for p, e, cells in grants)
     assert "node 3" in row["0", "3"] and "fence" in row["0", "3"] and "node 2 stopped heartbeating" in row["0", "3"]
     assert "acquire" in row["0", "2"] and "migration 1 -&gt; 2" in row["0", "2"]
+    # A placement takes the partition from nobody: neither its kind nor its reason speaks of a fence.
+    assert "<code>placement</code>" in row["0", "1"] and "fence" not in row["0", "1"]
+    assert "migration m0: place on node 1" in row["0", "1"]
     offsets = dict(re.findall(r'<tr data-partition="(\d+)">(.*?)</tr>', page, re.S))
     assert '<td class="num committed">600</td>' in offsets["1"]
     assert '<td class="num">1,000</td>' in offsets["1"]  # source end
     assert '<td class="num committed">0</td>' in offsets["2"]
 
 
-def test_cli_writes_the_report_to_the_working_directory(tmp_path: Path) -> None:
+def test_cli_writes_the_report_beside_the_local_store(tmp_path: Path) -> None:
     build_history(tmp_path)
     url = (tmp_path / "store").as_uri()
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
     run = subprocess.run(
         [sys.executable, "-m", "laminar_orchestration.cli", "report", "--store", url],
         capture_output=True,
         text=True,
-        cwd=tmp_path,
+        cwd=elsewhere,
         env=os.environ.copy(),
         timeout=120,
     )
     assert run.returncode == 0, run.stderr
     out = tmp_path / "laminar-report.html"
     assert f"wrote {out}" in run.stdout
-    assert "3 partitions, 4 epochs (1 migrations, 1 failovers)" in run.stdout
+    assert "3 partitions, 4 epochs (1 migration, 1 failover)" in run.stdout
+    assert not list(elsewhere.iterdir())  # nothing in the working directory
     page = out.read_text()
     assert (
         page.startswith("<!doctype html>")
@@ -145,7 +151,7 @@ def test_cli_writes_the_report_to_the_working_directory(tmp_path: Path) -> None:
     )  # self-contained: nothing loaded from elsewhere
     png = tmp_path / "laminar-report.png"
     if importlib.util.find_spec("matplotlib") is None:
-        assert not png.exists()
+        assert not png.exists() and "no PNG: matplotlib is not installed" in run.stdout
     else:
         assert f"wrote {png}" in run.stdout and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

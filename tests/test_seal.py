@@ -18,7 +18,6 @@ import pytest
 from laminar_orchestration import manifest
 from laminar_orchestration.capabilities import OutputCommitter, manifest_key
 from laminar_orchestration.chaos import ArrowBatchEngine, ArrowNode
-from laminar_orchestration.cli import status_report
 from laminar_orchestration.fencing import EpochError, FencingToken
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger
@@ -31,6 +30,7 @@ from laminar_orchestration.manifest import (
     next_ulid,
 )
 from laminar_orchestration.migration import DesiredStates
+from laminar_orchestration.ownership import snapshot_cluster
 from laminar_orchestration.records import PartitionProgress
 from laminar_orchestration.replica import CatchUp
 from laminar_orchestration.runtime import NodeConfig, PartitionWorker, WorkerState
@@ -213,7 +213,7 @@ def test_a_failing_partition_backs_off_and_publishes_no_manifest_per_restart(tmp
                 seen.append(progress)
             time.sleep(0.02)
         reported = ledger.node(N(1))
-        status = status_report(ledger)
+        status = snapshot_cluster(ledger)
     finally:
         node.stop()
         runner.join(30)
@@ -229,5 +229,5 @@ def test_a_failing_partition_backs_off_and_publishes_no_manifest_per_restart(tmp
     assert len(counts) <= 7, counts
     assert all(p.last_failure is not None and "poison batch" in p.last_failure for p in seen)
     assert reported is not None and reported.partitions[0].consecutive_failures >= 1
-    row = status["partitions"][0]
-    assert row["failures"] >= 1 and "poison batch" in row["last_failure"]
+    row = status.partitions[0]
+    assert row.failures >= 1 and row.last_failure is not None and "poison batch" in row.last_failure

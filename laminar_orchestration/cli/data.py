@@ -1,0 +1,198 @@
+"""The data plane's commands: run a node, produce events, query the state, verify, sweep."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ..errors import InvalidArgument
+from .base import (
+    STORE_HELP,
+    Command,
+    check_at_least,
+    check_node_id,
+    check_partition,
+    open_ledger,
+    parse_partition_list,
+)
+from .output import Output
+
+__all__ = ["NodeRun", "Produce", "Query", "Sweep", "Verify"]
+
+
+class NodeRun(Command):
+    name = "node"
+    help = "run a worker node"
+
+    def register(self, sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+        # `laminar node run`: a group of one today, room for node subcommands later.
+        node = sub.add_parser(self.name, help=self.help, description=self.help)
+        node_sub = node.add_subparsers(dest="node_command", required=True, metavar="NODE_COMMAND")
+        run = node_sub.add_parser("run", help="run a long-lived worker node (Ctrl-C / SIGTERM drains it)")
+        run.add_argument("--store", default=None, help=STORE_HELP)
+        self.add_arguments(run)
+        run.set_defaults(command=self)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--node-id", type=int, required=True, help="this node's id (>= 1)")
+        parser.add_argument("--spark-master", default="local[*]", help="Spark master URL (default local[*])")
+        parser.add_argument("--spark-ui", action="store_true", help="enable the Spark UI (off by default)")
+        parser.add_argument("--heartbeat-timeout", type=float, default=6.0, help="seconds without heartbeat = dead")
+        parser.add_argument("--refresh-interval", type=float, default=1.5, help="guard refresh (kill-switch) seconds")
+        parser.add_argument("--batch-max-events", type=int, default=1_000_000, help="events per micro-batch at most")
+        parser.add_argument("--checkpoint-every-batches", type=int, default=10, help="state snapshot every K batches")
+        parser.add_argument("--checkpoint-every-s", type=float, default=30.0, help="state snapshot every T seconds")
+        parser.add_argument(
+            "--standby-for",
+            default="",
+            metavar="P[,P...]",
+            help="keep a warm standby copy of these partitions while another node owns them (failovers prefer it)",
+        )
+
+    def run(self, args: argparse.Namespace, out: Output) -> int:
+        from ..runtime import NodeConfig, run_node  # Spark and the runtime load only for this command
+
+        check_node_id("--node-id", args.node_id)
+        positive = {
+            "--heartbeat-timeout": args.heartbeat_timeout,
+            "--refresh-interval": args.refresh_interval,
+            "--checkpoint-every-s": args.checkpoint_every_s,
+        }
+        for flag, value in positive.items():
+            if not value > 0:
+                raise InvalidArgument(flag, f"{value} must be > 0")
+        check_at_least("--batch-max-events", args.batch_max_events, 1)
+        check_at_least("--checkpoint-every-batches", args.checkpoint_every_batches, 1)
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        config = NodeConfig(
+            store_url=args.store,
+            node_id=args.node_id,
+            spark_master=args.spark_master,
+            spark_ui=args.spark_ui,
+            heartbeat_timeout_s=args.heartbeat_timeout,
+            heartbeat_interval_s=min(1.0, args.heartbeat_timeout / 4),
+            refresh_interval_s=args.refresh_interval,
+            batch_max_events=args.batch_max_events,
+            checkpoint_every_batches=args.checkpoint_every_batches,
+            checkpoint_every_s=args.checkpoint_every_s,
+            standby_for=parse_partition_list("--standby-for", args.standby_for),
+        )
+        run_node(config)
+        return 0
+
+
+class Produce(Command):
+    name = "produce"
+    help = "append events to the partitioned source log"
+    json_output = True
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--from-file", help='JSONL file: one {"partition", "key", "value"[, "ts"]} per line')
+        parser.add_argument("--count", type=int, help="generate N events instead")
+        parser.add_argument("--keys", type=int, default=100, help="distinct keys for --count (default 100)")
+        parser.add_argument("--seed", type=int, default=0, help="random seed for --count")
+        parser.add_argument("--segment-events", type=int, default=100_000, help="events per log segment at most")
+        parser.add_argument(
+            "--soft-lag", type=int, default=5_000_000, help="warn when a partition lags this many events"
+        )
+        parser.add_argument(
+            "--hard-lag", type=int, default=20_000_000, help="refuse to append past this lag (0: no limit)"
+        )
+
+    def run(self, args: argparse.Namespace, out: Output) -> int:
+        from ..backpressure import admit, partition_backpressure
+        from ..source import SourceLog, generate_events, produce_from_jsonl
+
+        if args.from_file is None and args.count is None:
+            raise InvalidArgument("produce", "give --from-file FILE or --count N")
+        check_at_least("--count", args.count, 0)
+        check_at_least("--keys", args.keys, 1)
+        check_at_least("--segment-events", args.segment_events, 1)
+        check_at_least("--soft-lag", args.soft_lag, 1)
+        check_at_least("--hard-lag", args.hard_lag, 0)
+        ledger = open_ledger(args)
+        partitions = ledger.cluster().partitions
+        log = SourceLog(ledger.store, partitions=partitions, segment_events=args.segment_events)
+        # Backpressure before anything is appended: a rejected produce appends nothing.
+        if args.hard_lag > 0:
+            soft = min(args.soft_lag, args.hard_lag)
+            states = [
+                partition_backpressure(ledger.store, p, soft_threshold=soft, hard_threshold=args.hard_lag)
+                for p in range(partitions)
+            ]
+            for warning in admit(states):
+                print(
+                    f"laminar produce: warning: a partition is {warning.pending_lag} events behind "
+                    f"(soft limit {warning.soft_threshold})",
+                    file=sys.stderr,
+                )
+        counts: dict[int, int] = {}
+        if args.from_file:
+            for p, res in produce_from_jsonl(args.from_file, log).items():
+                counts[p] = res.events
+        else:
+            for p, table in generate_events(args.count, args.keys, args.seed, partitions).items():
+                counts[p] = log.append(p, table).events
+        out.produced(counts, {p: log.end_offset(p) for p in counts})
+        return 0
+
+
+class Query(Command):
+    name = "query"
+    help = "print the committed state of a partition and its committed offset"
+    json_output = True
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--partition", type=int, required=True)
+        parser.add_argument(
+            "--key", help="look up one key (reads the newest deltas first, the snapshot only if needed)"
+        )
+
+    def run(self, args: argparse.Namespace, out: Output) -> int:
+        from ..replica import committed_state, lookup
+
+        ledger = open_ledger(args)
+        check_partition(ledger, "--partition", args.partition)
+        if args.key is not None:
+            values, offset = lookup(ledger.store, args.partition, args.key)
+            out.key_lookup(args.partition, offset, args.key, values)
+        else:
+            state, offset = committed_state(ledger.store, args.partition)
+            out.state(args.partition, offset, state)
+        return 0
+
+
+class Verify(Command):
+    name = "verify"
+    help = "audit the store: every event committed exactly once; exit 1 on loss or duplication"
+    json_output = True
+
+    def run(self, args: argparse.Namespace, out: Output) -> int:
+        from ..verify import audit_store
+
+        audits = audit_store(open_ledger(args).store)
+        out.audit(audits)
+        return 0 if all(a.ok for a in audits) else 1
+
+
+class Sweep(Command):
+    name = "sweep"
+    help = "anti-entropy: delete output/checkpoint objects no manifest names and none ever can"
+    json_output = True
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--dry-run", action="store_true", help="report, delete nothing")
+        parser.add_argument(
+            "--grace-s",
+            type=float,
+            default=3600.0,
+            help="minimum age in seconds (>= 0) of an unreferenced object of a sealed epoch before it is "
+            "deleted (default 3600); objects of an epoch that may still publish are never deleted",
+        )
+
+    def run(self, args: argparse.Namespace, out: Output) -> int:
+        from ..antientropy import sweep
+
+        out.swept(sweep(open_ledger(args).store, grace_s=args.grace_s, dry_run=args.dry_run), args.dry_run)
+        return 0

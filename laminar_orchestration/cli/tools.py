@@ -1,0 +1,107 @@
+"""`laminar demo` (a whole cluster on one machine) and `laminar report` (the ownership timeline)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import InvalidArgument
+from .base import Command, open_ledger
+from .output import Output
+
+__all__ = ["Demo", "Report"]
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+class Demo(Command):
+    name = "demo"
+    help = "run a local cluster with load and the Dagster UI until Ctrl-C"
+    # The demo makes a fresh store of its own unless --store names one.
+    shared_store = False
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.description = (
+            "run a local cluster (nodes as processes, a steady load, Dagster webserver and daemon) "
+            "on a fresh store under ./.laminar/demo-<timestamp>, printing status tables until Ctrl-C"
+        )
+        parser.add_argument(
+            "--store",
+            dest="demo_store",
+            default=None,
+            metavar="URL",
+            help="store URL (default: a fresh local store under ./.laminar/demo-<timestamp>; s3://bucket/prefix works)",
+        )
+        parser.add_argument("--partitions", type=int, default=4, help="partitions of a new cluster (default 4)")
+        parser.add_argument("--nodes", type=int, default=3, help="worker node processes (default 3)")
+        parser.add_argument(
+            "--rate", type=float, default=200.0, help="events per second the producer appends (default 200)"
+        )
+        parser.add_argument("--keys", type=int, default=100, help="distinct keys of the load (default 100)")
+        parser.add_argument(
+            "--port", type=int, default=3000, help="port of the Dagster webserver on 127.0.0.1 (default 3000)"
+        )
+        parser.add_argument("--duration", type=float, help="once the cluster is up, run this many seconds, then stop")
+        parser.add_argument("--interval", type=float, default=5.0, help="seconds between status tables (default 5)")
+        parser.add_argument(
+            "--heartbeat-timeout", type=float, default=6.0, help="seconds without heartbeat = dead (default 6)"
+        )
+        parser.add_argument("--spark-master", default="local[1]", help="Spark master of each node (default local[1])")
+        parser.add_argument("--no-dagster", action="store_true", help="run without the Dagster webserver and daemon")
+
+    def run(self, args: argparse.Namespace, out: Output) -> int:
+        from ..demo import DemoOptions, run_demo
+
+        options = DemoOptions(
+            store=args.demo_store,
+            partitions=args.partitions,
+            nodes=args.nodes,
+            rate=args.rate,
+            keys=args.keys,
+            port=args.port,
+            duration=args.duration,
+            interval=args.interval,
+            heartbeat_timeout_s=args.heartbeat_timeout,
+            spark_master=args.spark_master,
+            dagster=not args.no_dagster,
+            base_dir=Path.cwd(),
+        )
+        try:
+            options.check()
+        except ValueError as exc:
+            raise InvalidArgument("demo", str(exc)) from None
+        return run_demo(options)
+
+
+class Report(Command):
+    name = "report"
+    help = "write the ownership timeline (epochs, migrations, failovers) as a self-contained HTML file"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--out",
+            default=None,
+            help="output file (default: laminar-report.html beside a local store's directory, "
+            "else ./.laminar/laminar-report.html)",
+        )
+        parser.add_argument("--no-png", action="store_true", help="no PNG even when matplotlib is importable")
+
+    def run(self, args: argparse.Namespace, out: Output) -> int:
+        from ..report import FAILOVER, MIGRATION, default_report_path, write_report
+
+        ledger = open_ledger(args)
+        path = Path(args.out) if args.out else default_report_path(ledger.store)
+        written = write_report(ledger, path, png=not args.no_png)
+        report = written.report
+        print(
+            f"{_plural(len(report.partitions), 'partition')}, {_plural(len(report.spans), 'epoch')} "
+            f"({_plural(report.count(MIGRATION), 'migration')}, {_plural(report.count(FAILOVER), 'failover')})"
+        )
+        print(f"wrote {written.html}")
+        if written.png is not None:
+            print(f"wrote {written.png}")
+        elif not args.no_png:
+            print(f"no PNG: {written.png_skipped}")
+        return 0
