@@ -84,10 +84,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from laminar_dev.localcluster import HEARTBEAT_TIMEOUT_S, Cluster, wait_until
 from laminar_orchestration.capabilities import ReadStore
 from laminar_orchestration.checkpoint import download_table
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.localcluster import HEARTBEAT_TIMEOUT_S, Cluster, wait_until
 from laminar_orchestration.manifest import ManifestReader
 from laminar_orchestration.migration import MigrationPhase
 from laminar_orchestration.replica import committed_state

@@ -541,7 +541,7 @@ def main(argv: list[str] | None = None) -> None:
         run_local(report, p, Path(tmp))
     if not args.no_s3:
         run_s3(report, p)
-    report.note(6, "S3 = moto's single-threaded server on loopback (tests/s3server.py): not AWS latency")
+    report.note(6, "S3 = moto's single-threaded server on loopback (laminar_dev/s3server.py): not AWS latency")
     elapsed = (now_ns() - t0) / 1e9
 
     title = (

@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from laminar_dev.s3server import start_s3_server as s3_server
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 
 #: The monotonic, system-wide clock every benchmark reads (comparable across processes on Linux).
@@ -144,107 +141,13 @@ def progress(msg: str) -> None:
 
 
 # --- a moto S3 server on loopback ------------------------------------------------------
-#
-# The same launcher the tests use (tests/s3server.py), started the same way as
-# tests/conftest.py does; replicated here because importing conftest imports pytest.
-
-_SERVER_SCRIPT = REPO_ROOT / "tests" / "s3server.py"
-_STARTUP_TIMEOUT_S = 30.0
-
-#: Fake credentials: moto accepts anything, and they make sure a benchmark never
-#: touches a real AWS account whatever the environment holds.
-_FAKE_AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_SESSION_TOKEN": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_REGION": "us-east-1",
-    "AWS_EC2_METADATA_DISABLED": "true",
-}
-_CLEARED_AWS_ENV = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
-
-
-def _wait_for_server(proc: subprocess.Popen[bytes], port_file: Path, log: Path) -> str:
-    """The server's URL once it answers HTTP; RuntimeError with its log if it dies or hangs."""
-    deadline = time.monotonic() + _STARTUP_TIMEOUT_S
-    url: str | None = None
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"moto server exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
-        if url is None and port_file.exists():
-            url = f"http://127.0.0.1:{int(port_file.read_text())}"
-        if url is not None:
-            try:
-                with urllib.request.urlopen(url + "/", timeout=5):
-                    return url
-            except urllib.error.HTTPError:
-                return url  # any HTTP answer means it is serving
-            except OSError:
-                pass
-        time.sleep(0.05)
-    raise RuntimeError(f"moto server did not answer within {_STARTUP_TIMEOUT_S}s:\n{log.read_text(errors='replace')}")
-
-
-@contextlib.contextmanager
-def _fake_aws_env(workdir: Path) -> Iterator[None]:
-    """Fake credentials and no ~/.aws files in os.environ (inherited by spawned processes)."""
-    changes: dict[str, str | None] = {name: value for name, value in _FAKE_AWS_ENV.items()}
-    changes.update({name: None for name in _CLEARED_AWS_ENV})
-    changes["AWS_CONFIG_FILE"] = str(workdir / "no-aws-config")
-    changes["AWS_SHARED_CREDENTIALS_FILE"] = str(workdir / "no-aws-credentials")
-    saved = {name: os.environ.get(name) for name in changes}
-    try:
-        for name, value in changes.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        yield
-    finally:
-        for name, old in saved.items():
-            if old is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = old
 
 
 @contextlib.contextmanager
 def start_s3_server() -> Iterator[str]:
-    """Run tests/s3server.py (single-threaded moto) on a free loopback port; yield its endpoint URL.
-
-    While inside, os.environ holds fake AWS credentials (no real account can be
-    reached), so boto3 clients here and in child processes need no setup.
-    """
-    with tempfile.TemporaryDirectory(prefix="laminar-bench-s3-") as tmp:
-        workdir = Path(tmp)
-        port_file = workdir / "port"
-        log = workdir / "server.log"
-        with _fake_aws_env(workdir):
-            with open(log, "wb") as log_fh:
-                proc = subprocess.Popen(
-                    [
-                        sys.executable,
-                        str(_SERVER_SCRIPT),
-                        "--port",
-                        "0",
-                        "--port-file",
-                        str(port_file),
-                        "--parent-pid",
-                        str(os.getpid()),
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_fh,  # a file, never an undrained pipe
-                    stderr=subprocess.STDOUT,
-                )
-            try:
-                yield _wait_for_server(proc, port_file, log)
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+    """`laminar_dev.s3server.start_s3_server` (the tests' launcher) in a temporary directory; yields its URL."""
+    with tempfile.TemporaryDirectory(prefix="laminar-bench-s3-") as tmp, s3_server(Path(tmp)) as url:
+        yield url
 
 
 # --- stores a child process can reopen --------------------------------------------------

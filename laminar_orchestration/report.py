@@ -35,10 +35,10 @@ from .source import SourceLog
 from .store import LocalObjectStore, ObjectStore
 
 __all__ = [
+    "REPORT_FILE_NAME",
     "EpochSpan",
     "NodeSummary",
     "PartitionSummary",
-    "REPORT_FILE_NAME",
     "ReportFiles",
     "TimelineReport",
     "collect_report",

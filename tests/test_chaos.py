@@ -1,4 +1,4 @@
-"""The chaos suite (`laminar chaos`): its pieces, the store-fault scenario on both backends, the short profile.
+"""The chaos suite (`python -m laminar_dev.chaos`): its pieces, the store faults on both backends, the short profile.
 
 Everything but the last test runs without Spark. The last one runs the short
 profile on real node processes (~4-5 minutes) and checks the promises every
@@ -18,8 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from laminar_orchestration.capabilities import OutputCommitter
-from laminar_orchestration.chaos import (
+from laminar_dev.chaos import (
     PROFILES,
     SCENARIOS,
     ArrowBatchEngine,
@@ -31,6 +30,8 @@ from laminar_orchestration.chaos import (
     run_chaos,
     run_store_faults,
 )
+from laminar_dev.chaos import main as chaos_main
+from laminar_orchestration.capabilities import OutputCommitter
 from laminar_orchestration.checkpoint import OutputWriter
 from laminar_orchestration.cli import main as cli_main
 from laminar_orchestration.fencing import PartitionGuard, StaleEpoch
@@ -46,7 +47,7 @@ from laminar_orchestration.manifest import (
 from laminar_orchestration.processing import keyed_aggregation
 from laminar_orchestration.statestore import PartitionStateStore
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
-from laminar_orchestration.verify import _fold, audit_epoch_history
+from laminar_orchestration.verify import audit_epoch_history, reference_fold
 
 P, N = PartitionId, NodeId
 
@@ -141,7 +142,7 @@ def test_arrow_engine_and_the_default_merge_fold_like_the_reference(tmp_path: Pa
             local.apply(fold.delta, int(batch["offset"][-1].as_py()) + 1)
             outputs.append(fold.output)
         state = local.to_table()
-    expected = _fold(pa.concat_tables(batches))
+    expected = reference_fold(pa.concat_tables(batches))
     assert state.sort_by("key").to_pylist() == expected.sort_by("key").to_pylist()
     last = outputs[-1].sort_by("key").to_pylist()
     assert [(r["key"], r["batch_count"], r["count"], r["epoch"], r["generation"]) for r in last] == [
@@ -151,9 +152,15 @@ def test_arrow_engine_and_the_default_merge_fold_like_the_reference(tmp_path: Pa
 
 
 def test_chaos_command_rejects_unknown_scenarios(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli_main(["chaos", "--scenario", "zombie", "meteor-strike"]) == 2
+    assert chaos_main(["--scenario", "zombie", "meteor-strike"]) == 2
     err = capsys.readouterr().err
     assert "meteor-strike" in err and "kill9-mid-batch" in err
+
+
+def test_the_chaos_suite_is_no_subcommand_of_the_installed_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["chaos"])
+    assert exc.value.code == 2 and "invalid choice: 'chaos'" in capsys.readouterr().err
 
 
 # --- the epoch history audit (verify.audit_epoch_history) ---------------------------------------

@@ -3,7 +3,7 @@ Spark), the processor contract, corrupt checkpoints are named and refused, a cra
 store is reused only when it sits on the committed lineage, a failed local write loses nothing,
 and `laminar query` answers from the newest delta or the snapshot.
 
-Nodes run in-process (`chaos.ArrowNode`: the real runtime, batches aggregated without Spark),
+Nodes run in-process (`laminar_dev.chaos.ArrowNode`: the real runtime, batches aggregated without Spark),
 except the processor-contract test, which runs a real `Node` on a local SparkSession.
 """
 
@@ -25,9 +25,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from laminar_dev.chaos import ArrowBatchEngine, ArrowNode
 from laminar_orchestration import cli
 from laminar_orchestration.capabilities import ReadStore
-from laminar_orchestration.chaos import ArrowBatchEngine, ArrowNode
 from laminar_orchestration.checkpoint import CheckpointCorrupt
 from laminar_orchestration.errors import CorruptDataError, exit_code
 from laminar_orchestration.fencing import FencingToken
@@ -41,7 +41,7 @@ from laminar_orchestration.runtime import Node, NodeConfig
 from laminar_orchestration.source import SourceBatch, SourceLog
 from laminar_orchestration.statestore import InvalidStateSchema, LocalStateWriteFailed, PartitionStateStore
 from laminar_orchestration.store import ObjectStore, open_store
-from laminar_orchestration.verify import _fold, audit_partition, audit_store
+from laminar_orchestration.verify import audit_partition, audit_store, reference_fold
 
 from .commits import commit_all
 
@@ -83,8 +83,8 @@ def as_dict(table: pa.Table, columns: Sequence[str] = STATE_COLUMNS) -> dict[str
 
 
 def reference_state(store: ObjectStore, partition: int = 0, below: int | None = None) -> dict[str, tuple[object, ...]]:
-    """The reference fold (verify._fold) of the partition's events."""
-    return as_dict(_fold(source_events(store, partition, below)))
+    """The reference fold (verify.reference_fold) of the partition's events."""
+    return as_dict(reference_fold(source_events(store, partition, below)))
 
 
 def current_manifest(store: ObjectStore, partition: int = 0) -> PartitionManifest:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from laminar_dev.localcluster import HEARTBEAT_TIMEOUT_S, Cluster, wait_until
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.localcluster import HEARTBEAT_TIMEOUT_S, Cluster, wait_until
 from laminar_orchestration.migration import (
     SETTING_PHASES,
     MigrationConfig,

@@ -15,9 +15,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from laminar_dev.chaos import ArrowBatchEngine, ArrowNode
 from laminar_orchestration import manifest
 from laminar_orchestration.capabilities import OutputCommitter, manifest_key
-from laminar_orchestration.chaos import ArrowBatchEngine, ArrowNode
 from laminar_orchestration.fencing import EpochError, FencingToken
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
+from laminar_dev.faults import FaultInjectingStore
 from laminar_orchestration.framing import BadMagic, FrameMismatch, encode_frame
 from laminar_orchestration.source import (
     EVENT_SCHEMA,
@@ -38,7 +39,6 @@ from laminar_orchestration.store import (
     PreconditionFailed,
     open_store,
 )
-from laminar_orchestration.store.faults import FaultInjectingStore
 from laminar_orchestration.store.retry import RetryingStore, RetryPolicy
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from laminar_dev.chaos import ArrowBatchEngine, ArrowNode
 from laminar_orchestration.assignment import drive, failover_target, prepare_failover, warm_copies
 from laminar_orchestration.capabilities import CheckpointWriter, ReadStore
-from laminar_orchestration.chaos import ArrowBatchEngine, ArrowNode
 from laminar_orchestration.checkpoint import CheckpointStore
 from laminar_orchestration.fencing import PartitionGuard
 from laminar_orchestration.identity import NodeId

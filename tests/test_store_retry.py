@@ -20,6 +20,7 @@ import botocore.exceptions as bce
 import pytest
 from botocore.stub import Stubber
 
+from laminar_dev.faults import FaultInjectingStore, FaultKind
 from laminar_orchestration.store import (
     ConcurrentModification,
     CorruptObject,
@@ -33,7 +34,6 @@ from laminar_orchestration.store import (
     TransientStoreError,
     open_store,
 )
-from laminar_orchestration.store.faults import FaultInjectingStore, FaultKind
 from laminar_orchestration.store.retry import AmbiguousWrite, RetryingStore, RetryPolicy
 from laminar_orchestration.store.s3 import S3ObjectStore, make_s3_client
 

@@ -1,4 +1,4 @@
-"""A store wrapper that injects failures, for tests and benchmarks.
+"""A store wrapper that injects failures, for the tests, the benchmarks and the chaos suite.
 
 Two kinds of failure matter for conditional writes and both can be scheduled:
 
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar, get_args
 
-from .base import (
+from laminar_orchestration.store.base import (
     ConcurrentModification,
     ObjectMeta,
     ObjectNotFound,

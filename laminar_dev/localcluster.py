@@ -1,6 +1,6 @@
 """A cluster on one machine: worker nodes as separate processes on one store.
 
-Used by `laminar demo`, the chaos suite, the benchmarks and the tests. Nodes
+Used by the chaos suite, the benchmarks and the tests. Nodes
 are started with ``python -m laminar_orchestration.cli node run`` and can be
 killed (SIGKILL), paused (SIGSTOP), resumed (SIGCONT) or stopped (SIGTERM).
 """
@@ -19,13 +19,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .identity import NodeId, PartitionId
-from .ledger import Ledger
-from .manifest import ManifestReader
-from .migration import MigrationCoordinator
-from .source import SourceLog, generate_events
-from .store import ObjectStore, open_store
-from .verify import PartitionAudit, audit_store
+from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.ledger import Ledger
+from laminar_orchestration.manifest import ManifestReader
+from laminar_orchestration.migration import MigrationCoordinator
+from laminar_orchestration.source import SourceLog, generate_events
+from laminar_orchestration.store import ObjectStore, open_store
+from laminar_orchestration.verify import PartitionAudit, audit_store
 
 HEARTBEAT_TIMEOUT_S = 3.0
 

@@ -1,0 +1,46 @@
+"""In-process nodes without Spark: the real node runtime with batches aggregated by pyarrow."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from laminar_orchestration.processing import keyed_aggregation
+from laminar_orchestration.runtime import Node
+from laminar_orchestration.verify import reference_batch_aggregate
+
+
+class ArrowBatchEngine:
+    """The default keyed aggregation of a batch, computed in plain Python: the real node runtime without Spark.
+
+    Used for in-process nodes (store-fault scenarios and tests, where what is
+    under test is everything around the aggregate: merge, local store, deltas,
+    commits). The aggregate is the audit's reference fold of the batch alone;
+    the audit still checks what matters here: the state merged over many
+    batches, handoffs and restores against one fold of every committed event.
+    """
+
+    processor = keyed_aggregation
+
+    def warm_up(self) -> float:
+        """Nothing to warm up: no JVM."""
+        return 0.0
+
+    def aggregate(
+        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
+    ) -> pa.Table:
+        """The batch aggregate of the events in `event_files` (the audit's reference fold of the batch)."""
+        return reference_batch_aggregate(pa.concat_tables([pq.read_table(f) for f in event_files]))
+
+    def cancel(self, job_group: str) -> None:
+        """Nothing to cancel: an aggregate takes milliseconds; the runtime drops an abandoned batch's result."""
+
+
+class ArrowNode(Node):
+    """A node whose batches are aggregated by `ArrowBatchEngine` instead of a SparkSession."""
+
+    def start_spark(self) -> None:
+        self.engine = ArrowBatchEngine()

@@ -1,0 +1,183 @@
+"""moto's S3 emulation over HTTP on loopback, single-threaded, and the one launcher for it.
+
+`start_s3_server` is what the tests (``tests/conftest.py``), the benchmarks
+and the chaos suite use: it runs this module as a subprocess
+(``python -m laminar_dev.s3server --port 0 --port-file PATH``), waits until it
+answers, and sets fake AWS credentials in ``os.environ`` while it runs. With
+``--port 0`` the OS picks a free port and the server writes it to
+``--port-file`` once the socket is listening, so nobody races another process
+for a port.
+
+Why a subprocess and why single-threaded: moto evaluates ``If-None-Match`` /
+``If-Match`` and then stores the object as two separate Python steps. Behind a
+threaded server two racing conditional PUTs can both pass the check, which
+would make our concurrency tests fail for moto's sake (or pass by luck). One
+request at a time makes each conditional write atomic, as it is on S3. The
+server speaks HTTP/1.0 when not threaded, so every client connection closes
+after its request and a waiting client never starves the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["FAKE_AWS_ENV", "fake_aws_environ", "main", "start_s3_server"]
+
+STARTUP_TIMEOUT_S = 30.0
+
+#: Fake credentials: moto accepts anything, and they guarantee that nothing run
+#: against the server can touch a real AWS account whatever the environment holds.
+FAKE_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_REGION": "us-east-1",
+    # No instance-metadata probing (slow timeouts when not on EC2).
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+_CLEARED_AWS_ENV = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+
+
+@contextlib.contextmanager
+def fake_aws_environ(workdir: Path) -> Iterator[None]:
+    """Fake credentials, no endpoint or profile and no ~/.aws files in os.environ while inside (children inherit)."""
+    changes: dict[str, str | None] = dict(FAKE_AWS_ENV)
+    changes.update(dict.fromkeys(_CLEARED_AWS_ENV))
+    changes["AWS_CONFIG_FILE"] = str(workdir / "no-aws-config")
+    changes["AWS_SHARED_CREDENTIALS_FILE"] = str(workdir / "no-aws-credentials")
+    saved = {name: os.environ.get(name) for name in changes}
+    try:
+        for name, value in changes.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+def _wait_for_server(proc: subprocess.Popen[bytes], port_file: Path, log: Path) -> str:
+    """The server's URL once it answers HTTP; RuntimeError with its log if it dies or hangs."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    url: str | None = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"moto server exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
+        if url is None and port_file.exists():
+            url = f"http://127.0.0.1:{int(port_file.read_text())}"
+        if url is not None:
+            try:
+                # An unsigned GET / is ListBuckets; it also warms up moto's S3 app.
+                with urllib.request.urlopen(url + "/", timeout=5):
+                    return url
+            except urllib.error.HTTPError:
+                return url  # any HTTP answer means it is serving
+            except OSError:
+                pass
+        time.sleep(0.05)
+    raise RuntimeError(f"moto server did not answer within {STARTUP_TIMEOUT_S}s:\n{log.read_text(errors='replace')}")
+
+
+@contextlib.contextmanager
+def start_s3_server(workdir: Path) -> Iterator[str]:
+    """Run the server on a free loopback port (its port file and log in `workdir`); yield its endpoint URL.
+
+    While inside, os.environ holds fake AWS credentials (`fake_aws_environ`),
+    so boto3 clients here and in child processes need no setup. The server
+    exits with this process even if it is killed without cleaning up.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    port_file, log = workdir / "port", workdir / "server.log"
+    with fake_aws_environ(workdir):
+        with open(log, "wb") as log_fh:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "laminar_dev.s3server", "--port", "0", "--port-file", str(port_file),
+                 "--parent-pid", str(os.getpid())],
+                stdin=subprocess.DEVNULL,
+                # To a file, never a pipe: nobody drains a pipe and a full one would freeze the server.
+                stdout=log_fh,
+                stderr=subprocess.STDOUT,
+                cwd=Path(__file__).resolve().parent.parent,  # where `laminar_dev` is importable from
+            )  # fmt: skip
+        try:
+            yield _wait_for_server(proc, port_file, log)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _exit_when_orphaned(parent_pid: int) -> None:
+    """Stop the server if the test process that started it dies without cleaning up."""
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(0)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse arguments, bind, publish the port, and serve until killed."""
+    # Imported here: only the server process needs moto, not whoever starts it.
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--port-file", type=Path, help="where to write the bound port")
+    parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
+    args = parser.parse_args(argv)
+
+    app = DomainDispatcherApplication(create_backend_app)
+    # make_server rather than run_simple: same server, but we can read the port
+    # the OS picked. threaded=False and processes=1 keep requests serialized.
+    server = make_server(
+        args.host,
+        args.port,
+        app,
+        threaded=False,
+        processes=1,
+        request_handler=MotoRequestHandler,
+    )
+    port = server.server_port
+    if args.port_file is not None:
+        # Write then rename, so the harness never reads a half-written file.
+        tmp = args.port_file.with_name(args.port_file.name + ".tmp")
+        tmp.write_text(f"{port}\n")
+        tmp.replace(args.port_file)
+    print(f"moto S3 server listening on http://{args.host}:{port}", file=sys.stderr, flush=True)
+    if args.parent_pid is not None:
+        _exit_when_orphaned(args.parent_pid)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+if __name__ == "__main__":
+    main()
