@@ -39,7 +39,7 @@ from laminar_orchestration.assignment import (
 from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.manifest import ManifestReader
-from laminar_orchestration.migration import DesiredStates
+from laminar_orchestration.ownership import snapshot_cluster
 from resources import LaminarResource
 
 GROUP = "laminar"
@@ -63,27 +63,22 @@ def fingerprint(value: Any) -> str:
 
 
 def ownership_rows(ledger: Ledger) -> list[dict[str, Any]]:
-    """One row per partition: partition, epoch, owner, status, owner_alive, migration."""
-    live = live_node_ids(ledger)
-    desired = DesiredStates(ledger).all()
-    rows = []
-    for p, own in ledger.ownerships(ledger.partitions()).items():
-        if own is None:
-            continue
-        state = desired.get(p)
-        task = state.migration if state is not None else None
-        moving = f"{task.migration_id} ({task.phase})" if task is not None and not task.is_terminal else ""
-        rows.append(
-            {
-                "partition": int(p),
-                "epoch": own.epoch,
-                "owner": int(own.owner),
-                "status": str(own.status),
-                "owner_alive": own.owner in live,
-                "migration": moving,
-            }
-        )
-    return rows
+    """One row per partition: partition, epoch, owner, status, owner_alive, migration.
+
+    From the library's ownership snapshot, without the offsets: they change
+    with every commit, and the rows are the observation's fingerprint.
+    """
+    return [
+        {
+            "partition": p.partition,
+            "epoch": p.epoch,
+            "owner": p.owner,
+            "status": p.status,
+            "owner_alive": p.owner_alive,
+            "migration": "" if p.migration is None else f"{p.migration.migration_id} ({p.migration.phase})",
+        }
+        for p in snapshot_cluster(ledger, offsets=False).partitions
+    ]
 
 
 def checkpoint_rows(ledger: Ledger, manifests: ManifestReader) -> list[dict[str, Any]]:

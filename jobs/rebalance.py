@@ -1,7 +1,8 @@
 """The `rebalance` job: plan a balanced assignment over the live nodes and carry it out.
 
-``plan_rebalance`` reads the ledger, runs the sticky planner
-(`laminar_orchestration.assignment.plan_assignment`), records the plan as an
+``plan_rebalance`` plans with the library's rebalance
+(`laminar_orchestration.planning.plan_rebalance`: the sticky planner, minus
+partitions a migration already moves), records the plan as an
 observation of the ``assignment_plan`` asset and, unless ``dry_run``, fans the
 moves out as waves (``DynamicOutput``s): within a wave no node takes part in
 more than ``max_concurrent_migrations`` moves. Each wave is one mapped
@@ -34,18 +35,11 @@ from dagster import (
 )
 from pydantic import Field
 
-from laminar_orchestration.assignment import (
-    AssignmentError,
-    AssignmentPlan,
-    Move,
-    live_node_ids,
-    ownership_map,
-    plan_assignment,
-    run_migration,
-    run_moves,
-    schedule_waves,
-)
-from laminar_orchestration.migration import DesiredStates, MigrationConfig, PhaseReport
+from laminar_orchestration.migration import MigrationConfig, PhaseReport
+from laminar_orchestration.moves import run_moves
+from laminar_orchestration.planner import AssignmentError, Move, schedule_waves
+from laminar_orchestration.planning import RebalancePlan, rebalance_move
+from laminar_orchestration.planning import plan_rebalance as plan_rebalance_moves
 from resources import LaminarResource
 
 from .common import EXPECTED_ERRORS, MigrationLimits, failure
@@ -59,14 +53,14 @@ class RebalanceConfig(Config):
 
     dry_run: bool = Field(default=False, description="Only compute and show the plan; move nothing.")
     max_concurrent_migrations: int = Field(
-        default=2, ge=1, description="At most this many migrations at once on any node (seed 003: 2)."
+        default=2, ge=1, description="At most this many migrations at once on any node."
     )
     weights: dict[str, float] = Field(
         default_factory=dict,
         description="Relative capacity per node id, e.g. {'3': 2.0}; nodes not listed weigh 1.",
     )
     limits: MigrationLimits = Field(
-        default_factory=MigrationLimits, description="Timeouts of each migration (seed 003 defaults)."
+        default_factory=MigrationLimits, description="Timeouts of each migration."
     )
 
 
@@ -100,23 +94,21 @@ def parse_weights(raw: dict[str, float]) -> dict[int, float]:
     return weights
 
 
-def plan_markdown(plan: AssignmentPlan, skipped: list[Move]) -> str:
+def plan_markdown(plan: RebalancePlan) -> str:
     """The plan as a Markdown table for the UI."""
     lines = ["| partition | from node | to node |", "|---:|---:|---:|"]
-    lines += [f"| {m.partition} | {m.from_node or '-'} | {m.to_node} |" for m in plan.moves if m not in skipped]
+    lines += [f"| {m.partition} | {m.from_node or '-'} | {m.to_node} |" for m in plan.moves]
     if len(lines) == 2:
         lines.append("| - | - | - |")
+    a = plan.assignment
     lines += ["", "| node | quota | balanced range | before | after |", "|---:|---:|:---:|---:|---:|"]
-    for n, b in sorted(plan.bounds.items()):
+    for n, b in sorted(a.bounds.items()):
         lines.append(
-            f"| {n} | {b.quota:.2f} | {b.low}..{b.high} | {plan.counts_before.get(n, 0)} | "
-            f"{plan.counts_after.get(n, 0)} |"
+            f"| {n} | {b.quota:.2f} | {b.low}..{b.high} | {a.counts_before.get(n, 0)} | {a.counts_after.get(n, 0)} |"
         )
-    if skipped:
-        lines += [
-            "",
-            "Skipped (a migration is already in flight): " + ", ".join(f"p{m.partition}" for m in skipped),
-        ]
+    if plan.skipped_in_flight:
+        skipped = ", ".join(f"p{m.partition}" for m in plan.skipped_in_flight)
+        lines += ["", f"Skipped (a migration is already in flight): {skipped}"]
     return "\n".join(lines)
 
 
@@ -130,18 +122,10 @@ def plan_rebalance(
 ) -> Iterator[DynamicOutput[Wave] | AssetObservation]:
     try:
         ledger = laminar.ledger()
-        live = live_node_ids(ledger)
-        plan = plan_assignment(ownership_map(ledger), live, parse_weights(config.weights))
-        in_flight = {
-            int(p)
-            for p, state in DesiredStates(ledger).all().items()
-            if state.migration is not None and not state.migration.is_terminal
-        }
+        plan = plan_rebalance_moves(ledger, parse_weights(config.weights))
     except PLAN_ERRORS as exc:
         raise failure("cannot plan a rebalance", exc) from exc
-    # A partition already moving is left to the migration in flight.
-    skipped = [m for m in plan.moves if m.partition in in_flight]
-    moves = [m for m in plan.moves if m.partition not in in_flight]
+    moves, live = plan.moves, plan.live_nodes
     waves = schedule_waves(moves, config.max_concurrent_migrations, live_nodes=live)
     context.log.info(
         f"rebalance plan over live nodes {sorted(live)}: {len(moves)} move(s) in {len(waves)} wave(s)"
@@ -150,11 +134,11 @@ def plan_rebalance(
     yield AssetObservation(
         asset_key=ASSIGNMENT_PLAN_ASSET,
         metadata={
-            "plan": MetadataValue.md(plan_markdown(plan, skipped)),
+            "plan": MetadataValue.md(plan_markdown(plan)),
             "moves": len(moves),
             "waves": len(waves),
             "dry_run": config.dry_run,
-            "plan_json": MetadataValue.json(plan.to_json()),
+            "plan_json": MetadataValue.json(plan.assignment.to_json()),
         },
     )
     if config.dry_run or not moves:
@@ -195,13 +179,7 @@ def migrate(context: OpExecutionContext, laminar: LaminarResource, wave: Wave) -
 
     def one(move: Move) -> list[PhaseReport]:
         reports: list[PhaseReport] = []
-        run_migration(
-            laminar.coordinator(settings),
-            move.partition,
-            move.to_node,
-            forced=None if move.from_node in live else True,
-            on_phase=reports.append,
-        )
+        rebalance_move(laminar.coordinator(settings), move, live, reports.append)
         return reports
 
     outcomes = run_moves(wave.moves, one, wave.max_per_node, live_nodes=live)
