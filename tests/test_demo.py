@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from laminar_orchestration.demo import Child
+from laminar_orchestration.demo import CODE_LOCATION_FILES, Child, find_code_location
 
 #: The whole run must end within this: 75 s once up, plus start-up (~30 s for two nodes' Spark and the
 #: webserver on an idle 2-core machine, several times that on a loaded one) and the orderly stop.
@@ -203,3 +203,15 @@ def test_child_stop_takes_its_process_group_along(tmp_path: Path) -> None:
     while alive(grandchild) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not child.running() and not alive(grandchild)
+
+
+def test_the_code_location_is_found_from_a_checkout_not_only_beside_the_package(tmp_path: Path) -> None:
+    checkout = tmp_path / "checkout"
+    (checkout / "sub" / "dir").mkdir(parents=True)
+    for name in CODE_LOCATION_FILES:
+        (checkout / name).write_text("")
+    # From anywhere inside the checkout (a plain install's package lives elsewhere, in site-packages).
+    assert find_code_location(checkout / "sub" / "dir") == checkout.resolve()
+    # Outside one, only the package's own checkout (an editable or PYTHONPATH run) can still be found.
+    repo = Path(__file__).resolve().parent.parent
+    assert find_code_location(tmp_path) == repo
