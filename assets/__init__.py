@@ -1,34 +1,44 @@
-"""Dagster assets of the laminar code location: what the ledger says, refreshed by observation.
+"""Dagster assets of the laminar code location: what the ledger says, and the committed state.
 
-All three are observable source assets: Dagster never writes them, it
-observes the object store. Each observation records the state as metadata and
-a data version (a hash of the state), so the UI shows when it changed. The
-``observe_laminar_state`` job observes all three; the
-``laminar_observation_sensor`` (see ``sensors``) launches it whenever the
-state's fingerprint changes.
+The three ledger assets are external assets: Dagster never computes them, the
+object store is their truth. The sensors report what they see as asset
+observations (``SensorResult(asset_events=...)``) whenever the ledger changes,
+so no run is ever launched to observe them:
 
-* ``ownership_map`` — partition, epoch, owner, status (+ owner liveness and
-  any migration in flight) as a table.
+* ``ownership_map`` — partition, epoch, owner, status, owner liveness, any
+  migration in flight and a health word per partition ("ok", "failover
+  pending", "moving", "unassigned"). The asset check
+  ``partitions_on_live_nodes`` fails while a partition sits on a dead node or
+  is unassigned; the sensors report it with each observation, and it can also
+  be run from the UI.
 * ``assignment_plan`` — the moves a rebalance would make now.
 * ``checkpoint_manifests`` — per partition, the last committed manifest:
   seq, fencing token, source offset, state checkpoint key and size.
+
+``committed_state`` (see `assets.committed_state`) is a real, partitioned
+asset: one Dagster partition per stream partition, materialized on Spark (the
+``pyspark`` resource) from the committed checkpoints.
 """
 
 import hashlib
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from dagster import (
-    AssetSelection,
-    DataVersion,
+    AssetCheckEvaluation,
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetKey,
+    AssetObservation,
+    AssetsDefinition,
+    AssetSpec,
     MetadataValue,
-    ObserveResult,
     TableColumn,
     TableRecord,
     TableSchema,
-    define_asset_job,
-    in_process_executor,
-    observable_source_asset,
+    asset_check,
 )
 
 from laminar_orchestration.assignment import (
@@ -42,17 +52,30 @@ from laminar_orchestration.manifest import ManifestReader
 from laminar_orchestration.ownership import snapshot_cluster
 from resources import LaminarResource
 
+from .committed_state import LAMINAR_PARTITIONS, committed_state
+
 GROUP = "laminar"
+#: The tag Dagster reads an observation's data version from.
+DATA_VERSION_TAG = "dagster/data_version"
 
 __all__ = [
     "ASSETS",
+    "ASSET_CHECKS",
+    "LAMINAR_PARTITIONS",
+    "LIVE_OWNERS_CHECK",
+    "assignment_observation",
     "assignment_plan",
     "checkpoint_manifests",
+    "checkpoint_observation",
     "checkpoint_rows",
+    "committed_state",
     "fingerprint",
-    "observe_laminar_state",
+    "health",
+    "live_owners_evaluation",
     "ownership_map",
+    "ownership_observation",
     "ownership_rows",
+    "partitions_on_live_nodes",
 ]
 
 
@@ -110,77 +133,104 @@ def checkpoint_rows(ledger: Ledger, manifests: ManifestReader) -> list[dict[str,
     return rows
 
 
+def health(row: dict[str, Any]) -> str:
+    """One word on a partition of the ownership map: what an operator must know first."""
+    if row["owner"] == 0:
+        return "unassigned"
+    if not row["owner_alive"]:
+        return "failover in flight" if row["migration"] else "owner dead: failover pending"
+    return "moving" if row["migration"] else "ok"
+
+
 def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> MetadataValue[Any]:
     schema = TableSchema(columns=[TableColumn(name, kind) for name, kind in columns])
     return MetadataValue.table(records=[TableRecord(data=row) for row in rows], schema=schema)
 
 
-def _uninitialized(ledger: Ledger) -> ObserveResult | None:
-    if ledger.is_initialized():
-        return None
-    return ObserveResult(
-        data_version=DataVersion("uninitialized"),
-        metadata={"store": ledger.store.url, "note": "no cluster yet: run `laminar init`"},
-    )
+_OWNERSHIP_COLUMNS = [
+    ("partition", "int"),
+    ("epoch", "int"),
+    ("owner", "int"),
+    ("status", "string"),
+    ("owner_alive", "bool"),
+    ("migration", "string"),
+    ("health", "string"),
+]
 
 
-@observable_source_asset(
+# --- the assets ---------------------------------------------------------------------------
+
+ownership_map = AssetSpec(
+    "ownership_map",
     group_name=GROUP,
-    description="Who owns each partition at which epoch (ledger head records, rolled forward over grants).",
+    description="Who owns each partition at which epoch, whether the owner is alive, migrations in "
+    "flight (ledger head records, rolled forward over grants). Observed by the sensors when it changes.",
 )
-def ownership_map(laminar: LaminarResource) -> ObserveResult:
-    ledger = laminar.ledger()
-    if (empty := _uninitialized(ledger)) is not None:
-        return empty
-    rows = ownership_rows(ledger)
-    # The data version covers ownership only; liveness changes do not make a new version.
-    version = fingerprint([(r["partition"], r["epoch"], r["owner"], r["status"]) for r in rows])
-    return ObserveResult(
-        data_version=DataVersion(version),
-        metadata={
-            "ownership": _table(
-                rows,
-                [
-                    ("partition", "int"),
-                    ("epoch", "int"),
-                    ("owner", "int"),
-                    ("status", "string"),
-                    ("owner_alive", "bool"),
-                    ("migration", "string"),
-                ],
-            ),
-            "partitions": len(rows),
-            "unassigned": sum(1 for r in rows if r["owner"] == 0),
-            "on_dead_nodes": sum(1 for r in rows if r["owner"] != 0 and not r["owner_alive"]),
-            "migrations_in_flight": sum(1 for r in rows if r["migration"]),
-            "cluster_epoch": ledger.membership().cluster_epoch,
-            "live_nodes": ", ".join(str(n) for n in sorted(live_node_ids(ledger))) or "-",
-            "store": ledger.store.url,
-        },
-    )
-
-
-@observable_source_asset(
+assignment_plan = AssetSpec(
+    "assignment_plan",
     group_name=GROUP,
     description="The moves a rebalance would make now (sticky, weighted planner over the live nodes).",
 )
-def assignment_plan(laminar: LaminarResource) -> ObserveResult:
-    ledger = laminar.ledger()
-    if (empty := _uninitialized(ledger)) is not None:
+checkpoint_manifests = AssetSpec(
+    "checkpoint_manifests",
+    group_name=GROUP,
+    description="Last committed manifest of each partition: seq, fencing token, source offset, "
+    "state checkpoint key and size.",
+)
+
+
+def _uninitialized(ledger: Ledger, key: AssetKey) -> AssetObservation | None:
+    if ledger.is_initialized():
+        return None
+    return AssetObservation(
+        asset_key=key,
+        metadata={"store": ledger.store.url, "note": "no cluster yet: run `laminar init`"},
+        tags={DATA_VERSION_TAG: "uninitialized"},
+    )
+
+
+def ownership_observation(ledger: Ledger, rows: Sequence[dict[str, Any]] | None = None) -> AssetObservation:
+    """The `ownership_map` as the ledger shows it now (or as `rows`, read a moment ago)."""
+    if rows is None and (empty := _uninitialized(ledger, ownership_map.key)) is not None:
+        return empty
+    table = [{**r, "health": health(r)} for r in (rows if rows is not None else ownership_rows(ledger))]
+    # The data version covers ownership only; liveness changes do not make a new version.
+    version = fingerprint([(r["partition"], r["epoch"], r["owner"], r["status"]) for r in table])
+    return AssetObservation(
+        asset_key=ownership_map.key,
+        metadata={
+            # Counts first: they are what the asset page shows at a glance.
+            "on_dead_nodes": sum(1 for r in table if r["owner"] != 0 and not r["owner_alive"]),
+            "migrations_in_flight": sum(1 for r in table if r["migration"]),
+            "unassigned": sum(1 for r in table if r["owner"] == 0),
+            "partitions": len(table),
+            "ownership": _table(table, _OWNERSHIP_COLUMNS),
+            "live_nodes": ", ".join(str(n) for n in sorted(live_node_ids(ledger))) or "-",
+            "cluster_epoch": ledger.membership().cluster_epoch,
+            "store": ledger.store.url,
+        },
+        tags={DATA_VERSION_TAG: version},
+    )
+
+
+def assignment_observation(ledger: Ledger) -> AssetObservation:
+    """The `assignment_plan`: what a rebalance would move now."""
+    if (empty := _uninitialized(ledger, assignment_plan.key)) is not None:
         return empty
     current = {r["partition"]: r["owner"] for r in ownership_rows(ledger)}
-    live = live_node_ids(ledger)
     try:
-        plan = plan_assignment(current, live)
+        plan = plan_assignment(current, live_node_ids(ledger))
     except AssignmentError as exc:
-        return ObserveResult(data_version=DataVersion("no-plan"), metadata={"error": str(exc)})
+        return AssetObservation(
+            asset_key=assignment_plan.key, metadata={"error": str(exc)}, tags={DATA_VERSION_TAG: "no-plan"}
+        )
     moves = [m.to_json() for m in plan.moves]
-    return ObserveResult(
-        data_version=DataVersion(fingerprint(plan.to_json())),
+    return AssetObservation(
+        asset_key=assignment_plan.key,
         metadata={
-            "moves": _table(moves, [("partition", "int"), ("from_node", "int"), ("to_node", "int")]),
             "move_count": len(moves),
             "balanced": plan.balanced,
+            "moves": _table(moves, [("partition", "int"), ("from_node", "int"), ("to_node", "int")]),
             "nodes": _table(
                 plan.to_json()["nodes"],
                 [
@@ -193,20 +243,17 @@ def assignment_plan(laminar: LaminarResource) -> ObserveResult:
                 ],
             ),
         },
+        tags={DATA_VERSION_TAG: fingerprint(plan.to_json())},
     )
 
 
-@observable_source_asset(
-    group_name=GROUP,
-    description="Last committed manifest of each partition: seq, fencing token, source offset, "
-    "state checkpoint key and size.",
-)
-def checkpoint_manifests(laminar: LaminarResource) -> ObserveResult:
-    ledger = laminar.ledger()
-    if (empty := _uninitialized(ledger)) is not None:
+def checkpoint_observation(ledger: Ledger, manifests: ManifestReader) -> AssetObservation:
+    """The `checkpoint_manifests`: each partition's last committed manifest."""
+    if (empty := _uninitialized(ledger, checkpoint_manifests.key)) is not None:
         return empty
-    rows = checkpoint_rows(ledger, laminar.manifests())
+    rows = checkpoint_rows(ledger, manifests)
     metadata: dict[str, Any] = {
+        "partitions_with_commits": len(rows),
         "manifests": _table(
             rows,
             [
@@ -226,24 +273,53 @@ def checkpoint_manifests(laminar: LaminarResource) -> ObserveResult:
                 ("committed_at", "string"),
             ],
         ),
-        "partitions_with_commits": len(rows),
     }
     # One entry per partition, so each partition's history can be charted in the UI.
     for row in rows:
         metadata[f"partition_{row['partition']:05d}"] = MetadataValue.json(row)
-    return ObserveResult(
-        data_version=DataVersion(fingerprint([(r["partition"], r["seq"], r["commit_ulid"]) for r in rows])),
+    version = fingerprint([(r["partition"], r["seq"], r["commit_ulid"]) for r in rows])
+    return AssetObservation(asset_key=checkpoint_manifests.key, metadata=metadata, tags={DATA_VERSION_TAG: version})
+
+
+# --- the health check -----------------------------------------------------------------------
+
+LIVE_OWNERS_CHECK = "partitions_on_live_nodes"
+_CHECK_DESCRIPTION = "Every partition is owned by a live node (fails while one is unassigned or on a dead node)."
+
+
+def _live_owners(rows: Sequence[dict[str, Any]]) -> tuple[bool, dict[str, Any], str]:
+    troubled = [r for r in rows if r["owner"] == 0 or not r["owner_alive"]]
+    listing = ", ".join(f"p{r['partition']} ({health(r)})" for r in troubled)
+    metadata = {"partitions_in_trouble": len(troubled), "partitions": listing or "-"}
+    if not troubled:
+        return True, metadata, f"all {len(rows)} partitions on live nodes"
+    return False, metadata, f"{len(troubled)} of {len(rows)} partitions not on a live node: {listing}"
+
+
+def live_owners_evaluation(rows: Sequence[dict[str, Any]]) -> AssetCheckEvaluation:
+    """The `partitions_on_live_nodes` check over ownership `rows`, as a sensor reports it."""
+    passed, metadata, description = _live_owners(rows)
+    return AssetCheckEvaluation(
+        asset_key=ownership_map.key,
+        check_name=LIVE_OWNERS_CHECK,
+        passed=passed,
         metadata=metadata,
+        severity=AssetCheckSeverity.ERROR,
+        description=description,
     )
 
 
-ASSETS = [ownership_map, assignment_plan, checkpoint_manifests]
+@asset_check(asset=ownership_map.key, name=LIVE_OWNERS_CHECK, description=_CHECK_DESCRIPTION)
+def partitions_on_live_nodes(context: AssetCheckExecutionContext, laminar: LaminarResource) -> AssetCheckResult:
+    """On demand from the UI; the sensors report the same check with every ownership observation."""
+    ledger = laminar.ledger()
+    rows = ownership_rows(ledger) if ledger.is_initialized() else []
+    passed, metadata, description = _live_owners(rows)
+    context.log.info(description)
+    return AssetCheckResult(
+        passed=passed, metadata=metadata, severity=AssetCheckSeverity.ERROR, description=description
+    )
 
-#: Observes every laminar asset (launched by laminar_observation_sensor on change).
-observe_laminar_state = define_asset_job(
-    "observe_laminar_state",
-    selection=AssetSelection.assets(*(a.key for a in ASSETS)),
-    description="Observe the ownership map, the assignment plan and the checkpoint manifests.",
-    # Three quick ledger reads: a process per step would cost more than the work.
-    executor_def=in_process_executor,
-)
+
+ASSETS: list[AssetSpec | AssetsDefinition] = [ownership_map, assignment_plan, checkpoint_manifests, committed_state]
+ASSET_CHECKS = [partitions_on_live_nodes]

@@ -1,13 +1,22 @@
-"""Dagster jobs of the laminar code location: migrate, fail over, rebalance."""
+"""Dagster jobs of the laminar code location: migrate, fail over, rebalance, and run a worker node."""
 
 from .common import (
     ATTEMPT_TAG,
+    EPOCH_TAG,
+    FAILED_NODE_TAG,
+    FROM_EPOCH_TAG,
+    FROM_NODE_TAG,
     MIGRATION_ID_TAG,
     NOT_BEFORE_TAG,
     PARTITION_TAG,
     RETRY_OF_TAG,
+    TO_EPOCH_TAG,
+    TO_NODE_TAG,
+    TRANSFER_OPS,
     MigrationHandle,
     MigrationLimits,
+    RecordedFailover,
+    RecordedPhase,
     limits_from_run_config,
 )
 from .migration import (
@@ -19,23 +28,36 @@ from .migration import (
     migrate_partition,
 )
 from .rebalance import RebalanceConfig, Wave, rebalance
+from .worker_node import NODE_TAG, WorkerNodeConfig, worker_node
 
 __all__ = [
     "ATTEMPT_TAG",
+    "EPOCH_TAG",
+    "FAILED_NODE_TAG",
+    "FROM_EPOCH_TAG",
+    "FROM_NODE_TAG",
     "GRACEFUL_OPS",
     "MIGRATION_ID_TAG",
+    "NODE_TAG",
     "NOT_BEFORE_TAG",
     "PARTITION_TAG",
     "RETRY_OF_TAG",
     "RISING_OPS",
+    "TO_EPOCH_TAG",
+    "TO_NODE_TAG",
+    "TRANSFER_OPS",
     "FailoverPartitionConfig",
     "MigratePartitionConfig",
     "MigrationHandle",
     "MigrationLimits",
     "RebalanceConfig",
+    "RecordedFailover",
+    "RecordedPhase",
     "Wave",
+    "WorkerNodeConfig",
     "failover_partition",
     "limits_from_run_config",
     "migrate_partition",
     "rebalance",
+    "worker_node",
 ]

@@ -9,7 +9,7 @@ from dagster import Config, Failure, MetadataValue, OpExecutionContext
 from pydantic import Field
 
 from laminar_orchestration.errors import LaminarError
-from laminar_orchestration.migration import MigrationConfig, MigrationTask, PhaseReport
+from laminar_orchestration.migration import MigrationConfig, MigrationPhase, MigrationTask, PhaseReport
 
 #: Run tags (the sensors read and write them).
 PARTITION_TAG = "laminar/partition"
@@ -19,6 +19,16 @@ ATTEMPT_TAG = "laminar/attempt"
 RETRY_OF_TAG = "laminar/retry_of"
 #: Unix time before which a retried run must not start its migration (the retry delay).
 NOT_BEFORE_TAG = "laminar/not_before"
+#: The dead owner a failover moves a partition away from, and the epoch it held.
+FAILED_NODE_TAG = "laminar/failed_node"
+EPOCH_TAG = "laminar/epoch"
+#: What a migration run moves, set by its first op (so runs can be filtered by them).
+FROM_NODE_TAG = "laminar/from_node"
+TO_NODE_TAG = "laminar/to_node"
+FROM_EPOCH_TAG = "laminar/from_epoch"
+TO_EPOCH_TAG = "laminar/to_epoch"
+#: Ops that move state between nodes: the only ones whose metadata carries `bytes_moved`.
+TRANSFER_OPS = frozenset({"upload", "download"})
 #: Longest a run waits for NOT_BEFORE_TAG, whatever the tag says (a typo must not hang a run).
 MAX_RETRY_WAIT_S = 600.0
 
@@ -27,7 +37,7 @@ EXPECTED_ERRORS: tuple[type[Exception], ...] = (LaminarError,)
 
 
 class MigrationLimits(Config):
-    """Optional MigrationConfig overrides (unset: seed 003 default), `limits` in the Launchpad."""
+    """Optional MigrationConfig overrides (unset: the default), `limits` in the Launchpad."""
 
     migration_timeout_s: float | None = Field(
         default=None, gt=0, description="Maximum time of the whole migration (default 30 s)."
@@ -57,9 +67,29 @@ def limits_from_run_config(run_config: Mapping[str, Any]) -> MigrationLimits:
     return MigrationLimits(**raw) if isinstance(raw, Mapping) else MigrationLimits()
 
 
+class RecordedPhase(Config):
+    """One phase another driver (the node-failure sensor) already carried out, as it reported it."""
+
+    phase: str
+    duration_s: float = Field(ge=0)
+    bytes_moved: int = Field(default=0, ge=0)
+    detail: str = ""
+
+
+class RecordedFailover(Config):
+    """A failover the node-failure sensor fenced and drove: the run shows these phases and drives the rest."""
+
+    migration_id: str
+    from_node: int
+    to_node: int
+    from_epoch: int
+    to_epoch: int
+    phases: list[RecordedPhase] = Field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class MigrationHandle:
-    """What each op passes to the next: which migration, and the limits to drive it with."""
+    """What each op passes to the next: which migration, the limits to drive it with, phases already done."""
 
     partition: int
     migration_id: str
@@ -69,6 +99,8 @@ class MigrationHandle:
     from_epoch: int
     to_epoch: int
     config: dict[str, Any]
+    #: Phase -> (duration_s, bytes_moved, detail) of phases driven before the run (by the sensor).
+    recorded: tuple[tuple[str, float, int, str], ...] = ()
 
     @classmethod
     def of(cls, task: MigrationTask, config: MigrationConfig) -> "MigrationHandle":
@@ -84,12 +116,34 @@ class MigrationHandle:
             config=config.model_dump(),
         )
 
+    @classmethod
+    def of_recorded(cls, partition: int, recorded: RecordedFailover, config: MigrationConfig) -> "MigrationHandle":
+        """The handle of a failover the sensor drove (its phases are reported, not driven again)."""
+        return cls(
+            partition=partition,
+            migration_id=recorded.migration_id,
+            kind="forced",
+            from_node=recorded.from_node,
+            to_node=recorded.to_node,
+            from_epoch=recorded.from_epoch,
+            to_epoch=recorded.to_epoch,
+            config=config.model_dump(),
+            recorded=tuple((r.phase, r.duration_s, r.bytes_moved, r.detail) for r in recorded.phases),
+        )
+
     def migration_config(self) -> MigrationConfig:
         """The limits the migration is driven with."""
         return MigrationConfig(**self.config)
 
+    def recorded_report(self, phase: MigrationPhase) -> PhaseReport | None:
+        """The report of `phase` if it was driven before the run, else None."""
+        for name, duration, moved, detail in self.recorded:
+            if name == str(phase):
+                return PhaseReport(phase, duration, moved, detail)
+        return None
+
     def metadata(self) -> dict[str, Any]:
-        """Identifying fields for op metadata (shown on every step in the UI)."""
+        """Identifying fields (for failure metadata; a run shows them as tags)."""
         return {
             "partition": self.partition,
             "migration_id": self.migration_id,
@@ -100,16 +154,25 @@ class MigrationHandle:
             "to_epoch": self.to_epoch,
         }
 
+    def tags(self) -> dict[str, str]:
+        """The run tags naming this migration."""
+        return {
+            PARTITION_TAG: str(self.partition),
+            MIGRATION_ID_TAG: self.migration_id,
+            FROM_NODE_TAG: str(self.from_node),
+            TO_NODE_TAG: str(self.to_node),
+            FROM_EPOCH_TAG: str(self.from_epoch),
+            TO_EPOCH_TAG: str(self.to_epoch),
+        }
 
-def report_metadata(handle: MigrationHandle, report: PhaseReport) -> dict[str, Any]:
-    """Op output metadata for one phase."""
-    return {
-        **handle.metadata(),
-        "phase": str(report.phase),
-        "duration_s": MetadataValue.float(round(report.duration_s, 6)),
-        "bytes_moved": MetadataValue.int(report.bytes_moved),
-        "detail": report.detail,
-    }
+
+def report_metadata(report: PhaseReport, *, transfer: bool) -> dict[str, Any]:
+    """Op output metadata for one phase: duration first, bytes only on a transfer op, then the detail."""
+    metadata: dict[str, Any] = {"duration_s": MetadataValue.float(round(report.duration_s, 6))}
+    if transfer:
+        metadata["bytes_moved"] = MetadataValue.int(report.bytes_moved)
+    metadata["detail"] = report.detail
+    return metadata
 
 
 def failure(what: str, exc: BaseException, **metadata: Any) -> Failure:

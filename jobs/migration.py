@@ -1,22 +1,25 @@
 """The migration jobs: one op per protocol phase, each a thin wrapper over `run_phase`.
 
-``migrate_partition`` (graceful, seed 003):
+``migrate_partition`` (graceful):
     plan → drain → checkpoint → upload → release → download → restore → seek → activate
 ``failover_partition`` (forced, the old owner is dead):
     fence → download → restore → seek → activate
 
 Each op persists its phase in the partition's desired-state record, does the
 coordinator's part (the fence, for forced moves) and waits until the
-responsible node reports the phase done; its output metadata carries the
-migration id, the phase, ``duration_s`` and ``bytes_moved``. The ledger holds
-the whole migration state, so a re-executed or re-launched run resumes the
-recorded migration instead of starting another.
+responsible node reports the phase done; its output metadata carries
+``duration_s``, ``bytes_moved`` (on the transfer ops, upload and download)
+and the ``detail``; the migration's identity (partition, id, nodes, epochs)
+is on the run as tags. The ledger holds the whole migration state, so a
+re-executed or re-launched run resumes the recorded migration instead of
+starting another. A failover the node-failure sensor already drove comes with
+its phases in ``recorded``: the run shows them and drives only what is left.
 
 Launchpad config of ``migrate_partition``::
 
     partition: 3
     to_node: 2
-    limits:              # optional, seed 003 defaults
+    limits:              # optional, the default limits
       migration_timeout_s: 30
 
 ``failover_partition`` takes ``partition``, an optional ``to_node`` (default:
@@ -24,11 +27,13 @@ the live node holding the fewest partitions), ``allow_live_owner`` and ``limits`
 """
 
 from collections.abc import Iterator
+from typing import Any
 
 from dagster import (
     Config,
     Failure,
     In,
+    MetadataValue,
     OpDefinition,
     OpExecutionContext,
     Out,
@@ -53,9 +58,10 @@ from resources import LaminarResource
 
 from .common import (
     EXPECTED_ERRORS,
-    MIGRATION_ID_TAG,
+    TRANSFER_OPS,
     MigrationHandle,
     MigrationLimits,
+    RecordedFailover,
     failure,
     report_metadata,
     tag_run,
@@ -71,7 +77,7 @@ class MigratePartitionConfig(Config):
     partition: int = Field(ge=0, description="The partition to move.")
     to_node: int = Field(ge=1, description="The live node that takes the partition over.")
     limits: MigrationLimits = Field(
-        default_factory=MigrationLimits, description="Timeouts and retries (seed 003 defaults)."
+        default_factory=MigrationLimits, description="Timeouts and retries (the defaults when unset)."
     )
 
 
@@ -88,7 +94,11 @@ class FailoverPartitionConfig(Config):
         "Without it, a failover of a partition whose owner is alive does nothing.",
     )
     limits: MigrationLimits = Field(
-        default_factory=MigrationLimits, description="Timeouts and retries (seed 003 defaults)."
+        default_factory=MigrationLimits, description="Timeouts and retries (the defaults when unset)."
+    )
+    recorded: RecordedFailover | None = Field(
+        default=None,
+        description="Set by the node-failure sensor: the failover it already fenced and drove, phase by phase.",
     )
 
 
@@ -132,9 +142,21 @@ _PHASE_DESCRIPTIONS = {
 
 
 def run_phase_op(
-    context: OpExecutionContext, laminar: LaminarResource, handle: MigrationHandle, phase: MigrationPhase
+    context: OpExecutionContext,
+    laminar: LaminarResource,
+    handle: MigrationHandle,
+    phase: MigrationPhase,
+    *,
+    transfer: bool = False,
 ) -> Output[MigrationHandle]:
-    """Drive one phase of the migration in `handle`; a MigrationError fails the op (and the migration)."""
+    """Drive one phase of the migration in `handle` (or report it, if the sensor drove it already).
+
+    A MigrationError fails the op and the migration.
+    """
+    recorded = handle.recorded_report(phase)
+    if recorded is not None:
+        context.log.info(f"{phase}: {recorded.detail} in {recorded.duration_s:.3f}s (driven by node_failure_sensor)")
+        return Output(handle, metadata=report_metadata(recorded, transfer=transfer))
     coordinator = laminar.coordinator(handle.migration_config())
     try:
         report = coordinator.run_phase(PartitionId(handle.partition), handle.migration_id, phase)
@@ -147,10 +169,12 @@ def run_phase_op(
     except EXPECTED_ERRORS as exc:
         raise failure(f"migration {handle.migration_id}: {phase}", exc, phase=str(phase), **handle.metadata()) from exc
     context.log.info(f"{phase}: {report.detail} in {report.duration_s:.3f}s, {report.bytes_moved} bytes")
-    return Output(handle, metadata=report_metadata(handle, report))
+    return Output(handle, metadata=report_metadata(report, transfer=transfer))
 
 
 def _phase_op(name: str, phase: MigrationPhase) -> OpDefinition:
+    transfer = name in TRANSFER_OPS
+
     @op(
         name=name,
         description=f"Phase `{phase}`: {_PHASE_DESCRIPTIONS[phase]}",
@@ -159,7 +183,7 @@ def _phase_op(name: str, phase: MigrationPhase) -> OpDefinition:
         tags={"laminar/phase": str(phase)},
     )
     def _op(context: OpExecutionContext, laminar: LaminarResource, handle: MigrationHandle) -> Output[MigrationHandle]:
-        return run_phase_op(context, laminar, handle, phase)
+        return run_phase_op(context, laminar, handle, phase, transfer=transfer)
 
     return _op
 
@@ -217,13 +241,13 @@ def plan(
             partition=config.partition,
             to_node=config.to_node,
         ) from exc
-    tag_run(context, {MIGRATION_ID_TAG: task.migration_id})
+    tag_run(context, handle.tags())
     context.log.info(
         f"migration {task.migration_id}: partition {p} node {task.from_node} -> {task.to_node}, "
         f"epoch {task.from_epoch} -> {task.to_epoch}, recorded phase {task.phase}"
     )
     resumed = task.phase != MigrationPhase.PLANNED
-    yield Output(handle, metadata={**report_metadata(handle, report), "resumed": resumed})
+    yield Output(handle, metadata={**report_metadata(report, transfer=False), "resumed": resumed})
 
 
 @op(
@@ -238,6 +262,15 @@ def fence(
     """Forced phases `planned` + `released`; no output (the rest skipped) if the owner is alive."""
     wait_for_retry_delay(context)
     settings = config.limits.migration_config()
+    if config.recorded is not None:
+        # The sensor fenced (and most likely finished) this failover: report it, drive what is left.
+        handle = MigrationHandle.of_recorded(config.partition, config.recorded, settings)
+        tag_run(context, handle.tags())
+        outputs = [
+            run_phase_op(context, laminar, handle, phase) for phase in (MigrationPhase.PLANNED, MigrationPhase.RELEASED)
+        ]
+        yield Output(handle, metadata=_fence_metadata(outputs, "recorded by node_failure_sensor"))
+        return
     coordinator = laminar.coordinator(settings)
     p = PartitionId(config.partition)
     try:
@@ -255,25 +288,27 @@ def fence(
         context.log.info(f"partition {p}: {decision.reason}")
         return
     handle = MigrationHandle.of(task, settings)
-    tag_run(context, {MIGRATION_ID_TAG: task.migration_id})
+    tag_run(context, handle.tags())
     context.log.info(decision.reason)
     phases = [MigrationPhase.PLANNED]
     # A graceful move already past the release only needs its rising phases.
     before_release = GRACEFUL_PHASES.index(task.phase) <= GRACEFUL_PHASES.index(MigrationPhase.RELEASED)
     if task.migration_kind == MigrationKind.FORCED or before_release:
         phases.append(MigrationPhase.RELEASED)
-    reports = []
-    for phase in phases:
-        reports.append(run_phase_op(context, laminar, handle, phase))
-    last = reports[-1]
-    yield Output(
-        handle,
-        metadata={
-            **(last.metadata or {}),
-            "decision": decision.reason,
-            "superseded": ", ".join(decision.superseded) or "-",
-        },
-    )
+    outputs = [run_phase_op(context, laminar, handle, phase) for phase in phases]
+    metadata = _fence_metadata(outputs, decision.reason)
+    metadata["superseded"] = ", ".join(decision.superseded) or "-"
+    yield Output(handle, metadata=metadata)
+
+
+def _fence_metadata(outputs: list[Output[MigrationHandle]], decision: str) -> dict[str, Any]:
+    """The fence op's metadata: its phases' durations summed, the last phase's detail, the decision."""
+    total = 0.0
+    for out in outputs:
+        value: Any = (out.metadata or {}).get("duration_s")
+        total += float(value.value if isinstance(value, MetadataValue) else value or 0.0)
+    last = outputs[-1].metadata or {}
+    return {"duration_s": MetadataValue.float(round(total, 6)), "detail": last.get("detail", ""), "decision": decision}
 
 
 # --- the jobs -----------------------------------------------------------------------------
@@ -281,7 +316,7 @@ def fence(
 
 @job(
     name="migrate_partition",
-    description="Graceful migration of one partition to another node (seed 003): "
+    description="Graceful migration of one partition to another node: "
     "plan → drain → checkpoint → upload → release → download → restore → seek → activate.",
     config=_migrate_config,
     executor_def=in_process_executor,

@@ -192,24 +192,34 @@ class BatchEngine(Protocol):
     def cancel(self, job_group: str) -> None: ...
 
 
+def spark_conf(master: str = "local[*]", app_name: str = "laminar-node", *, ui: bool = False) -> dict[str, str]:
+    """The Spark settings of a node's session, tuned for small, frequent batches.
+
+    One definition for `laminar node run` and the Dagster ``pyspark`` resource.
+    """
+    return {
+        "spark.master": master,
+        "spark.app.name": app_name,
+        "spark.ui.enabled": "true" if ui else "false",
+        "spark.sql.shuffle.partitions": os.environ.get("LAMINAR_SHUFFLE_PARTITIONS", "2"),
+        # A batch aggregate is one shuffle: adaptive execution would split it into more jobs.
+        "spark.sql.adaptive.enabled": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.driver.memory": os.environ.get("LAMINAR_SPARK_DRIVER_MEMORY", "1g"),
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.sources.parallelPartitionDiscovery.threshold": "1000000",
+    }
+
+
 def build_spark_session(master: str = "local[*]", app_name: str = "laminar-node", *, ui: bool = False) -> Any:
-    """A SparkSession tuned for small, frequent batches on one machine."""
+    """A SparkSession with `spark_conf`, bound to loopback unless ``SPARK_LOCAL_IP`` says otherwise."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.ui.enabled", "true" if ui else "false")
-        .config("spark.sql.shuffle.partitions", os.environ.get("LAMINAR_SHUFFLE_PARTITIONS", "2"))
-        # A batch aggregate is one shuffle: adaptive execution would split it into more jobs.
-        .config("spark.sql.adaptive.enabled", "false")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", os.environ.get("LAMINAR_SPARK_DRIVER_MEMORY", "1g"))
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.sources.parallelPartitionDiscovery.threshold", "1000000")
-    )
+    builder = SparkSession.builder
+    for key, value in spark_conf(master, app_name, ui=ui).items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -6,16 +6,20 @@
   readers. For ``s3://`` stores the boto3 client comes from dagster-aws's
   `S3Resource` (endpoint and region from ``AWS_ENDPOINT_URL`` / ``AWS_REGION``)
   and the store is wrapped in `RetryingStore`.
-* ``pyspark`` — dagster-pyspark's `PySparkResource` (``spark.master`` from
-  ``LAMINAR_SPARK_MASTER``, default ``local[*]``; Spark UI off). No migration op
-  needs it, so Dagster never starts a SparkSession for those runs.
+* ``pyspark`` — dagster-pyspark's `PySparkResource` with the same Spark
+  settings as ``laminar node run`` (`laminar_orchestration.processing.spark_conf`;
+  ``spark.master`` from ``LAMINAR_SPARK_MASTER``, default ``local[*]``; Spark UI
+  off; bound to loopback unless ``SPARK_LOCAL_IP`` is set). The ``worker_node``
+  job runs a node's partitions on its session and ``committed_state`` is
+  materialized on it; no migration op needs it, so Dagster never starts a
+  SparkSession for those runs.
 """
 
 import os
 from typing import Any
 from urllib.parse import urlparse
 
-from dagster import ConfigurableResource, EnvVar
+from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from dagster_aws.s3 import S3Resource
 from dagster_pyspark import PySparkResource
 from pydantic import Field, PrivateAttr
@@ -23,10 +27,12 @@ from pydantic import Field, PrivateAttr
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.manifest import ManifestReader
 from laminar_orchestration.migration import MigrationConfig, MigrationCoordinator
+from laminar_orchestration.processing import spark_conf
 from laminar_orchestration.store import InvalidStoreUrl, ObjectStore, default_store_url, open_store
 
 __all__ = [
     "LaminarResource",
+    "LaminarSparkResource",
     "build_resources",
     "laminar_resource_from_env",
     "s3_resource_from_env",
@@ -82,7 +88,7 @@ class LaminarResource(ConfigurableResource):  # type: ignore[type-arg]
         return Ledger(self.store())
 
     def coordinator(self, config: MigrationConfig | None = None) -> MigrationCoordinator:
-        """A migration coordinator with `config` (seed 003 defaults when None)."""
+        """A migration coordinator with `config` (the default limits when None)."""
         return MigrationCoordinator(self.ledger(), config)
 
     def manifests(self) -> ManifestReader:
@@ -120,17 +126,24 @@ def laminar_resource_from_env() -> LaminarResource:
     )
 
 
+class LaminarSparkResource(PySparkResource):
+    """`PySparkResource` that binds Spark to loopback (unless ``SPARK_LOCAL_IP`` is set) and keeps its log quiet.
+
+    Spark reads ``SPARK_LOCAL_IP`` when the JVM starts, so it is set just before
+    the session is built, as `laminar node run` does. A node on a remote
+    cluster sets ``SPARK_LOCAL_IP`` to an address the executors can reach.
+    """
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        super().setup_for_execution(context)
+        self.spark_session.sparkContext.setLogLevel("ERROR")
+
+
 def spark_resource_from_env() -> PySparkResource:
-    """A PySparkResource for ``LAMINAR_SPARK_MASTER`` (default ``local[*]``), Spark UI off."""
+    """The ``pyspark`` resource: `spark_conf` for ``LAMINAR_SPARK_MASTER`` (default ``local[*]``)."""
     master = os.environ.get("LAMINAR_SPARK_MASTER", "").strip() or "local[*]"
-    return PySparkResource(
-        spark_config={
-            "spark.master": master,
-            "spark.app.name": "laminar-dagster",
-            "spark.ui.enabled": "false",
-            "spark.sql.shuffle.partitions": "4",
-        }
-    )
+    return LaminarSparkResource(spark_config=spark_conf(master, "laminar-dagster"))
 
 
 def build_resources() -> dict[str, Any]:

@@ -27,7 +27,7 @@ from dagster import (
 from dagster_aws.s3 import S3Resource
 from dagster_pyspark import PySparkResource
 
-from assets import ASSETS, observe_laminar_state
+from assets import checkpoint_observation, ownership_observation
 from jobs import GRACEFUL_OPS, MIGRATION_ID_TAG, RISING_OPS, failover_partition, migrate_partition, rebalance
 from laminar_orchestration.capabilities import OutputCommitter
 from laminar_orchestration.identity import NodeId, PartitionId
@@ -35,12 +35,13 @@ from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.manifest import (
     DeltaRef,
     ManifestPublisher,
+    ManifestReader,
     ManifestUpdate,
     SnapshotFile,
     SnapshotRef,
     artifact_ref,
 )
-from laminar_orchestration.migration import MigrationCoordinator, MigrationKind, MigrationPhase, desired_key
+from laminar_orchestration.migration import MigrationCoordinator, MigrationPhase, desired_key
 from laminar_orchestration.records import grant_key
 from laminar_orchestration.store import LocalObjectStore
 from laminar_orchestration.store.retry import RetryingStore
@@ -108,7 +109,7 @@ def test_definitions_hold_every_piece() -> None:
         "migrate_partition",
         "failover_partition",
         "rebalance",
-        "observe_laminar_state",
+        "worker_node",
     }
     repository = defs.get_repository_def()
     assert {s.name for s in repository.sensor_defs} == {
@@ -118,7 +119,14 @@ def test_definitions_hold_every_piece() -> None:
     }
     assert {s.name for s in repository.schedule_defs} == {"rebalance_schedule"}
     keys = defs.resolve_asset_graph().get_all_asset_keys()
-    assert {AssetKey("ownership_map"), AssetKey("assignment_plan"), AssetKey("checkpoint_manifests")} <= keys
+    assert {
+        AssetKey("ownership_map"),
+        AssetKey("assignment_plan"),
+        AssetKey("checkpoint_manifests"),
+        AssetKey("committed_state"),
+    } <= keys
+    # The ledger assets are observed by the sensors, never by a job of their own.
+    assert not any(j.name.startswith("observe") for j in defs.resolve_all_job_defs())
 
 
 # --- jobs -------------------------------------------------------------------------------------
@@ -212,11 +220,17 @@ def test_a_failing_phase_fails_its_op_with_a_clear_message_and_fails_the_migrati
     assert set(step_events(result, DagsterEventType.STEP_SUCCESS)) == {"plan"}
     planned = step_events(result, DagsterEventType.STEP_OUTPUT)["plan"]
     meta = planned.event_specific_data.metadata
-    migration_id = meta["migration_id"].value
-    assert meta["phase"].value == "planned" and meta["partition"].value == 0
-    assert {"duration_s", "bytes_moved"} <= set(meta)
+    # Duration and detail first; bytes only on the transfer ops; who/what/which epoch as run tags.
+    assert list(meta)[:2] == ["duration_s", "detail"] and "bytes_moved" not in meta
     stored = instance.get_run_by_id(result.run_id)
-    assert stored is not None and stored.tags[MIGRATION_ID_TAG] == migration_id  # filterable in the UI
+    assert stored is not None
+    migration_id = stored.tags[MIGRATION_ID_TAG]  # filterable in the UI
+    assert {k: stored.tags[k] for k in ("laminar/partition", "laminar/from_node", "laminar/to_node")} == {
+        "laminar/partition": "0",
+        "laminar/from_node": "1",
+        "laminar/to_node": "2",
+    }
+    assert (stored.tags["laminar/from_epoch"], stored.tags["laminar/to_epoch"]) == ("1", "2")
     failed = step_events(result, DagsterEventType.STEP_FAILURE)["drain"]
     user = failed.event_specific_data.user_failure_data
     assert user is not None
@@ -269,8 +283,9 @@ def test_failover_fences_then_waits_for_the_new_owner(ledger: Ledger, laminar: L
     result = run(failover_partition, laminar, {"partition": 0, "limits": {"checkpoint_transfer_timeout_s": 0.05}})
     assert set(step_events(result, DagsterEventType.STEP_SUCCESS)) == {"fence"}
     meta = step_events(result, DagsterEventType.STEP_OUTPUT)["fence"].event_specific_data.metadata
-    assert meta["migration_kind"].value == str(MigrationKind.FORCED)
-    assert (meta["phase"].value, meta["from_node"].value, meta["to_node"].value) == ("released", 1, 2)
+    assert list(meta)[:2] == ["duration_s", "detail"] and meta["detail"].value == "epoch 1 fenced"
+    tags = result.dagster_run.tags
+    assert (tags["laminar/from_node"], tags["laminar/to_node"], tags["laminar/to_epoch"]) == ("1", "2", "2")
     assert "download" in step_events(result, DagsterEventType.STEP_FAILURE)
     own = ledger.ownership(P(0))
     assert own is not None and (own.owner, own.epoch) == (2, 2)
@@ -322,7 +337,7 @@ def test_rebalance_fans_moves_out_in_waves_within_the_node_limit(ledger: Ledger,
     assert sorted(owners) == [1, 1, 2, 2]
 
 
-def test_observation_job_records_the_ledger_as_asset_metadata(ledger: Ledger, laminar: LaminarResource) -> None:
+def test_observations_record_the_ledger_as_asset_metadata(ledger: Ledger) -> None:
     ledger.register_node(N(1), heartbeat_timeout_s=60)
     token = ledger.acquire(P(0), N(1), expected_epoch=0)
     ledger.acquire(P(1), N(1), expected_epoch=0)
@@ -332,16 +347,9 @@ def test_observation_job_records_the_ledger_as_asset_metadata(ledger: Ledger, la
     )
     delta = DeltaRef(ref=artifact_ref("checkpoints/00000/d.parquet", b"delta!"), start_offset=40, end_offset=42, rows=2)
     publisher.publish(token, ManifestUpdate(source_offset=42, snapshot=snapshot, deltas=(delta,)))
-    defs = Definitions(assets=ASSETS, jobs=[observe_laminar_state], resources={"laminar": laminar})
-    instance = DagsterInstance.ephemeral()
-    assert defs.resolve_job_def("observe_laminar_state").execute_in_process(instance=instance).success
 
-    def observed(key: str) -> Any:
-        record = instance.fetch_observations(AssetKey(key), limit=1).records[0]
-        return record.asset_observation
-
-    own = observed("ownership_map")
-    rows = [r.data for r in own.metadata["ownership"].value.records]
+    own = ownership_observation(ledger)
+    rows = [r.data for r in own.metadata["ownership"].value.records]  # type: ignore[union-attr]
     assert rows[0] == {
         "partition": 0,
         "epoch": 1,
@@ -349,17 +357,19 @@ def test_observation_job_records_the_ledger_as_asset_metadata(ledger: Ledger, la
         "status": "active",
         "owner_alive": True,
         "migration": "",
+        "health": "ok",
     }
+    assert rows[2]["health"] == "unassigned"
     assert own.metadata["unassigned"].value == 2
+    assert list(own.metadata)[:3] == ["on_dead_nodes", "migrations_in_flight", "unassigned"]
     assert own.tags["dagster/data_version"]
-    plan = observed("assignment_plan")
-    assert plan.metadata["balanced"].value is False  # p2, p3 unassigned
-    ckpt = observed("checkpoint_manifests")
-    entry = ckpt.metadata["partition_00000"].value
+    ckpt = checkpoint_observation(ledger, ManifestReader(ledger.store))
+    entry: Any = ckpt.metadata["partition_00000"].value
     assert (entry["seq"], entry["fencing_token"], entry["source_offset"]) == (2, 1, 42)  # after the grant's seal
     assert (entry["state_offset"], entry["snapshot_files"], entry["snapshot_bytes"]) == (40, 1, 5)
     assert (entry["deltas"], entry["delta_bytes"]) == (1, 6)
-    assert ckpt.metadata["partition_00001"].value["seq"] == 1  # only the seal of its grant
+    second: Any = ckpt.metadata["partition_00001"].value
+    assert second["seq"] == 1  # only the seal of its grant
 
 
 # --- resources ------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 from dagster import (
+    AssetCheckEvaluation,
+    AssetObservation,
     DagsterInstance,
     DefaultScheduleStatus,
     DefaultSensorStatus,
@@ -94,35 +96,64 @@ def tick(sensor: Any, laminar: LaminarResource, cursor: str | None = None) -> Ti
 # --- node failure ----------------------------------------------------------------------------
 
 
-def test_dead_owner_gets_one_failover_per_partition_and_no_duplicate(ledger: Ledger, laminar: LaminarResource) -> None:
+#: The node-failure sensor as the daemon runs it, but with no watch of late nodes and a short drive
+#: budget: the nodes here are ledger records only and never report a phase.
+quick_failure_sensor = build_node_failure_sensor(name="quick_failure_sensor", watch_s=0, drive_budget_s=0.3)
+
+
+def test_dead_owner_is_fenced_by_the_sensor_and_recorded_as_one_run_per_partition(
+    ledger: Ledger, laminar: LaminarResource
+) -> None:
     make_alive(ledger, 2, 3)
     make_dead(ledger, 1)
     ledger.acquire(P(0), N(1), expected_epoch=0)
     ledger.acquire(P(1), N(1), expected_epoch=0)
     ledger.acquire(P(2), N(2), expected_epoch=0)  # live owner: nothing to do; p3 stays unassigned
 
-    first = tick(node_failure_sensor, laminar)
+    first = tick(quick_failure_sensor, laminar)
     reqs = first.requests
     assert [r.run_key for r in reqs] == ["failover-p0-e1", "failover-p1-e1"]
     assert all(r.job_name == failover_partition.name for r in reqs)
     # Least load first, counting what this tick assigned: node 3 holds nothing, then 2 and 3 tie.
-    assert [r.run_config for r in reqs] == [{"partition": 0, "to_node": 3}, {"partition": 1, "to_node": 2}]
+    assert [(r.run_config["partition"], r.run_config["to_node"]) for r in reqs] == [(0, 3), (1, 2)]
     assert reqs[0].tags["laminar/failed_node"] == "1"
+    # The sensor fenced both at once: the new owners hold epoch 2 before any run starts...
+    assert [(ledger.ownership(P(p)).owner, ledger.ownership(P(p)).epoch) for p in (0, 1)] == [(3, 2), (2, 2)]  # type: ignore[union-attr]
+    # ...and each run gets what was done: fenced, then no node reported downloading within the budget.
+    recorded = reqs[0].run_config["recorded"]
+    assert recorded["migration_id"] == MigrationCoordinator(ledger).current(P(0)).migration_id  # type: ignore[union-attr]
+    assert (recorded["from_node"], recorded["to_node"], recorded["from_epoch"], recorded["to_epoch"]) == (1, 3, 1, 2)
+    assert [ph["phase"] for ph in recorded["phases"]] == ["planned", "released"]
+    assert "epoch 1 fenced" in recorded["phases"][1]["detail"]
     assert first.cursor is not None and json.loads(first.cursor) == {"handled": [[0, 1], [1, 1]]}
 
-    second = tick(node_failure_sensor, laminar, first.cursor)
+    second = tick(quick_failure_sensor, laminar, first.cursor)
     assert second.requests == [], "a second tick must not request the same failovers"
-    assert second.cursor == first.cursor
 
-    # p0 was failed over (epoch 2, live owner): its entry leaves the cursor. Then node 3 dies
-    # too: that is a new (partition, epoch), so a new run key.
-    ledger.fence(P(0), N(3), expected_epoch=1, reason="test: failover done")
-    third = tick(node_failure_sensor, laminar, second.cursor)
-    assert third.requests == []
-    assert third.cursor is not None and json.loads(third.cursor) == {"handled": [[1, 1]]}
+    # Node 3 dies too, before p0's failover finished: a new (partition, epoch), so a new run key,
+    # and the failover to the dead node is superseded.
     make_dead(ledger, 3)
-    fourth = tick(node_failure_sensor, laminar, third.cursor)
-    assert [(r.run_key, r.run_config) for r in fourth.requests] == [("failover-p0-e2", {"partition": 0, "to_node": 2})]
+    third = tick(quick_failure_sensor, laminar, second.cursor)
+    assert [(r.run_key, r.run_config["to_node"]) for r in third.requests] == [("failover-p0-e2", 2)]
+    assert ledger.ownership(P(0)).owner == 2  # type: ignore[union-attr]
+
+
+def test_the_sensor_reports_the_dead_owner_then_the_failover(ledger: Ledger, laminar: LaminarResource) -> None:
+    make_alive(ledger, 2)
+    make_dead(ledger, 1)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    with build_sensor_context(resources={"laminar": laminar}) as context:
+        result = quick_failure_sensor(context)
+    assert isinstance(result, SensorResult)
+    before_obs, before_check, after_obs, after_check = result.asset_events
+    assert isinstance(before_obs, AssetObservation) and isinstance(after_obs, AssetObservation)
+    assert before_obs.metadata["on_dead_nodes"].value == 1
+    rows = {r.data["partition"]: r.data for r in before_obs.metadata["ownership"].value.records}  # type: ignore[union-attr]
+    assert rows[0]["health"] == "owner dead: failover pending"
+    assert isinstance(before_check, AssetCheckEvaluation) and not before_check.passed
+    assert after_obs.metadata["on_dead_nodes"].value == 0
+    assert after_obs.metadata["migrations_in_flight"].value == 1
+    assert isinstance(after_check, AssetCheckEvaluation) and not after_check.passed  # p1..p3 unassigned
 
 
 def test_live_owners_need_nothing(ledger: Ledger, laminar: LaminarResource) -> None:
@@ -138,7 +169,9 @@ def test_sensor_heartbeat_timeout_overrides_the_nodes_own(ledger: Ledger, lamina
     make_alive(ledger, 1, 2)  # each node says 60 s
     ledger.acquire(P(0), N(1), expected_epoch=0)
     time.sleep(0.6)
-    strict = build_node_failure_sensor(name="strict_failure_sensor", heartbeat_timeout_s=0.5)
+    strict = build_node_failure_sensor(
+        name="strict_failure_sensor", heartbeat_timeout_s=0.5, watch_s=0, drive_budget_s=0.3
+    )
     # Both nodes look dead to the strict sensor, so nobody can take the partition yet...
     result = tick(strict, laminar)
     assert result.requests == [] and result.skip is not None and "no live node" in result.skip
@@ -153,7 +186,7 @@ def test_partition_already_failing_over_is_left_alone(ledger: Ledger, laminar: L
     make_dead(ledger, 1)
     ledger.acquire(P(0), N(1), expected_epoch=0)
     MigrationCoordinator(ledger).plan(P(0), N(2), forced=True)  # a failover in flight (phase planned)
-    result = tick(node_failure_sensor, laminar)
+    result = tick(quick_failure_sensor, laminar)
     assert result.requests == [] and result.skip is not None and "in flight" in result.skip
 
 
@@ -285,14 +318,37 @@ def test_a_stranded_failover_is_retried(ledger: Ledger, laminar: LaminarResource
 # --- observation ------------------------------------------------------------------------------
 
 
-def test_observation_sensor_fires_only_on_change(ledger: Ledger, laminar: LaminarResource) -> None:
-    first = tick(laminar_observation_sensor, laminar)
-    assert len(first.requests) == 1 and first.cursor
-    again = tick(laminar_observation_sensor, laminar, first.cursor)
-    assert again.requests == [] and again.cursor == first.cursor
+def observe_tick(laminar: LaminarResource, cursor: str | None = None) -> tuple[SensorResult | SkipReason, str | None]:
+    with build_sensor_context(cursor=cursor, resources={"laminar": laminar}) as context:
+        result = laminar_observation_sensor(context)
+    assert isinstance(result, SensorResult | SkipReason)
+    return result, result.cursor if isinstance(result, SensorResult) else cursor
+
+
+def test_observation_sensor_reports_asset_events_only_on_change(ledger: Ledger, laminar: LaminarResource) -> None:
+    first, cursor = observe_tick(laminar)
+    assert isinstance(first, SensorResult) and not first.run_requests, "observing must launch no run"
+    keys = [e.asset_key.to_user_string() for e in first.asset_events]
+    assert keys == ["ownership_map", "ownership_map", "assignment_plan", "checkpoint_manifests"]
+    check = first.asset_events[1]
+    assert isinstance(check, AssetCheckEvaluation) and check.check_name == "partitions_on_live_nodes"
+    assert not check.passed and "4 of 4 partitions not on a live node" in (check.description or "")
+    (request,) = first.dynamic_partitions_requests or []
+    assert list(request.partition_keys) == ["0", "1", "2", "3"]
+
+    again, same = observe_tick(laminar, cursor)
+    assert isinstance(again, SkipReason) and same == cursor
+
+    make_alive(ledger, 1)
     ledger.acquire(P(0), N(1), expected_epoch=0)
-    changed = tick(laminar_observation_sensor, laminar, first.cursor)
-    assert len(changed.requests) == 1 and changed.cursor != first.cursor
+    changed, _ = observe_tick(laminar, cursor)
+    assert isinstance(changed, SensorResult)
+    assert [e.asset_key.to_user_string() for e in changed.asset_events] == [
+        "ownership_map",
+        "ownership_map",
+        "assignment_plan",
+    ]  # the manifests are observed at most once a minute
+    assert not changed.dynamic_partitions_requests
 
 
 def test_the_retry_sensor_fails_a_record_past_its_deadline(ledger: Ledger) -> None:

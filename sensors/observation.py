@@ -1,0 +1,129 @@
+"""``laminar_observation_sensor``: the ledger assets observed from the sensor, no runs.
+
+Every evaluation (the daemon's 5 s loop) reads the ledger and reports, as
+asset events of the sensor tick itself:
+
+* ``ownership_map`` and its ``partitions_on_live_nodes`` check whenever
+  ownership, owner liveness or a migration's phase changed — a node going
+  silent shows as "owner dead: failover pending" on the next tick;
+* ``assignment_plan`` whenever ownership or the live nodes changed;
+* ``checkpoint_manifests`` when the manifests changed, at most every
+  `CHECKPOINT_EVERY_S` (they change with every commit);
+* the stream partitions as ``committed_state``'s Dagster partitions.
+"""
+
+import json
+import time
+from dataclasses import dataclass, field
+
+from dagster import (
+    AddDynamicPartitionsRequest,
+    AssetCheckEvaluation,
+    AssetObservation,
+    DefaultSensorStatus,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+
+from assets import (
+    LAMINAR_PARTITIONS,
+    assignment_observation,
+    checkpoint_observation,
+    checkpoint_rows,
+    fingerprint,
+    live_owners_evaluation,
+    ownership_observation,
+    ownership_rows,
+)
+from laminar_orchestration.ledger import Ledger
+from laminar_orchestration.manifest import ManifestReader
+from resources import LaminarResource
+
+__all__ = ["CHECKPOINT_EVERY_S", "ObservationCursor", "laminar_observation_sensor", "observe"]
+
+#: Least time between two observations of the checkpoint manifests.
+CHECKPOINT_EVERY_S = 60.0
+
+
+@dataclass
+class ObservationCursor:
+    """What was last reported: fingerprints of each asset's state, and when the manifests were."""
+
+    ownership: str = ""
+    plan: str = ""
+    manifests: str = ""
+    manifests_at: float = 0.0
+    partitions: int = 0
+
+    @classmethod
+    def decode(cls, raw: str | None) -> "ObservationCursor":
+        try:
+            return cls(**json.loads(raw)) if raw else cls()
+        except (ValueError, TypeError):
+            return cls()  # a mangled cursor costs one repeated observation
+
+    def encode(self) -> str:
+        return json.dumps(self.__dict__, sort_keys=True)
+
+
+@dataclass
+class Observed:
+    """One evaluation's events and the cursor after them."""
+
+    events: list[AssetObservation | AssetCheckEvaluation] = field(default_factory=list)
+    new_partitions: list[str] = field(default_factory=list)
+    cursor: ObservationCursor = field(default_factory=ObservationCursor)
+
+
+def observe(
+    ledger: Ledger, manifests: ManifestReader, cursor: ObservationCursor, *, now: float | None = None
+) -> Observed:
+    """The asset events that differ from what `cursor` says was reported."""
+    at = time.time() if now is None else now
+    out = Observed(cursor=ObservationCursor(**cursor.__dict__))
+    rows = ownership_rows(ledger)
+    own = fingerprint(rows)
+    if own != cursor.ownership:
+        out.events += [ownership_observation(ledger, rows), live_owners_evaluation(rows)]
+        out.cursor.ownership = own
+    plan = fingerprint([(r["partition"], r["owner"], r["owner_alive"]) for r in rows])
+    if plan != cursor.plan:
+        out.events.append(assignment_observation(ledger))
+        out.cursor.plan = plan
+    if at - cursor.manifests_at >= CHECKPOINT_EVERY_S:
+        state = fingerprint([(r["partition"], r["seq"]) for r in checkpoint_rows(ledger, manifests)])
+        if state != cursor.manifests:
+            out.events.append(checkpoint_observation(ledger, manifests))
+            out.cursor.manifests, out.cursor.manifests_at = state, at
+    count = len(ledger.partitions())
+    if count > cursor.partitions:
+        out.new_partitions = [str(p) for p in range(cursor.partitions, count)]
+        out.cursor.partitions = count
+    return out
+
+
+@sensor(
+    name="laminar_observation_sensor",
+    minimum_interval_seconds=5,
+    default_status=DefaultSensorStatus.RUNNING,
+    description="Reports observations of the ledger assets (and the live-owner check) when the ledger "
+    "changes, and the stream partitions as committed_state partitions. Launches no runs.",
+)
+def laminar_observation_sensor(context: SensorEvaluationContext, laminar: LaminarResource) -> SensorResult | SkipReason:
+    ledger = laminar.ledger()
+    if not ledger.is_initialized():
+        return SkipReason(f"no cluster in {ledger.store.url}")
+    cursor = ObservationCursor.decode(context.cursor)
+    observed = observe(ledger, laminar.manifests(), cursor)
+    if not observed.events and not observed.new_partitions:
+        return SkipReason("nothing changed since the last observation")
+    requests = (
+        [AddDynamicPartitionsRequest(LAMINAR_PARTITIONS.name or "", observed.new_partitions)]
+        if observed.new_partitions
+        else []
+    )
+    return SensorResult(
+        asset_events=observed.events, dynamic_partitions_requests=requests, cursor=observed.cursor.encode()
+    )
