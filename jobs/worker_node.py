@@ -88,7 +88,11 @@ def run_node(
             failed.append(exc)
 
     thread = threading.Thread(target=serve, name=f"laminar-node-{config.node_id}", daemon=True)
-    context.log.info(f"node {config.node_id}: starting on {node_config.spark_master} (store {node_config.store_url})")
+    app = spark.sparkContext.appName
+    context.log.info(
+        f"node {config.node_id}: starting on the pyspark resource's session ({node_config.spark_master}, app {app}), "
+        f"store {node_config.store_url}"
+    )
     tag_run(context, {NODE_TAG: str(config.node_id)})
     thread.start()
     try:
