@@ -1,0 +1,148 @@
+"""Dagster's daemon (and optionally its webserver) as real processes on a temporary instance.
+
+Used by the end-to-end Dagster tests and ``benchmarks.bench_dagster_failover``:
+the instance settings are the repo's ``dagster.yaml``, the code location is
+``workspace.yaml``, the store and heartbeat timeout come from the environment,
+as in `laminar demo`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dagster import AssetKey, DagsterInstance, DagsterRun, RunsFilter
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ControlPlane:
+    """``dagster-daemon`` (sensors, run launches) and optionally ``dagster-webserver`` on one instance."""
+
+    def __init__(
+        self, workdir: Path, store_url: str, *, heartbeat_timeout_s: float, env: Mapping[str, str] | None = None
+    ) -> None:
+        self.workdir = workdir
+        self.home = workdir / "dagster_home"
+        self.home.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / "dagster.yaml", self.home / "dagster.yaml")
+        self.env = {
+            **os.environ,
+            "DAGSTER_HOME": str(self.home),
+            "LAMINAR_STORE": store_url,
+            "LAMINAR_FAILOVER_HEARTBEAT_TIMEOUT_S": str(heartbeat_timeout_s),
+            "LAMINAR_SPARK_MASTER": "local[1]",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
+            **(env or {}),
+        }
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.port: int | None = None
+
+    def _start(self, name: str, cmd: list[str]) -> None:
+        log = (self.workdir / f"{name}.log").open("wb")
+        self.procs[name] = subprocess.Popen(
+            cmd, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+
+    def start_daemon(self) -> None:
+        self._start("dagster-daemon", [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"])
+
+    def start_webserver(self, timeout_s: float = 180.0) -> None:
+        self.port = free_port()
+        cmd = [str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(self.port)]
+        self._start("dagster-webserver", cmd)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_running()
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/server_info", timeout=5),
+            ):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"the webserver did not answer within {timeout_s:.0f}s:\n{self.log('dagster-webserver')}")
+
+    def log(self, name: str) -> str:
+        return (self.workdir / f"{name}.log").read_text(errors="replace")[-4000:]
+
+    def check_running(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log(name)}")
+
+    def instance(self) -> DagsterInstance:
+        return DagsterInstance.from_config(str(self.home))
+
+    def wait_sensors_ticking(self, timeout_s: float = 180.0) -> None:
+        """Until the observation sensor reported the ownership map: the daemon evaluates sensors."""
+        deadline = time.monotonic() + timeout_s
+        with self.instance() as instance:
+            while time.monotonic() < deadline:
+                self.check_running()
+                if instance.fetch_observations(AssetKey("ownership_map"), limit=1).records:
+                    return
+                time.sleep(0.5)
+        raise TimeoutError(f"no sensor evaluation within {timeout_s:.0f}s:\n{self.log('dagster-daemon')}")
+
+    def runs(self, job_name: str | None = None) -> list[DagsterRun]:
+        with self.instance() as instance:
+            return list(instance.get_runs(RunsFilter(job_name=job_name) if job_name else None))
+
+    def launch(self, job_name: str, run_config: Mapping[str, Any]) -> str:
+        """Launch a run through the webserver's GraphQL API, as the Launchpad's button does; its run id."""
+        assert self.port is not None, "start_webserver() first"
+        query = """
+        mutation($params: ExecutionParams!) {
+          launchRun(executionParams: $params) {
+            __typename
+            ... on LaunchRunSuccess { run { runId } }
+            ... on PythonError { message }
+            ... on RunConfigValidationInvalid { errors { message } }
+          }
+        }"""
+        params = {
+            "selector": {"repositoryLocationName": "laminar", "repositoryName": "__repository__", "jobName": job_name},
+            "runConfigData": dict(run_config),
+        }
+        body = json.dumps({"query": query, "variables": {"params": params}}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/graphql", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            answer = json.loads(resp.read())
+        result = answer["data"]["launchRun"]
+        if result["__typename"] != "LaunchRunSuccess":
+            raise RuntimeError(f"launchRun failed: {result}")
+        return str(result["run"]["runId"])
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
