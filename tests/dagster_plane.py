@@ -55,6 +55,9 @@ class ControlPlane:
         }
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.port: int | None = None
+        # Create the instance's databases once, before several processes race to create them.
+        with self.instance():
+            pass
 
     def _start(self, name: str, cmd: list[str]) -> None:
         log = (self.workdir / f"{name}.log").open("wb")
