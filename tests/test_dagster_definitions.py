@@ -42,6 +42,7 @@ from laminar_orchestration.manifest import (
     artifact_ref,
 )
 from laminar_orchestration.migration import MigrationCoordinator, MigrationPhase, desired_key
+from laminar_orchestration.processing import spark_conf
 from laminar_orchestration.records import grant_key
 from laminar_orchestration.store import LocalObjectStore
 from laminar_orchestration.store.retry import RetryingStore
@@ -384,6 +385,8 @@ def test_resources_default_to_the_local_store_and_local_spark(monkeypatch: pytes
     assert isinstance(spark, PySparkResource)
     assert spark.spark_config["spark.master"] == "local[*]"
     assert spark.spark_config["spark.ui.enabled"] == "false"
+    # One Spark configuration for `laminar node run` and the resource: only the app name differs.
+    assert spark.spark_config == spark_conf("local[*]", "laminar-dagster")
     monkeypatch.setenv("LAMINAR_STORE", "file:///somewhere/else")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://minio:9000")
     resource = laminar_resource_from_env()
