@@ -105,6 +105,8 @@ def decide_retry(
             f"{settings.max_retries}: giving up"
         )
     new_config = dict(run_config)
+    # The sensor-driven failover the run was recording failed: the retry plans a fresh one.
+    new_config.pop("recorded", None)
     if job_name == failover_partition.name and new_config.get("to_node") not in live:
         new_config.pop("to_node", None)  # its target died too: let the op pick the least-loaded node
     not_before = (now if now is not None else time.time()) + settings.retry_delay_s

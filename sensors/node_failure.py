@@ -261,10 +261,12 @@ def _drive_one(
     start = seq.index(task.phase) if task.phase in seq else 0
     for phase in seq[max(start, 0) :]:
         left = deadline - time.monotonic()
-        if left <= 0:
+        # The fence never waits for a node: it is done whatever the budget, so nothing the dead
+        # owner may still do is accepted; only the waits for the new owner are bounded.
+        if left <= 0 and phase not in (MigrationPhase.PLANNED, MigrationPhase.RELEASED):
             return _with(result, reports, f"the sensor's {DRIVE_BUDGET_S:g}s budget ran out before {phase}")
         # The sensor waits at most its budget; the run then resumes with the migration's own limits.
-        wait = min(left, limits.checkpoint_transfer_timeout_s)
+        wait = max(0.01, min(left, limits.checkpoint_transfer_timeout_s))
         bounded = MigrationCoordinator(ledger, limits.model_copy(update={"checkpoint_transfer_timeout_s": wait}))
         try:
             report = bounded.run_phase(PartitionId(task.partition), task.migration_id, phase)

@@ -168,9 +168,9 @@ def test_live_owners_need_nothing(ledger: Ledger, laminar: LaminarResource) -> N
 def test_sensor_heartbeat_timeout_overrides_the_nodes_own(ledger: Ledger, laminar: LaminarResource) -> None:
     make_alive(ledger, 1, 2)  # each node says 60 s
     ledger.acquire(P(0), N(1), expected_epoch=0)
-    time.sleep(0.6)
+    time.sleep(2.1)
     strict = build_node_failure_sensor(
-        name="strict_failure_sensor", heartbeat_timeout_s=0.5, watch_s=0, drive_budget_s=0.3
+        name="strict_failure_sensor", heartbeat_timeout_s=2.0, watch_s=0, drive_budget_s=0.3
     )
     # Both nodes look dead to the strict sensor, so nobody can take the partition yet...
     result = tick(strict, laminar)
@@ -299,6 +299,16 @@ def test_decide_retry_branches(ledger: Ledger) -> None:
     assert isinstance(out, SkipReason) and "live node 2" in str(out.skip_message)
     assert isinstance(decide_retry("other_job", {"partition": 1}, {}, "r6", ledger), SkipReason)
     assert isinstance(decide_retry(migrate, {}, {}, "r7", ledger), SkipReason)
+
+
+def test_a_failed_recording_run_is_retried_as_a_fresh_failover(ledger: Ledger) -> None:
+    make_alive(ledger, 2)
+    make_dead(ledger, 1)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    recorded = {"migration_id": "gone", "from_node": 1, "to_node": 2, "from_epoch": 1, "to_epoch": 2, "phases": []}
+    config = {"partition": 0, "to_node": 2, "recorded": recorded}
+    decision = decide_retry(failover_partition.name, config, {}, "run-1", ledger)
+    assert isinstance(decision, RunRequest) and decision.run_config == {"partition": 0, "to_node": 2}
 
 
 def test_a_stranded_failover_is_retried(ledger: Ledger, laminar: LaminarResource) -> None:
