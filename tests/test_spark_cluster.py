@@ -19,6 +19,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyspark
 import pytest
@@ -86,7 +87,8 @@ def spark_cluster(tmp_path: Path) -> Iterator[tuple[str, int, dict[str, str]]]:
 
         def worker_registered() -> bool:
             with contextlib.suppress(OSError, ValueError):
-                return int(_master_state(web).get("aliveworkers", 0)) >= 1  # type: ignore[call-overload]
+                alive: Any = _master_state(web).get("aliveworkers", 0)
+                return int(alive) >= 1
             return False
 
         wait_until(worker_registered, 120, "the Spark worker to register with the master", interval=0.5)
