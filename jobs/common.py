@@ -27,8 +27,9 @@ FROM_NODE_TAG = "laminar/from_node"
 TO_NODE_TAG = "laminar/to_node"
 FROM_EPOCH_TAG = "laminar/from_epoch"
 TO_EPOCH_TAG = "laminar/to_epoch"
-#: Ops that move state between nodes: the only ones whose metadata carries `bytes_moved`.
-TRANSFER_OPS = frozenset({"upload", "download"})
+#: Ops that move state between nodes, the only ones whose metadata carries `bytes_moved`: the
+#: target's warm-up (plan), the old owner's final upload and the new owner's download. Their sum is the move's.
+TRANSFER_OPS = frozenset({"plan", "upload", "download"})
 #: Longest a run waits for NOT_BEFORE_TAG, whatever the tag says (a typo must not hang a run).
 MAX_RETRY_WAIT_S = 600.0
 

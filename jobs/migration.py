@@ -8,7 +8,8 @@
 Each op persists its phase in the partition's desired-state record, does the
 coordinator's part (the fence, for forced moves) and waits until the
 responsible node reports the phase done; its output metadata carries
-``duration_s``, ``bytes_moved`` (on the transfer ops, upload and download)
+``duration_s``, ``bytes_moved`` (on the ops that move state: plan, where the
+target warms up, upload and download; they add up to the move)
 and the ``detail``; the migration's identity (partition, id, nodes, epochs)
 is on the run as tags. The ledger holds the whole migration state, so a
 re-executed or re-launched run resumes the recorded migration instead of
@@ -247,7 +248,7 @@ def plan(
         f"epoch {task.from_epoch} -> {task.to_epoch}, recorded phase {task.phase}"
     )
     resumed = task.phase != MigrationPhase.PLANNED
-    yield Output(handle, metadata={**report_metadata(report, transfer=False), "resumed": resumed})
+    yield Output(handle, metadata={**report_metadata(report, transfer="plan" in TRANSFER_OPS), "resumed": resumed})
 
 
 @op(

@@ -15,6 +15,7 @@ run then ends Canceled. Launchpad config::
 """
 
 import threading
+import time
 
 from dagster import (
     Config,
@@ -80,12 +81,17 @@ def run_node(
     node_config = config.node_config(laminar.store().url, str(spark.sparkContext.master))
     node = Node(node_config, store=laminar.store(), spark=spark)
     failed: list[BaseException] = []
+    # Waited on instead of Thread.join: an interrupt inside join() can mark a running thread stopped
+    # (CPython before 3.13), and the run would end before the node left the cluster.
+    finished = threading.Event()
 
     def serve() -> None:
         try:
             node.run(install_signals=False)  # signals belong to Dagster's run worker
         except BaseException as exc:  # handed to the op's thread, which fails the run with it
             failed.append(exc)
+        finally:
+            finished.set()
 
     thread = threading.Thread(target=serve, name=f"laminar-node-{config.node_id}", daemon=True)
     app = spark.sparkContext.appName
@@ -96,12 +102,12 @@ def run_node(
     tag_run(context, {NODE_TAG: str(config.node_id)})
     thread.start()
     try:
-        while thread.is_alive():
-            thread.join(0.5)
+        while not finished.wait(0.5):
+            pass
     except (DagsterExecutionInterruptedError, KeyboardInterrupt):
         context.log.info(f"node {config.node_id}: run terminated, draining and releasing its partitions")
         node.stop()
-        _drain(thread)
+        _drain(finished)
         context.log.info(f"node {config.node_id}: stopped")
         raise
     if failed:
@@ -112,12 +118,12 @@ def run_node(
         ) from exc
 
 
-def _drain(thread: threading.Thread) -> None:
+def _drain(finished: threading.Event) -> None:
     """Wait for the stopping node, ignoring further interrupts: leaving mid-release would strand partitions."""
-    while thread.is_alive():
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    while not finished.is_set() and time.monotonic() < deadline:
         try:
-            thread.join(DRAIN_TIMEOUT_S)
-            return
+            finished.wait(0.5)
         except (DagsterExecutionInterruptedError, KeyboardInterrupt):
             continue
 

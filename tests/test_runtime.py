@@ -300,10 +300,11 @@ def test_dagster_migrate_partition_job_against_live_nodes(cluster: Cluster) -> N
     assert ops == ["plan", "drain", "checkpoint", "upload", "release", "download", "restore", "seek", "activate"]
     outputs = {e.step_key: e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"}
     metadata = {step: e.event_specific_data.metadata for step, e in outputs.items()}  # type: ignore[union-attr]
-    # The state moves while the target warms up (plan) and in the handoff (download); nothing else moves bytes.
-    moved = {step: int(str(m["bytes_moved"].value)) for step, m in metadata.items()}
+    # The state moves while the target warms up (plan) and in the handoff (upload, download): only those
+    # ops carry bytes_moved, so their sum is the move's.
+    moved = {step: int(str(m["bytes_moved"].value)) for step, m in metadata.items() if "bytes_moved" in m}
+    assert set(moved) == {"plan", "upload", "download"}
     assert moved["plan"] + moved["download"] > 0 and all("duration_s" in m for m in metadata.values())
-    assert moved["checkpoint"] == moved["release"] == 0
     assert (cluster.owner(3), cluster.epoch(3)) == (target, epoch + 1)
     assert_exactly_once(cluster)
 
