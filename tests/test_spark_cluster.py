@@ -115,7 +115,8 @@ def test_nodes_on_a_spark_standalone_cluster_move_and_fail_over_exactly_once(
     try:
         cluster.start_node(1)
         cluster.start_node(2)
-        cluster.wait_alive(1, 2, timeout=180)
+        # Each node's first Spark job waits for an executor on the worker: slow on a loaded machine.
+        cluster.wait_alive(1, 2, timeout=300)
         apps = _master_state(web).get("activeapps")
         assert isinstance(apps, list) and {a["name"] for a in apps} == {"laminar-node-1", "laminar-node-2"}
         cluster.place({0: 1, 1: 2})
