@@ -39,8 +39,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from laminar_dev.localcluster import Cluster, wait_until
 from laminar_orchestration.identity import PartitionId
-from laminar_orchestration.localcluster import Cluster, wait_until
 from laminar_orchestration.migration import DesiredStates, MigrationKind, MigrationPhase, MigrationTask
 from tests.dagster_plane import ControlPlane
 

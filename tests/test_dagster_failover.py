@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from dagster import AssetKey, DagsterEventType, DagsterRunStatus, EventRecordsFilter
 
+from laminar_dev.localcluster import Cluster, wait_until
 from laminar_orchestration.identity import PartitionId
-from laminar_orchestration.localcluster import Cluster, wait_until
 from laminar_orchestration.migration import DesiredStates, MigrationKind, MigrationPhase
 
 from .dagster_plane import ControlPlane

@@ -24,8 +24,8 @@ from typing import Any
 import pyspark
 import pytest
 
+from laminar_dev.localcluster import Cluster, wait_until
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.localcluster import Cluster, wait_until
 
 from .dagster_plane import free_port
 
