@@ -35,7 +35,7 @@ from .errors import ConflictError, OperationFailedError, UnavailableError
 from .identity import UNASSIGNED, NodeId, PartitionId
 from .ledger import EpochConflict, Ledger, LedgerError, NodeView, parse_record
 from .manifest import ManifestReader
-from .records import Record, new_write_id, now, partition_prefix
+from .records import PartitionProgress, Record, new_write_id, now, partition_prefix
 from .store import PreconditionFailed
 
 
@@ -160,6 +160,8 @@ class MigrationTask(Record):
     updated_at: datetime
     completed_at: datetime | None = None
     timeout_s: float = Field(gt=0)
+    #: What the target downloaded while warming up, before the drain (the plan's share of the move).
+    warm_bytes: int = Field(default=0, ge=0)
     attempt: int = Field(default=1, ge=1)
     write_id: str = Field(default_factory=new_write_id)
 
@@ -614,39 +616,54 @@ class MigrationCoordinator:
         if phase == MigrationPhase.PLANNED:
             if task.migration_kind != MigrationKind.GRACEFUL:
                 return PhaseReport(phase, time.monotonic() - started, 0, "planned")
-            detail, warmed = self._wait_warm(task)
+            detail = self._wait_warm(task)
             aligned = self._align_drain(task)
+            warmed = self._record_warm_bytes(task)
             return PhaseReport(phase, time.monotonic() - started, warmed, f"{detail}; {aligned}")
         progress = self._wait_for_node(task, phase)
+        moved = progress.bytes_moved if progress else 0
+        if phase == MigrationPhase.DOWNLOADING:
+            # The target's count covers the whole move: the plan's share was reported with the plan.
+            moved = max(0, moved - task.warm_bytes)
+        elif phase != MigrationPhase.UPLOADING:
+            moved = 0  # only the transfer phases move bytes
         return PhaseReport(
-            phase,
-            time.monotonic() - started,
-            progress.bytes_moved if progress else 0,
-            f"node {self._responsible(task, phase)} reported {phase}",
+            phase, time.monotonic() - started, moved, f"node {self._responsible(task, phase)} reported {phase}"
         )
 
-    def _wait_warm(self, task: MigrationTask) -> tuple[str, int]:
-        """Wait (bounded) until the target reports a warm copy of the partition; never fails the move.
-
-        Returns what happened and the bytes the target's warm-up downloaded.
-        """
+    def _wait_warm(self, task: MigrationTask) -> str:
+        """Wait (bounded) until the target reports a warm copy of the partition; never fails the move."""
         limit = min(self.config.warmup_timeout_s, seconds_left(task))
         start = time.monotonic()
         while True:
-            record = self.ledger.node(NodeId(task.to_node))
-            progress = record.partitions.get(task.partition) if record else None
-            if (
-                progress is not None
-                and progress.migration_id == task.migration_id
-                and progress.lag is not None
-                and progress.lag <= self.config.warm_lag_events
-            ):
-                return f"target node {task.to_node} warm: {progress.lag} committed events behind", progress.bytes_moved
+            progress = self._target_progress(task)
+            if progress is not None and progress.lag is not None and progress.lag <= self.config.warm_lag_events:
+                return f"target node {task.to_node} warm: {progress.lag} committed events behind"
             if time.monotonic() - start >= limit:
-                warmed = progress.bytes_moved if progress is not None else 0
-                return f"target node {task.to_node} not warm after {limit:.1f}s: the handoff transfers the rest", warmed
+                return f"target node {task.to_node} not warm after {limit:.1f}s: the handoff transfers the rest"
             self._still_running(task, MigrationPhase.PLANNED)
             time.sleep(self.poll_interval_s)
+
+    def _target_progress(self, task: MigrationTask) -> PartitionProgress | None:
+        """The target's report on this migration's partition, if it is about this migration."""
+        record = self.ledger.node(NodeId(task.to_node))
+        progress = record.partitions.get(task.partition) if record else None
+        return progress if progress is not None and progress.migration_id == task.migration_id else None
+
+    def _record_warm_bytes(self, task: MigrationTask) -> int:
+        """The bytes the target downloaded before the drain, kept in the task for the download's share."""
+        progress = self._target_progress(task)
+        warmed = progress.bytes_moved if progress is not None else 0
+        if warmed > task.warm_bytes:
+
+            def change(state: DesiredState) -> DesiredState | None:
+                current = state.migration
+                if current is None or current.migration_id != task.migration_id or current.warm_bytes >= warmed:
+                    return None
+                return state.model_copy(update={"migration": current.model_copy(update={"warm_bytes": warmed})})
+
+            self.desired.update(PartitionId(task.partition), change)
+        return warmed
 
     def _align_drain(self, task: MigrationTask) -> str:
         """Wait for the old owner's next data commit, so the drain follows it at once.

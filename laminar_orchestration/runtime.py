@@ -358,11 +358,13 @@ class PartitionWorker(threading.Thread):
         if self.guard is not None:
             self.guard.check()
 
-    def _report(self, phase: MigrationPhase, bytes_moved: int = 0) -> None:
+    def _report(self, phase: MigrationPhase, bytes_moved: int | None = None) -> None:
+        """Record `phase` done (and the bytes it moved; a target's count is cumulative, so kept)."""
         task = self._task
         self._done_for = task.migration_id if task else None
         self._phase_done = phase
-        self._bytes_moved = bytes_moved
+        if bytes_moved is not None:
+            self._bytes_moved = bytes_moved
         self.node.report_now()
 
     def _wait_phase(self, phase: MigrationPhase, *, timeout_s: float | None = None) -> MigrationTask | None:
@@ -414,8 +416,11 @@ class PartitionWorker(threading.Thread):
                 self._prefetch(final.to_epoch, current.manifest.source_offset if current else 0)
             if current is not None:
                 stats = self.replica.catch_up(current.manifest)
-                # What the warm-up transfers is what this move moves: reported with the plan.
+                # The target counts every byte it downloads for this move, warm-up and handoff alike;
+                # the coordinator splits the count into the plan's share and the download's.
                 self._bytes_moved += stats.bytes_downloaded
+                if stats.bytes_downloaded:
+                    self.node.report_now()
                 self._committed_offset = self.replica.source_offset
                 if stats.full_restore or stats.deltas_applied:
                     self._log_catch_up("warmed up", stats)
@@ -497,7 +502,7 @@ class PartitionWorker(threading.Thread):
         self.state_name = WorkerState.RESTORING
         # Snapshot (files this node does not hold yet) + deltas: the restore is done with the download.
         stats = self._restore(manifest)
-        self._report(MigrationPhase.DOWNLOADING, stats.bytes_downloaded)
+        self._report(MigrationPhase.DOWNLOADING, self._bytes_moved + stats.bytes_downloaded)
         self._prefetch(task.to_epoch, self._committed_offset)
         self._phase(MigrationPhase.RESTORING)
         self._report(MigrationPhase.RESTORING)

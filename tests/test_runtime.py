@@ -283,11 +283,18 @@ def test_dagster_migrate_partition_job_against_live_nodes(cluster: Cluster) -> N
     from dagster import DagsterInstance
 
     from jobs import migrate_partition
+    from laminar_orchestration.ownership import warm_copies
     from resources import LaminarResource
 
     cluster.produce(30_000)
+    cluster.wait_committed()  # there is state to move
     owner = cluster.owner(3)
-    target = next(n for n in (1, 2, 3) if n != owner)
+    # A node that owned partition 3 earlier in this module may still follow it as a standby: the
+    # move is asserted to transfer state, so it goes to a node without a copy where there is one.
+    copies = warm_copies(cluster.ledger.nodes()).get(3, {})
+    candidates = [n for n in (1, 2, 3) if n != owner]
+    target = next((n for n in candidates if n not in copies), candidates[0])
+    cold = target not in copies
     epoch = cluster.epoch(3)
     with DagsterInstance.ephemeral() as instance:
         result = migrate_partition.execute_in_process(
@@ -304,7 +311,9 @@ def test_dagster_migrate_partition_job_against_live_nodes(cluster: Cluster) -> N
     # ops carry bytes_moved, so their sum is the move's.
     moved = {step: int(str(m["bytes_moved"].value)) for step, m in metadata.items() if "bytes_moved" in m}
     assert set(moved) == {"plan", "upload", "download"}
-    assert moved["plan"] + moved["download"] > 0 and all("duration_s" in m for m in metadata.values())
+    assert all("duration_s" in m for m in metadata.values())
+    if cold:
+        assert moved["plan"] + moved["download"] > 0, moved
     assert (cluster.owner(3), cluster.epoch(3)) == (target, epoch + 1)
     assert_exactly_once(cluster)
 
