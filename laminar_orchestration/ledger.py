@@ -38,9 +38,8 @@ from .capabilities import LedgerWriter, ManifestSealer, ledger_key
 from .errors import ConflictError, CorruptDataError, InvalidArgument, LaminarError, NotFoundError
 from .fencing import FencingToken, NotOwned, StaleEpoch, UnknownPartition, _mint_token
 from .identity import MAX_PARTITIONS, UNASSIGNED, NodeId, PartitionId
+from .keys import CLUSTER_KEY, MEMBERSHIP_KEY, grant_key, node_key, ownership_head_key, release_key
 from .records import (
-    CLUSTER_KEY,
-    MEMBERSHIP_KEY,
     ClusterRecord,
     EpochGrant,
     GrantKind,
@@ -51,12 +50,8 @@ from .records import (
     PartitionProgress,
     PartitionStatus,
     ReleaseRecord,
-    grant_key,
-    head_key,
     new_write_id,
-    node_key,
     now,
-    release_key,
 )
 from .store import ObjectStore, PreconditionFailed
 
@@ -285,9 +280,9 @@ class Ledger:
                 partition=p, epoch=0, owner=UNASSIGNED, status=PartitionStatus.UNASSIGNED, updated_at=now()
             )
             try:
-                self._writer.create(ledger_key(head_key(p)), _encode(head))
+                self._writer.create(ledger_key(ownership_head_key(p)), _encode(head))
             except PreconditionFailed:
-                self._require(head_key(p), PartitionHead)  # exists (earlier run or re-init): must parse
+                self._require(ownership_head_key(p), PartitionHead)  # exists (earlier run or re-init): must parse
         if self._read(MEMBERSHIP_KEY, MembershipRecord) is None:
             membership = MembershipRecord(cluster_epoch=1, members=[], reason="init", updated_at=now())
             # Losing this race is fine: someone else created the same initial record.
@@ -315,7 +310,7 @@ class Ledger:
 
     def ownership(self, partition: PartitionId) -> Ownership | None:
         """The current owner: the head, rolled forward over any newer grants. None if unknown."""
-        got = self._read(head_key(partition), PartitionHead)
+        got = self._read(ownership_head_key(partition), PartitionHead)
         if got is None:
             return None
         head, _ = got
@@ -466,7 +461,7 @@ class Ledger:
         only_if_epoch: int | None,
     ) -> bool:
         """Move the head forward by CAS. Never moves it back; returns whether it wrote."""
-        key = head_key(partition)
+        key = ownership_head_key(partition)
         while True:
             head, etag = self._require(key, PartitionHead)
             if only_if_epoch is not None and head.epoch != only_if_epoch:

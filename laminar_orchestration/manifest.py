@@ -32,9 +32,6 @@ forward over history entries it has not caught up with, so no listing is needed.
 from __future__ import annotations
 
 import hashlib
-import os
-import threading
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -46,51 +43,13 @@ from .capabilities import ManifestKey, OutputCommitter, manifest_key
 from .errors import ConflictError, CorruptDataError
 from .fencing import ConditionalPutFailed, FencingToken
 from .identity import PartitionId
+from .keys import manifest_history_key, manifest_pointer_key
 from .ledger import LedgerError, parse_record
 from .records import Record, new_write_id, now
 from .store import ObjectStore, PreconditionFailed
+from .ulid import next_ulid
 
 SHA256_METADATA = "x-laminar-sha256"
-
-
-def manifest_pointer_key(partition: int) -> str:
-    return f"manifests/{partition:05d}/current.json"
-
-
-def manifest_history_key(partition: int, seq: int) -> str:
-    return f"manifests/{partition:05d}/history/{seq:020d}.json"
-
-
-# --- ULIDs ------------------------------------------------------------------
-
-_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-_ulid_lock = threading.Lock()
-
-
-def _encode_ulid(value: int) -> str:
-    chars = []
-    for _ in range(26):
-        chars.append(_CROCKFORD[value & 31])
-        value >>= 5
-    return "".join(reversed(chars))
-
-
-def _decode_ulid(text: str) -> int:
-    value = 0
-    for ch in text:
-        value = (value << 5) | _CROCKFORD.index(ch)
-    return value
-
-
-def next_ulid(after: str | None = None) -> str:
-    """A ULID (ms timestamp + randomness) strictly greater than `after`."""
-    with _ulid_lock:
-        value = (int(time.time() * 1000) << 80) | int.from_bytes(os.urandom(10), "big")
-        if after is not None:
-            floor = _decode_ulid(after)
-            if value <= floor:
-                value = floor + 1
-        return _encode_ulid(value)
 
 
 # --- records ----------------------------------------------------------------

@@ -33,9 +33,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from .capabilities import LedgerWriter, ledger_key
 from .errors import ConflictError, OperationFailedError, UnavailableError
 from .identity import UNASSIGNED, NodeId, PartitionId
+from .keys import desired_state_key
 from .ledger import EpochConflict, Ledger, LedgerError, NodeView, parse_record
 from .manifest import ManifestReader
-from .records import Record, new_write_id, now, partition_prefix
+from .records import Record, new_write_id, now
 from .store import PreconditionFailed
 
 
@@ -178,10 +179,6 @@ class DesiredState(Record):
     migration: MigrationTask | None = None
     updated_at: datetime
     write_id: str = Field(default_factory=new_write_id)
-
-
-def desired_key(partition: int) -> str:
-    return f"{partition_prefix(partition)}/desired.json"
 
 
 # --- errors -----------------------------------------------------------------------
@@ -388,7 +385,7 @@ class DesiredStates:
         self._writer = LedgerWriter(ledger.store)
 
     def read(self, partition: PartitionId) -> tuple[DesiredState, str | None]:
-        key = desired_key(partition)
+        key = desired_state_key(partition)
         obj = self._writer.get(key)
         if obj is None:
             return DesiredState(partition=partition, owner=UNASSIGNED, updated_at=now()), None
@@ -396,7 +393,7 @@ class DesiredStates:
 
     def update(self, partition: PartitionId, change: Callable[[DesiredState], DesiredState | None]) -> DesiredState:
         """Apply `change` by compare-and-swap, re-reading on conflict. `change` may raise to abort."""
-        key = ledger_key(desired_key(partition))
+        key = ledger_key(desired_state_key(partition))
         while True:
             current, etag = self.read(partition)
             new = change(current)

@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import CorruptDataError, InvalidInputError, LaminarError
 from .framing import FLAG_PUBLISHED, HEADER_SIZE, FrameHeader, iter_frames
 from .identity import MAX_PARTITIONS
+from .keys import segment_key, source_head_key
 from .store import ConcurrentModification, ObjectStore, PreconditionFailed
 
 __all__ = [
@@ -55,7 +56,6 @@ __all__ = [
     "INT64_MIN",
     "MAX_KEY_BYTES",
     "MAX_LINE_BYTES",
-    "SOURCE_PREFIX",
     "AppendResult",
     "BadInputLine",
     "CorruptSegment",
@@ -73,13 +73,9 @@ __all__ = [
     "decode_segment",
     "encode_segment",
     "generate_events",
-    "head_key",
     "normalize_events",
     "produce_from_jsonl",
-    "segment_key",
 ]
-
-SOURCE_PREFIX = "source/"
 
 #: Columns of every Parquet payload, in this order.
 EVENT_SCHEMA = pa.schema(
@@ -104,21 +100,6 @@ INT64_MAX = 2**63 - 1
 MAX_KEY_BYTES = 1024
 #: Longest JSONL input line, in bytes (newline excluded); lines are read with this bound.
 MAX_LINE_BYTES = 1024 * 1024
-
-
-def partition_prefix(partition: int) -> str:
-    """``source/{partition:05d}``."""
-    return f"{SOURCE_PREFIX}{partition:05d}"
-
-
-def segment_key(partition: int, start_offset: int) -> str:
-    """Key of the segment of `partition` whose first event has offset `start_offset`."""
-    return f"{partition_prefix(partition)}/{start_offset:020d}.seg"
-
-
-def head_key(partition: int) -> str:
-    """Key of the producers' CAS head pointer of `partition`."""
-    return f"{partition_prefix(partition)}/head.json"
 
 
 # --- errors -------------------------------------------------------------------
@@ -573,7 +554,7 @@ class SourceLog:
         return got[0] if got else None
 
     def _read_head(self, partition: int) -> tuple[SourceHead, str] | None:
-        key = head_key(partition)
+        key = source_head_key(partition)
         obj = self.store.get_or_none(key)
         if obj is None:
             return None
@@ -594,9 +575,9 @@ class SourceLog:
         record = SourceHead(next_offset=next_offset, segments=segments, updated_at=datetime.now(UTC))
         data = record.model_dump_json().encode()
         if etag is None:
-            self.store.put_if_absent(head_key(partition), data)
+            self.store.put_if_absent(source_head_key(partition), data)
         else:
-            self.store.put_if_match(head_key(partition), data, etag)
+            self.store.put_if_match(source_head_key(partition), data, etag)
 
     def end_offset(self, partition: int) -> int:
         """The head's next offset (0 if none). May lag behind segments of a dead producer."""
@@ -694,7 +675,7 @@ class SourceLog:
                     return
                 if current != start:
                     raise CorruptSourceHead(
-                        head_key(partition),
+                        source_head_key(partition),
                         f"head at {current} while the segment at {start} was being published",
                     ) from None
                 assert got is not None

@@ -17,6 +17,7 @@ from laminar_orchestration.fencing import (
     StaleEpoch,
 )
 from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.keys import manifest_history_key
 from laminar_orchestration.ledger import EpochConflict, Ledger
 from laminar_orchestration.manifest import (
     DeltaRef,
@@ -24,7 +25,6 @@ from laminar_orchestration.manifest import (
     ManifestUpdate,
     StaleFencingToken,
     artifact_ref,
-    manifest_history_key,
 )
 from laminar_orchestration.store import ObjectStore, open_store
 
