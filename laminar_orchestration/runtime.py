@@ -48,8 +48,6 @@ from .identity import UNASSIGNED, NodeId, PartitionId
 from .ledger import Ledger, NodeHandle, NodeIdentityConflict
 from .manifest import DeltaRef, ManifestPublisher, ManifestUpdate, ManifestVersion, SnapshotRef, StaleFencingToken
 from .migration import (
-    GRACEFUL_PHASES,
-    SETTING_PHASES,
     DesiredState,
     DesiredStates,
     MigrationKind,
@@ -65,7 +63,6 @@ from .store import ObjectStore, StoreError, open_store
 
 log = logging.getLogger("laminar.node")
 
-_RANK = {phase: i for i, phase in enumerate(GRACEFUL_PHASES)}
 #: How often a node re-reads the record of a migration it takes part in (the full reconcile is slower).
 MIGRATION_POLL_S = 0.01
 
@@ -375,9 +372,9 @@ class PartitionWorker(threading.Thread):
                     raise PhaseAborted()
                 if self.tracker.is_fenced:
                     raise Fenced(self.tracker.reason or "fenced")
-                if task is None or task.phase in (MigrationPhase.FAILED, MigrationPhase.CANCELLED):
+                if task is None or task.phase.is_aborted:
                     raise PhaseAborted()
-                if task.phase in _RANK and _RANK[task.phase] >= _RANK[phase]:
+                if task.phase.reached(phase):
                     return task
                 left = 0.5 if deadline is None else deadline - time.monotonic()
                 if left <= 0:
@@ -430,7 +427,7 @@ class PartitionWorker(threading.Thread):
         return (
             task is not None
             and task.migration_kind == MigrationKind.GRACEFUL
-            and task.phase in SETTING_PHASES
+            and task.phase.needs_old_owner
             and task.from_node == self.node.id
             and task.from_epoch == self.epoch
         )
