@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
 import logging
 import shutil
 import signal
@@ -60,6 +59,8 @@ from .replica import CatchUp, StateReplica
 from .source import SourceBatch, SourceLog
 from .standby import StandbyFollower
 from .store import ObjectStore, StoreError, open_store
+from .worker_state import WorkerState as WorkerState  # re-exported: the worker's states are runtime's API
+from .worker_state import check_transition
 
 log = logging.getLogger("laminar.node")
 
@@ -99,19 +100,6 @@ class NodeConfig(BaseModel):
     standby_for: tuple[int, ...] = ()
     #: How often a standby (or a migration's warming target) reads the partition's newest manifest.
     standby_poll_s: float = Field(default=0.1, gt=0)
-
-
-class WorkerState(enum.StrEnum):
-    STARTING = "starting"
-    #: A migration's target following the chain before the handoff (a warm-up, like a standby).
-    WARMING = "warming"
-    RESTORING = "restoring"
-    RUNNING = "running"
-    DRAINING = "draining"
-    RELEASED = "released"
-    REVOKED = "revoked"
-    FAILED = "failed"
-    STOPPED = "stopped"
 
 
 @dataclass(frozen=True)
@@ -175,7 +163,7 @@ class PartitionWorker(threading.Thread):
         self.node = node
         self.partition = partition
         self.tracker = Tracker(partition)
-        self.state_name = WorkerState.STARTING
+        self._state = WorkerState.STARTING
         self.guard: PartitionGuard | None = None
         self.token: FencingToken | None = None
         self._task: MigrationTask | None = rising
@@ -258,13 +246,17 @@ class PartitionWorker(threading.Thread):
         return self._commits
 
     @property
+    def state_name(self) -> WorkerState:
+        return self._state
+
+    @state_name.setter
+    def state_name(self, new: WorkerState) -> None:
+        # Every change of state is checked against the one transition table.
+        self._state = check_transition(self._state, new)
+
+    @property
     def finished(self) -> bool:
-        return self.state_name in (
-            WorkerState.RELEASED,
-            WorkerState.REVOKED,
-            WorkerState.FAILED,
-            WorkerState.STOPPED,
-        )
+        return self.state_name.is_finished
 
     def progress(self) -> PartitionProgress:
         return PartitionProgress(
