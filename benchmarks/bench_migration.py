@@ -87,7 +87,7 @@ STANDBY_ARGS = ("--standby-for", f"{SMALL},{BIG}")
 LOCAL = "local"
 
 # Targets.
-GRACEFUL_TOTAL_TARGET_S = 5.0  # seed 003: a planned move costs seconds (launch -> Active)
+GRACEFUL_TOTAL_TARGET_S = 5.0  # a planned move costs seconds, not minutes (launch -> Active)
 UNAVAILABLE_COLD_TARGET_S = 1.0  # graceful, target without a standby copy
 UNAVAILABLE_WARM_TARGET_S = 0.5  # graceful, target a caught-up warm standby
 RECOVERY_COLD_TARGET_S = 1.5  # forced: launch -> first data commit, no standby

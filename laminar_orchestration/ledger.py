@@ -101,7 +101,7 @@ class ClusterAlreadyInitialized(LedgerError, ConflictError):
 
 @dataclass
 class EpochConflict(LedgerError, ConflictError):
-    """Someone else moved the partition's epoch first (seed 003 MigrationError::EpochConflict)."""
+    """Someone else moved the partition's epoch first: the caller's `expected` epoch is no longer current."""
 
     partition: PartitionId
     expected: int

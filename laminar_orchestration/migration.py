@@ -1,4 +1,4 @@
-"""Partition migration (seed 003): the phases, the task record, and the coordinator.
+"""Partition migration: the phases, the task record, and the coordinator.
 
 A migration is a `MigrationTask` stored in the partition's desired-state
 record (``ledger/partitions/p/desired.json``), advanced by compare-and-swap
@@ -153,7 +153,7 @@ def check_transition(kind: MigrationKind, current: MigrationPhase, target: Migra
 
 
 class MigrationConfig(BaseModel):
-    """Timeouts and limits (seed 003 defaults)."""
+    """Timeouts and limits of migrations; the defaults keep a planned move within seconds."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -218,7 +218,7 @@ class DesiredState(Record):
 
 
 class MigrationError(LedgerError):
-    """Base of migration errors (seed 003 variants)."""
+    """Base of migration errors: one type per phase that can fail, plus the record conflicts."""
 
 
 @dataclass

@@ -80,7 +80,7 @@ class NodeConfig(BaseModel):
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     heartbeat_timeout_s: float = Field(default=6.0, gt=0)
     reconcile_interval_s: float = Field(default=0.05, gt=0)
-    #: Kill-switch refresh of every guard against the ledger (seed 000: 1-5 s).
+    #: Kill-switch refresh of every guard against the ledger (1-5 s: a zombie is stopped within seconds).
     refresh_interval_s: float = Field(default=1.5, gt=0)
     batch_max_events: int = Field(default=1_000_000, ge=1)
     idle_poll_s: float = Field(default=0.05, gt=0)
@@ -115,7 +115,7 @@ class _InFlight:
 
 
 class Tracker:
-    """Per-partition kill-switch (seed 002): once fenced, nothing of this partition is written."""
+    """Per-partition kill-switch: once fenced, nothing of this partition is written."""
 
     def __init__(self, partition: PartitionId) -> None:
         self.partition = partition
@@ -958,7 +958,7 @@ class Node:
         self._report_now = threading.Event()
         self._lock = threading.Lock()
         self.cluster_epoch = 0
-        #: Commits are accepted for the last two cluster epochs (seed 001), so a rebalance
+        #: Commits are accepted for the last two cluster epochs, so a rebalance
         #: that does not move a partition never fails its in-flight batch.
         self.epoch_window = ClusterEpochWindow()
 

@@ -1,4 +1,4 @@
-"""Seed 000 integration tests: the fencing core against the real ledger and store."""
+"""Integration tests of the fencing core against the real ledger and store."""
 
 from __future__ import annotations
 
@@ -164,7 +164,7 @@ def test_checkpoint_rejection_stale_node_via_conditional_put(ledger: Ledger, sto
 
 
 def test_stale_holder_cannot_publish_even_with_fresh_version(ledger: Ledger, store: ObjectStore) -> None:
-    """Seed 004: the stale holder reads the freshest manifest and still loses on its token."""
+    """A stale holder that reads the freshest manifest still loses on its token (tokens never go down)."""
     publisher = ManifestPublisher(OutputCommitter(store), store)
     holder_a = ledger.acquire(P(1), N(1), expected_epoch=0)
     publisher.publish(holder_a, ManifestUpdate(source_offset=5))
