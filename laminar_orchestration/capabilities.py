@@ -74,8 +74,8 @@ class ReadStore:
 class LedgerWriter(ReadStore):
     """Writes under ``ledger/`` only: create-only records and CAS pointers."""
 
-    def create(self, key: LedgerKey, data: bytes) -> str:
-        return self._store.put_if_absent(_scoped(key, LEDGER_PREFIX), data)
+    def create(self, key: LedgerKey, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
+        return self._store.put_if_absent(_scoped(key, LEDGER_PREFIX), data, metadata)
 
     def swap(self, key: LedgerKey, data: bytes, etag: str) -> str:
         return self._store.put_if_match(_scoped(key, LEDGER_PREFIX), data, etag)
@@ -94,8 +94,8 @@ class OutputCommitter(ReadStore):
     def put_output(self, key: SinkKey, data: bytes, metadata: Mapping[str, str]) -> str:
         return self._store.put_if_absent(_scoped(key, SINK_PREFIX), data, metadata)
 
-    def create_manifest(self, key: ManifestKey, data: bytes) -> str:
-        return self._store.put_if_absent(_scoped(key, MANIFESTS_PREFIX), data)
+    def create_manifest(self, key: ManifestKey, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
+        return self._store.put_if_absent(_scoped(key, MANIFESTS_PREFIX), data, metadata)
 
     def swap_manifest(self, key: ManifestKey, data: bytes, etag: str) -> str:
         return self._store.put_if_match(_scoped(key, MANIFESTS_PREFIX), data, etag)
@@ -105,8 +105,8 @@ class ManifestSealer(ReadStore):
     """Writes manifest history entries and the pointer under ``manifests/``: the seal a grant puts
     on a partition's manifest chain. No output, no checkpoint, no ledger record."""
 
-    def create_manifest(self, key: ManifestKey, data: bytes) -> str:
-        return self._store.put_if_absent(_scoped(key, MANIFESTS_PREFIX), data)
+    def create_manifest(self, key: ManifestKey, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
+        return self._store.put_if_absent(_scoped(key, MANIFESTS_PREFIX), data, metadata)
 
     def swap_manifest(self, key: ManifestKey, data: bytes, etag: str) -> str:
         return self._store.put_if_match(_scoped(key, MANIFESTS_PREFIX), data, etag)
@@ -115,8 +115,8 @@ class ManifestSealer(ReadStore):
 class SourceAppender(ReadStore):
     """Appends to the input log under ``source/``."""
 
-    def create_source(self, key: SourceKey, data: bytes) -> str:
-        return self._store.put_if_absent(_scoped(key, SOURCE_PREFIX), data)
+    def create_source(self, key: SourceKey, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
+        return self._store.put_if_absent(_scoped(key, SOURCE_PREFIX), data, metadata)
 
     def swap_source(self, key: SourceKey, data: bytes, etag: str) -> str:
         return self._store.put_if_match(_scoped(key, SOURCE_PREFIX), data, etag)

@@ -31,23 +31,25 @@ forward over history entries it has not caught up with, so no listing is needed.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol
 
 from pydantic import Field
 
-from .capabilities import ManifestKey, OutputCommitter, manifest_key
+from .capabilities import ManifestKey, OutputCommitter, ReadStore, manifest_key
 from .errors import ConflictError, CorruptDataError
 from .fencing import ConditionalPutFailed, FencingToken
 from .identity import PartitionId
 from .keys import manifest_history_key, manifest_pointer_key
 from .ledger import LedgerError, parse_record
 from .records import Record, new_write_id, now
-from .store import ObjectStore, PreconditionFailed
+from .store import ObjectStore, PreconditionFailed, StoredObject
 from .ulid import next_ulid
+from .versioned import VersionedObject, VersionedReader
 
 SHA256_METADATA = "x-laminar-sha256"
 
@@ -292,58 +294,58 @@ class ManifestUpdate:
     note: str = ""
 
 
+def _decode_manifest(obj: StoredObject) -> ManifestVersion:
+    return ManifestVersion(parse_record(obj.key, obj.data, PartitionManifest), obj.data)
+
+
 class ManifestReader:
     """Reads current manifests and their history by explicit keys."""
 
     def __init__(self, store: ObjectStore) -> None:
-        self._store = store
+        self._reads = ReadStore(store)
 
-    def _entry(self, partition: int, seq: int) -> ManifestVersion | None:
-        key = manifest_history_key(partition, seq)
-        obj = self._store.get_or_none(key)
-        if obj is None:
-            return None
-        return ManifestVersion(parse_record(key, obj.data, PartitionManifest), obj.data)
+    def _chain(self, partition: int) -> VersionedReader[ManifestVersion, ManifestKey]:
+        return VersionedReader(
+            self._reads,
+            entry_key=lambda seq: manifest_key(manifest_history_key(partition, seq)),
+            pointer_key=manifest_key(manifest_pointer_key(partition)),
+            decode=_decode_manifest,
+        )
 
     def entry(self, partition: PartitionId, seq: int) -> ManifestVersion | None:
         """History entry `seq` as stored (not checked against its neighbours), or None."""
-        return self._entry(partition, seq) if seq >= 1 else None
+        entry = self._chain(partition).entry(seq) if seq >= 1 else None
+        return entry.value if entry else None
 
     def current(self, partition: PartitionId) -> ManifestVersion | None:
         """The newest manifest: the pointer, rolled forward over newer history entries."""
         return self._current_with_etag(partition)[0]
 
     def _current_with_etag(self, partition: int) -> tuple[ManifestVersion | None, str | None]:
-        key = manifest_pointer_key(partition)
-        obj = self._store.get_or_none(key)
-        etag = obj.etag if obj else None
-        version = ManifestVersion(parse_record(key, obj.data, PartitionManifest), obj.data) if obj else None
-        seq = version.manifest.seq if version else 0
-        while (nxt := self._entry(partition, seq + 1)) is not None:
+        chain = self._chain(partition)
+        pointer = chain.pointer()
+        version = _decode_manifest(pointer) if pointer else None
+        for entry in chain.roll_forward(version.manifest.seq + 1 if version else 1):
             if version is not None:
                 # Succession is enforced here, not only by honest publishers: an entry under a
                 # lower epoch than its predecessor (a write after the seal) is never rolled onto.
                 try:
-                    nxt.manifest.validate_succession(version.manifest, version.raw_hash)
+                    entry.value.manifest.validate_succession(version.manifest, version.raw_hash)
                 except (SuccessionError, StaleFencingToken) as exc:
-                    raise BrokenManifestChain(
-                        PartitionId(partition), manifest_history_key(partition, seq + 1), str(exc)
-                    ) from exc
-            version, seq = nxt, seq + 1
-        return version, etag
+                    raise BrokenManifestChain(PartitionId(partition), entry.key, str(exc)) from exc
+            version = entry.value
+        return version, pointer.etag if pointer else None
 
     def history(self, partition: PartitionId) -> Iterator[ManifestVersion]:
         """Every committed manifest from seq 1, in order (an audit path: one GET per entry)."""
-        seq = 1
-        while (entry := self._entry(partition, seq)) is not None:
-            yield entry
-            seq += 1
+        for entry in self._chain(partition).roll_forward(1):
+            yield entry.value
 
 
 class ManifestWrites(Protocol):
     """The manifest half of a write capability (`OutputCommitter`, `ManifestSealer`)."""
 
-    def create_manifest(self, key: ManifestKey, data: bytes) -> str: ...
+    def create_manifest(self, key: ManifestKey, data: bytes, metadata: Mapping[str, str] | None = None) -> str: ...
 
     def swap_manifest(self, key: ManifestKey, data: bytes, etag: str) -> str: ...
 
@@ -359,6 +361,16 @@ class ChainSealer(ManifestReader):
     def __init__(self, writer: ManifestWrites, store: ObjectStore) -> None:
         super().__init__(store)
         self._committer = writer
+
+    def _writable_chain(self, partition: int) -> VersionedObject[ManifestVersion, ManifestKey]:
+        return VersionedObject(
+            self._reads,
+            entry_key=lambda seq: manifest_key(manifest_history_key(partition, seq)),
+            pointer_key=manifest_key(manifest_pointer_key(partition)),
+            decode=_decode_manifest,
+            create=self._committer.create_manifest,
+            swap=self._committer.swap_manifest,
+        )
 
     def seal(
         self, partition: PartitionId, epoch: int, *, node: int, generation: int = 0, reason: str = ""
@@ -415,7 +427,7 @@ class ChainSealer(ManifestReader):
                 manifest.validate_succession(prev, previous.raw_hash)
             raw = manifest.model_dump_json().encode()
             try:
-                self._committer.create_manifest(manifest_key(manifest_history_key(partition, manifest.seq)), raw)
+                self._writable_chain(partition).create(manifest.seq, raw)
             except PreconditionFailed:
                 continue  # the old owner's last commit took this seq: seal on top of it
             self._move_pointer(partition, raw, pointer_etag)
@@ -424,13 +436,8 @@ class ChainSealer(ManifestReader):
 
     def _move_pointer(self, partition: int, raw: bytes, pointer_etag: str | None) -> None:
         # The pointer is a cache; losing this CAS only means a reader rolls forward.
-        try:
-            if pointer_etag is None:
-                self._committer.create_manifest(manifest_key(manifest_pointer_key(partition)), raw)
-            else:
-                self._committer.swap_manifest(manifest_key(manifest_pointer_key(partition)), raw, pointer_etag)
-        except PreconditionFailed:
-            pass
+        with contextlib.suppress(PreconditionFailed):
+            self._writable_chain(partition).move_pointer(raw, pointer_etag)
 
 
 class ManifestPublisher(ChainSealer):
@@ -472,7 +479,7 @@ class ManifestPublisher(ChainSealer):
         raw = manifest.model_dump_json().encode()
         try:
             # The linearization point of a commit: one writer per sequence number.
-            self._committer.create_manifest(manifest_key(manifest_history_key(p, manifest.seq)), raw)
+            self._writable_chain(p).create(manifest.seq, raw)
         except PreconditionFailed:
             winner = self.current(p)
             actual = winner.manifest.fencing_token if winner else token.epoch
