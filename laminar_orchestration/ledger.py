@@ -236,7 +236,7 @@ class Ledger:
             self._writer,
             entry_key=lambda epoch: ledger_key(grant_key(partition, epoch)),
             pointer_key=ledger_key(ownership_head_key(partition)),
-            decode=lambda obj: self._parse(obj, EpochGrant),
+            decode=lambda _epoch, obj: self._parse(obj, EpochGrant),
             create=self._writer.create,
             swap=self._writer.swap,
         )

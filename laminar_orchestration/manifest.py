@@ -309,7 +309,7 @@ class ManifestReader:
             self._reads,
             entry_key=lambda seq: manifest_key(manifest_history_key(partition, seq)),
             pointer_key=manifest_key(manifest_pointer_key(partition)),
-            decode=_decode_manifest,
+            decode=lambda _seq, obj: _decode_manifest(obj),
         )
 
     def entry(self, partition: PartitionId, seq: int) -> ManifestVersion | None:
@@ -367,7 +367,7 @@ class ChainSealer(ManifestReader):
             self._reads,
             entry_key=lambda seq: manifest_key(manifest_history_key(partition, seq)),
             pointer_key=manifest_key(manifest_pointer_key(partition)),
-            decode=_decode_manifest,
+            decode=lambda _seq, obj: _decode_manifest(obj),
             create=self._committer.create_manifest,
             swap=self._committer.swap_manifest,
         )

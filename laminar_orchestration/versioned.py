@@ -54,8 +54,8 @@ class Entry(Generic[E]):
 class VersionedReader(Generic[E, K]):
     """Reads of a versioned object: entries at ``entry_key(position)``, one pointer at `pointer_key`.
 
-    `decode` turns a stored entry into its value and raises the owner's
-    corrupt-object error, naming the key. `successor` gives the position after
+    `decode` turns a stored entry (and its position) into its value and raises
+    the owner's corrupt-object error, naming the key. `successor` gives the position after
     an entry (default: the next integer; a source segment is followed at its
     start plus its size).
     """
@@ -66,7 +66,7 @@ class VersionedReader(Generic[E, K]):
         *,
         entry_key: Callable[[int], K],
         pointer_key: K,
-        decode: Callable[[StoredObject], E],
+        decode: Callable[[int, StoredObject], E],
         successor: Callable[[int, E], int] | None = None,
     ) -> None:
         self._reads = reads
@@ -78,7 +78,7 @@ class VersionedReader(Generic[E, K]):
     def entry(self, position: int) -> Entry[E] | None:
         """The entry at `position`, or None if nobody created it (yet)."""
         obj = self._reads.get(self.entry_key(position))
-        return None if obj is None else Entry(position, self._decode(obj), obj)
+        return None if obj is None else Entry(position, self._decode(position, obj), obj)
 
     def next_position(self, entry: Entry[E]) -> int:
         """The position of the entry that follows `entry`."""
@@ -113,7 +113,7 @@ class VersionedObject(VersionedReader[E, K]):
         *,
         entry_key: Callable[[int], K],
         pointer_key: K,
-        decode: Callable[[StoredObject], E],
+        decode: Callable[[int, StoredObject], E],
         create: Callable[[K, bytes, Mapping[str, str] | None], str],
         swap: Callable[[K, bytes, str], str],
         successor: Callable[[int, E], int] | None = None,
