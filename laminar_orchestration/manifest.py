@@ -26,7 +26,8 @@ decreasing), so an entry made by a writer that skipped the client-side check
 is rejected with `BrokenManifestChain`, naming the object.
 
 ``manifests/p/current.json`` is a CAS pointer to the newest entry; readers roll
-forward over history entries it has not caught up with, so no listing is needed.
+forward over history entries it has not caught up with, so no listing is needed
+(the chain is a `versioned.VersionedObject`; its keys are spelled in `keys`).
 """
 
 from __future__ import annotations

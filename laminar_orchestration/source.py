@@ -1,6 +1,6 @@
 """The partitioned, append-only input log in the object store.
 
-Layout, per partition ``p``::
+Layout, per partition ``p`` (spelled in `keys`; a `versioned.VersionedObject`)::
 
     source/{p:05d}/{start_offset:020d}.seg   immutable segments (create-only)
     source/{p:05d}/head.json                 CAS pointer for producers (`SourceHead`)
