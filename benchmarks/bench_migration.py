@@ -63,8 +63,9 @@ import pyarrow as pa
 from laminar_dev.localcluster import HEARTBEAT_TIMEOUT_S, Cluster, wait_until
 from laminar_orchestration.assignment import failover_target, warm_copies
 from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.keys import manifest_history_key
 from laminar_orchestration.ledger import parse_record
-from laminar_orchestration.manifest import ManifestReader, PartitionManifest, manifest_history_key
+from laminar_orchestration.manifest import ManifestReader, PartitionManifest
 from laminar_orchestration.migration import FORCED_PHASES, GRACEFUL_PHASES, MigrationPhase, PhaseReport
 from laminar_orchestration.source import SourceLog
 from laminar_orchestration.store import ObjectStore
@@ -86,7 +87,7 @@ STANDBY_ARGS = ("--standby-for", f"{SMALL},{BIG}")
 LOCAL = "local"
 
 # Targets.
-GRACEFUL_TOTAL_TARGET_S = 5.0  # seed 003: a planned move costs seconds (launch -> Active)
+GRACEFUL_TOTAL_TARGET_S = 5.0  # a planned move costs seconds, not minutes (launch -> Active)
 UNAVAILABLE_COLD_TARGET_S = 1.0  # graceful, target without a standby copy
 UNAVAILABLE_WARM_TARGET_S = 0.5  # graceful, target a caught-up warm standby
 RECOVERY_COLD_TARGET_S = 1.5  # forced: launch -> first data commit, no standby

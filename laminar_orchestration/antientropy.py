@@ -15,7 +15,6 @@ This lists the store: it is an audit path, never a hot one.
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,20 +22,16 @@ from typing import Any
 
 from .errors import InvalidInputError
 from .identity import PartitionId
+from .keys import FENCED_OBJECT_PREFIXES, FencedObjectName, UnparseableObjectKey, parse_fenced_object_key
 from .ledger import Ledger
-from .manifest import ManifestReader, _decode_ulid
+from .manifest import ManifestReader
 from .store import ObjectNotFound, ObjectStore, PreconditionFailed
 
-SWEPT_PREFIXES = ("sink/", "checkpoints/")
 #: Default minimum age of an object before the sweep may delete it.
 DEFAULT_GRACE_S = 3600.0
 
 PARTITION_METADATA = "x-laminar-partition"
 EPOCH_METADATA = "x-laminar-epoch"
-
-# `{sink|checkpoints}/{partition:05d}/{epoch:010d}-<rest>`; the rest ends in (or contains) a ULID.
-_KEY_RE = re.compile(r"^(sink|checkpoints)/(\d{5,})/(\d{10})-([^/]+)$")
-_ULID_RE = re.compile(r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$")
 
 
 @dataclass
@@ -47,42 +42,6 @@ class InvalidGracePeriod(InvalidInputError, ValueError):
 
     def __str__(self) -> str:
         return f"grace period must be a number of seconds >= 0, got {self.grace_s!r}"
-
-
-@dataclass
-class UnparseableObjectKey(InvalidInputError, ValueError):
-    """A swept object's name does not carry a partition, an epoch and a ULID."""
-
-    key: str
-    reason: str
-
-    def __str__(self) -> str:
-        return f"object {self.key!r}: {self.reason}"
-
-
-@dataclass(frozen=True)
-class FencedObjectName:
-    """What a fenced object's key says about it: whose partition, which epoch, written when."""
-
-    key: str
-    partition: int
-    epoch: int
-    #: Creation time from the key's ULID, in ms by the writer's clock (not trusted for safety).
-    created_ms: int
-
-
-def parse_object_key(key: str) -> FencedObjectName:
-    """The one parser of `sink/` and `checkpoints/` object names; UnparseableObjectKey if it is not one."""
-    match = _KEY_RE.match(key)
-    if match is None:
-        raise UnparseableObjectKey(key, "not {sink|checkpoints}/{partition}/{epoch:010d}-...")
-    _, partition, epoch, rest = match.groups()
-    # The ULID is the last 26-character Crockford segment of the name before its extension.
-    segments = [s for s in rest.split(".", 1)[0].split("-") if _ULID_RE.match(s)]
-    if not segments:
-        raise UnparseableObjectKey(key, "no ULID in the name")
-    created_ms = _decode_ulid(segments[-1]) >> 80
-    return FencedObjectName(key, int(partition), int(epoch), created_ms)
 
 
 @dataclass
@@ -151,14 +110,14 @@ def sweep(store: ObjectStore, *, grace_s: float = DEFAULT_GRACE_S, dry_run: bool
             tokens[int(p)] = max(tokens.get(int(p), 0), m.fencing_token)
     report = SweepReport()
     now_ms = time.time() * 1000.0
-    for prefix in SWEPT_PREFIXES:
+    for prefix in FENCED_OBJECT_PREFIXES:
         for key in store.list(prefix):
             report.scanned += 1
             if key in referenced:
                 report.referenced += 1
                 continue
             try:
-                name = parse_object_key(key)
+                name = parse_fenced_object_key(key)
             except UnparseableObjectKey as exc:
                 report.kept_unverified[key] = exc.reason
                 continue

@@ -1,4 +1,4 @@
-"""Backpressure computed from positions, never from listing (seed 004, patch 10).
+"""Backpressure computed from positions (the source head and the manifest), never from listing the store.
 
 A partition's lag is the number of events written to its source log but not yet
 reflected in a committed manifest: ``lag = written - committed``.

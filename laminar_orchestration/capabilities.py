@@ -1,4 +1,4 @@
-"""Write capabilities split by prefix (seed 004, "true by construction").
+"""Write capabilities split by prefix: misuse is a type error, not a code-review finding.
 
 Code that may write ledger records, code that may write checkpoints/state and
 code that may commit output each receive only their own interface; the key
@@ -14,6 +14,7 @@ method is a type error (`mypy --strict`) and, at run time, a `ValueError`.
 | `SourceAppender`    | ``source/``                    | producers                     |
 
 `storage_policies()` renders the same split as per-principal S3 bucket policies.
+The prefixes are `keys.PREFIXES`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NewType
 
+from .keys import CHECKPOINTS_PREFIX, LEDGER_PREFIX, MANIFESTS_PREFIX, PREFIXES, SINK_PREFIX, SOURCE_PREFIX
 from .store import ObjectMeta, ObjectStore, StoredObject
 
 LedgerKey = NewType("LedgerKey", str)
@@ -28,14 +30,6 @@ CheckpointKey = NewType("CheckpointKey", str)
 SinkKey = NewType("SinkKey", str)
 ManifestKey = NewType("ManifestKey", str)
 SourceKey = NewType("SourceKey", str)
-
-PREFIXES: dict[str, str] = {
-    "ledger": "ledger/",
-    "manifests": "manifests/",
-    "checkpoints": "checkpoints/",
-    "source": "source/",
-    "sink": "sink/",
-}
 
 
 def _scoped(key: str, prefix: str) -> str:
@@ -45,23 +39,23 @@ def _scoped(key: str, prefix: str) -> str:
 
 
 def ledger_key(key: str) -> LedgerKey:
-    return LedgerKey(_scoped(key, PREFIXES["ledger"]))
+    return LedgerKey(_scoped(key, LEDGER_PREFIX))
 
 
 def checkpoint_key(key: str) -> CheckpointKey:
-    return CheckpointKey(_scoped(key, PREFIXES["checkpoints"]))
+    return CheckpointKey(_scoped(key, CHECKPOINTS_PREFIX))
 
 
 def sink_key(key: str) -> SinkKey:
-    return SinkKey(_scoped(key, PREFIXES["sink"]))
+    return SinkKey(_scoped(key, SINK_PREFIX))
 
 
 def manifest_key(key: str) -> ManifestKey:
-    return ManifestKey(_scoped(key, PREFIXES["manifests"]))
+    return ManifestKey(_scoped(key, MANIFESTS_PREFIX))
 
 
 def source_key(key: str) -> SourceKey:
-    return SourceKey(_scoped(key, PREFIXES["source"]))
+    return SourceKey(_scoped(key, SOURCE_PREFIX))
 
 
 class ReadStore:
@@ -80,52 +74,52 @@ class ReadStore:
 class LedgerWriter(ReadStore):
     """Writes under ``ledger/`` only: create-only records and CAS pointers."""
 
-    def create(self, key: LedgerKey, data: bytes) -> str:
-        return self._store.put_if_absent(_scoped(key, PREFIXES["ledger"]), data)
+    def create(self, key: LedgerKey, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
+        return self._store.put_if_absent(_scoped(key, LEDGER_PREFIX), data, metadata)
 
     def swap(self, key: LedgerKey, data: bytes, etag: str) -> str:
-        return self._store.put_if_match(_scoped(key, PREFIXES["ledger"]), data, etag)
+        return self._store.put_if_match(_scoped(key, LEDGER_PREFIX), data, etag)
 
 
 class CheckpointWriter(ReadStore):
     """Writes state snapshots under ``checkpoints/``, create-only, with fencing metadata."""
 
     def put_checkpoint(self, key: CheckpointKey, data: bytes, metadata: Mapping[str, str]) -> str:
-        return self._store.put_if_absent(_scoped(key, PREFIXES["checkpoints"]), data, metadata)
+        return self._store.put_if_absent(_scoped(key, CHECKPOINTS_PREFIX), data, metadata)
 
 
 class OutputCommitter(ReadStore):
     """Writes output files under ``sink/`` and publishes manifests under ``manifests/``."""
 
     def put_output(self, key: SinkKey, data: bytes, metadata: Mapping[str, str]) -> str:
-        return self._store.put_if_absent(_scoped(key, PREFIXES["sink"]), data, metadata)
+        return self._store.put_if_absent(_scoped(key, SINK_PREFIX), data, metadata)
 
-    def create_manifest(self, key: ManifestKey, data: bytes) -> str:
-        return self._store.put_if_absent(_scoped(key, PREFIXES["manifests"]), data)
+    def create_manifest(self, key: ManifestKey, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
+        return self._store.put_if_absent(_scoped(key, MANIFESTS_PREFIX), data, metadata)
 
     def swap_manifest(self, key: ManifestKey, data: bytes, etag: str) -> str:
-        return self._store.put_if_match(_scoped(key, PREFIXES["manifests"]), data, etag)
+        return self._store.put_if_match(_scoped(key, MANIFESTS_PREFIX), data, etag)
 
 
 class ManifestSealer(ReadStore):
     """Writes manifest history entries and the pointer under ``manifests/``: the seal a grant puts
     on a partition's manifest chain. No output, no checkpoint, no ledger record."""
 
-    def create_manifest(self, key: ManifestKey, data: bytes) -> str:
-        return self._store.put_if_absent(_scoped(key, PREFIXES["manifests"]), data)
+    def create_manifest(self, key: ManifestKey, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
+        return self._store.put_if_absent(_scoped(key, MANIFESTS_PREFIX), data, metadata)
 
     def swap_manifest(self, key: ManifestKey, data: bytes, etag: str) -> str:
-        return self._store.put_if_match(_scoped(key, PREFIXES["manifests"]), data, etag)
+        return self._store.put_if_match(_scoped(key, MANIFESTS_PREFIX), data, etag)
 
 
 class SourceAppender(ReadStore):
     """Appends to the input log under ``source/``."""
 
-    def create_source(self, key: SourceKey, data: bytes) -> str:
-        return self._store.put_if_absent(_scoped(key, PREFIXES["source"]), data)
+    def create_source(self, key: SourceKey, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
+        return self._store.put_if_absent(_scoped(key, SOURCE_PREFIX), data, metadata)
 
     def swap_source(self, key: SourceKey, data: bytes, etag: str) -> str:
-        return self._store.put_if_match(_scoped(key, PREFIXES["source"]), data, etag)
+        return self._store.put_if_match(_scoped(key, SOURCE_PREFIX), data, etag)
 
 
 def storage_policies(bucket: str, prefix: str = "") -> dict[str, dict[str, object]]:

@@ -29,11 +29,14 @@ import pyarrow as pa
 from .capabilities import CheckpointWriter, OutputCommitter, ReadStore, checkpoint_key, sink_key
 from .errors import ConflictError, CorruptDataError
 from .fencing import PartitionGuard
-from .manifest import SHA256_METADATA, ArtifactRef, DeltaRef, SnapshotFile, SnapshotRef, next_ulid
+from .keys import delta_key, output_object_key, snapshot_file_key
+from .manifest import SHA256_METADATA, ArtifactRef, DeltaRef, SnapshotFile, SnapshotRef
 from .processing import parquet_bytes_to_table, table_to_parquet_bytes
+from .ulid import next_ulid
 
 BATCH_START_METADATA = "x-laminar-batch-start"
 BATCH_END_METADATA = "x-laminar-batch-end"
+
 
 @dataclass
 class CheckpointCorrupt(CorruptDataError):
@@ -54,14 +57,6 @@ class SnapshotCancelled(ConflictError):
 
     def __str__(self) -> str:
         return f"snapshot upload of partition {self.partition} cancelled"
-
-
-def checkpoint_object_key(partition: int, epoch: int, suffix: str = ".parquet") -> str:
-    return f"checkpoints/{partition:05d}/{epoch:010d}-{next_ulid()}{suffix}"
-
-
-def output_object_key(partition: int, epoch: int, start: int, end: int) -> str:
-    return f"sink/{partition:05d}/{epoch:010d}-{start:020d}-{end:020d}-{next_ulid()}.parquet"
 
 
 def _fenced_metadata(guard: PartitionGuard, sha256: str) -> dict[str, str]:
@@ -99,7 +94,7 @@ class CheckpointStore:
 
     def upload_delta(self, guard: PartitionGuard, delta: pa.Table, start: int, end: int) -> DeltaRef:
         """One commit's delta: the touched keys with their full new values."""
-        key = checkpoint_object_key(guard.partition_id, guard.epoch, ".delta.parquet")
+        key = delta_key(guard.partition_id, guard.epoch, next_ulid())
         ref = self._put(
             guard,
             key,
@@ -122,7 +117,7 @@ class CheckpointStore:
         before) to their objects; RocksDB never rewrites a table file in place,
         so a name and checksum match is the same content.
         """
-        base = checkpoint_object_key(guard.partition_id, guard.epoch, ".snap")
+        ulid = next_ulid()  # shared by the snapshot's files
 
         def one(path: Path) -> SnapshotFile:
             if cancelled is not None and cancelled.is_set():
@@ -135,8 +130,8 @@ class CheckpointStore:
                 and _file_sha256(path) == previous.ref.sha256
             ):
                 return previous
-            # One flat name per file: `<epoch>-<ulid>.snap.<file>` (the sweep parses epoch and ULID from it).
-            return SnapshotFile(name=path.name, ref=self._put(guard, f"{base}.{path.name}", path.read_bytes()))
+            key = snapshot_file_key(guard.partition_id, guard.epoch, ulid, path.name)
+            return SnapshotFile(name=path.name, ref=self._put(guard, key, path.read_bytes()))
 
         paths = sorted(files)
         with ThreadPoolExecutor(self._parallelism, thread_name_prefix="snapshot-upload") as pool:
@@ -205,7 +200,7 @@ class OutputWriter:
     def write(self, guard: PartitionGuard, output: pa.Table, start: int, end: int) -> ArtifactRef:
         guard.check()
         data = table_to_parquet_bytes(output)
-        key = output_object_key(guard.partition_id, guard.epoch, start, end)
+        key = output_object_key(guard.partition_id, guard.epoch, start, end, next_ulid())
         meta = _fenced_metadata(guard, _sha256(data))
         meta[BATCH_START_METADATA] = str(start)
         meta[BATCH_END_METADATA] = str(end)

@@ -3,7 +3,7 @@
 The cluster epoch is bumped on every rebalance. A commit carries the cluster
 epoch its batch was started under, and must *fence* that epoch before it is
 made durable. Accepting only the newest epoch would fail the in-flight work of
-every partition that a rebalance did not move, so (seed 001) a two-epoch
+every partition that a rebalance did not move, so a two-epoch
 window ``[oldest_accepted, latest_seen]`` is accepted instead:
 
 =================  ==========================
@@ -31,7 +31,7 @@ flight.
 Only ``max_applied`` is persisted (`ClusterEpochSnapshot`); the window is
 volatile and collapses to ``[max_applied]`` on `ClusterEpochWindow.recover`.
 
-Deliberate differences from the seed's C++ (its behaviour is kept otherwise):
+Rules that keep an epoch inside the window from being rejected or starved:
 
 * The ``or_else(get_applied_epoch)`` fallback is applied everywhere (window
   test and slide, not only the bounds read), so a recovered window really
@@ -167,7 +167,7 @@ class EpochFence:
 
 @dataclass(frozen=True)
 class WindowMetrics:
-    """Point-in-time copy of the window counters (seed 001, Phase 5).
+    """Point-in-time copy of the window counters.
 
     ``window_slides`` counts every advance of ``latest_seen``, including the one
     that establishes the first window. ``window_size`` is the current width
@@ -326,7 +326,7 @@ class ClusterEpochWindow:
     # --- internals (call with self._cond held) ----------------------------
 
     def _bounds(self) -> tuple[int | None, int | None]:
-        # The seed's `max_seen.or_else(max_applied)`: a recovered window is [max_applied].
+        # Until a new epoch is seen, a recovered window is [max_applied].
         latest = self._latest_seen if self._latest_seen is not None else self._max_applied
         oldest = self._oldest_accepted if self._oldest_accepted is not None else latest
         return oldest, latest

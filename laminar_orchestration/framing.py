@@ -1,4 +1,4 @@
-"""The 32-byte frame header of seed 002 and the two-phase publish protocol.
+"""The 32-byte frame header and the two-phase publish protocol (write, make durable, then flag published).
 
 Wire layout (little-endian, packed, no padding)::
 
@@ -66,7 +66,7 @@ _U64 = 0xFFFF_FFFF_FFFF_FFFF
 _U32 = 0xFFFF_FFFF
 _U16 = 0xFFFF
 
-assert HEADER_SIZE == 32  # the seed fixes the layout; a struct typo must not slip through
+assert HEADER_SIZE == 32  # the on-disk layout is fixed; a struct typo must not slip through
 
 
 # --- errors -----------------------------------------------------------------
@@ -409,7 +409,7 @@ class FrameWriter:
         offset = self._f.seek(0, os.SEEK_END)
         self._f.write(header.pack())
         self._f.write(payload)
-        # The barrier of seed 002: the payload must be durable before the flag says so.
+        # The publish barrier: the payload must be durable before the flag says so.
         self._sync()
         return offset
 

@@ -7,7 +7,7 @@ from typing import NewType
 #: A partition of the input log, 0-based.
 PartitionId = NewType("PartitionId", int)
 
-#: A worker node, >= 1. Node 0 is the "unassigned" sentinel (seed 000, audit fix C6).
+#: A worker node, >= 1. Node 0 is the "unassigned" sentinel: a grant to it fences without giving ownership.
 NodeId = NewType("NodeId", int)
 
 UNASSIGNED = NodeId(0)

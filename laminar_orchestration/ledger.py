@@ -34,13 +34,12 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from .capabilities import LedgerWriter, ManifestSealer, ledger_key
+from .capabilities import LedgerKey, LedgerWriter, ManifestSealer, ledger_key
 from .errors import ConflictError, CorruptDataError, InvalidArgument, LaminarError, NotFoundError
 from .fencing import FencingToken, NotOwned, StaleEpoch, UnknownPartition, _mint_token
 from .identity import MAX_PARTITIONS, UNASSIGNED, NodeId, PartitionId
+from .keys import CLUSTER_KEY, MEMBERSHIP_KEY, grant_key, node_key, ownership_head_key, release_key
 from .records import (
-    CLUSTER_KEY,
-    MEMBERSHIP_KEY,
     ClusterRecord,
     EpochGrant,
     GrantKind,
@@ -51,14 +50,11 @@ from .records import (
     PartitionProgress,
     PartitionStatus,
     ReleaseRecord,
-    grant_key,
-    head_key,
     new_write_id,
-    node_key,
     now,
-    release_key,
 )
-from .store import ObjectStore, PreconditionFailed
+from .store import ObjectStore, PreconditionFailed, StoredObject
+from .versioned import VersionedObject
 
 if TYPE_CHECKING:
     from .manifest import ChainSealer
@@ -106,7 +102,7 @@ class ClusterAlreadyInitialized(LedgerError, ConflictError):
 
 @dataclass
 class EpochConflict(LedgerError, ConflictError):
-    """Someone else moved the partition's epoch first (seed 003 MigrationError::EpochConflict)."""
+    """Someone else moved the partition's epoch first: the caller's `expected` epoch is no longer current."""
 
     partition: PartitionId
     expected: int
@@ -221,17 +217,29 @@ class Ledger:
 
     def _read(self, key: str, model: type[M]) -> tuple[M, str] | None:
         obj = self._writer.get(key)
-        if obj is None:
-            return None
+        return None if obj is None else (self._parse(obj, model), obj.etag)
+
+    def _parse(self, obj: StoredObject, model: type[M]) -> M:
         # Records are immutable per ETag: parse each version once.
-        cached = self._parsed.get(key)
+        cached = self._parsed.get(obj.key)
         if cached is not None and cached[0] == obj.etag and isinstance(cached[1], model):
-            return cached[1], obj.etag
-        record = parse_record(key, obj.data, model)
+            return cached[1]
+        record = parse_record(obj.key, obj.data, model)
         if len(self._parsed) >= 50_000:
             self._parsed.clear()
-        self._parsed[key] = (obj.etag, record)
-        return record, obj.etag
+        self._parsed[obj.key] = (obj.etag, record)
+        return record
+
+    def _ownership_of(self, partition: int) -> VersionedObject[EpochGrant, LedgerKey]:
+        """A partition's ownership as a versioned object: grants by epoch, the ownership head as pointer."""
+        return VersionedObject(
+            self._writer,
+            entry_key=lambda epoch: ledger_key(grant_key(partition, epoch)),
+            pointer_key=ledger_key(ownership_head_key(partition)),
+            decode=lambda _epoch, obj: self._parse(obj, EpochGrant),
+            create=self._writer.create,
+            swap=self._writer.swap,
+        )
 
     def _require(self, key: str, model: type[M]) -> tuple[M, str]:
         got = self._read(key, model)
@@ -284,10 +292,11 @@ class Ledger:
             head = PartitionHead(
                 partition=p, epoch=0, owner=UNASSIGNED, status=PartitionStatus.UNASSIGNED, updated_at=now()
             )
+            ownership = self._ownership_of(p)
             try:
-                self._writer.create(ledger_key(head_key(p)), _encode(head))
+                ownership.move_pointer(_encode(head), None)
             except PreconditionFailed:
-                self._require(head_key(p), PartitionHead)  # exists (earlier run or re-init): must parse
+                self._require(ownership.pointer_key, PartitionHead)  # exists (earlier run or re-init): must parse
         if self._read(MEMBERSHIP_KEY, MembershipRecord) is None:
             membership = MembershipRecord(cluster_epoch=1, members=[], reason="init", updated_at=now())
             # Losing this race is fine: someone else created the same initial record.
@@ -315,16 +324,14 @@ class Ledger:
 
     def ownership(self, partition: PartitionId) -> Ownership | None:
         """The current owner: the head, rolled forward over any newer grants. None if unknown."""
-        got = self._read(head_key(partition), PartitionHead)
-        if got is None:
+        ownership = self._ownership_of(partition)
+        pointer = ownership.pointer()
+        if pointer is None:
             return None
-        head, _ = got
+        head = self._parse(pointer, PartitionHead)
         epoch, owner, status, lagged = head.epoch, NodeId(head.owner), head.status, False
-        while True:
-            nxt = self._read(grant_key(partition, epoch + 1), EpochGrant)
-            if nxt is None:
-                break
-            grant = nxt[0]
+        for entry in ownership.roll_forward(head.epoch + 1):
+            grant = entry.value
             epoch, owner, lagged = grant.epoch, NodeId(grant.node), True
             status = PartitionStatus.ACTIVE if grant.node != UNASSIGNED else PartitionStatus.UNASSIGNED
         if lagged and status == PartitionStatus.ACTIVE and self._writer.head(release_key(partition, epoch)):
@@ -336,15 +343,13 @@ class Ledger:
         return dict(zip(partitions, self._map(self.ownership, partitions), strict=True))
 
     def grant(self, partition: PartitionId, epoch: int) -> EpochGrant | None:
-        got = self._read(grant_key(partition, epoch), EpochGrant)
-        return got[0] if got else None
+        entry = self._ownership_of(partition).entry(epoch)
+        return entry.value if entry else None
 
     def grants(self, partition: PartitionId) -> Iterator[EpochGrant]:
         """Every grant of a partition in epoch order (probing keys, no listing)."""
-        epoch = 1
-        while (g := self.grant(partition, epoch)) is not None:
-            yield g
-            epoch += 1
+        for entry in self._ownership_of(partition).roll_forward(1):
+            yield entry.value
 
     def release_record(self, partition: PartitionId, epoch: int) -> ReleaseRecord | None:
         got = self._read(release_key(partition, epoch), ReleaseRecord)
@@ -444,7 +449,7 @@ class Ledger:
         )
         try:
             # The linearization point: exactly one contender creates grant (p, epoch).
-            self._writer.create(ledger_key(grant_key(partition, epoch)), _encode(grant))
+            self._ownership_of(partition).create(epoch, _encode(grant))
         except PreconditionFailed:
             raise EpochConflict(partition, current.epoch, self._current_or_unknown(partition).epoch) from None
         # The fence point: from this seal on, no publish under an older epoch is accepted. A
@@ -466,16 +471,16 @@ class Ledger:
         only_if_epoch: int | None,
     ) -> bool:
         """Move the head forward by CAS. Never moves it back; returns whether it wrote."""
-        key = head_key(partition)
+        ownership = self._ownership_of(partition)
         while True:
-            head, etag = self._require(key, PartitionHead)
+            head, etag = self._require(ownership.pointer_key, PartitionHead)
             if only_if_epoch is not None and head.epoch != only_if_epoch:
                 return False
             if head.epoch > epoch or (head.epoch == epoch and head.status == status and head.owner == owner):
                 return False
             new = PartitionHead(partition=partition, epoch=epoch, owner=owner, status=status, updated_at=now())
             try:
-                self._writer.swap(ledger_key(key), _encode(new), etag)
+                ownership.move_pointer(_encode(new), etag)
                 return True
             except PreconditionFailed:
                 continue  # someone else moved it; re-read and decide again

@@ -26,71 +26,33 @@ decreasing), so an entry made by a writer that skipped the client-side check
 is rejected with `BrokenManifestChain`, naming the object.
 
 ``manifests/p/current.json`` is a CAS pointer to the newest entry; readers roll
-forward over history entries it has not caught up with, so no listing is needed.
+forward over history entries it has not caught up with, so no listing is needed
+(the chain is a `versioned.VersionedObject`; its keys are spelled in `keys`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import os
-import threading
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol
 
 from pydantic import Field
 
-from .capabilities import ManifestKey, OutputCommitter, manifest_key
+from .capabilities import ManifestKey, OutputCommitter, ReadStore, manifest_key
 from .errors import ConflictError, CorruptDataError
 from .fencing import ConditionalPutFailed, FencingToken
 from .identity import PartitionId
+from .keys import manifest_history_key, manifest_pointer_key
 from .ledger import LedgerError, parse_record
 from .records import Record, new_write_id, now
-from .store import ObjectStore, PreconditionFailed
+from .store import ObjectStore, PreconditionFailed, StoredObject
+from .ulid import next_ulid
+from .versioned import VersionedObject, VersionedReader
 
 SHA256_METADATA = "x-laminar-sha256"
-
-
-def manifest_pointer_key(partition: int) -> str:
-    return f"manifests/{partition:05d}/current.json"
-
-
-def manifest_history_key(partition: int, seq: int) -> str:
-    return f"manifests/{partition:05d}/history/{seq:020d}.json"
-
-
-# --- ULIDs ------------------------------------------------------------------
-
-_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-_ulid_lock = threading.Lock()
-
-
-def _encode_ulid(value: int) -> str:
-    chars = []
-    for _ in range(26):
-        chars.append(_CROCKFORD[value & 31])
-        value >>= 5
-    return "".join(reversed(chars))
-
-
-def _decode_ulid(text: str) -> int:
-    value = 0
-    for ch in text:
-        value = (value << 5) | _CROCKFORD.index(ch)
-    return value
-
-
-def next_ulid(after: str | None = None) -> str:
-    """A ULID (ms timestamp + randomness) strictly greater than `after`."""
-    with _ulid_lock:
-        value = (int(time.time() * 1000) << 80) | int.from_bytes(os.urandom(10), "big")
-        if after is not None:
-            floor = _decode_ulid(after)
-            if value <= floor:
-                value = floor + 1
-        return _encode_ulid(value)
 
 
 # --- records ----------------------------------------------------------------
@@ -333,58 +295,58 @@ class ManifestUpdate:
     note: str = ""
 
 
+def _decode_manifest(obj: StoredObject) -> ManifestVersion:
+    return ManifestVersion(parse_record(obj.key, obj.data, PartitionManifest), obj.data)
+
+
 class ManifestReader:
     """Reads current manifests and their history by explicit keys."""
 
     def __init__(self, store: ObjectStore) -> None:
-        self._store = store
+        self._reads = ReadStore(store)
 
-    def _entry(self, partition: int, seq: int) -> ManifestVersion | None:
-        key = manifest_history_key(partition, seq)
-        obj = self._store.get_or_none(key)
-        if obj is None:
-            return None
-        return ManifestVersion(parse_record(key, obj.data, PartitionManifest), obj.data)
+    def _chain(self, partition: int) -> VersionedReader[ManifestVersion, ManifestKey]:
+        return VersionedReader(
+            self._reads,
+            entry_key=lambda seq: manifest_key(manifest_history_key(partition, seq)),
+            pointer_key=manifest_key(manifest_pointer_key(partition)),
+            decode=lambda _seq, obj: _decode_manifest(obj),
+        )
 
     def entry(self, partition: PartitionId, seq: int) -> ManifestVersion | None:
         """History entry `seq` as stored (not checked against its neighbours), or None."""
-        return self._entry(partition, seq) if seq >= 1 else None
+        entry = self._chain(partition).entry(seq) if seq >= 1 else None
+        return entry.value if entry else None
 
     def current(self, partition: PartitionId) -> ManifestVersion | None:
         """The newest manifest: the pointer, rolled forward over newer history entries."""
         return self._current_with_etag(partition)[0]
 
     def _current_with_etag(self, partition: int) -> tuple[ManifestVersion | None, str | None]:
-        key = manifest_pointer_key(partition)
-        obj = self._store.get_or_none(key)
-        etag = obj.etag if obj else None
-        version = ManifestVersion(parse_record(key, obj.data, PartitionManifest), obj.data) if obj else None
-        seq = version.manifest.seq if version else 0
-        while (nxt := self._entry(partition, seq + 1)) is not None:
+        chain = self._chain(partition)
+        pointer = chain.pointer()
+        version = _decode_manifest(pointer) if pointer else None
+        for entry in chain.roll_forward(version.manifest.seq + 1 if version else 1):
             if version is not None:
                 # Succession is enforced here, not only by honest publishers: an entry under a
                 # lower epoch than its predecessor (a write after the seal) is never rolled onto.
                 try:
-                    nxt.manifest.validate_succession(version.manifest, version.raw_hash)
+                    entry.value.manifest.validate_succession(version.manifest, version.raw_hash)
                 except (SuccessionError, StaleFencingToken) as exc:
-                    raise BrokenManifestChain(
-                        PartitionId(partition), manifest_history_key(partition, seq + 1), str(exc)
-                    ) from exc
-            version, seq = nxt, seq + 1
-        return version, etag
+                    raise BrokenManifestChain(PartitionId(partition), entry.key, str(exc)) from exc
+            version = entry.value
+        return version, pointer.etag if pointer else None
 
     def history(self, partition: PartitionId) -> Iterator[ManifestVersion]:
         """Every committed manifest from seq 1, in order (an audit path: one GET per entry)."""
-        seq = 1
-        while (entry := self._entry(partition, seq)) is not None:
-            yield entry
-            seq += 1
+        for entry in self._chain(partition).roll_forward(1):
+            yield entry.value
 
 
 class ManifestWrites(Protocol):
     """The manifest half of a write capability (`OutputCommitter`, `ManifestSealer`)."""
 
-    def create_manifest(self, key: ManifestKey, data: bytes) -> str: ...
+    def create_manifest(self, key: ManifestKey, data: bytes, metadata: Mapping[str, str] | None = None) -> str: ...
 
     def swap_manifest(self, key: ManifestKey, data: bytes, etag: str) -> str: ...
 
@@ -400,6 +362,16 @@ class ChainSealer(ManifestReader):
     def __init__(self, writer: ManifestWrites, store: ObjectStore) -> None:
         super().__init__(store)
         self._committer = writer
+
+    def _writable_chain(self, partition: int) -> VersionedObject[ManifestVersion, ManifestKey]:
+        return VersionedObject(
+            self._reads,
+            entry_key=lambda seq: manifest_key(manifest_history_key(partition, seq)),
+            pointer_key=manifest_key(manifest_pointer_key(partition)),
+            decode=lambda _seq, obj: _decode_manifest(obj),
+            create=self._committer.create_manifest,
+            swap=self._committer.swap_manifest,
+        )
 
     def seal(
         self, partition: PartitionId, epoch: int, *, node: int, generation: int = 0, reason: str = ""
@@ -456,7 +428,7 @@ class ChainSealer(ManifestReader):
                 manifest.validate_succession(prev, previous.raw_hash)
             raw = manifest.model_dump_json().encode()
             try:
-                self._committer.create_manifest(manifest_key(manifest_history_key(partition, manifest.seq)), raw)
+                self._writable_chain(partition).create(manifest.seq, raw)
             except PreconditionFailed:
                 continue  # the old owner's last commit took this seq: seal on top of it
             self._move_pointer(partition, raw, pointer_etag)
@@ -465,13 +437,8 @@ class ChainSealer(ManifestReader):
 
     def _move_pointer(self, partition: int, raw: bytes, pointer_etag: str | None) -> None:
         # The pointer is a cache; losing this CAS only means a reader rolls forward.
-        try:
-            if pointer_etag is None:
-                self._committer.create_manifest(manifest_key(manifest_pointer_key(partition)), raw)
-            else:
-                self._committer.swap_manifest(manifest_key(manifest_pointer_key(partition)), raw, pointer_etag)
-        except PreconditionFailed:
-            pass
+        with contextlib.suppress(PreconditionFailed):
+            self._writable_chain(partition).move_pointer(raw, pointer_etag)
 
 
 class ManifestPublisher(ChainSealer):
@@ -513,7 +480,7 @@ class ManifestPublisher(ChainSealer):
         raw = manifest.model_dump_json().encode()
         try:
             # The linearization point of a commit: one writer per sequence number.
-            self._committer.create_manifest(manifest_key(manifest_history_key(p, manifest.seq)), raw)
+            self._writable_chain(p).create(manifest.seq, raw)
         except PreconditionFailed:
             winner = self.current(p)
             actual = winner.manifest.fencing_token if winner else token.epoch

@@ -1,4 +1,4 @@
-"""Partition migration (seed 003): the phases, the task record, and the coordinator.
+"""Partition migration: the phases, the task record, and the coordinator.
 
 A migration is a `MigrationTask` stored in the partition's desired-state
 record (``ledger/partitions/p/desired.json``), advanced by compare-and-swap
@@ -33,13 +33,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from .capabilities import LedgerWriter, ledger_key
 from .errors import ConflictError, OperationFailedError, UnavailableError
 from .identity import UNASSIGNED, NodeId, PartitionId
+from .keys import desired_state_key
 from .ledger import EpochConflict, Ledger, LedgerError, NodeView, parse_record
 from .manifest import ManifestReader
-from .records import PartitionProgress, Record, new_write_id, now, partition_prefix
+from .records import PartitionProgress, Record, new_write_id, now
 from .store import PreconditionFailed
 
 
 class MigrationPhase(enum.StrEnum):
+    """A migration's recorded phase. The predicates below are the one place phase order is decided."""
+
     PLANNED = "planned"
     DRAINING = "draining"
     CHECKPOINTING = "checkpointing"
@@ -51,6 +54,43 @@ class MigrationPhase(enum.StrEnum):
     ACTIVE = "active"
     FAILED = "failed"
     CANCELLED = "cancelled"
+
+    def reached(self, other: MigrationPhase) -> bool:
+        """Whether a move recorded at this phase has got to `other` (or past it).
+
+        Progress follows the graceful order; a forced move skips phases but never
+        reorders them, so one order serves both kinds. Failed and Cancelled are
+        off that order: they reach only themselves.
+        """
+        mine, theirs = _PROGRESS.get(self), _PROGRESS.get(other)
+        if mine is None or theirs is None:
+            return self == other
+        return mine >= theirs
+
+    @property
+    def needs_old_owner(self) -> bool:
+        """Carried out by the old owner (drain, checkpoint, upload, release); the others by the new owner."""
+        return self in (
+            MigrationPhase.DRAINING,
+            MigrationPhase.CHECKPOINTING,
+            MigrationPhase.UPLOADING,
+            MigrationPhase.RELEASED,
+        )
+
+    @property
+    def is_terminal(self) -> bool:
+        """Active, Failed or Cancelled: the record takes no further phase."""
+        return self in (MigrationPhase.ACTIVE, MigrationPhase.FAILED, MigrationPhase.CANCELLED)
+
+    @property
+    def is_aborted(self) -> bool:
+        """Failed or Cancelled: the move ended without completing."""
+        return self in (MigrationPhase.FAILED, MigrationPhase.CANCELLED)
+
+    @property
+    def cancellable(self) -> bool:
+        """Before Seeking, where the new owner takes the epoch: cancelling later could strand it."""
+        return not self.is_terminal and not self.reached(MigrationPhase.SEEKING)
 
 
 GRACEFUL_PHASES: tuple[MigrationPhase, ...] = (
@@ -72,14 +112,8 @@ FORCED_PHASES: tuple[MigrationPhase, ...] = (
     MigrationPhase.SEEKING,
     MigrationPhase.ACTIVE,
 )
-TERMINAL_PHASES = frozenset({MigrationPhase.ACTIVE, MigrationPhase.FAILED, MigrationPhase.CANCELLED})
-#: Phases carried out by the old owner; the rest by the new owner.
-SETTING_PHASES = frozenset(
-    {MigrationPhase.DRAINING, MigrationPhase.CHECKPOINTING, MigrationPhase.UPLOADING, MigrationPhase.RELEASED}
-)
-RISING_PHASES = frozenset(
-    {MigrationPhase.DOWNLOADING, MigrationPhase.RESTORING, MigrationPhase.SEEKING, MigrationPhase.ACTIVE}
-)
+#: Position of each phase in a move's progress (`MigrationPhase.reached`).
+_PROGRESS = {phase: i for i, phase in enumerate(GRACEFUL_PHASES)}
 
 
 class MigrationKind(enum.StrEnum):
@@ -101,16 +135,16 @@ def check_transition(kind: MigrationKind, current: MigrationPhase, target: Migra
     partition (it resumes) or its released/fenced epoch for the normal
     recovery path to take (see `assignment.stranded`).
     """
-    if current in TERMINAL_PHASES:
+    if current.is_terminal:
         raise InvalidTransition(kind, current, target)
     if target == MigrationPhase.FAILED:
         return
-    seq = phase_sequence(kind)
     if target == MigrationPhase.CANCELLED:
-        if seq.index(current) < seq.index(MigrationPhase.SEEKING):
+        if current.cancellable:
             return
         raise InvalidTransition(kind, current, target)
-    if target in seq and seq.index(target) == seq.index(current) + 1:
+    seq = phase_sequence(kind)
+    if current in seq and target in seq and seq.index(target) == seq.index(current) + 1:
         return
     raise InvalidTransition(kind, current, target)
 
@@ -119,7 +153,7 @@ def check_transition(kind: MigrationKind, current: MigrationPhase, target: Migra
 
 
 class MigrationConfig(BaseModel):
-    """Timeouts and limits (seed 003 defaults)."""
+    """Timeouts and limits of migrations; the defaults keep a planned move within seconds."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -167,7 +201,7 @@ class MigrationTask(Record):
 
     @property
     def is_terminal(self) -> bool:
-        return self.phase in TERMINAL_PHASES
+        return self.phase.is_terminal
 
 
 class DesiredState(Record):
@@ -182,15 +216,11 @@ class DesiredState(Record):
     write_id: str = Field(default_factory=new_write_id)
 
 
-def desired_key(partition: int) -> str:
-    return f"{partition_prefix(partition)}/desired.json"
-
-
 # --- errors -----------------------------------------------------------------------
 
 
 class MigrationError(LedgerError):
-    """Base of migration errors (seed 003 variants)."""
+    """Base of migration errors: one type per phase that can fail, plus the record conflicts."""
 
 
 @dataclass
@@ -390,7 +420,7 @@ class DesiredStates:
         self._writer = LedgerWriter(ledger.store)
 
     def read(self, partition: PartitionId) -> tuple[DesiredState, str | None]:
-        key = desired_key(partition)
+        key = desired_state_key(partition)
         obj = self._writer.get(key)
         if obj is None:
             return DesiredState(partition=partition, owner=UNASSIGNED, updated_at=now()), None
@@ -398,7 +428,7 @@ class DesiredStates:
 
     def update(self, partition: PartitionId, change: Callable[[DesiredState], DesiredState | None]) -> DesiredState:
         """Apply `change` by compare-and-swap, re-reading on conflict. `change` may raise to abort."""
-        key = ledger_key(desired_key(partition))
+        key = ledger_key(desired_state_key(partition))
         while True:
             current, etag = self.read(partition)
             new = change(current)
@@ -449,7 +479,6 @@ def _deadline_reason(task: MigrationTask) -> str:
 
 # --- the coordinator ------------------------------------------------------------------
 
-_PROGRESS_ORDER = {phase: i for i, phase in enumerate(GRACEFUL_PHASES)}
 #: How often a wait re-reads the migration record (cheap, but not on every poll).
 _RECORD_CHECK_INTERVAL_S = 0.25
 
@@ -604,11 +633,11 @@ class MigrationCoordinator:
         seq = phase_sequence(task.migration_kind)
         if phase not in seq:
             return PhaseReport(phase, 0.0, 0, f"not part of a {task.migration_kind} migration")
-        if task.phase in TERMINAL_PHASES and task.phase != MigrationPhase.ACTIVE:
+        if task.phase.is_aborted:
             raise MigrationFailed(partition, task.failed_phase or task.phase, task.error or str(task.phase))
         if not task.is_terminal and deadline_passed(task):
             raise self._expire(task)
-        if seq.index(task.phase) < seq.index(phase):
+        if not task.phase.reached(phase):
             task = self._transition(partition, migration_id, phase)
         if task.migration_kind == MigrationKind.FORCED and phase == MigrationPhase.RELEASED:
             self._fence_old_owner(task)
@@ -738,13 +767,13 @@ class MigrationCoordinator:
 
     @staticmethod
     def _responsible(task: MigrationTask, phase: MigrationPhase) -> NodeId:
-        return NodeId(task.from_node if phase in SETTING_PHASES else task.to_node)
+        return NodeId(task.from_node if phase.needs_old_owner else task.to_node)
 
     def _wait_for_node(self, task: MigrationTask, phase: MigrationPhase) -> PartitionProgressView | None:
         p = PartitionId(task.partition)
         node = self._responsible(task, phase)
         limit = (
-            self.config.release_wait_timeout_s if phase in SETTING_PHASES else self.config.checkpoint_transfer_timeout_s
+            self.config.release_wait_timeout_s if phase.needs_old_owner else self.config.checkpoint_transfer_timeout_s
         )
         # The record's own deadline bounds every wait, whoever planned it and with which config.
         overall = seconds_left(task)
@@ -757,11 +786,11 @@ class MigrationCoordinator:
                 if progress.error:
                     raise MigrationFailed(p, phase, progress.error)
                 done = progress.phase_done
-                if done is not None and _PROGRESS_ORDER[MigrationPhase(done)] >= _PROGRESS_ORDER[phase]:
+                if done is not None and MigrationPhase(done).reached(phase):
                     return PartitionProgressView(progress.bytes_moved)
             elapsed = time.monotonic() - start
             # Judged from the record just read: no listing of every node on each poll.
-            if phase in SETTING_PHASES and record is not None and not NodeView.judge(record).alive:
+            if phase.needs_old_owner and record is not None and not NodeView.judge(record).alive:
                 raise OldOwnerCrashed(p, task.from_epoch)
             if elapsed > overall:
                 raise self._expire(task)
@@ -779,7 +808,7 @@ class MigrationCoordinator:
         current = self.current(p)
         if current is None or current.migration_id != task.migration_id:
             raise MigrationFailed(p, phase, "the migration record was replaced by another migration")
-        if current.is_terminal and current.phase != MigrationPhase.ACTIVE:
+        if current.phase.is_aborted:
             raise MigrationFailed(p, current.failed_phase or phase, current.error or str(current.phase))
 
     def run(

@@ -1,4 +1,4 @@
-"""Persisted ledger records (pydantic) and their keys in the store.
+"""Persisted ledger records (pydantic). Where each one is stored is spelled in `keys`.
 
 Every record carries a `write_id`: a random nonce that makes its bytes unique,
 so a writer whose response was lost can tell its own write from another's.
@@ -13,9 +13,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-LEDGER_PREFIX = "ledger/"
-CLUSTER_KEY = "ledger/cluster.json"
-MEMBERSHIP_KEY = "ledger/membership.json"
 FORMAT_VERSION = 1
 
 
@@ -25,26 +22,6 @@ def now() -> datetime:
 
 def new_write_id() -> str:
     return secrets.token_hex(8)
-
-
-def partition_prefix(partition: int) -> str:
-    return f"ledger/partitions/{partition:05d}"
-
-
-def head_key(partition: int) -> str:
-    return f"{partition_prefix(partition)}/head.json"
-
-
-def grant_key(partition: int, epoch: int) -> str:
-    return f"{partition_prefix(partition)}/grants/{epoch:020d}.json"
-
-
-def release_key(partition: int, epoch: int) -> str:
-    return f"{partition_prefix(partition)}/releases/{epoch:020d}.json"
-
-
-def node_key(node: int) -> str:
-    return f"ledger/nodes/{node:05d}.json"
 
 
 class Record(BaseModel):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
 import logging
 import shutil
 import signal
@@ -48,8 +47,6 @@ from .identity import UNASSIGNED, NodeId, PartitionId
 from .ledger import Ledger, NodeHandle, NodeIdentityConflict
 from .manifest import DeltaRef, ManifestPublisher, ManifestUpdate, ManifestVersion, SnapshotRef, StaleFencingToken
 from .migration import (
-    GRACEFUL_PHASES,
-    SETTING_PHASES,
     DesiredState,
     DesiredStates,
     MigrationKind,
@@ -62,10 +59,11 @@ from .replica import CatchUp, StateReplica
 from .source import SourceBatch, SourceLog
 from .standby import StandbyFollower
 from .store import ObjectStore, StoreError, open_store
+from .worker_state import WorkerState as WorkerState  # re-exported: the worker's states are runtime's API
+from .worker_state import check_transition
 
 log = logging.getLogger("laminar.node")
 
-_RANK = {phase: i for i, phase in enumerate(GRACEFUL_PHASES)}
 #: How often a node re-reads the record of a migration it takes part in (the full reconcile is slower).
 MIGRATION_POLL_S = 0.01
 
@@ -82,7 +80,7 @@ class NodeConfig(BaseModel):
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     heartbeat_timeout_s: float = Field(default=6.0, gt=0)
     reconcile_interval_s: float = Field(default=0.05, gt=0)
-    #: Kill-switch refresh of every guard against the ledger (seed 000: 1-5 s).
+    #: Kill-switch refresh of every guard against the ledger (1-5 s: a zombie is stopped within seconds).
     refresh_interval_s: float = Field(default=1.5, gt=0)
     batch_max_events: int = Field(default=1_000_000, ge=1)
     idle_poll_s: float = Field(default=0.05, gt=0)
@@ -104,19 +102,6 @@ class NodeConfig(BaseModel):
     standby_poll_s: float = Field(default=0.1, gt=0)
 
 
-class WorkerState(enum.StrEnum):
-    STARTING = "starting"
-    #: A migration's target following the chain before the handoff (a warm-up, like a standby).
-    WARMING = "warming"
-    RESTORING = "restoring"
-    RUNNING = "running"
-    DRAINING = "draining"
-    RELEASED = "released"
-    REVOKED = "revoked"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-
 @dataclass(frozen=True)
 class _InFlight:
     """A batch whose aggregate is running: its events, the job, the epoch its records are stamped
@@ -130,7 +115,7 @@ class _InFlight:
 
 
 class Tracker:
-    """Per-partition kill-switch (seed 002): once fenced, nothing of this partition is written."""
+    """Per-partition kill-switch: once fenced, nothing of this partition is written."""
 
     def __init__(self, partition: PartitionId) -> None:
         self.partition = partition
@@ -178,7 +163,7 @@ class PartitionWorker(threading.Thread):
         self.node = node
         self.partition = partition
         self.tracker = Tracker(partition)
-        self.state_name = WorkerState.STARTING
+        self._state = WorkerState.STARTING
         self.guard: PartitionGuard | None = None
         self.token: FencingToken | None = None
         self._task: MigrationTask | None = rising
@@ -261,13 +246,17 @@ class PartitionWorker(threading.Thread):
         return self._commits
 
     @property
+    def state_name(self) -> WorkerState:
+        return self._state
+
+    @state_name.setter
+    def state_name(self, new: WorkerState) -> None:
+        # Every change of state is checked against the one transition table.
+        self._state = check_transition(self._state, new)
+
+    @property
     def finished(self) -> bool:
-        return self.state_name in (
-            WorkerState.RELEASED,
-            WorkerState.REVOKED,
-            WorkerState.FAILED,
-            WorkerState.STOPPED,
-        )
+        return self.state_name.is_finished
 
     def progress(self) -> PartitionProgress:
         return PartitionProgress(
@@ -377,9 +366,9 @@ class PartitionWorker(threading.Thread):
                     raise PhaseAborted()
                 if self.tracker.is_fenced:
                     raise Fenced(self.tracker.reason or "fenced")
-                if task is None or task.phase in (MigrationPhase.FAILED, MigrationPhase.CANCELLED):
+                if task is None or task.phase.is_aborted:
                     raise PhaseAborted()
-                if task.phase in _RANK and _RANK[task.phase] >= _RANK[phase]:
+                if task.phase.reached(phase):
                     return task
                 left = 0.5 if deadline is None else deadline - time.monotonic()
                 if left <= 0:
@@ -435,7 +424,7 @@ class PartitionWorker(threading.Thread):
         return (
             task is not None
             and task.migration_kind == MigrationKind.GRACEFUL
-            and task.phase in SETTING_PHASES
+            and task.phase.needs_old_owner
             and task.from_node == self.node.id
             and task.from_epoch == self.epoch
         )
@@ -974,7 +963,7 @@ class Node:
         self._report_now = threading.Event()
         self._lock = threading.Lock()
         self.cluster_epoch = 0
-        #: Commits are accepted for the last two cluster epochs (seed 001), so a rebalance
+        #: Commits are accepted for the last two cluster epochs, so a rebalance
         #: that does not move a partition never fails its in-flight batch.
         self.epoch_window = ClusterEpochWindow()
 

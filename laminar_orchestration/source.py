@@ -1,6 +1,6 @@
 """The partitioned, append-only input log in the object store.
 
-Layout, per partition ``p``::
+Layout, per partition ``p`` (spelled in `keys`; a `versioned.VersionedObject`)::
 
     source/{p:05d}/{start_offset:020d}.seg   immutable segments (create-only)
     source/{p:05d}/head.json                 CAS pointer for producers (`SourceHead`)
@@ -44,10 +44,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .capabilities import SourceAppender, SourceKey, source_key
 from .errors import CorruptDataError, InvalidInputError, LaminarError
 from .framing import FLAG_PUBLISHED, HEADER_SIZE, FrameHeader, iter_frames
 from .identity import MAX_PARTITIONS
+from .keys import segment_key, source_head_key
 from .store import ConcurrentModification, ObjectStore, PreconditionFailed
+from .versioned import VersionedObject
 
 __all__ = [
     "EVENT_SCHEMA",
@@ -55,7 +58,6 @@ __all__ = [
     "INT64_MIN",
     "MAX_KEY_BYTES",
     "MAX_LINE_BYTES",
-    "SOURCE_PREFIX",
     "AppendResult",
     "BadInputLine",
     "CorruptSegment",
@@ -73,13 +75,9 @@ __all__ = [
     "decode_segment",
     "encode_segment",
     "generate_events",
-    "head_key",
     "normalize_events",
     "produce_from_jsonl",
-    "segment_key",
 ]
-
-SOURCE_PREFIX = "source/"
 
 #: Columns of every Parquet payload, in this order.
 EVENT_SCHEMA = pa.schema(
@@ -104,21 +102,6 @@ INT64_MAX = 2**63 - 1
 MAX_KEY_BYTES = 1024
 #: Longest JSONL input line, in bytes (newline excluded); lines are read with this bound.
 MAX_LINE_BYTES = 1024 * 1024
-
-
-def partition_prefix(partition: int) -> str:
-    """``source/{partition:05d}``."""
-    return f"{SOURCE_PREFIX}{partition:05d}"
-
-
-def segment_key(partition: int, start_offset: int) -> str:
-    """Key of the segment of `partition` whose first event has offset `start_offset`."""
-    return f"{partition_prefix(partition)}/{start_offset:020d}.seg"
-
-
-def head_key(partition: int) -> str:
-    """Key of the producers' CAS head pointer of `partition`."""
-    return f"{partition_prefix(partition)}/head.json"
 
 
 # --- errors -------------------------------------------------------------------
@@ -560,6 +543,19 @@ class SourceLog:
         # caching one is always correct.
         self._lookahead: dict[int, _Segment] = {}
         self._lock = threading.Lock()
+        self._appender = SourceAppender(store)
+
+    def _log(self, partition: int) -> VersionedObject[_Segment, SourceKey]:
+        """A partition's log as a versioned object: segments by start offset, the source head as pointer."""
+        return VersionedObject(
+            self._appender,
+            entry_key=lambda start: source_key(segment_key(partition, start)),
+            pointer_key=source_key(source_head_key(partition)),
+            decode=lambda start, obj: self._parse(partition, start, obj.data),
+            create=self._appender.create_source,
+            swap=self._appender.swap_source,
+            successor=lambda start, segment: start + segment.rows,
+        )
 
     def _check_partition(self, partition: int) -> None:
         if partition < 0 or (self.partitions is not None and partition >= self.partitions):
@@ -573,8 +569,7 @@ class SourceLog:
         return got[0] if got else None
 
     def _read_head(self, partition: int) -> tuple[SourceHead, str] | None:
-        key = head_key(partition)
-        obj = self.store.get_or_none(key)
+        obj = self._log(partition).pointer()
         if obj is None:
             return None
         try:
@@ -582,7 +577,7 @@ class SourceLog:
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first.get("loc", ())) or "<root>"
-            raise CorruptSourceHead(key, f"{where}: {first.get('msg')}") from exc
+            raise CorruptSourceHead(obj.key, f"{where}: {first.get('msg')}") from exc
 
     def _head_state(self, partition: int) -> tuple[int, int, str | None]:
         """(next_offset, segments, etag) of the head; (0, 0, None) if there is none."""
@@ -592,11 +587,7 @@ class SourceLog:
     def _write_head(self, partition: int, etag: str | None, next_offset: int, segments: int) -> None:
         """One conditional write of the head; raises PreconditionFailed/ConcurrentModification."""
         record = SourceHead(next_offset=next_offset, segments=segments, updated_at=datetime.now(UTC))
-        data = record.model_dump_json().encode()
-        if etag is None:
-            self.store.put_if_absent(head_key(partition), data)
-        else:
-            self.store.put_if_match(head_key(partition), data, etag)
+        self._log(partition).move_pointer(record.model_dump_json().encode(), etag)
 
     def end_offset(self, partition: int) -> int:
         """The head's next offset (0 if none). May lag behind segments of a dead producer."""
@@ -658,10 +649,8 @@ class SourceLog:
                 )
             data = built[1]
             try:
-                self.store.put_if_absent(
-                    key,
-                    data,
-                    metadata={"events": str(n), "start-offset": str(start), "write-id": write_id},
+                self._log(partition).create(
+                    start, data, metadata={"events": str(n), "start-offset": str(start), "write-id": write_id}
                 )
             except (PreconditionFailed, ConcurrentModification):
                 # Decide by what is stored, not by the error: a retried request may
@@ -694,7 +683,7 @@ class SourceLog:
                     return
                 if current != start:
                     raise CorruptSourceHead(
-                        head_key(partition),
+                        source_head_key(partition),
                         f"head at {current} while the segment at {start} was being published",
                     ) from None
                 assert got is not None
@@ -718,8 +707,8 @@ class SourceLog:
             if cached is not None and cached.start_offset == start:
                 del self._lookahead[partition]
                 return cached
-        obj = self.store.get_or_none(segment_key(partition, start))
-        return None if obj is None else self._parse(partition, start, obj.data)
+        entry = self._log(partition).entry(start)
+        return None if entry is None else entry.value
 
     def read(self, partition: int, from_offset: int, max_events: int) -> SourceBatch | None:
         """Read whole segments starting exactly at `from_offset`, up to `max_events` events.
@@ -785,8 +774,9 @@ class SourceLog:
 
     def _walk_to_end(self, partition: int, pos: int) -> int:
         """Follow segments from boundary `pos` to the true log end (error paths only)."""
-        while (seg := self._load(partition, pos)) is not None:
-            pos += seg.rows
+        log = self._log(partition)
+        for entry in log.roll_forward(pos):
+            pos = log.next_position(entry)
         return pos
 
     def iter_batches(self, partition: int, from_offset: int, max_events: int) -> Iterator[SourceBatch]:

@@ -29,8 +29,14 @@ import pyarrow.compute as pc
 from .capabilities import ReadStore
 from .checkpoint import BATCH_END_METADATA, BATCH_START_METADATA, CheckpointCorrupt, download_table
 from .identity import UNASSIGNED, PartitionId
+from .keys import (
+    UnparseableObjectKey,
+    fenced_object_prefixes,
+    parse_fenced_object_key,
+    sink_partition_prefix,
+)
 from .ledger import Ledger, LedgerError
-from .manifest import ManifestReader, ManifestVersion, SuccessionError, _decode_ulid, verify_artifacts
+from .manifest import ManifestReader, ManifestVersion, SuccessionError, verify_artifacts
 from .processing import STATE_SCHEMA, empty_state
 from .records import GrantKind
 from .replica import StateGap, committed_state
@@ -284,7 +290,9 @@ def audit_partition(store: ObjectStore, partition: PartitionId, *, ledger: Ledge
                 break
 
     audit.orphan_outputs = sum(
-        1 for k in store.list(f"sink/{partition:05d}/") if k not in {r.key for v in history for r in v.manifest.outputs}
+        1
+        for k in store.list(sink_partition_prefix(partition))
+        if k not in {r.key for v in history for r in v.manifest.outputs}
     )
     return audit
 
@@ -334,11 +342,10 @@ class EpochHistoryAudit:
 
 
 def _artifact_created_at(key: str) -> datetime | None:
-    """Object names of fenced writes end in a ULID whose first 48 bits are the creation time in ms."""
-    stem = key.rsplit("/", 1)[-1].split(".", 1)[0]
+    """When a fenced object was written, from the ULID its name ends in (None: not a fenced object's name)."""
     try:
-        return datetime.fromtimestamp((_decode_ulid(stem.rsplit("-", 1)[-1]) >> 80) / 1000.0, UTC)
-    except ValueError:
+        return datetime.fromtimestamp(parse_fenced_object_key(key).created_ms / 1000.0, UTC)
+    except UnparseableObjectKey:
         return None
 
 
@@ -411,8 +418,8 @@ def audit_epoch_history(
         nxt = grants.get(epoch + 1)  # granted, its seal not (yet) in the chain: the grant fences
         return nxt.granted_at if nxt else None
 
-    for prefix in ("sink", "checkpoints"):
-        for key in store.list(f"{prefix}/{partition:05d}/"):
+    for prefix in fenced_object_prefixes(partition):
+        for key in store.list(prefix):
             meta = store.head(key)
             created = _artifact_created_at(key)
             if meta is None or created is None:

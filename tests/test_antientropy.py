@@ -11,11 +11,12 @@ import pyarrow as pa
 import pytest
 
 from laminar_orchestration import cli
-from laminar_orchestration.antientropy import InvalidGracePeriod, UnparseableObjectKey, parse_object_key, sweep
+from laminar_orchestration.antientropy import InvalidGracePeriod, sweep
 from laminar_orchestration.capabilities import CheckpointWriter, OutputCommitter, ReadStore
 from laminar_orchestration.checkpoint import CheckpointStore, OutputWriter
 from laminar_orchestration.fencing import PartitionGuard
 from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.keys import UnparseableObjectKey, parse_fenced_object_key
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.manifest import ManifestPublisher, ManifestReader, ManifestUpdate
 from laminar_orchestration.processing import keyed_aggregation
@@ -87,10 +88,10 @@ def test_sweep_never_deletes_what_a_stalled_owner_is_about_to_publish(
         replica.apply(fold.delta, batch.end_offset)
         files, at, _ = replica.snapshot_files()
         # The owner's clock is behind: the ULIDs in its object names say they are old.
-        import laminar_orchestration.manifest as manifest_module
+        import laminar_orchestration.ulid as ulid_module
 
         skewed = SimpleNamespace(time=lambda: time.time() - clock_behind_s)
-        monkeypatch.setattr(manifest_module, "time", skewed)
+        monkeypatch.setattr(ulid_module, "time", skewed)
         guard = PartitionGuard(token)
         out_ref = OutputWriter(OutputCommitter(store)).write(guard, fold.output, batch.start_offset, batch.end_offset)
         checkpoints = CheckpointStore(CheckpointWriter(store))
@@ -98,7 +99,7 @@ def test_sweep_never_deletes_what_a_stalled_owner_is_about_to_publish(
         snapshot = checkpoints.upload_snapshot(guard, files, at, {})
         monkeypatch.undo()
         replica.close()
-    assert parse_object_key(out_ref.key).created_ms <= (time.time() - clock_behind_s + 1) * 1000
+    assert parse_fenced_object_key(out_ref.key).created_ms <= (time.time() - clock_behind_s + 1) * 1000
     unpublished = sorted([out_ref.key, delta.ref.key, *(f.ref.key for f in snapshot.files)])
 
     # The owner stalls between upload and publish; sweeps run with any grace period.
@@ -146,13 +147,13 @@ def test_sweep_keeps_objects_whose_key_and_metadata_disagree(store: ObjectStore)
 
 
 def test_parse_object_key_reads_partition_epoch_and_ulid() -> None:
-    name = parse_object_key("checkpoints/00003/0000000007-01J0000000000000000000000A.parquet")
+    name = parse_fenced_object_key("checkpoints/00003/0000000007-01J0000000000000000000000A.parquet")
     assert (name.partition, name.epoch) == (3, 7)
-    sink = parse_object_key(f"sink/00001/0000000002-{0:020d}-{5:020d}-01J0000000000000000000000A.parquet")
+    sink = parse_fenced_object_key(f"sink/00001/0000000002-{0:020d}-{5:020d}-01J0000000000000000000000A.parquet")
     assert (sink.partition, sink.epoch, sink.created_ms) == (1, 2, name.created_ms)
     for bad in ("sink/00001/2-01J0000000000000000000000A.parquet", "checkpoints/00001/0000000002-nothing.parquet"):
         with pytest.raises(UnparseableObjectKey):
-            parse_object_key(bad)
+            parse_fenced_object_key(bad)
 
 
 @pytest.mark.parametrize("grace", [-1.0, -0.001, float("nan")])

@@ -1,4 +1,4 @@
-"""Backpressure from positions (seed 004): lag = written - committed, no listing."""
+"""Backpressure from positions: lag = written - committed, no listing."""
 
 from __future__ import annotations
 

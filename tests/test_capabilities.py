@@ -1,4 +1,4 @@
-"""Seed 004's compile-fail tests, the Python way: mypy must reject capability misuse."""
+"""Capability misuse must not compile: mypy rejects each misuse snippet and accepts the allowed usage."""
 
 from __future__ import annotations
 

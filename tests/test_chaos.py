@@ -36,17 +36,17 @@ from laminar_orchestration.checkpoint import OutputWriter
 from laminar_orchestration.cli import main as cli_main
 from laminar_orchestration.fencing import PartitionGuard, StaleEpoch
 from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.keys import manifest_history_key, output_object_key
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.manifest import (
     ManifestPublisher,
     ManifestUpdate,
     StaleFencingToken,
-    manifest_history_key,
-    next_ulid,
 )
 from laminar_orchestration.processing import keyed_aggregation
 from laminar_orchestration.statestore import PartitionStateStore
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
+from laminar_orchestration.ulid import next_ulid
 from laminar_orchestration.verify import audit_epoch_history, reference_fold
 
 P, N = PartitionId, NodeId
@@ -220,7 +220,7 @@ def test_epoch_history_audit_finds_stale_writes_and_split_brain(store: ObjectSto
     assert {i.kind for i in late.issues} == {"stale-write"}
 
     # An object written under epoch 3 by a node that does not hold it: two owners of one epoch.
-    key = f"sink/00000/{3:010d}-{0:020d}-{1:020d}-{next_ulid()}.parquet"
+    key = output_object_key(0, 3, 0, 1, next_ulid())
     store.put_if_absent(key, b"x", {"x-laminar-partition": "0", "x-laminar-epoch": "3", "x-laminar-node": "9"})
     split = audit_epoch_history(store, P(0), ledger=ledger)
     assert split.max_owners_per_epoch == 2 and split.owners[3] == {3, 9} and split.double_grants == 1

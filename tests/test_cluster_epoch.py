@@ -1,4 +1,4 @@
-"""Tests of the windowed cluster-epoch fence (seed 001: Phase 4 unit + in-process integration).
+"""Tests of the windowed cluster-epoch fence: unit tests and an in-process integration.
 
 Ordering between threads uses Events and a polled count of queued slides,
 never sleeps; the short ``Event.wait`` timeouts only confirm that a thread is
@@ -97,7 +97,7 @@ class _Holder:
         assert not self.thread.is_alive()
 
 
-# --- Phase 4 unit tests ---------------------------------------------------
+# --- unit tests -------------------------------------------------------------
 
 
 def test_window_sliding() -> None:
@@ -346,7 +346,7 @@ def test_slide_past_a_queued_epoch_grants_it_instead_of_rejecting() -> None:
         assert high.fence == EpochFence(N + 2, N + 1, N + 2, new_epoch=True)
     else:
         # N+2 slid first to [N, N+2]: the queued N+1 is now inside the window
-        # and joins it (the seed's double-check would reject it).
+        # and joins it (a re-check against the window before the wait would reject it).
         assert high.entered.wait(JOIN) and low.entered.wait(JOIN)
         assert high.fence == EpochFence(N + 2, N, N + 2, new_epoch=True)
         assert low.fence == EpochFence(N + 1, N, N + 2, new_epoch=False)
@@ -445,7 +445,7 @@ def test_metrics_counters() -> None:
         w.metrics().window_slides = 0  # type: ignore[misc]
 
 
-# --- in-process versions of the seed's integration tests ------------------
+# --- integration tests, in process ----------------------------------------------
 
 
 def test_concurrent_producers_with_mixed_epochs() -> None:

@@ -31,6 +31,7 @@ from assets import checkpoint_observation, ownership_observation
 from jobs import GRACEFUL_OPS, MIGRATION_ID_TAG, RISING_OPS, failover_partition, migrate_partition, rebalance
 from laminar_orchestration.capabilities import OutputCommitter
 from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.keys import desired_state_key, grant_key
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.manifest import (
     DeltaRef,
@@ -41,9 +42,8 @@ from laminar_orchestration.manifest import (
     SnapshotRef,
     artifact_ref,
 )
-from laminar_orchestration.migration import MigrationCoordinator, MigrationPhase, desired_key
+from laminar_orchestration.migration import MigrationCoordinator, MigrationPhase
 from laminar_orchestration.processing import spark_conf
-from laminar_orchestration.records import grant_key
 from laminar_orchestration.store import LocalObjectStore
 from laminar_orchestration.store.retry import RetryingStore
 from laminar_orchestration.store.s3 import S3ObjectStore
@@ -240,7 +240,7 @@ def test_a_failing_phase_fails_its_op_with_a_clear_message_and_fails_the_migrati
     assert user.metadata["migration_id"].value == migration_id
     assert set(step_events(result, DagsterEventType.STEP_START)) == {"plan", "drain"}
     # The record says Failed, so nodes stop and a retry plans afresh.
-    task = ledger.store.get(desired_key(0))
+    task = ledger.store.get(desired_state_key(0))
     assert b'"phase":"failed"' in task.data and b'"failed_phase":"draining"' in task.data
 
 

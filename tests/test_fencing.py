@@ -1,4 +1,4 @@
-"""Seed 000 (F-EPOCH-001) unit tests: PartitionGuard, PartitionGuardSet, EpochError.
+"""Unit tests of the fencing core: PartitionGuard, PartitionGuardSet, EpochError.
 
 The unit tests validate against a small in-memory ownership table; the
 integration tests in test_fencing_integration.py use the real ledger and store.

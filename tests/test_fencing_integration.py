@@ -1,4 +1,4 @@
-"""Seed 000 integration tests: the fencing core against the real ledger and store."""
+"""Integration tests of the fencing core against the real ledger and store."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from laminar_orchestration.fencing import (
     StaleEpoch,
 )
 from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.keys import manifest_history_key
 from laminar_orchestration.ledger import EpochConflict, Ledger
 from laminar_orchestration.manifest import (
     DeltaRef,
@@ -24,7 +25,6 @@ from laminar_orchestration.manifest import (
     ManifestUpdate,
     StaleFencingToken,
     artifact_ref,
-    manifest_history_key,
 )
 from laminar_orchestration.store import ObjectStore, open_store
 
@@ -164,7 +164,7 @@ def test_checkpoint_rejection_stale_node_via_conditional_put(ledger: Ledger, sto
 
 
 def test_stale_holder_cannot_publish_even_with_fresh_version(ledger: Ledger, store: ObjectStore) -> None:
-    """Seed 004: the stale holder reads the freshest manifest and still loses on its token."""
+    """A stale holder that reads the freshest manifest still loses on its token (tokens never go down)."""
     publisher = ManifestPublisher(OutputCommitter(store), store)
     holder_a = ledger.acquire(P(1), N(1), expected_epoch=0)
     publisher.publish(holder_a, ManifestUpdate(source_offset=5))

@@ -1,4 +1,4 @@
-"""The seed-002 frame header, the two-phase publish, and readers that stop at a bad frame."""
+"""The 32-byte frame header, the two-phase publish, and readers that stop at a bad frame."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ import pytest
 
 from laminar_orchestration.errors import ErrorKind, InvalidArgument
 from laminar_orchestration.identity import MAX_PARTITIONS, PartitionId
+from laminar_orchestration.keys import CLUSTER_KEY, ownership_head_key
 from laminar_orchestration.ledger import ClusterAlreadyInitialized, ClusterNotInitialized, Ledger
-from laminar_orchestration.records import CLUSTER_KEY, head_key
 from laminar_orchestration.store import ObjectStore
 
 from .stores import ForwardingStore
@@ -58,6 +58,6 @@ def test_interrupted_forced_grow_keeps_the_old_cluster_until_rerun(store: Object
     with pytest.raises(KeyboardInterrupt):
         Ledger(InterruptingStore(store, after=3)).init_cluster(5, force=True)  # heads 0, 1 exist; 2 made
     assert Ledger(store).cluster().partitions == 2
-    assert store.head(head_key(2)) is not None and store.head(head_key(3)) is None
+    assert store.head(ownership_head_key(2)) is not None and store.head(ownership_head_key(3)) is None
     assert Ledger(store).init_cluster(5, force=True).partitions == 5
-    assert all(store.head(head_key(p)) is not None for p in range(5))
+    assert all(store.head(ownership_head_key(p)) is not None for p in range(5))

@@ -9,6 +9,7 @@ import pytest
 
 from laminar_orchestration.fencing import NotOwned, StaleEpoch, UnknownPartition
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
+from laminar_orchestration.keys import grant_key, ownership_head_key
 from laminar_orchestration.ledger import (
     ClusterAlreadyInitialized,
     ClusterNotInitialized,
@@ -22,8 +23,6 @@ from laminar_orchestration.records import (
     EpochGrant,
     GrantKind,
     PartitionStatus,
-    grant_key,
-    head_key,
     now,
 )
 from laminar_orchestration.store import ObjectStore
@@ -187,7 +186,7 @@ def test_stalled_contender_late_grant_write_fails(ledger: Ledger, store: ObjectS
 
 
 def test_corrupt_head_is_named_and_never_overwritten(ledger: Ledger, store: ObjectStore) -> None:
-    key = head_key(2)
+    key = ownership_head_key(2)
     current = store.get(key)
     store.put_if_match(key, b'{"kind": "partition-head", "partition": 2, "epoch": "x', current.etag)
     before = store.get(key)

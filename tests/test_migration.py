@@ -1,4 +1,4 @@
-"""Seed 003 unit tests: the migration record, its phases, config defaults and errors."""
+"""Unit tests of the migration record: its phases, config defaults and errors."""
 
 from __future__ import annotations
 
@@ -67,6 +67,27 @@ def test_migration_phase_transitions_linear() -> None:
     for terminal in (MigrationPhase.ACTIVE, MigrationPhase.FAILED, MigrationPhase.CANCELLED):
         with pytest.raises(InvalidTransition):
             check_transition(G, terminal, MigrationPhase.FAILED)
+
+
+def test_phase_predicates_follow_each_kinds_sequence() -> None:
+    """`reached` agrees with the order of both sequences; the aborted phases reach only themselves."""
+    for seq in (GRACEFUL_PHASES, FORCED_PHASES):
+        for i, a in enumerate(seq):
+            for j, b in enumerate(seq):
+                assert a.reached(b) == (i >= j), (a, b)
+    aborted = (MigrationPhase.FAILED, MigrationPhase.CANCELLED)
+    for phase in aborted:
+        assert phase.is_aborted and phase.is_terminal and not phase.cancellable
+        assert phase.reached(phase)
+        assert not any(phase.reached(p) for p in GRACEFUL_PHASES)
+        assert not any(p.reached(phase) for p in GRACEFUL_PHASES)
+    assert [p for p in MigrationPhase if p.is_terminal] == [MigrationPhase.ACTIVE, *aborted]
+    # The old owner's phases are exactly those of a graceful move that a forced move skips, plus Released.
+    old_owner = [p for p in GRACEFUL_PHASES if p.needs_old_owner]
+    assert old_owner == [p for p in GRACEFUL_PHASES if p not in FORCED_PHASES] + [MigrationPhase.RELEASED]
+    assert [p for p in GRACEFUL_PHASES if p.cancellable] == list(
+        GRACEFUL_PHASES[: GRACEFUL_PHASES.index(MigrationPhase.SEEKING)]
+    )
 
 
 def test_migration_phase_failed_captures_context(store: ObjectStore) -> None:

@@ -20,14 +20,13 @@ from laminar_orchestration import manifest
 from laminar_orchestration.capabilities import OutputCommitter, manifest_key
 from laminar_orchestration.fencing import EpochError, FencingToken
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
+from laminar_orchestration.keys import manifest_history_key
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.manifest import (
     ManifestPublisher,
     ManifestReader,
     ManifestUpdate,
     ManifestVersion,
-    manifest_history_key,
-    next_ulid,
 )
 from laminar_orchestration.migration import DesiredStates
 from laminar_orchestration.ownership import snapshot_cluster
@@ -36,6 +35,7 @@ from laminar_orchestration.replica import CatchUp
 from laminar_orchestration.runtime import NodeConfig, PartitionWorker, WorkerState
 from laminar_orchestration.source import SourceLog, generate_events
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
+from laminar_orchestration.ulid import next_ulid
 from laminar_orchestration.verify import audit_epoch_history
 from tests.stores import PausingStore
 

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from laminar_dev.faults import FaultInjectingStore
 from laminar_orchestration.framing import BadMagic, FrameMismatch, encode_frame
+from laminar_orchestration.keys import segment_key, source_head_key
 from laminar_orchestration.source import (
     EVENT_SCHEMA,
     BadInputLine,
@@ -28,10 +29,8 @@ from laminar_orchestration.source import (
     SourceLog,
     encode_segment,
     generate_events,
-    head_key,
     normalize_events,
     produce_from_jsonl,
-    segment_key,
 )
 from laminar_orchestration.store import (
     LocalObjectStore,
@@ -297,10 +296,10 @@ def test_corrupt_segment_is_reported_by_name(local_store: LocalObjectStore) -> N
 
 
 def test_corrupt_head_is_reported_by_name(local_store: LocalObjectStore) -> None:
-    local_store.put_if_absent(head_key(0), b'{"next_offset": "x"}')
+    local_store.put_if_absent(source_head_key(0), b'{"next_offset": "x"}')
     with pytest.raises(CorruptSourceHead) as info:
         SourceLog(local_store).append(0, _events(1))
-    assert info.value.key == head_key(0) and "next_offset" in str(info.value)
+    assert info.value.key == source_head_key(0) and "next_offset" in str(info.value)
 
 
 # --- concurrent producers -----------------------------------------------------------

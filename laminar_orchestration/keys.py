@@ -1,0 +1,209 @@
+"""Where everything lives in the object store: the one module that spells prefixes and keys.
+
+Layout (``p`` is a partition, five digits; numbers are zero-padded so keys sort
+in numeric order)::
+
+    ledger/cluster.json                                cluster record (created by `init`)
+    ledger/membership.json                             member set + cluster epoch (CAS)
+    ledger/nodes/{node:05d}.json                       one node's record and heartbeat (CAS)
+    ledger/partitions/{p}/head.json                    ownership head: current owner (CAS, may lag)
+    ledger/partitions/{p}/grants/{epoch:020d}.json     epoch grant (create-only, never deleted)
+    ledger/partitions/{p}/releases/{epoch:020d}.json   release of an epoch (create-only)
+    ledger/partitions/{p}/desired.json                 desired owner + migration in flight (CAS)
+    manifests/{p}/current.json                         manifest pointer (CAS, may lag)
+    manifests/{p}/history/{seq:020d}.json             manifest chain entry (create-only)
+    checkpoints/{p}/{epoch:010d}-{ulid}.delta.parquet  a commit's delta (create-only, fenced)
+    checkpoints/{p}/{epoch:010d}-{ulid}.snap.{file}    a snapshot's file (create-only, fenced)
+    sink/{p}/{epoch:010d}-{start:020d}-{end:020d}-{ulid}.parquet   output file (create-only, fenced)
+    source/{p}/{start_offset:020d}.seg                 input log segment (create-only)
+    source/{p}/head.json                               producers' source head (CAS, may lag)
+
+These formats are persisted: changing one orphans every existing store.
+Write capabilities (`capabilities`) are split by the top-level prefixes in
+`PREFIXES`, and the S3 policies are rendered from them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from .errors import InvalidInputError
+from .ulid import ULID_PATTERN, ulid_time_ms
+
+# --- top-level prefixes (one per write capability) ------------------------------
+
+LEDGER_PREFIX = "ledger/"
+MANIFESTS_PREFIX = "manifests/"
+CHECKPOINTS_PREFIX = "checkpoints/"
+SINK_PREFIX = "sink/"
+SOURCE_PREFIX = "source/"
+
+#: Every top-level prefix by the name the capabilities and storage policies use.
+PREFIXES: Mapping[str, str] = MappingProxyType(
+    {
+        "ledger": LEDGER_PREFIX,
+        "manifests": MANIFESTS_PREFIX,
+        "checkpoints": CHECKPOINTS_PREFIX,
+        "source": SOURCE_PREFIX,
+        "sink": SINK_PREFIX,
+    }
+)
+
+#: Prefixes of the fenced objects a manifest names (the anti-entropy sweep lists these).
+FENCED_OBJECT_PREFIXES: tuple[str, ...] = (SINK_PREFIX, CHECKPOINTS_PREFIX)
+
+
+def _partition(partition: int) -> str:
+    return f"{partition:05d}"
+
+
+# --- ledger -----------------------------------------------------------------------
+
+CLUSTER_KEY = f"{LEDGER_PREFIX}cluster.json"
+MEMBERSHIP_KEY = f"{LEDGER_PREFIX}membership.json"
+
+
+def node_key(node: int) -> str:
+    """A node's own record (identity, heartbeat, partition progress)."""
+    return f"{LEDGER_PREFIX}nodes/{node:05d}.json"
+
+
+def ledger_partition_prefix(partition: int) -> str:
+    """Prefix of every ledger record of `partition` (no trailing slash)."""
+    return f"{LEDGER_PREFIX}partitions/{_partition(partition)}"
+
+
+def ownership_head_key(partition: int) -> str:
+    """The CAS head naming `partition`'s current owner; it may lag the grants."""
+    return f"{ledger_partition_prefix(partition)}/head.json"
+
+
+def grant_key(partition: int, epoch: int) -> str:
+    """The immutable grant of `partition` at `epoch`."""
+    return f"{ledger_partition_prefix(partition)}/grants/{epoch:020d}.json"
+
+
+def release_key(partition: int, epoch: int) -> str:
+    """The immutable release of `partition`'s `epoch` by its owner."""
+    return f"{ledger_partition_prefix(partition)}/releases/{epoch:020d}.json"
+
+
+def desired_state_key(partition: int) -> str:
+    """The control plane's desired state of `partition` (owner, migration in flight)."""
+    return f"{ledger_partition_prefix(partition)}/desired.json"
+
+
+# --- manifests ----------------------------------------------------------------------
+
+
+def manifest_prefix(partition: int) -> str:
+    """Prefix of `partition`'s manifest chain (no trailing slash)."""
+    return f"{MANIFESTS_PREFIX}{_partition(partition)}"
+
+
+def manifest_pointer_key(partition: int) -> str:
+    """The CAS pointer to (a copy of) `partition`'s newest manifest; it may lag the history."""
+    return f"{manifest_prefix(partition)}/current.json"
+
+
+def manifest_history_key(partition: int, seq: int) -> str:
+    """History entry `seq` of `partition`'s manifest chain."""
+    return f"{manifest_prefix(partition)}/history/{seq:020d}.json"
+
+
+# --- source log ---------------------------------------------------------------------
+
+
+def source_partition_prefix(partition: int) -> str:
+    """Prefix of `partition`'s input log (no trailing slash)."""
+    return f"{SOURCE_PREFIX}{_partition(partition)}"
+
+
+def segment_key(partition: int, start_offset: int) -> str:
+    """The segment of `partition` whose first event has offset `start_offset`."""
+    return f"{source_partition_prefix(partition)}/{start_offset:020d}.seg"
+
+
+def source_head_key(partition: int) -> str:
+    """The producers' CAS head of `partition`'s input log; it may lag the segments."""
+    return f"{source_partition_prefix(partition)}/head.json"
+
+
+# --- fenced objects: checkpoints and output ----------------------------------------------
+
+
+def checkpoint_partition_prefix(partition: int) -> str:
+    """Prefix (with trailing slash) of `partition`'s checkpoint objects."""
+    return f"{CHECKPOINTS_PREFIX}{_partition(partition)}/"
+
+
+def sink_partition_prefix(partition: int) -> str:
+    """Prefix (with trailing slash) of `partition`'s output files."""
+    return f"{SINK_PREFIX}{_partition(partition)}/"
+
+
+def fenced_object_prefixes(partition: int) -> tuple[str, str]:
+    """Prefixes (with trailing slash) of `partition`'s output files and checkpoint objects."""
+    return sink_partition_prefix(partition), checkpoint_partition_prefix(partition)
+
+
+def delta_key(partition: int, epoch: int, ulid: str) -> str:
+    """One commit's delta (the touched keys' new values), written under `epoch`."""
+    return f"{checkpoint_partition_prefix(partition)}{epoch:010d}-{ulid}.delta.parquet"
+
+
+def snapshot_file_key(partition: int, epoch: int, ulid: str, file_name: str) -> str:
+    """One file of a snapshot written under `epoch`; the files of one snapshot share `ulid`."""
+    # One flat name per file, so the sweep parses epoch and ULID from it like any other.
+    return f"{checkpoint_partition_prefix(partition)}{epoch:010d}-{ulid}.snap.{file_name}"
+
+
+def output_object_key(partition: int, epoch: int, start: int, end: int, ulid: str) -> str:
+    """The output file of source offsets [start, end) written under `epoch`."""
+    return f"{sink_partition_prefix(partition)}{epoch:010d}-{start:020d}-{end:020d}-{ulid}.parquet"
+
+
+# `{sink|checkpoints}/{partition:05d}/{epoch:010d}-<rest>`; the rest ends in (or contains) a ULID.
+_FENCED_RE = re.compile(r"^(sink|checkpoints)/(\d{5,})/(\d{10})-([^/]+)$")
+
+
+@dataclass
+class UnparseableObjectKey(InvalidInputError, ValueError):
+    """A fenced object's name does not carry a partition, an epoch and a ULID."""
+
+    key: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"object {self.key!r}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class FencedObjectName:
+    """What a fenced object's key says about it: whose partition, which epoch, written when."""
+
+    key: str
+    partition: int
+    epoch: int
+    ulid: str
+
+    @property
+    def created_ms(self) -> int:
+        """Creation time from the key's ULID, in ms by the writer's clock (not trusted for safety)."""
+        return ulid_time_ms(self.ulid)
+
+
+def parse_fenced_object_key(key: str) -> FencedObjectName:
+    """The one parser of ``sink/`` and ``checkpoints/`` object names; UnparseableObjectKey if `key` is not one."""
+    match = _FENCED_RE.match(key)
+    if match is None:
+        raise UnparseableObjectKey(key, "not {sink|checkpoints}/{partition}/{epoch:010d}-...")
+    _, partition, epoch, rest = match.groups()
+    # The ULID is the last 26-character Crockford segment of the name before its extension.
+    ulids = [s for s in rest.split(".", 1)[0].split("-") if ULID_PATTERN.match(s)]
+    if not ulids:
+        raise UnparseableObjectKey(key, "no ULID in the name")
+    return FencedObjectName(key, int(partition), int(epoch), ulids[-1])
