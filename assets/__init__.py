@@ -41,15 +41,11 @@ from dagster import (
     asset_check,
 )
 
-from laminar_orchestration.assignment import (
-    AssignmentError,
-    live_node_ids,
-    plan_assignment,
-)
 from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.manifest import ManifestReader
-from laminar_orchestration.ownership import snapshot_cluster
+from laminar_orchestration.ownership import live_node_ids, snapshot_cluster
+from laminar_orchestration.planner import AssignmentError, plan_assignment
 from resources import LaminarResource
 
 from .committed_state import LAMINAR_PARTITIONS, committed_state

@@ -47,14 +47,13 @@ from dagster import (
 )
 from pydantic import Field
 
-from laminar_orchestration.assignment import must_force, prepare_failover, record_failure, stranded
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.migration import (
-    GRACEFUL_PHASES,
     MigrationError,
     MigrationKind,
     MigrationPhase,
 )
+from laminar_orchestration.moves import must_force, prepare_failover, record_failure, stranded
 from resources import LaminarResource
 
 from .common import (
@@ -293,7 +292,7 @@ def fence(
     context.log.info(decision.reason)
     phases = [MigrationPhase.PLANNED]
     # A graceful move already past the release only needs its rising phases.
-    before_release = GRACEFUL_PHASES.index(task.phase) <= GRACEFUL_PHASES.index(MigrationPhase.RELEASED)
+    before_release = not task.phase.reached(MigrationPhase.DOWNLOADING)
     if task.migration_kind == MigrationKind.FORCED or before_release:
         phases.append(MigrationPhase.RELEASED)
     outputs = [run_phase_op(context, laminar, handle, phase) for phase in phases]

@@ -492,7 +492,7 @@ class Demo:
             self.nodes[n] = self._start_node(n)
         dagster_env = None
         if self.code_location is not None and dagster_bins is not None:
-            dagster_env = self._dagster_env()
+            dagster_env = self._dagster_env(self.code_location)
             self.webserver = self._start_webserver(self.code_location, dagster_bins[0], dagster_env)
         nodes = ", ".join(f"node {n} (pid {c.pid})" for n, c in self.nodes.items())
         self.say(f"starting {nodes} — one local Spark each, this takes a little while ...")
@@ -535,11 +535,16 @@ class Demo:
         ]  # fmt: skip
         return Child(f"node {node}", cmd, self.demo_dir / f"node{node}.log", env=os.environ)
 
-    def _dagster_env(self) -> dict[str, str]:
+    def _dagster_env(self, root: Path) -> dict[str, str]:
         opts = self.options
         home = self.demo_dir / "dagster_home"
         home.mkdir()
-        (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n")
+        # The code location's instance settings: runs launch on submit, sensors run in threads.
+        settings = root / "dagster.yaml"
+        if settings.exists():
+            shutil.copyfile(settings, home / "dagster.yaml")
+        else:
+            (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n")
         return {
             **os.environ,
             "DAGSTER_HOME": str(home),

@@ -741,7 +741,11 @@ class MigrationCoordinator:
                 p,
                 NodeId(task.to_node),
                 expected_epoch=task.from_epoch,
-                reason=f"migration {task.migration_id}: fence node {task.from_node}",
+                reason=(
+                    f"migration {task.migration_id}: place on node {task.to_node}"
+                    if task.from_node == UNASSIGNED
+                    else f"migration {task.migration_id}: fence node {task.from_node}"
+                ),
                 generation=target.generation if target else None,
             )
         except EpochConflict as exc:

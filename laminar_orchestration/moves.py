@@ -20,7 +20,6 @@ from .errors import UnavailableError
 from .identity import UNASSIGNED, NodeId, PartitionId
 from .ledger import LedgerError
 from .migration import (
-    GRACEFUL_PHASES,
     MigrationCoordinator,
     MigrationEpochConflict,
     MigrationError,
@@ -215,7 +214,7 @@ def stranded(task: MigrationTask | None, epoch: int, owner: int) -> bool:
     """
     return (
         task is not None
-        and task.phase in (MigrationPhase.FAILED, MigrationPhase.CANCELLED)
+        and task.phase.is_aborted
         and task.to_node == owner
         and task.to_epoch == epoch
         and owner != UNASSIGNED
@@ -276,7 +275,7 @@ def prepare_failover(
     coordinator.expire_overdue(p)  # a record past its deadline never blocks a failover
     running = coordinator.current(p)
     if running is not None and not running.is_terminal:
-        rising = GRACEFUL_PHASES.index(running.phase) >= GRACEFUL_PHASES.index(MigrationPhase.DOWNLOADING)
+        rising = running.phase.reached(MigrationPhase.DOWNLOADING)
         # Needs no old owner any more: a forced move, or a graceful one past the release.
         resumable = running.to_node in live_set and (running.migration_kind == MigrationKind.FORCED or rising)
         if resumable:

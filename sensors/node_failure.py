@@ -45,19 +45,10 @@ from dagster import (
 
 from assets import live_owners_evaluation, ownership_observation, ownership_rows
 from jobs import EPOCH_TAG, FAILED_NODE_TAG, PARTITION_TAG, failover_partition
-from laminar_orchestration.assignment import (
-    failover_target,
-    live_node_ids,
-    node_loads,
-    prepare_failover,
-    record_failure,
-    warm_copies,
-)
 from laminar_orchestration.errors import LaminarError
 from laminar_orchestration.identity import UNASSIGNED, PartitionId
 from laminar_orchestration.ledger import ClusterNotInitialized, Ledger
 from laminar_orchestration.migration import (
-    GRACEFUL_PHASES,
     DesiredStates,
     MigrationConfig,
     MigrationCoordinator,
@@ -68,6 +59,9 @@ from laminar_orchestration.migration import (
     PhaseReport,
     phase_sequence,
 )
+from laminar_orchestration.moves import prepare_failover, record_failure
+from laminar_orchestration.ownership import live_node_ids, warm_copies
+from laminar_orchestration.planner import failover_target, node_loads
 from resources import LaminarResource
 
 __all__ = [
@@ -151,7 +145,7 @@ def scan_for_failovers(
             and task.to_node in live
             and (
                 task.migration_kind == MigrationKind.FORCED
-                or GRACEFUL_PHASES.index(task.phase) >= GRACEFUL_PHASES.index(MigrationPhase.DOWNLOADING)
+                or task.phase.reached(MigrationPhase.DOWNLOADING)
             )
         ):
             scan.skipped.append(f"p{p}: migration {task.migration_id} to node {task.to_node} in flight")

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from laminar_orchestration import cli
-from laminar_orchestration.assignment import drive, run_migration
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger, NodeHandle
 from laminar_orchestration.migration import (
@@ -36,6 +35,7 @@ from laminar_orchestration.migration import (
     UploadFailed,
     check_transition,
 )
+from laminar_orchestration.moves import drive, run_migration
 from laminar_orchestration.records import PartitionProgress, ReleaseRecord, now
 from laminar_orchestration.store import ObjectStore, open_store
 

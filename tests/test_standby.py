@@ -12,7 +12,6 @@ from pathlib import Path
 import pyarrow as pa
 
 from laminar_dev.chaos import ArrowBatchEngine, ArrowNode
-from laminar_orchestration.assignment import drive, failover_target, prepare_failover, warm_copies
 from laminar_orchestration.capabilities import CheckpointWriter, ReadStore
 from laminar_orchestration.checkpoint import CheckpointStore
 from laminar_orchestration.fencing import PartitionGuard
@@ -20,6 +19,9 @@ from laminar_orchestration.identity import NodeId
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.manifest import ManifestReader
 from laminar_orchestration.migration import MigrationConfig, MigrationCoordinator, MigrationPhase, PhaseReport
+from laminar_orchestration.moves import drive, prepare_failover
+from laminar_orchestration.ownership import warm_copies
+from laminar_orchestration.planner import failover_target
 from laminar_orchestration.replica import StateReplica
 from laminar_orchestration.source import SourceLog
 from laminar_orchestration.standby import StandbyFollower
