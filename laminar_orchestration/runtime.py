@@ -1126,6 +1126,9 @@ class Node:
                 return
             except StoreError as exc:
                 log.warning("node %s: heartbeat failed: %s", self.id, exc)
+            except Exception:
+                # The heartbeat is what keeps this node alive in the ledger: it never dies of one bad report.
+                log.exception("node %s: heartbeat failed unexpectedly", self.id)
             self._report_now.wait(self.config.heartbeat_interval_s)
             self._report_now.clear()
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,6 +146,9 @@ class PartitionStateStore:
         self.path = Path(path)
         self.partition = partition
         self.codec = ValueCodec(schema)
+        # rocksdict objects refuse concurrent use from two threads ("Already mutably borrowed"):
+        # the worker writes while the heartbeat reads the offset and a snapshot checkpoints.
+        self._lock = threading.RLock()
         try:
             self._db = Rdict(str(self.path), _options(create=create))
         except Exception as exc:  # rocksdict raises plain exceptions carrying RocksDB's status text
@@ -154,7 +158,11 @@ class PartitionStateStore:
         write.disable_wal = True  # type: ignore[method-assign,assignment]
         self._db.set_write_options(write)
         self._closed = False
-        if create and self.marker() is None:
+        marker = self.marker()
+        #: The applied offset, kept in memory: readers on other threads (the heartbeat) never touch
+        #: the database, which may be closed and replaced under them.
+        self._offset = marker.source_offset if marker else 0
+        if create and marker is None:
             # A new store holds the empty state: offset 0, so it can be checked like any other.
             self.apply(pa.table([pa.array([], pa.string())], names=["key"]), 0)
 
@@ -170,7 +178,8 @@ class PartitionStateStore:
     # -- reading -------------------------------------------------------------------
 
     def marker(self) -> AppliedMarker | None:
-        raw = self._db.get(_MARKER_KEY)
+        with self._lock:
+            raw = self._db.get(_MARKER_KEY)
         if raw is None:
             return None
         try:
@@ -183,12 +192,13 @@ class PartitionStateStore:
 
     @property
     def source_offset(self) -> int:
-        marker = self.marker()
-        return marker.source_offset if marker else 0
+        """The source offset the store holds the state of (its marker's, as last written or read)."""
+        return self._offset
 
     def get_many(self, keys: Sequence[str]) -> pa.Table:
         """Previous values of `keys`, row-aligned, null for keys the state does not hold."""
-        records = self._db.get([encode_key(k) for k in keys]) if keys else []
+        with self._lock:
+            records = self._db.get([encode_key(k) for k in keys]) if keys else []
         assert records is not None
         return self.codec.decode(records)
 
@@ -200,18 +210,22 @@ class PartitionStateStore:
         """Every key and its values, in key order, as tables of up to `rows_per_batch` rows."""
         keys: list[str] = []
         records: list[bytes] = []
-        it = self._db.iter()
-        it.seek(_KEY_PREFIX)
-        while it.valid():
-            raw_key = it.key()
-            if not raw_key.startswith(_KEY_PREFIX):
-                break
-            keys.append(raw_key[len(_KEY_PREFIX) :].decode())
-            records.append(it.value())
+        with self._lock:
+            it = self._db.iter()
+            it.seek(_KEY_PREFIX)
+        while True:
+            with self._lock:  # one step at a time: a consumer may take long between batches
+                if not it.valid():
+                    break
+                raw_key = it.key()
+                if not raw_key.startswith(_KEY_PREFIX):
+                    break
+                keys.append(raw_key[len(_KEY_PREFIX) :].decode())
+                records.append(it.value())
+                it.next()
             if len(keys) >= rows_per_batch:
                 yield self._table(keys, records)
                 keys, records = [], []
-            it.next()
         if keys or not records:
             yield self._table(keys, records)
 
@@ -235,9 +249,11 @@ class PartitionStateStore:
         marker = AppliedMarker(partition=self.partition, source_offset=source_offset)
         batch.put(_MARKER_KEY, marker.model_dump_json().encode())
         try:
-            self._db.write(batch)
+            with self._lock:
+                self._db.write(batch)
         except Exception as exc:
             raise LocalStateWriteFailed(str(self.path), str(exc)) from exc
+        self._offset = source_offset
 
     def checkpoint(self, destination: str | os.PathLike[str]) -> list[Path]:
         """A consistent copy of the store in `destination` (hard links to the immutable SST files).
@@ -247,17 +263,19 @@ class PartitionStateStore:
         """
         dest = Path(destination)
         try:
-            self._db.flush()
-            Checkpoint(self._db).create_checkpoint(str(dest))
+            with self._lock:
+                self._db.flush()
+                Checkpoint(self._db).create_checkpoint(str(dest))
         except Exception as exc:
             shutil.rmtree(dest, ignore_errors=True)
             raise LocalStateWriteFailed(str(dest), str(exc)) from exc
         return sorted(p for p in dest.iterdir() if p.is_file())
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._db.close()
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._db.close()
 
     def destroy(self) -> None:
         """Close and delete the directory (a revoked or released partition's cache)."""

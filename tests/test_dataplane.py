@@ -782,3 +782,54 @@ def test_an_abandoned_batch_is_dropped_at_once_and_the_same_events_commit_once(
         assert worker.progress().error is None and not worker.finished
     audit = audit_partition(store, P0)
     assert audit.ok and audit.duplicates == 0 and audit.losses == 0, audit.issues
+
+
+def test_a_partition_store_is_safe_to_use_from_several_threads(tmp_path: Path) -> None:
+    """The worker writes while the heartbeat reads the offset, a snapshot checkpoints and a query scans:
+    none of them may fail (rocksdict itself refuses concurrent use of one database object)."""
+    state = PartitionStateStore(tmp_path / "state", keyed_aggregation.state_schema, partition=0)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def repeat(action: Callable[[], object]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                while not stop.is_set():
+                    action()
+            except BaseException as exc:
+                errors.append(exc)
+
+        return run
+
+    def write() -> None:
+        for offset in range(1, 400):
+            rows = pa.table(
+                {"key": [f"k{i}" for i in range(200)], **{f.name: pa.array([offset] * 200, f.type) for f in SCHEMA}}
+            )
+            state.apply(rows, offset)
+
+    readers = [
+        threading.Thread(target=repeat(lambda: state.source_offset)),
+        threading.Thread(target=repeat(lambda: state.get_many(["k1", "k2", "absent"]))),
+        threading.Thread(target=repeat(lambda: sum(t.num_rows for t in state.scan(rows_per_batch=50)))),
+    ]
+    for t in readers:
+        t.start()
+    try:
+        write()
+    finally:
+        stop.set()
+        for t in readers:
+            t.join()
+    assert errors == [], errors[:3]
+    assert state.get("k7") is not None
+    # A released partition's store is closed (and replaced) while the heartbeat still reports its offset.
+    stop.clear()
+    offset_reader = threading.Thread(target=repeat(lambda: state.source_offset))
+    offset_reader.start()
+    state.close()
+    time.sleep(0.1)
+    stop.set()
+    offset_reader.join()
+    assert errors == [], errors[:3]
+    assert state.source_offset == 399
