@@ -30,19 +30,22 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from .capabilities import LedgerKey, LedgerWriter, ManifestSealer, ledger_key
-from .errors import ConflictError, CorruptDataError, InvalidArgument, LaminarError, NotFoundError
+from .errors import ConflictError, InvalidArgument, NotFoundError
 from .fencing import FencingToken, NotOwned, StaleEpoch, UnknownPartition, _mint_token
 from .identity import MAX_PARTITIONS, UNASSIGNED, NodeId, PartitionId
 from .keys import CLUSTER_KEY, MEMBERSHIP_KEY, grant_key, node_key, ownership_head_key, release_key
+from .manifest import ChainSealer
 from .records import (
     ClusterRecord,
+    CorruptLedgerObject,
     EpochGrant,
     GrantKind,
+    LedgerError,
     MembershipRecord,
     NodeRecord,
     NodeStatus,
@@ -52,32 +55,15 @@ from .records import (
     ReleaseRecord,
     new_write_id,
     now,
+    parse_record,
 )
 from .store import ObjectStore, PreconditionFailed, StoredObject
 from .versioned import VersionedObject
-
-if TYPE_CHECKING:
-    from .manifest import ChainSealer
 
 M = TypeVar("M", bound=BaseModel)
 
 
 # --- errors ---------------------------------------------------------------
-
-
-class LedgerError(LaminarError):
-    """Base of ledger errors."""
-
-
-@dataclass
-class CorruptLedgerObject(LedgerError, CorruptDataError):
-    """A ledger object that cannot be parsed. Nothing overwrites it."""
-
-    key: str
-    reason: str
-
-    def __str__(self) -> str:
-        return f"corrupt ledger object {self.key!r}: {self.reason}"
 
 
 @dataclass
@@ -175,18 +161,6 @@ def _encode(model: BaseModel) -> bytes:
     return model.model_dump_json().encode()
 
 
-def parse_record(key: str, data: bytes, model: type[M]) -> M:
-    """Parse one ledger object or raise CorruptLedgerObject naming it."""
-    try:
-        return model.model_validate_json(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "<root>"
-        raise CorruptLedgerObject(key, f"{where}: {first.get('msg')}") from exc
-    except ValueError as exc:
-        raise CorruptLedgerObject(key, str(exc)) from exc
-
-
 # --- the ledger -----------------------------------------------------------
 
 
@@ -208,8 +182,6 @@ class Ledger:
     def sealer(self) -> ChainSealer:
         """Seals manifest chains on grants (holds only the `ManifestSealer` capability)."""
         if self._sealer is None:
-            from .manifest import ChainSealer  # manifest.py imports this module
-
             self._sealer = ChainSealer(ManifestSealer(self.store), self.store)
         return self._sealer
 

@@ -46,8 +46,7 @@ from .errors import ConflictError, CorruptDataError
 from .fencing import ConditionalPutFailed, FencingToken
 from .identity import PartitionId
 from .keys import manifest_history_key, manifest_pointer_key
-from .ledger import LedgerError, parse_record
-from .records import Record, new_write_id, now
+from .records import LedgerError, Record, new_write_id, now, parse_record
 from .store import ObjectStore, PreconditionFailed, StoredObject
 from .ulid import next_ulid
 from .versioned import VersionedObject, VersionedReader

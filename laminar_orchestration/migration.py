@@ -34,9 +34,9 @@ from .capabilities import LedgerWriter, ledger_key
 from .errors import ConflictError, OperationFailedError, UnavailableError
 from .identity import UNASSIGNED, NodeId, PartitionId
 from .keys import desired_state_key
-from .ledger import EpochConflict, Ledger, LedgerError, NodeView, parse_record
+from .ledger import EpochConflict, Ledger, NodeView
 from .manifest import ManifestReader
-from .records import PartitionProgress, Record, new_write_id, now
+from .records import LedgerError, PartitionProgress, Record, new_write_id, now, parse_record
 from .store import PreconditionFailed
 
 

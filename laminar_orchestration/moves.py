@@ -18,7 +18,6 @@ from typing import Generic, TypeVar
 
 from .errors import UnavailableError
 from .identity import UNASSIGNED, NodeId, PartitionId
-from .ledger import LedgerError
 from .migration import (
     MigrationCoordinator,
     MigrationEpochConflict,
@@ -33,7 +32,7 @@ from .migration import (
 )
 from .ownership import live_node_ids, ownership_map, warm_copies
 from .planner import AssignmentError, Move, failover_target, move_participants, node_loads
-from .records import PartitionStatus
+from .records import LedgerError, PartitionStatus
 from .store import StoreError
 
 R = TypeVar("R")

@@ -8,10 +8,44 @@ from __future__ import annotations
 
 import enum
 import secrets
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import CorruptDataError, LaminarError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class LedgerError(LaminarError):
+    """Base of ledger errors."""
+
+
+@dataclass
+class CorruptLedgerObject(LedgerError, CorruptDataError):
+    """A ledger object that cannot be parsed. Nothing overwrites it."""
+
+    key: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"corrupt ledger object {self.key!r}: {self.reason}"
+
+
+def parse_record(key: str, data: bytes, model: type[M]) -> M:
+    """Parse one ledger object or raise CorruptLedgerObject naming it."""
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "<root>"
+        raise CorruptLedgerObject(key, f"{where}: {first.get('msg')}") from exc
+    except ValueError as exc:
+        raise CorruptLedgerObject(key, str(exc)) from exc
+
+
 
 FORMAT_VERSION = 1
 

@@ -35,10 +35,10 @@ from .keys import (
     parse_fenced_object_key,
     sink_partition_prefix,
 )
-from .ledger import Ledger, LedgerError
+from .ledger import Ledger
 from .manifest import ManifestReader, ManifestVersion, SuccessionError, verify_artifacts
 from .processing import STATE_SCHEMA, empty_state
-from .records import GrantKind
+from .records import GrantKind, LedgerError
 from .replica import StateGap, committed_state
 from .source import SourceLog
 from .store import ObjectStore

@@ -31,10 +31,11 @@ from jobs import (
     migrate_partition,
 )
 from laminar_orchestration.identity import UNASSIGNED, PartitionId
-from laminar_orchestration.ledger import Ledger, LedgerError
+from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.migration import DesiredStates, MigrationCoordinator
 from laminar_orchestration.moves import stranded
 from laminar_orchestration.ownership import live_node_ids
+from laminar_orchestration.records import LedgerError
 from laminar_orchestration.store import StoreError
 from resources import LaminarResource
 

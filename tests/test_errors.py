@@ -17,8 +17,9 @@ from laminar_orchestration.errors import EXIT_CODES, ErrorKind, InvalidArgument,
 from laminar_orchestration.fencing import StaleEpoch, UnknownPartition
 from laminar_orchestration.framing import BadMagic, FrameError
 from laminar_orchestration.identity import PartitionId
-from laminar_orchestration.ledger import ClusterAlreadyInitialized, ClusterNotInitialized, CorruptLedgerObject
+from laminar_orchestration.ledger import ClusterAlreadyInitialized, ClusterNotInitialized
 from laminar_orchestration.migration import InvalidTransition, MigrationKind, MigrationPhase
+from laminar_orchestration.records import CorruptLedgerObject
 from laminar_orchestration.source import BadInputLine, CorruptSegment, InputFileError
 from laminar_orchestration.store import InvalidStoreUrl, ObjectNotFound, PreconditionFailed, StoreUnavailable
 

@@ -13,13 +13,13 @@ from laminar_orchestration.keys import grant_key, ownership_head_key
 from laminar_orchestration.ledger import (
     ClusterAlreadyInitialized,
     ClusterNotInitialized,
-    CorruptLedgerObject,
     EpochConflict,
     Ledger,
     NodeIdentityConflict,
     NotReleased,
 )
 from laminar_orchestration.records import (
+    CorruptLedgerObject,
     EpochGrant,
     GrantKind,
     PartitionStatus,

@@ -6,8 +6,7 @@ import pytest
 from pydantic import Field
 
 from laminar_orchestration.capabilities import LedgerKey, LedgerWriter, ledger_key
-from laminar_orchestration.ledger import CorruptLedgerObject, parse_record
-from laminar_orchestration.records import Record
+from laminar_orchestration.records import CorruptLedgerObject, Record, parse_record
 from laminar_orchestration.store import ObjectStore, PreconditionFailed, StoredObject
 from laminar_orchestration.versioned import VersionedObject, VersionedReader
 
