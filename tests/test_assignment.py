@@ -405,7 +405,8 @@ def test_cli_migrate_names_a_dead_target(ledger: Ledger, capsys: pytest.CaptureF
 
 def test_cli_does_not_import_dagster() -> None:
     code = (
-        "import sys, laminar_orchestration.cli, laminar_orchestration.assignment; "
+        "import sys, laminar_orchestration.cli, laminar_orchestration.planner, laminar_orchestration.ownership, "
+        "laminar_orchestration.moves, laminar_orchestration.planning; "
         "sys.exit(1 if any(m.split('.')[0] == 'dagster' for m in sys.modules) else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
