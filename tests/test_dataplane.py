@@ -802,7 +802,7 @@ def test_a_partition_store_is_safe_to_use_from_several_threads(tmp_path: Path) -
         return run
 
     def write() -> None:
-        for offset in range(1, 400):
+        for offset in range(1, 150):
             rows = pa.table(
                 {"key": [f"k{i}" for i in range(200)], **{f.name: pa.array([offset] * 200, f.type) for f in SCHEMA}}
             )
@@ -832,4 +832,4 @@ def test_a_partition_store_is_safe_to_use_from_several_threads(tmp_path: Path) -
     stop.set()
     offset_reader.join()
     assert errors == [], errors[:3]
-    assert state.source_offset == 399
+    assert state.source_offset == 149
