@@ -75,7 +75,7 @@ from .common import Row, format_table, median, progress, verdict, write_result
 
 MB = 1_000_000
 HEARTBEAT_INTERVAL_S = 1.0  # NodeConfig default; `laminar node run` has no flag for it
-NODE_ARGS = ("--refresh-interval", "0.5", "--checkpoint-every-batches", "3")  # as the tests' cluster
+NODE_ARGS = ("--refresh-interval", "0.5", "--checkpoint-every-batches", "3", "--log-level", "debug")
 SPARK_MASTER = "local[1]"
 DRIVER_MEMORY = "2g"
 
@@ -376,6 +376,40 @@ class Restore:
         return f"{self.how}: {self.bytes / MB:.2f} MB, {self.deltas} deltas, {self.ms} ms"
 
 
+_COMMITTED = re.compile(
+    r"partition (\d+) committed \[(\d+), (\d+)\): \d+ events: stage (\d+) ms, spark (\d+) ms \(waited (\d+)\), "
+    r"merge (\d+) ms, output (\d+) ms, delta (\d+) ms, publish (\d+) ms, apply (\d+) ms"
+)
+
+
+@dataclass(frozen=True)
+class BatchLine:
+    """One committed batch's timings from a node's debug log (`runtime.BatchTimings`)."""
+
+    events: int
+    spark_ms: int
+    waited_ms: int
+    #: Merge, output, delta, publish and local apply: the node's own work after Spark.
+    commit_ms: int
+
+
+def committed_batches(cluster: Cluster, node: int, mark: int, partition: int) -> list[BatchLine]:
+    out = []
+    for m in _COMMITTED.finditer(cluster.nodes[node].log()[mark:]):
+        if int(m.group(1)) == partition:
+            g = [int(x) for x in m.groups()]
+            out.append(BatchLine(g[2] - g[1], g[4], g[5], sum(g[6:11])))
+    return out
+
+
+def first_batch(cluster: Cluster, node: int, mark: int, partition: int) -> BatchLine | None:
+    """The new owner's first committed batch after `mark` (its log line follows the commit by a few ms)."""
+    with contextlib.suppress(TimeoutError):
+        wait_until(lambda: bool(committed_batches(cluster, node, mark, partition)), 5.0, "first batch line", 0.05)
+    found = committed_batches(cluster, node, mark, partition)
+    return found[0] if found else None
+
+
 def log_mark(cluster: Cluster, node: int) -> int:
     """Where the node's current log ends (restore lines are read after it)."""
     return len(cluster.nodes[node].log())
@@ -444,6 +478,8 @@ class MigrationRun:
     last_data_to_seal_s: float
     #: Gaps between the old owner's consecutive data commits just before the migration.
     normal_gaps: list[float] = field(default_factory=list)
+    #: The new owner's first batch, from its log.
+    first_batch: BatchLine | None = None
 
 
 def graceful_run(cluster: Cluster, hist: History, target: int, *, warm_commits: int, timeout: float) -> MigrationRun:
@@ -480,6 +516,7 @@ def graceful_run(cluster: Cluster, hist: History, target: int, *, warm_commits: 
         planned_bytes=planned.bytes_moved if planned else 0,
         planned_detail=planned.detail if planned else "-",
         restores=restores(cluster, target, mark, p),
+        first_batch=first_batch(cluster, target, mark, p),
         unavailable_s=ts(first_new) - ts(last_old),
         last_commit_before_launch_s=launched - ts(last_old),
         seal_to_data_s=ts(first_new) - ts(seal),
@@ -511,6 +548,8 @@ class FailoverRun:
     seal_offset: int = 0
     #: Data commit -> kill: a random fraction of the commit interval.
     kill_delay_s: float = 0.0
+    #: The new owner's first batch, from its log.
+    first_batch: BatchLine | None = None
 
 
 def library_failover_choice(cluster: Cluster, partition: int, victim: int) -> int | None:
@@ -568,6 +607,7 @@ def failover_run(
         phases={r.phase: r.duration_s for r in reports},
         download_bytes=download.bytes_moved if download else 0,
         restores=restores(cluster, to_node, mark, p),
+        first_batch=first_batch(cluster, to_node, mark, p),
         launch_to_seal_s=ts(seal) - t_launch,
         total_s=ts(first_new) - t_kill,
         unavailable_s=ts(first_new) - ts(last_old),
@@ -621,6 +661,20 @@ def restore_summary(values: Sequence[Sequence[Restore]]) -> str:
     return "; ".join(" + ".join(r.text() for r in rs) if rs else "-" for rs in values)
 
 
+def report_first_batch(report: Report, prefix: str, lines: Sequence[BatchLine | None]) -> None:
+    """Where the new owner's first batch spent its time (Spark vs the node's own work)."""
+    found = [b for b in lines if b is not None]
+    if not found:
+        report.add(f"{prefix}: new owner's first batch (no debug log line found)", "-")
+        return
+    report.add(
+        f"{prefix}: new owner's first batch: Spark aggregate / waited on it / node's merge + commit (medians)",
+        f"{median([b.spark_ms for b in found]):.0f} / {median([b.waited_ms for b in found]):.0f} / "
+        f"{median([b.commit_ms for b in found]):.0f} ms",
+    )
+    report.add(f"{prefix}: new owner's first batch: events (median)", f"{median([b.events for b in found]):,.0f}")
+
+
 def report_graceful(report: Report, label: str, kind: str, runs: Sequence[MigrationRun]) -> None:
     n = len(runs)
     tag = f"{label}, {kind}"
@@ -654,6 +708,7 @@ def report_graceful(report: Report, label: str, kind: str, runs: Sequence[Migrat
     report.add(
         f"1.   {tag}: seal -> new owner's first data commit (median)", s(median([r.seal_to_data_s for r in runs]))
     )
+    report_first_batch(report, f"1.   {tag}", [r.first_batch for r in runs])
     all_gaps = [g for r in runs for g in r.normal_gaps]
     if all_gaps:
         report.add(f"1.   {tag}: for scale, gap between data commits under load (median)", s(median(all_gaps)))
@@ -697,6 +752,7 @@ def report_failover(report: Report, label: str, kind: str, runs: Sequence[Failov
         f"2.   {tag}: Active -> first data commit, i.e. the new owner's first batch (median)",
         s(median([r.recovery_s - r.run_s for r in runs])),
     )
+    report_first_batch(report, f"2.   {tag}", [r.first_batch for r in runs])
     report.add(
         f"2.   {tag}: checkpoint bytes moved (DOWNLOADING bytes_moved, median)",
         size(median([r.download_bytes for r in runs])),

@@ -108,10 +108,51 @@ class _InFlight:
     with, its Spark job group and the cluster epoch it began under."""
 
     batch: SourceBatch
-    future: Future[pa.Table]
+    #: The batch's aggregate and the time.monotonic() its Spark job finished.
+    future: Future[tuple[pa.Table, float]]
     epoch: int
     group: str
     cluster_epoch: int
+    #: time.monotonic() when the batch was read, and when its files were staged for Spark.
+    read_at: float
+    staged_at: float
+
+
+def _ms(start: float, end: float) -> float:
+    return (end - start) * 1000.0
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """The timings of a batch known before its commit."""
+
+    events: int
+    stage_ms: float
+    spark_ms: float
+    wait_ms: float
+    merge_ms: float
+
+
+@dataclass(frozen=True)
+class BatchTimings:
+    """Where one committed batch's time went, in milliseconds (logged at DEBUG per commit)."""
+
+    events: int
+    stage_ms: float  # source batch written as Spark's input files
+    spark_ms: float  # Spark's aggregate of the batch
+    wait_ms: float  # how long the worker blocked on Spark (0 when a prefetch had finished)
+    merge_ms: float  # multi-get of the touched keys + the processor's fold
+    output_ms: float
+    delta_ms: float
+    publish_ms: float  # the manifest naming output, delta and offset
+    apply_ms: float  # the delta written to the local store
+
+    def __str__(self) -> str:
+        return (
+            f"{self.events} events: stage {self.stage_ms:.0f} ms, spark {self.spark_ms:.0f} ms "
+            f"(waited {self.wait_ms:.0f}), merge {self.merge_ms:.0f} ms, output {self.output_ms:.0f} ms, "
+            f"delta {self.delta_ms:.0f} ms, publish {self.publish_ms:.0f} ms, apply {self.apply_ms:.0f} ms"
+        )
 
 
 class Tracker:
@@ -184,6 +225,8 @@ class PartitionWorker(threading.Thread):
         self._snapshot_ready: SnapshotRef | None = None
         self._last_snapshot_at = time.monotonic()
         self.last_catch_up: CatchUp | None = None
+        #: Where the last committed batch's time went.
+        self.last_batch: BatchTimings | None = None
         self._warm_lag: int | None = None
         self._commits = 0
         self._last_commit_at: Any = None
@@ -630,6 +673,7 @@ class PartitionWorker(threading.Thread):
                 self._cancel(inflight)
                 inflight = None
             if inflight is None:
+                read_at = time.monotonic()
                 batch = self.node.source.read(self.partition, self._committed_offset, cfg.batch_max_events)
                 if batch is None:
                     self._snapshot_step(idle=True)
@@ -638,23 +682,33 @@ class PartitionWorker(threading.Thread):
                         if not self._stop_requested.is_set() and not self._draining_requested():
                             self._task_changed.wait(cfg.idle_poll_s)
                     continue
-                inflight = self._start_batch(batch)
-            aggregate = self._await_batch(inflight)
-            if aggregate is None:
+                inflight = self._start_batch(batch, read_at=read_at)
+            waited_from = time.monotonic()
+            done = self._await_batch(inflight)
+            if done is None:
                 # Nothing of the batch is written: dropping it is safe, and a drain (or a kill-switch)
                 # takes milliseconds instead of a batch's duration. Whoever runs next reads it again.
                 log.info("node %s: partition %s: in-flight batch abandoned", self.node.id, self.partition)
                 continue  # the loop condition (drain, stop) or the check below decides what next
             # A fenced tracker drops the in-flight batch before any external write.
             self._check()
+            aggregate, spark_done_at = done
+            merging_at = time.monotonic()
             engine = self.node.engine
             previous = self.replica.store.get_many(aggregate["key"].to_pylist()) if self.replica.store else None
             assert previous is not None, "restored before processing"
             fold = engine.processor.fold(aggregate, previous, epoch=self.epoch, generation=self.node.generation)
             start, end, cluster_epoch = inflight.batch.start_offset, inflight.batch.end_offset, inflight.cluster_epoch
+            steps = _Steps(
+                events=end - start,
+                stage_ms=_ms(inflight.read_at, inflight.staged_at),
+                spark_ms=_ms(inflight.staged_at, spark_done_at),
+                wait_ms=_ms(waited_from, merging_at),
+                merge_ms=_ms(merging_at, time.monotonic()),
+            )
             try:
                 with self.node.epoch_window.fence(cluster_epoch):
-                    self._commit(fold, start, end, cluster_epoch)
+                    self._commit(fold, start, end, cluster_epoch, steps)
                 self.node.epoch_window.mark_applied(cluster_epoch)
             except StaleClusterEpoch as exc:
                 # Two membership changes overtook this batch: drop it, redo it under the new epoch.
@@ -673,9 +727,10 @@ class PartitionWorker(threading.Thread):
         if current is not None:
             self._cancel(current)
             self._prefetched = None
+        read_at = time.monotonic()
         batch = self.node.source.read(self.partition, offset, self.node.config.batch_max_events)
         if batch is not None:
-            self._prefetched = self._start_batch(batch, epoch=epoch)
+            self._prefetched = self._start_batch(batch, read_at=read_at, epoch=epoch)
 
     def _cancel(self, inflight: _InFlight) -> None:
         """Drop a batch that will not be committed; its Spark job stops instead of using the CPU."""
@@ -683,7 +738,7 @@ class PartitionWorker(threading.Thread):
             with contextlib.suppress(Exception):
                 self.node.engine.cancel(inflight.group)
 
-    def _start_batch(self, batch: SourceBatch, *, epoch: int | None = None) -> _InFlight:
+    def _start_batch(self, batch: SourceBatch, *, read_at: float, epoch: int | None = None) -> _InFlight:
         """Stage the batch's files and start its aggregate on this worker's batch thread.
 
         The thread lets the worker drop the batch without waiting for it: a Spark cancel only
@@ -699,19 +754,25 @@ class PartitionWorker(threading.Thread):
         # The cluster epoch this batch began under; its commit must still be inside the window.
         cluster_epoch = self.node.cluster_epoch
         epoch = self.epoch if epoch is None else epoch
-        future = self._batch_thread.submit(
-            self.node.engine.aggregate, files, epoch=epoch, generation=self.node.generation, job_group=group
-        )
+        staged_at = time.monotonic()
+        engine, generation = self.node.engine, self.node.generation
 
-        def finished(_: Future[pa.Table]) -> None:
+        def aggregate() -> tuple[pa.Table, float]:
+            table = engine.aggregate(files, epoch=epoch, generation=generation, job_group=group)
+            return table, time.monotonic()
+
+        future = self._batch_thread.submit(aggregate)
+
+        def finished(_: Future[tuple[pa.Table, float]]) -> None:
             shutil.rmtree(directory, ignore_errors=True)
             self._wake()
 
         future.add_done_callback(finished)
-        return _InFlight(batch, future, epoch, group, cluster_epoch)
+        return _InFlight(batch, future, epoch, group, cluster_epoch, read_at, staged_at)
 
-    def _await_batch(self, inflight: _InFlight) -> pa.Table | None:
-        """The batch's aggregate, or None as soon as the batch is abandoned (drain, stop, fence)."""
+    def _await_batch(self, inflight: _InFlight) -> tuple[pa.Table, float] | None:
+        """The batch's aggregate (and when it finished), or None as soon as the batch is abandoned
+        (drain, stop, fence)."""
         try:
             with self._task_changed:
                 while not inflight.future.done() and not self._abandoned.is_set():
@@ -726,11 +787,14 @@ class PartitionWorker(threading.Thread):
         with self._task_changed:
             self._task_changed.notify_all()
 
-    def _commit(self, fold: BatchFold, start: int, end: int, cluster_epoch: int) -> None:
+    def _commit(self, fold: BatchFold, start: int, end: int, cluster_epoch: int, steps: _Steps) -> None:
         """Output and delta uploaded, then one manifest names them with the offset; then the local store."""
         assert self.guard is not None and self.token is not None
+        t0 = time.monotonic()
         out_ref = self.node.outputs.write(self.guard, fold.output, start, end)
+        t1 = time.monotonic()
         delta = self.node.checkpoints.upload_delta(self.guard, fold.delta, start, end)
+        t2 = time.monotonic()
         snapshot, deltas = self._checkpoint_with(delta)
         self._check()
         update = self._update(
@@ -742,8 +806,20 @@ class PartitionWorker(threading.Thread):
             cluster_epoch=cluster_epoch,
         )
         version = self._publish(update)
+        t3 = time.monotonic()
         # The local store only ever holds committed state: it is written after the publish.
         self.replica.apply(fold.delta, end)
+        t4 = time.monotonic()
+        self.last_batch = BatchTimings(
+            **dataclasses.asdict(steps),
+            output_ms=_ms(t0, t1),
+            delta_ms=_ms(t1, t2),
+            publish_ms=_ms(t2, t3),
+            apply_ms=_ms(t3, t4),
+        )
+        log.debug(
+            "node %s: partition %s committed [%s, %s): %s", self.node.id, self.partition, start, end, self.last_batch
+        )
         self._committed(version)
         self._events_applied += end - start
         self._commits += 1

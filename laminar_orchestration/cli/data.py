@@ -44,6 +44,12 @@ class NodeRun(Command):
         parser.add_argument("--checkpoint-every-batches", type=int, default=10, help="state snapshot every K batches")
         parser.add_argument("--checkpoint-every-s", type=float, default=30.0, help="state snapshot every T seconds")
         parser.add_argument(
+            "--log-level",
+            default="info",
+            choices=("debug", "info", "warning"),
+            help="node log level (debug: where each batch's time went)",
+        )
+        parser.add_argument(
             "--standby-for",
             default="",
             metavar="P[,P...]",
@@ -65,6 +71,9 @@ class NodeRun(Command):
         check_at_least("--batch-max-events", args.batch_max_events, 1)
         check_at_least("--checkpoint-every-batches", args.checkpoint_every_batches, 1)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        # Only our own loggers follow --log-level: py4j's debug output would drown the node's.
+        for name in ("laminar", "laminar_orchestration"):
+            logging.getLogger(name).setLevel(args.log_level.upper())
         config = NodeConfig(
             store_url=args.store,
             node_id=args.node_id,
