@@ -35,6 +35,7 @@ from dagster import (
     Failure,
     In,
     MetadataValue,
+    Nothing,
     OpDefinition,
     OpExecutionContext,
     Out,
@@ -58,11 +59,18 @@ from resources import LaminarResource
 
 from .common import (
     EXPECTED_ERRORS,
+    FROM_EPOCH_TAG,
+    FROM_NODE_TAG,
+    MIGRATION_ID_TAG,
+    PARTITION_TAG,
+    TO_EPOCH_TAG,
+    TO_NODE_TAG,
     TRANSFER_OPS,
     MigrationHandle,
     MigrationLimits,
     RecordedFailover,
     failure,
+    limits_from_run_config,
     report_metadata,
     tag_run,
     wait_for_retry_delay,
@@ -141,6 +149,59 @@ _PHASE_DESCRIPTIONS = {
 }
 
 
+#: The migration each run in this process drives, by run id: set by `plan`/`fence`, read by the phase ops.
+_HANDLES: dict[str, MigrationHandle] = {}
+
+
+def remember(context: OpExecutionContext, handle: MigrationHandle) -> None:
+    """Make `handle` the run's migration: run tags (for the UI and re-executions) and this process's cache."""
+    tag_run(context, handle.tags())
+    _HANDLES[context.run_id] = handle
+    if len(_HANDLES) > 256:  # a long-lived process (tests, execute_in_process) keeps only recent runs
+        _HANDLES.pop(next(iter(_HANDLES)))
+
+
+def run_handle(context: OpExecutionContext) -> MigrationHandle:
+    """The migration this run drives: set by its first op, or rebuilt from the run's tags and config.
+
+    The ops pass nothing to each other (each phase's input is the ledger), so a
+    run re-executed from a failed phase rebuilds the migration from the tags its
+    first op wrote, which the re-execution inherits.
+    """
+    cached = _HANDLES.get(context.run_id)
+    if cached is not None:
+        return cached
+    run = context.instance.get_run_by_id(context.run_id) or context.run
+    tags = run.tags
+    raw: dict[str, Any] = dict(run.run_config or {})
+    ops = raw.get("ops")
+    for first in ("plan", "fence"):
+        # Stored either as the Launchpad config or already mapped onto the first op.
+        mapped = ops.get(first, {}).get("config") if isinstance(ops, dict) else None
+        if isinstance(mapped, dict):
+            raw = mapped
+    settings = limits_from_run_config(raw).migration_config()
+    try:
+        partition = int(tags[PARTITION_TAG])
+        if raw.get("recorded"):
+            return MigrationHandle.of_recorded(partition, RecordedFailover(**raw["recorded"]), settings)
+        return MigrationHandle(
+            partition=partition,
+            migration_id=tags[MIGRATION_ID_TAG],
+            kind=tags.get("laminar/migration_kind", ""),
+            from_node=int(tags[FROM_NODE_TAG]),
+            to_node=int(tags[TO_NODE_TAG]),
+            from_epoch=int(tags[FROM_EPOCH_TAG]),
+            to_epoch=int(tags[TO_EPOCH_TAG]),
+            config=settings.model_dump(),
+        )
+    except (KeyError, ValueError) as exc:
+        raise Failure(
+            description=f"this run has no migration recorded in its tags ({exc}): launch the job again",
+            allow_retries=False,
+        ) from exc
+
+
 def run_phase_op(
     context: OpExecutionContext,
     laminar: LaminarResource,
@@ -148,15 +209,16 @@ def run_phase_op(
     phase: MigrationPhase,
     *,
     transfer: bool = False,
-) -> Output[MigrationHandle]:
+) -> Output[None]:
     """Drive one phase of the migration in `handle` (or report it, if the sensor drove it already).
 
-    A MigrationError fails the op and the migration.
+    The phase's figures are the output's metadata (no log line: the run page
+    shows them with the step). A MigrationError fails the op and the migration.
     """
     recorded = handle.recorded_report(phase)
     if recorded is not None:
-        context.log.info(f"{phase}: {recorded.detail} in {recorded.duration_s:.3f}s (driven by node_failure_sensor)")
-        return Output(handle, metadata=report_metadata(recorded, transfer=transfer))
+        metadata = report_metadata(recorded, transfer=transfer)
+        return Output(None, metadata={**metadata, "driven_by": "node_failure_sensor"})
     coordinator = laminar.coordinator(handle.migration_config())
     try:
         report = coordinator.run_phase(PartitionId(handle.partition), handle.migration_id, phase)
@@ -168,22 +230,23 @@ def run_phase_op(
         ) from exc
     except EXPECTED_ERRORS as exc:
         raise failure(f"migration {handle.migration_id}: {phase}", exc, phase=str(phase), **handle.metadata()) from exc
-    context.log.info(f"{phase}: {report.detail} in {report.duration_s:.3f}s, {report.bytes_moved} bytes")
-    return Output(handle, metadata=report_metadata(report, transfer=transfer))
+    return Output(None, metadata=report_metadata(report, transfer=transfer))
 
 
 def _phase_op(name: str, phase: MigrationPhase) -> OpDefinition:
     transfer = name in TRANSFER_OPS
 
+    # Order only (Nothing): the migration is in the ledger and the run's tags, so no step
+    # writes or reads an output through an IO manager (each would cost events and a file).
     @op(
         name=name,
         description=f"Phase `{phase}`: {_PHASE_DESCRIPTIONS[phase]}",
-        ins={"handle": In(MigrationHandle)},
-        out=Out(MigrationHandle),
+        ins={"after": In(Nothing)},
+        out=Out(Nothing),
         tags={"laminar/phase": str(phase)},
     )
-    def _op(context: OpExecutionContext, laminar: LaminarResource, handle: MigrationHandle) -> Output[MigrationHandle]:
-        return run_phase_op(context, laminar, handle, phase, transfer=transfer)
+    def _op(context: OpExecutionContext, laminar: LaminarResource) -> Output[None]:
+        return run_phase_op(context, laminar, run_handle(context), phase, transfer=transfer)
 
     return _op
 
@@ -195,11 +258,11 @@ PHASE_OPS: dict[str, OpDefinition] = {name: _phase_op(name, phase) for name, pha
     name="plan",
     description="Record the migration (phase `planned`) in the partition's desired state, "
     "or resume the one already in flight to the same node.",
-    out=Out(MigrationHandle, is_required=False),
+    out=Out(Nothing, is_required=False),
 )
 def plan(
     context: OpExecutionContext, config: MigratePartitionConfig, laminar: LaminarResource
-) -> Iterator[Output[MigrationHandle]]:
+) -> Iterator[Output[None]]:
     """Plan (or resume) the graceful migration; no output (the rest skipped) if nothing is to move."""
     wait_for_retry_delay(context)
     settings = config.limits.migration_config()
@@ -241,35 +304,31 @@ def plan(
             partition=config.partition,
             to_node=config.to_node,
         ) from exc
-    tag_run(context, handle.tags())
-    context.log.info(
-        f"migration {task.migration_id}: partition {p} node {task.from_node} -> {task.to_node}, "
-        f"epoch {task.from_epoch} -> {task.to_epoch}, recorded phase {task.phase}"
-    )
+    remember(context, handle)
     resumed = task.phase != MigrationPhase.PLANNED
-    yield Output(handle, metadata={**report_metadata(report, transfer="plan" in TRANSFER_OPS), "resumed": resumed})
+    yield Output(None, metadata={**report_metadata(report, transfer="plan" in TRANSFER_OPS), "resumed": resumed})
 
 
 @op(
     name="fence",
     description="Plan the forced migration and fence the dead owner's epoch "
     "(grant epoch N+1 to the new owner), so anything the old owner still does is rejected.",
-    out=Out(MigrationHandle, is_required=False),
+    out=Out(Nothing, is_required=False),
 )
 def fence(
     context: OpExecutionContext, config: FailoverPartitionConfig, laminar: LaminarResource
-) -> Iterator[Output[MigrationHandle]]:
+) -> Iterator[Output[None]]:
     """Forced phases `planned` + `released`; no output (the rest skipped) if the owner is alive."""
     wait_for_retry_delay(context)
     settings = config.limits.migration_config()
     if config.recorded is not None:
         # The sensor fenced (and most likely finished) this failover: report it, drive what is left.
         handle = MigrationHandle.of_recorded(config.partition, config.recorded, settings)
-        tag_run(context, handle.tags())
+        remember(context, handle)
         outputs = [
             run_phase_op(context, laminar, handle, phase) for phase in (MigrationPhase.PLANNED, MigrationPhase.RELEASED)
         ]
-        yield Output(handle, metadata=_fence_metadata(outputs, "recorded by node_failure_sensor"))
+        yield Output(None, metadata=_fence_metadata(outputs, "recorded by node_failure_sensor"))
         return
     coordinator = laminar.coordinator(settings)
     p = PartitionId(config.partition)
@@ -288,7 +347,7 @@ def fence(
         context.log.info(f"partition {p}: {decision.reason}")
         return
     handle = MigrationHandle.of(task, settings)
-    tag_run(context, handle.tags())
+    remember(context, handle)
     context.log.info(decision.reason)
     phases = [MigrationPhase.PLANNED]
     # A graceful move already past the release only needs its rising phases.
@@ -298,10 +357,10 @@ def fence(
     outputs = [run_phase_op(context, laminar, handle, phase) for phase in phases]
     metadata = _fence_metadata(outputs, decision.reason)
     metadata["superseded"] = ", ".join(decision.superseded) or "-"
-    yield Output(handle, metadata=metadata)
+    yield Output(None, metadata=metadata)
 
 
-def _fence_metadata(outputs: list[Output[MigrationHandle]], decision: str) -> dict[str, Any]:
+def _fence_metadata(outputs: list[Output[None]], decision: str) -> dict[str, Any]:
     """The fence op's metadata: its phases' durations summed, the last phase's detail, the decision."""
     total = 0.0
     for out in outputs:
@@ -323,9 +382,9 @@ def _fence_metadata(outputs: list[Output[MigrationHandle]], decision: str) -> di
     tags={"laminar/migration_kind": "graceful"},
 )
 def migrate_partition() -> None:
-    handle = plan()
+    after = plan()
     for name in GRACEFUL_OPS:
-        handle = PHASE_OPS[name](handle)
+        after = PHASE_OPS[name](after)
 
 
 @job(
@@ -337,6 +396,6 @@ def migrate_partition() -> None:
     tags={"laminar/migration_kind": "forced"},
 )
 def failover_partition() -> None:
-    handle = fence()
+    after = fence()
     for name in RISING_OPS:
-        handle = PHASE_OPS[name](handle)
+        after = PHASE_OPS[name](after)

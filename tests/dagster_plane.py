@@ -80,6 +80,8 @@ class ControlPlane:
                 contextlib.suppress(OSError),
                 urllib.request.urlopen(f"http://127.0.0.1:{self.port}/server_info", timeout=5),
             ):
+                # As the demo does: the webserver builds its run launcher, which starts the run-worker pool.
+                self.graphql("{ instance { runLauncher { name } } }")
                 return
             time.sleep(0.5)
         raise TimeoutError(f"the webserver did not answer within {timeout_s:.0f}s:\n{self.log('dagster-webserver')}")
@@ -110,6 +112,19 @@ class ControlPlane:
         with self.instance() as instance:
             return list(instance.get_runs(RunsFilter(job_name=job_name) if job_name else None))
 
+    def graphql(self, query: str, variables: Mapping[str, Any] | None = None) -> Any:
+        """The ``data`` of a GraphQL request to the webserver."""
+        assert self.port is not None, "start_webserver() first"
+        body = json.dumps({"query": query, "variables": dict(variables or {})}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/graphql", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            answer = json.loads(resp.read())
+        if answer.get("errors"):
+            raise RuntimeError(f"GraphQL errors: {answer['errors']}")
+        return answer["data"]
+
     def launch(self, job_name: str, run_config: Mapping[str, Any]) -> str:
         """Launch a run through the webserver's GraphQL API, as the Launchpad's button does; its run id."""
         assert self.port is not None, "start_webserver() first"
@@ -126,13 +141,7 @@ class ControlPlane:
             "selector": {"repositoryLocationName": "laminar", "repositoryName": "__repository__", "jobName": job_name},
             "runConfigData": dict(run_config),
         }
-        body = json.dumps({"query": query, "variables": {"params": params}}).encode()
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/graphql", data=body, headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=60) as resp:
-            answer = json.loads(resp.read())
-        result = answer["data"]["launchRun"]
+        result = self.graphql(query, {"params": params})["launchRun"]
         if result["__typename"] != "LaunchRunSuccess":
             raise RuntimeError(f"launchRun failed: {result}")
         return str(result["run"]["runId"])
