@@ -70,6 +70,7 @@ class Pool:
         self.python_file = os.path.realpath(python_file)
         self.working_directory = os.path.realpath(working_directory)
         self.loaded_at = time.time()
+        self.code_files: list[str] = []
         self.listener: socket.socket | None = None
 
     def preload(self) -> None:
@@ -81,14 +82,14 @@ class Pool:
 
         self.loaded_at = time.time()
         load_python_file(self.python_file, self.working_directory)
+        # The files to watch for changes: the code location's own modules (checked before each fork).
+        root = self.working_directory + os.sep
+        files = (getattr(module, "__file__", None) for module in list(sys.modules.values()))
+        self.code_files = sorted({os.path.realpath(f) for f in files if f and os.path.realpath(f).startswith(root)})
 
     def stale(self) -> str | None:
         """A code-location module changed since the pool imported it (then its runs would run old code)."""
-        root = self.working_directory + os.sep
-        for module in list(sys.modules.values()):
-            path = getattr(module, "__file__", None)
-            if not path or not os.path.realpath(path).startswith(root):
-                continue
+        for path in self.code_files:
             with contextlib.suppress(OSError):
                 if os.stat(path).st_mtime > self.loaded_at:
                     return f"{path} changed since the pool loaded it"

@@ -125,7 +125,7 @@ class ControlPlane:
             raise RuntimeError(f"GraphQL errors: {answer['errors']}")
         return answer["data"]
 
-    def launch(self, job_name: str, run_config: Mapping[str, Any]) -> str:
+    def launch(self, job_name: str, run_config: Mapping[str, Any], tags: Mapping[str, str] | None = None) -> str:
         """Launch a run through the webserver's GraphQL API, as the Launchpad's button does; its run id."""
         assert self.port is not None, "start_webserver() first"
         query = """
@@ -140,11 +140,20 @@ class ControlPlane:
         params = {
             "selector": {"repositoryLocationName": "laminar", "repositoryName": "__repository__", "jobName": job_name},
             "runConfigData": dict(run_config),
+            "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]},
         }
         result = self.graphql(query, {"params": params})["launchRun"]
         if result["__typename"] != "LaunchRunSuccess":
             raise RuntimeError(f"launchRun failed: {result}")
         return str(result["run"]["runId"])
+
+    def terminate(self, run_id: str) -> str:
+        """Terminate a run as the UI's Terminate button does; the mutation's result type."""
+        query = """
+        mutation($runId: String!) {
+          terminateRun(runId: $runId) { __typename ... on TerminateRunFailure { message } }
+        }"""
+        return str(self.graphql(query, {"runId": run_id})["terminateRun"]["__typename"])
 
     def stop(self) -> None:
         for proc in self.procs.values():
