@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -548,6 +549,8 @@ class Demo:
         return {
             **os.environ,
             "DAGSTER_HOME": str(home),
+            # dagster.yaml's run launcher (launcher/) is imported from the checkout.
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH", "")])),
             "LAMINAR_STORE": self.store_url,
             # The failure sensor judges liveness with the demo's short timeout.
             "LAMINAR_FAILOVER_HEARTBEAT_TIMEOUT_S": str(opts.heartbeat_timeout_s),
@@ -701,6 +704,7 @@ class Demo:
             answered = False
         if answered:
             self._webserver_ready = True
+            self._warm_run_launcher()
             self.say(
                 f"[{self._elapsed()}] dagster webserver ready: http://127.0.0.1:{self.options.port} "
                 "(answered /server_info)"
@@ -708,6 +712,16 @@ class Demo:
         elif time.monotonic() - self.started > WEBSERVER_START_TIMEOUT_S:
             self._webserver_gave_up = True
             self.say(f"dagster webserver did not answer within {WEBSERVER_START_TIMEOUT_S:.0f}s: see {web.log_path}")
+
+    def _warm_run_launcher(self) -> None:
+        """Ask the webserver about its run launcher: building it starts the pool the first launch forks."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.options.port}/graphql",
+            data=json.dumps({"query": "{ instance { runLauncher { name } } }"}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with contextlib.suppress(OSError, urllib.error.URLError), urllib.request.urlopen(request, timeout=10.0):
+            pass
 
     def _rows(self) -> list[_PartitionRow]:
         assert self.ledger is not None

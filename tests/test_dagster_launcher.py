@@ -18,18 +18,17 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from dagster import DagsterEventType, DagsterRun, DagsterRunStatus
 
 from jobs import NOT_BEFORE_TAG
-from launcher import POOL_PID_TAG
-from launcher.pool import process_start_ticks, socket_address
 from laminar_dev.localcluster import wait_until
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.store import LocalObjectStore
+from launcher import POOL_PID_TAG
+from launcher.pool import process_start_ticks, socket_address
 
 from .dagster_plane import ControlPlane
 
