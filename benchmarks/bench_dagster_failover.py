@@ -21,9 +21,15 @@ Figures (medians; each printed next to its target):
    records it (planned → run started → run succeeded). The killed node is
    restarted after each kill and the next kill hits the other node.
 2. **A UI-launched migration, Launch → Active**: ``launchRun`` through the
-   webserver's GraphQL API (what the Launchpad's button sends) → the
-   migration record Active, split into launch → run started (the run worker
-   process loading the code location) and run started → Active (the ops).
+   webserver's GraphQL API (dagster-graphql's ``DagsterGraphQLClient``, the
+   mutation the Launchpad's button sends) → the migration record Active,
+   split into launch → run started (the run worker forked from the
+   pre-warmed pool, or a new process loading the code location when the pool
+   cannot take the run), run started → the plan op starts, the plan op (the
+   protocol's target warm-up and drain alignment) and the eight phase ops.
+   Next to it, in the same run and under the same load, the same move driven
+   by the coordinator alone (`laminar migrate`'s path, no Dagster): the
+   difference is what Dagster adds.
 
 The table is also written to ``benchmarks/results/dagster_failover.txt``.
 """
@@ -38,10 +44,23 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from dagster import DagsterEventType
+from dagster_graphql import DagsterGraphQLClient
 
 from laminar_dev.localcluster import Cluster, wait_until
 from laminar_orchestration.identity import PartitionId
-from laminar_orchestration.migration import DesiredStates, MigrationKind, MigrationPhase, MigrationTask
+from laminar_orchestration.migration import (
+    DesiredStates,
+    MigrationCoordinator,
+    MigrationKind,
+    MigrationPhase,
+    MigrationTask,
+    PhaseReport,
+)
+from laminar_orchestration.moves import run_migration
+from launcher import POOL_PID_TAG
 from tests.dagster_plane import ControlPlane
 
 HEARTBEAT_TIMEOUT_S = 6.0
@@ -64,6 +83,18 @@ class Launch:
     total_s: float  # launchRun -> Active
     start_s: float  # launchRun -> run started
     ops_s: float  # run started -> Active
+    to_plan_s: float  # run started -> the plan op started
+    plan_s: float  # the plan op (warm-up, drain alignment)
+    phases_s: float  # the plan op done -> Active (eight phase ops)
+    forked: bool  # the run worker came from the pool
+    load: float  # 1-minute load average when it ended
+
+
+@dataclass(frozen=True)
+class Direct:
+    total_s: float  # run_migration called -> Active (the coordinator alone)
+    plan_s: float  # its plan phase
+    load: float
 
 
 def _task(cluster: Cluster, p: int) -> MigrationTask | None:
@@ -124,11 +155,16 @@ def kill_once(cluster: Cluster, plane: ControlPlane, victim: int, survivor: int)
     )
 
 
-def launch_once(cluster: Cluster, plane: ControlPlane, p: int, to_node: int) -> Launch:
+def launch_once(cluster: Cluster, plane: ControlPlane, client: Any, p: int, to_node: int) -> Launch:
     previous = _task(cluster, p)
     before = previous.migration_id if previous else None
     launched = time.time()
-    run_id = plane.launch("migrate_partition", {"partition": p, "to_node": to_node})
+    run_id = client.submit_job_execution(
+        "migrate_partition",
+        repository_location_name="laminar",
+        repository_name="__repository__",
+        run_config={"partition": p, "to_node": to_node},
+    )
 
     def active() -> bool:
         t = _task(cluster, p)
@@ -139,11 +175,38 @@ def launch_once(cluster: Cluster, plane: ControlPlane, p: int, to_node: int) -> 
     assert task is not None and task.completed_at is not None
     done = task.completed_at.timestamp()
     with plane.instance() as instance:
-        wait_until(lambda: bool((r := instance.get_run_record_by_id(run_id)) and r.start_time), 60, "run start")
+        wait_until(lambda: bool((r := instance.get_run_record_by_id(run_id)) and r.end_time), 60, "run end")
         record = instance.get_run_record_by_id(run_id)
         assert record is not None and record.start_time is not None
         started = record.start_time
-    return Launch(total_s=done - launched, start_s=started - launched, ops_s=done - started)
+        steps = {
+            (e.step_key, e.dagster_event_type): e.timestamp
+            for e in instance.all_logs(run_id, of_type={DagsterEventType.STEP_START, DagsterEventType.STEP_SUCCESS})
+        }
+        forked = POOL_PID_TAG in record.dagster_run.tags
+    plan_start = steps[("plan", DagsterEventType.STEP_START)]
+    plan_done = steps[("plan", DagsterEventType.STEP_SUCCESS)]
+    return Launch(
+        total_s=done - launched,
+        start_s=started - launched,
+        ops_s=done - started,
+        to_plan_s=plan_start - started,
+        plan_s=plan_done - plan_start,
+        phases_s=done - plan_done,
+        forked=forked,
+        load=os.getloadavg()[0],
+    )
+
+
+def direct_once(cluster: Cluster, p: int, to_node: int) -> Direct:
+    """The same move driven by the coordinator in this process, as `laminar migrate` does."""
+    coordinator = MigrationCoordinator(cluster.ledger)
+    reports: list[PhaseReport] = []
+    called = time.time()
+    task = run_migration(coordinator, p, to_node, on_phase=reports.append)
+    assert task.phase == MigrationPhase.ACTIVE and task.completed_at is not None, task
+    plan = next((r.duration_s for r in reports if r.phase == MigrationPhase.PLANNED), 0.0)
+    return Direct(total_s=task.completed_at.timestamp() - called, plan_s=plan, load=os.getloadavg()[0])
 
 
 def _median(values: list[float]) -> str:
@@ -153,9 +216,11 @@ def _median(values: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one kill and one launch")
+    parser.add_argument("--launches", type=int, default=5, help="UI launches (and as many coordinator moves)")
+    parser.add_argument("--kills", type=int, default=3, help="kill -9 rounds")
     parser.add_argument("--keep", type=Path, help="keep the store, node and Dagster logs in this directory")
     args = parser.parse_args()
-    rounds = 1 if args.quick else 3
+    n_launches, n_kills = (1, 1) if args.quick else (args.launches, args.kills)
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="bench-dagster-"))
     workdir.mkdir(parents=True, exist_ok=True)
     store_url = (workdir / "store").as_uri()
@@ -164,6 +229,7 @@ def main() -> None:
     stop = threading.Event()
     kills: list[Kill] = []
     launches: list[Launch] = []
+    directs: list[Direct] = []
     load_before = os.getloadavg()
     try:
         plane.start_daemon()
@@ -174,14 +240,21 @@ def main() -> None:
         cluster.place({0: 1, 1: 1})
         threading.Thread(target=_producer, args=(cluster, stop), daemon=True).start()
         plane.wait_sensors_ticking()
-        # UI launches first (both nodes up): partition 0 back and forth between nodes 1 and 2.
-        for i in range(rounds):
+        client = DagsterGraphQLClient("127.0.0.1", port_number=plane.port)
+        # Moves first (both nodes up): partition 0 back and forth between nodes 1 and 2, alternately
+        # by the coordinator alone and by a UI launch, so both see the same load.
+        for i in range(n_launches):
             to_node = 2 if cluster.owner(0) == 1 else 1
-            launches.append(launch_once(cluster, plane, 0, to_node))
+            directs.append(direct_once(cluster, 0, to_node))
+            print(f"coordinator move {i + 1}: {directs[-1]}", flush=True)
+            time.sleep(2)  # a few commits on the new owner, as between two UI clicks
+            to_node = 2 if cluster.owner(0) == 1 else 1
+            launches.append(launch_once(cluster, plane, client, 0, to_node))
             print(f"launch {i + 1}: {launches[-1]}", flush=True)
+            time.sleep(2)
         cluster.place({0: 1, 1: 1})
         victim, survivor = 1, 2
-        for i in range(rounds):
+        for i in range(n_kills):
             kills.append(kill_once(cluster, plane, victim, survivor))
             print(f"kill {i + 1}: {kills[-1]}", flush=True)
             cluster.start_node(victim)
@@ -195,9 +268,12 @@ def main() -> None:
     target_kill = HEARTBEAT_TIMEOUT_S + 5
     kill_met = "met" if statistics.median([k.total_s for k in kills]) <= target_kill else "NOT met"
     launch_met = "met" if statistics.median([x.total_s for x in launches]) <= 5 else "NOT met"
+    ratios = [x.total_s / d.total_s for x, d in zip(launches, directs, strict=True) if d.total_s > 0]
+    forked = sum(x.forked for x in launches)
     lines = [
-        f"Dagster failover and launch ({rounds} run(s) each; heartbeat timeout {HEARTBEAT_TIMEOUT_S:g} s; "
-        f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after; {os.cpu_count()} CPUs)",
+        f"Dagster failover and launch ({n_kills} kill(s), {n_launches} launch(es) and coordinator moves; heartbeat "
+        f"timeout {HEARTBEAT_TIMEOUT_S:g} s; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after; "
+        f"{os.cpu_count()} CPUs)",
         "",
         f"kill -9 -> both partitions active        {_median([k.total_s for k in kills])}   "
         f"target <= {target_kill:g} s: {kill_met}",
@@ -208,8 +284,15 @@ def main() -> None:
         f"  planned -> recording run succeeded       {_median([k.run_done_s for k in kills])}",
         f"UI launch -> migration active            {_median([x.total_s for x in launches])}   "
         f"target <= 5 s: {launch_met}",
-        f"  launchRun -> run started                 {_median([x.start_s for x in launches])}",
-        f"  run started -> active (the ops)          {_median([x.ops_s for x in launches])}",
+        f"  launchRun -> run started                 {_median([x.start_s for x in launches])}   "
+        f"({forked} of {len(launches)} forked from the pool)",
+        f"  run started -> plan op started           {_median([x.to_plan_s for x in launches])}",
+        f"  plan op (warm-up, drain alignment)       {_median([x.plan_s for x in launches])}",
+        f"  plan done -> active (8 phase ops)        {_median([x.phases_s for x in launches])}",
+        f"coordinator alone -> migration active    {_median([d.total_s for d in directs])}   (same moves, no Dagster)",
+        f"  its plan phase                           {_median([d.plan_s for d in directs])}",
+        f"UI launch / coordinator alone            {statistics.median(ratios):6.2f} x   (median of per-round ratios)",
+        f"load average at each launch              {', '.join(f'{x.load:.1f}' for x in launches)}",
     ]
     text = "\n".join(lines)
     print("\n" + text)
