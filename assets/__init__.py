@@ -13,7 +13,14 @@ so no run is ever launched to observe them:
   be run from the UI.
 * ``assignment_plan`` — the moves a rebalance would make now.
 * ``checkpoint_manifests`` — per partition, the last committed manifest:
-  seq, fencing token, source offset, state checkpoint key and size.
+  seq, fencing token, source offset, state checkpoint key and size. Its
+  freshness policy says whether the stream keeps up: the sensor reports it as
+  *materialized* (at most once a minute) while every partition has committed
+  since the last report or has nothing left to commit, so the Catalog shows it
+  fresh while the stream is healthy, a warning after `STREAM_WARN_AFTER`
+  without such a report (a partition stalled, unassigned or on a dead node)
+  and a failure after `STREAM_FAIL_AFTER`. Otherwise it is observed when it
+  changes, with the partitions behind.
 
 ``committed_state`` (see `assets.committed_state`) is a real, partitioned
 asset: one Dagster partition per stream partition, materialized on Spark (the
@@ -22,7 +29,9 @@ asset: one Dagster partition per stream partition, materialized on Spark (the
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from dagster import (
@@ -31,9 +40,11 @@ from dagster import (
     AssetCheckResult,
     AssetCheckSeverity,
     AssetKey,
+    AssetMaterialization,
     AssetObservation,
     AssetsDefinition,
     AssetSpec,
+    FreshnessPolicy,
     MetadataValue,
     TableColumn,
     TableRecord,
@@ -46,6 +57,7 @@ from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.manifest import ManifestReader
 from laminar_orchestration.ownership import live_node_ids, snapshot_cluster
 from laminar_orchestration.planner import AssignmentError, plan_assignment
+from laminar_orchestration.source import SourceLog
 from resources import LaminarResource
 
 from .committed_state import LAMINAR_PARTITIONS, committed_state
@@ -59,6 +71,10 @@ __all__ = [
     "ASSET_CHECKS",
     "LAMINAR_PARTITIONS",
     "LIVE_OWNERS_CHECK",
+    "STREAM_FAIL_AFTER",
+    "STREAM_FRESHNESS",
+    "STREAM_WARN_AFTER",
+    "StreamProgress",
     "assignment_observation",
     "assignment_plan",
     "checkpoint_manifests",
@@ -72,6 +88,7 @@ __all__ = [
     "ownership_observation",
     "ownership_rows",
     "partitions_on_live_nodes",
+    "stream_progress",
 ]
 
 
@@ -167,11 +184,18 @@ assignment_plan = AssetSpec(
     group_name=GROUP,
     description="The moves a rebalance would make now (sticky, weighted planner over the live nodes).",
 )
+#: A stream with no report of keeping up for this long shows a freshness warning, then a failure.
+STREAM_WARN_AFTER = timedelta(minutes=2)
+STREAM_FAIL_AFTER = timedelta(minutes=5)
+STREAM_FRESHNESS = FreshnessPolicy.time_window(fail_window=STREAM_FAIL_AFTER, warn_window=STREAM_WARN_AFTER)
+
 checkpoint_manifests = AssetSpec(
     "checkpoint_manifests",
     group_name=GROUP,
     description="Last committed manifest of each partition: seq, fencing token, source offset, "
-    "state checkpoint key and size.",
+    "state checkpoint key and size. Materialized while every partition keeps up (commits, or has "
+    "nothing to commit): stale means a partition stopped committing.",
+    freshness_policy=STREAM_FRESHNESS,
 )
 
 
@@ -243,38 +267,87 @@ def assignment_observation(ledger: Ledger) -> AssetObservation:
     )
 
 
-def checkpoint_observation(ledger: Ledger, manifests: ManifestReader) -> AssetObservation:
-    """The `checkpoint_manifests`: each partition's last committed manifest."""
+@dataclass(frozen=True)
+class StreamProgress:
+    """Whether every partition kept up since the last report: committed since, or nothing left to commit."""
+
+    #: partition -> seq of its last committed manifest (absent: never committed).
+    seqs: dict[int, int]
+    #: partition -> events in its source log not committed yet.
+    lags: dict[int, int]
+    #: Partitions with events to commit and no commit since the last report.
+    behind: list[int]
+
+    @property
+    def keeping_up(self) -> bool:
+        """True when no partition is behind."""
+        return not self.behind
+
+
+def stream_progress(ledger: Ledger, rows: Sequence[dict[str, Any]], reported: Mapping[int, int]) -> StreamProgress:
+    """Each partition's progress since the manifests `reported` (partition -> seq) at the last report."""
+    source = SourceLog(ledger.store)
+    by_partition = {r["partition"]: r for r in rows}
+    seqs, lags, behind = {}, {}, []
+    for p in (int(p) for p in ledger.partitions()):
+        row = by_partition.get(p)
+        committed = row["source_offset"] if row else 0
+        lags[p] = max(0, source.end_offset(p) - committed)
+        if row is not None:
+            seqs[p] = row["seq"]
+        progressed = row is not None and reported.get(p) != row["seq"]
+        if lags[p] > 0 and not progressed:
+            behind.append(p)
+    return StreamProgress(seqs=seqs, lags=lags, behind=behind)
+
+
+def checkpoint_observation(
+    ledger: Ledger,
+    manifests: ManifestReader,
+    rows: Sequence[dict[str, Any]] | None = None,
+    progress: StreamProgress | None = None,
+) -> AssetObservation | AssetMaterialization:
+    """The `checkpoint_manifests`: each partition's last committed manifest.
+
+    With `progress` showing every partition keeping up it is a materialization,
+    which keeps the asset fresh; otherwise an observation naming the partitions behind.
+    """
     if (empty := _uninitialized(ledger, checkpoint_manifests.key)) is not None:
         return empty
-    rows = checkpoint_rows(ledger, manifests)
-    metadata: dict[str, Any] = {
-        "partitions_with_commits": len(rows),
-        "manifests": _table(
-            rows,
-            [
-                ("partition", "int"),
-                ("seq", "int"),
-                ("fencing_token", "int"),
-                ("node", "int"),
-                ("source_offset", "int"),
-                ("state_offset", "int"),
-                ("events_applied", "int"),
-                ("snapshot_files", "int"),
-                ("snapshot_bytes", "int"),
-                ("deltas", "int"),
-                ("delta_bytes", "int"),
-                ("outputs", "int"),
-                ("commit_ulid", "string"),
-                ("committed_at", "string"),
-            ],
-        ),
-    }
+    rows = list(rows) if rows is not None else checkpoint_rows(ledger, manifests)
+    metadata: dict[str, Any] = {}
+    if progress is not None:
+        # What the Catalog shows first: is the stream keeping up, and which partitions are not.
+        metadata["partitions_behind"] = ", ".join(f"p{p} ({progress.lags[p]} events)" for p in progress.behind) or "-"
+        metadata["uncommitted_events"] = sum(progress.lags.values())
+    metadata["partitions_with_commits"] = len(rows)
+    metadata["manifests"] = _table(
+        rows,
+        [
+            ("partition", "int"),
+            ("seq", "int"),
+            ("fencing_token", "int"),
+            ("node", "int"),
+            ("source_offset", "int"),
+            ("state_offset", "int"),
+            ("events_applied", "int"),
+            ("snapshot_files", "int"),
+            ("snapshot_bytes", "int"),
+            ("deltas", "int"),
+            ("delta_bytes", "int"),
+            ("outputs", "int"),
+            ("commit_ulid", "string"),
+            ("committed_at", "string"),
+        ],
+    )
     # One entry per partition, so each partition's history can be charted in the UI.
     for row in rows:
         metadata[f"partition_{row['partition']:05d}"] = MetadataValue.json(row)
     version = fingerprint([(r["partition"], r["seq"], r["commit_ulid"]) for r in rows])
-    return AssetObservation(asset_key=checkpoint_manifests.key, metadata=metadata, tags={DATA_VERSION_TAG: version})
+    tags = {DATA_VERSION_TAG: version}
+    if progress is not None and progress.keeping_up:
+        return AssetMaterialization(asset_key=checkpoint_manifests.key, metadata=metadata, tags=tags)
+    return AssetObservation(asset_key=checkpoint_manifests.key, metadata=metadata, tags=tags)
 
 
 # --- the health check -----------------------------------------------------------------------

@@ -7,8 +7,11 @@ asset events of the sensor tick itself:
   ownership, owner liveness or a migration's phase changed — a node going
   silent shows as "owner dead: failover pending" on the next tick;
 * ``assignment_plan`` whenever ownership or the live nodes changed;
-* ``checkpoint_manifests`` when the manifests changed, at most every
-  `CHECKPOINT_EVERY_S` (they change with every commit);
+* ``checkpoint_manifests`` at most every `CHECKPOINT_EVERY_S` (they change
+  with every commit): materialized while every partition keeps up (committed
+  since the last materialization, or nothing to commit), which keeps the asset
+  fresh under its freshness policy; otherwise observed, naming the partitions
+  behind, when the manifests changed;
 * the stream partitions as ``committed_state``'s Dagster partitions.
 """
 
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 from dagster import (
     AddDynamicPartitionsRequest,
     AssetCheckEvaluation,
+    AssetMaterialization,
     AssetObservation,
     DefaultSensorStatus,
     SensorEvaluationContext,
@@ -36,6 +40,7 @@ from assets import (
     live_owners_evaluation,
     ownership_observation,
     ownership_rows,
+    stream_progress,
 )
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.manifest import ManifestReader
@@ -56,6 +61,8 @@ class ObservationCursor:
     manifests: str = ""
     manifests_at: float = 0.0
     partitions: int = 0
+    #: partition (as a string: JSON keys) -> manifest seq at the last materialization of the manifests.
+    materialized_seqs: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def decode(cls, raw: str | None) -> "ObservationCursor":
@@ -72,7 +79,7 @@ class ObservationCursor:
 class Observed:
     """One evaluation's events and the cursor after them."""
 
-    events: list[AssetObservation | AssetCheckEvaluation] = field(default_factory=list)
+    events: list[AssetObservation | AssetMaterialization | AssetCheckEvaluation] = field(default_factory=list)
     new_partitions: list[str] = field(default_factory=list)
     cursor: ObservationCursor = field(default_factory=ObservationCursor)
 
@@ -82,7 +89,7 @@ def observe(
 ) -> Observed:
     """The asset events that differ from what `cursor` says was reported."""
     at = time.time() if now is None else now
-    out = Observed(cursor=ObservationCursor(**cursor.__dict__))
+    out = Observed(cursor=ObservationCursor(**{**cursor.__dict__, "materialized_seqs": dict(cursor.materialized_seqs)}))
     rows = ownership_rows(ledger)
     own = fingerprint(rows)
     if own != cursor.ownership:
@@ -93,10 +100,17 @@ def observe(
         out.events.append(assignment_observation(ledger))
         out.cursor.plan = plan
     if at - cursor.manifests_at >= CHECKPOINT_EVERY_S:
-        state = fingerprint([(r["partition"], r["seq"]) for r in checkpoint_rows(ledger, manifests)])
-        if state != cursor.manifests:
-            out.events.append(checkpoint_observation(ledger, manifests))
-            out.cursor.manifests, out.cursor.manifests_at = state, at
+        checkpoints = checkpoint_rows(ledger, manifests)
+        state = fingerprint([(r["partition"], r["seq"]) for r in checkpoints])
+        reported = {int(p): seq for p, seq in cursor.materialized_seqs.items()}
+        progress = stream_progress(ledger, checkpoints, reported)
+        # Keeping up: materialized even if nothing changed (an idle, caught-up stream stays fresh).
+        out.cursor.manifests_at = at  # read again in a minute either way (two reads per partition)
+        if progress.keeping_up or state != cursor.manifests:
+            out.events.append(checkpoint_observation(ledger, manifests, checkpoints, progress))
+            out.cursor.manifests = state
+            if progress.keeping_up:
+                out.cursor.materialized_seqs = {str(p): seq for p, seq in progress.seqs.items()}
     count = len(ledger.partitions())
     if count > cursor.partitions:
         out.new_partitions = [str(p) for p in range(cursor.partitions, count)]

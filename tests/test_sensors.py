@@ -17,10 +17,13 @@ from typing import Any
 import pytest
 from dagster import (
     AssetCheckEvaluation,
+    AssetKey,
+    AssetMaterialization,
     AssetObservation,
     DagsterInstance,
     DefaultScheduleStatus,
     DefaultSensorStatus,
+    MetadataValue,
     RunRequest,
     SensorResult,
     SkipReason,
@@ -28,11 +31,15 @@ from dagster import (
     build_schedule_context,
     build_sensor_context,
 )
+from dagster._core.definitions.freshness import TimeWindowFreshnessPolicy
 
+from assets import STREAM_FAIL_AFTER, STREAM_FRESHNESS, STREAM_WARN_AFTER, checkpoint_manifests
 from jobs import ATTEMPT_TAG, NOT_BEFORE_TAG, RETRY_OF_TAG, failover_partition, migrate_partition
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger
+from laminar_orchestration.manifest import ManifestReader
 from laminar_orchestration.migration import MigrationConfig, MigrationCoordinator, MigrationPhase
+from laminar_orchestration.source import SourceLog, generate_events
 from laminar_orchestration.store import LocalObjectStore
 from resources import LaminarResource
 from sensors import (
@@ -43,6 +50,9 @@ from sensors import (
     node_failure_sensor,
     rebalance_schedule,
 )
+from sensors.observation import ObservationCursor, observe
+
+from .commits import commit_all
 
 P, N = PartitionId, NodeId
 
@@ -359,6 +369,53 @@ def test_observation_sensor_reports_asset_events_only_on_change(ledger: Ledger, 
         "assignment_plan",
     ]  # the manifests are observed at most once a minute
     assert not changed.dynamic_partitions_requests
+
+
+def test_the_manifests_stay_fresh_only_while_every_partition_keeps_up(ledger: Ledger) -> None:
+    manifests = ManifestReader(ledger.store)
+    source = SourceLog(ledger.store)
+    cursor, at = ObservationCursor(), 1_000_000.0
+
+    def checkpoint_event(now: float) -> AssetMaterialization | AssetObservation | None:
+        nonlocal cursor
+        out = observe(ledger, manifests, cursor, now=now)
+        cursor = out.cursor
+        got = [e for e in out.events if e.asset_key == AssetKey("checkpoint_manifests")]
+        assert len(got) <= 1
+        return got[0] if got else None  # type: ignore[return-value]
+
+    # Nothing to commit anywhere: keeping up, even with nothing committed.
+    assert isinstance(checkpoint_event(at), AssetMaterialization)
+    assert checkpoint_event(at + 30) is None  # at most once a minute
+    # Events for partition 0 and no commit: behind; nothing changed, so nothing is reported.
+    source.append(0, generate_events(20, 5, 1, 4)[0])
+    assert checkpoint_event(at + 61) is None
+    # Partition 0 commits: materialized again, the others have nothing to commit.
+    token = ledger.acquire(P(0), N(1), expected_epoch=0)
+    commit_all(ledger.store, token)
+    fresh = checkpoint_event(at + 122)
+    assert isinstance(fresh, AssetMaterialization)
+    assert fresh.metadata["partitions_behind"] == MetadataValue.text("-")
+    # Idle and caught up: still fresh a minute later, with the manifests unchanged.
+    assert isinstance(checkpoint_event(at + 183), AssetMaterialization)
+    # Partition 1 gets events nobody commits while partition 0 commits: observed, naming partition 1.
+    stuck = generate_events(40, 8, 2, 4)[1]
+    source.append(1, stuck)
+    source.append(0, generate_events(20, 5, 3, 4)[0])
+    commit_all(ledger.store, token)
+    behind = checkpoint_event(at + 244)
+    assert isinstance(behind, AssetObservation)
+    assert behind.metadata["partitions_behind"] == MetadataValue.text(f"p1 ({stuck.num_rows} events)")
+    assert checkpoint_event(at + 305) is None  # still behind, nothing changed: no report keeps it fresh
+
+
+def test_the_stream_freshness_policy_is_on_the_manifests() -> None:
+    spec = checkpoint_manifests
+    assert spec.freshness_policy == STREAM_FRESHNESS
+    assert isinstance(STREAM_FRESHNESS, TimeWindowFreshnessPolicy)
+    assert STREAM_FRESHNESS.warn_window is not None
+    assert STREAM_FRESHNESS.warn_window.to_timedelta() == STREAM_WARN_AFTER < STREAM_FAIL_AFTER
+    assert STREAM_FRESHNESS.fail_window.to_timedelta() == STREAM_FAIL_AFTER
 
 
 def test_the_retry_sensor_fails_a_record_past_its_deadline(ledger: Ledger) -> None:
