@@ -100,7 +100,12 @@ class PrewarmedRunLauncher(DefaultRunLauncher):
         return socket_address(self._instance.root_directory)
 
     def _can_pool(self) -> bool:
-        return sys.platform.startswith("linux") and not os.environ.get(RUN_WORKER_ENV)
+        # Abstract Unix sockets and /proc are Linux's.
+        return sys.platform.startswith("linux")
+
+    def _may_start_pool(self) -> bool:
+        # A run worker may use the pool (a run launching runs) but never starts one of its own.
+        return self._can_pool() and not os.environ.get(RUN_WORKER_ENV)
 
     def register_instance(self, instance: Any) -> None:
         """Start the pool as soon as the launcher exists, so the first launch can already use it."""
@@ -110,7 +115,7 @@ class PrewarmedRunLauncher(DefaultRunLauncher):
 
     def ensure_pool(self) -> None:
         """Start a pool for this instance unless one answers already (or one this launcher started lives)."""
-        if not self._can_pool() or not os.path.exists(self.python_file):
+        if not self._may_start_pool() or not os.path.exists(self.python_file):
             return
         with self._lock:
             if self._pool is not None and self._pool.poll() is None:
