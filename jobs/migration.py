@@ -11,8 +11,10 @@ responsible node reports the phase done; its output metadata carries
 ``duration_s``, ``bytes_moved`` (on the ops that move state: plan, where the
 target warms up, upload and download; they add up to the move)
 and the ``detail``; the migration's identity (partition, id, nodes, epochs)
-is on the run as tags. The ledger holds the whole migration state, so a
-re-executed or re-launched run resumes the recorded migration instead of
+is on the run as tags. The ops pass each other nothing but their order (a
+phase's input is the ledger; which migration is in the run's tags), so no
+step writes or loads an output. The ledger holds the whole migration state,
+so a re-executed or re-launched run resumes the recorded migration instead of
 starting another. A failover the node-failure sensor already drove comes with
 its phases in ``recorded``: the run shows them and drives only what is left.
 

@@ -13,7 +13,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from dagster import (
@@ -22,6 +23,8 @@ from dagster import (
     DagsterInstance,
     Definitions,
     EnvVar,
+    Failure,
+    OpExecutionContext,
     in_process_executor,
 )
 from dagster_aws.s3 import S3Resource
@@ -29,6 +32,7 @@ from dagster_pyspark import PySparkResource
 
 from assets import checkpoint_observation, ownership_observation
 from jobs import GRACEFUL_OPS, MIGRATION_ID_TAG, RISING_OPS, failover_partition, migrate_partition, rebalance
+from jobs.migration import _HANDLES, run_handle
 from laminar_orchestration.capabilities import OutputCommitter
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.keys import desired_state_key, grant_key
@@ -242,6 +246,29 @@ def test_a_failing_phase_fails_its_op_with_a_clear_message_and_fails_the_migrati
     # The record says Failed, so nodes stop and a retry plans afresh.
     task = ledger.store.get(desired_state_key(0))
     assert b'"phase":"failed"' in task.data and b'"failed_phase":"draining"' in task.data
+
+
+def test_a_phase_op_rebuilds_the_migration_from_the_run_as_a_re_execution_would(
+    ledger: Ledger, laminar: LaminarResource
+) -> None:
+    for n in (1, 2):
+        ledger.register_node(N(n), heartbeat_timeout_s=60)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    with DagsterInstance.ephemeral() as instance:
+        limits = {"release_wait_timeout_s": 0.05, "migration_timeout_s": 20.0}
+        result = run(migrate_partition, laminar, {"partition": 0, "to_node": 2, "limits": limits}, instance)
+        assert not result.success
+        planned = _HANDLES.pop(result.run_id)  # what the plan op handed the phase ops in its process
+        stored = instance.get_run_by_id(result.run_id)
+        assert stored is not None
+        # A re-execution runs in another process: only the run's tags and config say which migration.
+        context = cast(OpExecutionContext, SimpleNamespace(run_id=result.run_id, instance=instance, run=stored))
+        assert run_handle(context) == planned
+        assert planned.migration_config().release_wait_timeout_s == 0.05
+        # A run whose first op never tagged it names what is missing.
+        bare = cast(OpExecutionContext, SimpleNamespace(run_id="none", instance=instance, run=stored.with_tags({})))
+        with pytest.raises(Failure, match="no migration recorded"):
+            run_handle(bare)
 
 
 def test_nothing_to_do_skips_the_phases(ledger: Ledger, laminar: LaminarResource) -> None:
