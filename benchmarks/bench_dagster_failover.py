@@ -240,6 +240,7 @@ def main() -> None:
         cluster.place({0: 1, 1: 1})
         threading.Thread(target=_producer, args=(cluster, stop), daemon=True).start()
         plane.wait_sensors_ticking()
+        plane.wait_pool()  # as in the demo, started when the webserver answered
         client = DagsterGraphQLClient("127.0.0.1", port_number=plane.port)
         # Moves first (both nodes up): partition 0 back and forth between nodes 1 and 2, alternately
         # by the coordinator alone and by a UI launch, so both see the same load.

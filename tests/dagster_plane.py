@@ -94,6 +94,30 @@ class ControlPlane:
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log(name)}")
 
+    def pool_pid(self) -> int | None:
+        """The pid of the run-worker pool serving this instance (see `launcher`), None if none answers."""
+        from launcher.pool import socket_address
+
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.settimeout(5)
+                conn.connect(socket_address(str(self.home)))
+                conn.sendall(b'{"ping": true}\n')
+                return int(json.loads(conn.recv(4096))["pong"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def wait_pool(self, timeout_s: float = 180.0) -> int:
+        """Until the webserver's launcher has its pool up (it imports the code location first); its pid."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_running()
+            pid = self.pool_pid()
+            if pid is not None:
+                return pid
+            time.sleep(0.5)
+        raise TimeoutError(f"no run-worker pool within {timeout_s:.0f}s:\n{self.log('dagster-webserver')}")
+
     def instance(self) -> DagsterInstance:
         return DagsterInstance.from_config(str(self.home))
 

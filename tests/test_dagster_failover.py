@@ -72,6 +72,7 @@ def test_a_ui_migration_then_a_killed_owner_failed_over_by_the_sensor_alone(tmp_
         plane.wait_sensors_ticking()
 
         # A UI launch moves partition 0 to node 1, in a run forked from the pool, one op per phase.
+        plane.wait_pool()
         run_id = plane.launch("migrate_partition", {"partition": 0, "to_node": 1})
         wait_until(lambda: cluster.owner(0) == 1, LOOSE_BOUND_S, "partition 0 on node 1")
 

@@ -12,10 +12,8 @@ waiting as long as the test needs.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
 import time
 from collections.abc import Iterator
 
@@ -28,7 +26,7 @@ from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.store import LocalObjectStore
 from launcher import POOL_PID_TAG
-from launcher.pool import process_start_ticks, socket_address
+from launcher.pool import process_start_ticks
 
 from .dagster_plane import ControlPlane
 
@@ -50,18 +48,6 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
         yield control
     finally:
         control.stop()
-
-
-def pool_pid(plane: ControlPlane) -> int | None:
-    """The pid of the pool serving the plane's instance, None if none answers."""
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.settimeout(5)
-            conn.connect(socket_address(str(plane.home)))
-            conn.sendall(b'{"ping": true}\n')
-            return int(json.loads(conn.recv(4096))["pong"])
-    except (OSError, ValueError, KeyError):
-        return None
 
 
 def finished(plane: ControlPlane, run_id: str, timeout_s: float = 120) -> DagsterRun:
@@ -103,11 +89,11 @@ def nothing_to_do(plane: ControlPlane, tags: dict[str, str] | None = None) -> st
 
 
 def test_a_launched_run_is_forked_from_the_pool_and_runs_its_ops(plane: ControlPlane) -> None:
-    wait_until(lambda: pool_pid(plane) is not None, 180, "the pool to answer")
+    plane.wait_pool()
     run = finished(plane, nothing_to_do(plane))
     assert run.status == DagsterRunStatus.SUCCESS
     worker = int(run.tags[POOL_PID_TAG])
-    assert worker not in (pool_pid(plane), os.getpid())
+    assert worker not in (plane.pool_pid(), os.getpid())
     with plane.instance() as instance:
         steps = {e.step_key: e.dagster_event_type for e in instance.all_logs(run.run_id) if e.step_key}
     assert steps["plan"] == DagsterEventType.STEP_SUCCESS and steps["drain"] == DagsterEventType.STEP_SKIPPED
@@ -137,15 +123,15 @@ def test_run_monitoring_fails_a_run_whose_worker_was_killed(plane: ControlPlane)
 
 
 def test_without_a_pool_runs_launch_through_the_code_server_and_a_pool_starts_again(plane: ControlPlane) -> None:
-    pid = pool_pid(plane)
+    pid = plane.pool_pid()
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: pool_pid(plane) is None, 30, "the pool to be gone")
+    wait_until(lambda: plane.pool_pid() is None, 30, "the pool to be gone")
     run = finished(plane, nothing_to_do(plane))
     assert run.status == DagsterRunStatus.SUCCESS and POOL_PID_TAG not in run.tags
     engine = messages(plane, run.run_id, DagsterEventType.ENGINE_EVENT)
     assert any("through the code server" in m for m in engine), engine
     # The launcher started a new pool for the next run.
-    wait_until(lambda: pool_pid(plane) not in (None, pid), 180, "a new pool")
+    wait_until(lambda: plane.pool_pid() not in (None, pid), 180, "a new pool")
     run = finished(plane, nothing_to_do(plane))
     assert run.status == DagsterRunStatus.SUCCESS and POOL_PID_TAG in run.tags
