@@ -66,9 +66,21 @@ CLUSTER_KEY = f"{LEDGER_PREFIX}cluster.json"
 MEMBERSHIP_KEY = f"{LEDGER_PREFIX}membership.json"
 
 
+NODES_PREFIX = f"{LEDGER_PREFIX}nodes/"
+
+
 def node_key(node: int) -> str:
     """A node's own record (identity, heartbeat, partition progress)."""
-    return f"{LEDGER_PREFIX}nodes/{node:05d}.json"
+    return f"{NODES_PREFIX}{node:05d}.json"
+
+
+_NODE_KEY_RE = re.compile(r"^ledger/nodes/(\d{5,})\.json$")
+
+
+def parse_node_key(key: str) -> int | None:
+    """The node id of a node record's key; None for any other key."""
+    match = _NODE_KEY_RE.match(key)
+    return int(match.group(1)) if match else None
 
 
 def ledger_partition_prefix(partition: int) -> str:

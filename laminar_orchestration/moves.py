@@ -171,14 +171,17 @@ def drive(
 
 
 def reinstate_all(coordinator: MigrationCoordinator) -> dict[int, int]:
-    """Grant every released (or unassigned) partition back to its live desired owner: partition -> epoch.
+    """Admit newly registered nodes, then grant every released (or unassigned) partition back to its
+    live desired owner: partition -> epoch.
 
     The control plane's periodic step (the failure sensor, `laminar rebalance`):
-    a node that shut down cleanly released its partitions, and only the control
-    plane mints grants, so this is how a restarted node gets them back.
+    a node writes only its own records, so joining the member set is done here,
+    and a node that shut down cleanly released its partitions, which only the
+    control plane can grant again: this is how a restarted node gets them back.
     """
     granted: dict[int, int] = {}
     ledger = coordinator.ledger
+    ledger.admit_nodes()
     for p, own in ledger.ownerships(ledger.partitions()).items():
         if own is None or not (own.owner == UNASSIGNED or own.status == PartitionStatus.RELEASED):
             continue  # held: nothing to grant (the desired state is read only for the others)
