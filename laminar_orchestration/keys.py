@@ -219,3 +219,31 @@ def parse_fenced_object_key(key: str) -> FencedObjectName:
     if not ulids:
         raise UnparseableObjectKey(key, "no ULID in the name")
     return FencedObjectName(key, int(partition), int(epoch), ulids[-1])
+
+
+# --- key patterns for storage policies ------------------------------------------------------
+# IAM's `*` matches any characters, `/` included; each pattern covers exactly the keys its
+# function above builds (the policy tests check that against the functions).
+
+#: Create-only and CAS objects of the ledger, by what they are.
+NODE_RECORDS_PATTERN = f"{NODES_PREFIX}*"
+OWNERSHIP_HEADS_PATTERN = f"{LEDGER_PREFIX}partitions/*/head.json"
+GRANTS_PATTERN = f"{LEDGER_PREFIX}partitions/*/grants/*"
+RELEASES_PATTERN = f"{LEDGER_PREFIX}partitions/*/releases/*"
+DESIRED_STATES_PATTERN = f"{LEDGER_PREFIX}partitions/*/desired.json"
+MANIFEST_HISTORY_PATTERN = f"{MANIFESTS_PREFIX}*/history/*"
+MANIFEST_POINTERS_PATTERN = f"{MANIFESTS_PREFIX}*/current.json"
+SEGMENTS_PATTERN = f"{SOURCE_PREFIX}*.seg"
+SOURCE_HEADS_PATTERN = f"{SOURCE_PREFIX}*/head.json"
+CHECKPOINT_OBJECTS_PATTERN = f"{CHECKPOINTS_PREFIX}*"
+OUTPUT_OBJECTS_PATTERN = f"{SINK_PREFIX}*"
+
+
+def partition_write_patterns(partition: int) -> tuple[str, ...]:
+    """What the owner of `partition` writes for it: its release records, manifest chain, checkpoints, output."""
+    return (
+        f"{ledger_partition_prefix(partition)}/releases/*",
+        f"{manifest_prefix(partition)}/*",
+        f"{checkpoint_partition_prefix(partition)}*",
+        f"{sink_partition_prefix(partition)}*",
+    )

@@ -69,19 +69,36 @@ def test_capabilities_refuse_foreign_prefixes_at_run_time(tmp_path: Path) -> Non
     assert store.head("ledger/x") is None
 
 
-def test_storage_policies_split_prefixes_by_principal() -> None:
-    policies = storage_policies("bucket", "prefix")
+def test_storage_policies_split_writes_by_role() -> None:
+    """The IAM side of the split (what each role may write); the whole of it is tested on an
+    authenticating S3 server in test_least_privilege."""
+    policies = storage_policies("bucket", "prefix", nodes=(1, 2))
 
-    def writes(principal: str) -> set[str]:
+    def writes(role: str) -> set[str]:
         out: set[str] = set()
-        for st in policies[principal]["Statement"]:  # type: ignore[attr-defined]
+        for st in policies.roles[role]["Statement"]:
             if "s3:PutObject" in st["Action"]:
-                out |= {r.split("prefix/")[1].rstrip("*") for r in st["Resource"]}
+                out |= {r.split("prefix/", 1)[1] for r in st["Resource"]}
         return out
 
-    # The control plane seals manifest chains when it grants an epoch; it never writes output or state.
-    assert writes("control-plane") == {"ledger/", "manifests/"}
-    assert writes("producer") == {"source/"}
-    assert "source/" not in writes("node")
-    lists = [p for p, doc in policies.items() if any("s3:ListBucket" in st["Action"] for st in doc["Statement"])]  # type: ignore[attr-defined]
-    assert lists == ["auditor"]  # the fast path never lists
+    # The control plane grants (and seals the chain a grant fences); it never writes output, state or a node's record.
+    assert writes("control-plane") == {
+        "ledger/cluster.json",
+        "ledger/membership.json",
+        "ledger/partitions/*/head.json",
+        "ledger/partitions/*/grants/*",
+        "ledger/partitions/*/desired.json",
+        "manifests/*/history/*",
+        "manifests/*/current.json",
+    }
+    assert writes("producer") == {"source/*.seg", "source/*/head.json"}
+    assert writes("auditor") == set()
+    # A node writes its own record, never another's, never a grant, a head or the source.
+    assert "ledger/nodes/00001.json" in writes("node-1") and "ledger/nodes/00002.json" not in writes("node-1")
+    assert not {w for w in writes("node-1") if "grants" in w or "head.json" in w or w.startswith("source/")}
+    deletes = {
+        role
+        for role, doc in policies.roles.items()
+        if any("s3:DeleteObject" in st["Action"] for st in doc["Statement"])
+    }
+    assert deletes == {"auditor"}  # only the sweep deletes
