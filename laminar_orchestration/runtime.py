@@ -1010,14 +1010,16 @@ class Node:
     ) -> None:
         self.config = config
         self.id = NodeId(config.node_id)
-        self.store = store or open_store(config.store_url)
-        self.ledger = Ledger(self.store)
+        # No attribute holds the store: each part gets only its capability, and the source reads only.
+        opened = store or open_store(config.store_url)
+        self.store_url = opened.url
+        self.ledger = Ledger(opened)
         self.desired = DesiredStates(self.ledger)
-        self.reader = ReadStore(self.store)
-        self.publisher = ManifestPublisher(OutputCommitter(self.store), self.store)
-        self.outputs = OutputWriter(OutputCommitter(self.store))
-        self.checkpoints = CheckpointStore(CheckpointWriter(self.store))
-        self.source = SourceLog(self.store)
+        self.reader = ReadStore(opened)
+        self.publisher = ManifestPublisher(OutputCommitter(opened), opened)
+        self.outputs = OutputWriter(OutputCommitter(opened))
+        self.checkpoints = CheckpointStore(CheckpointWriter(opened))
+        self.source = SourceLog(self.reader)
         self.guards = PartitionGuardSet(self.id)
         self._owns_workdir = config.workdir is None
         self.workdir = Path(config.workdir or tempfile.mkdtemp(prefix=f"laminar-node{config.node_id}-"))
@@ -1107,7 +1109,7 @@ class Node:
         self.start_spark()
         self.handle = self.ledger.register_node(self.id, heartbeat_timeout_s=self.config.heartbeat_timeout_s)
         self.observe_cluster_epoch(self.ledger.membership().cluster_epoch)
-        log.info("node %s: joined as generation %s (store %s)", self.id, self.generation, self.store.url)
+        log.info("node %s: joined as generation %s (store %s)", self.id, self.generation, self.store_url)
         threads = [
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
             threading.Thread(target=self._refresh_loop, name="guard-refresh", daemon=True),

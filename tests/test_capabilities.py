@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from laminar_dev.chaos import ArrowNode
 from laminar_orchestration.capabilities import (
     CheckpointWriter,
     LedgerWriter,
@@ -16,6 +17,9 @@ from laminar_orchestration.capabilities import (
     ledger_key,
     storage_policies,
 )
+from laminar_orchestration.ledger import Ledger
+from laminar_orchestration.runtime import NodeConfig
+from laminar_orchestration.source import SourceLog, SourceNotWritable, generate_events
 from laminar_orchestration.store import LocalObjectStore
 
 SNIPPETS = Path(__file__).parent / "typecheck_snippets"
@@ -102,3 +106,17 @@ def test_storage_policies_split_writes_by_role() -> None:
         if any("s3:DeleteObject" in st["Action"] for st in doc["Statement"])
     }
     assert deletes == {"auditor"}  # only the sweep deletes
+
+
+def test_a_node_holds_capabilities_and_its_source_log_cannot_append(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path / "store")
+    Ledger(store).init_cluster(1)
+    node = ArrowNode(NodeConfig(store_url=store.url, node_id=1, workdir=str(tmp_path / "n1")), store=store)
+    # No attribute of the node is the store itself: its parts hold capabilities.
+    assert not any(value is store for value in vars(node).values())
+    with pytest.raises(SourceNotWritable):
+        node.source.append(0, generate_events(10, 2, seed=1, partitions=1)[0])
+    assert SourceLog(store).end_offset(0) == 0
+    # A producer's log (opened on the store: it holds the SourceAppender) appends.
+    SourceLog(store).append(0, generate_events(10, 2, seed=1, partitions=1)[0])
+    assert node.source.end_offset(0) == 10
