@@ -20,7 +20,8 @@ in numeric order)::
 
 These formats are persisted: changing one orphans every existing store.
 Write capabilities (`capabilities`) are split by the top-level prefixes in
-`PREFIXES`, and the S3 policies are rendered from them.
+`PREFIXES`; the S3 policies are rendered from the key patterns at the end of
+this module (one per kind of object).
 """
 
 from __future__ import annotations
