@@ -617,6 +617,10 @@ class MigrationCoordinator:
         task = self.current(partition)
         if task is None or task.is_terminal:
             raise NothingToCancel(partition, task.migration_id if task else None, task.phase if task else None)
+        own = self.ledger.ownership(partition)
+        if own is not None and own.epoch >= task.to_epoch and own.owner == task.to_node:
+            # Granted to the new owner just before Seeking is recorded: cancelling would strand it.
+            raise CancelRefused(partition, task.migration_id, MigrationPhase.SEEKING)
         try:
             return self.cancel(partition, task.migration_id)
         except InvalidTransition:
@@ -640,14 +644,14 @@ class MigrationCoordinator:
             raise MigrationFailed(partition, task.failed_phase or task.phase, task.error or str(task.phase))
         if not task.is_terminal and deadline_passed(task):
             raise self._expire(task)
+        if task.migration_kind == MigrationKind.GRACEFUL and phase == MigrationPhase.SEEKING:
+            # Granted before Seeking is recorded, so a target that sees Seeking finds its grant at once.
+            self._grant_target(task)
         if not task.phase.reached(phase):
             task = self._transition(partition, migration_id, phase)
         if task.migration_kind == MigrationKind.FORCED and phase == MigrationPhase.RELEASED:
             self._fence_old_owner(task)
             return PhaseReport(phase, time.monotonic() - started, 0, f"epoch {task.from_epoch} fenced")
-        if task.migration_kind == MigrationKind.GRACEFUL and phase == MigrationPhase.SEEKING:
-            # Seeking is recorded (no cancel from here on) before the grant: a cancel can never strand it.
-            self._grant_target(task)
         if phase == MigrationPhase.PLANNED:
             if task.migration_kind != MigrationKind.GRACEFUL:
                 return PhaseReport(phase, time.monotonic() - started, 0, "planned")

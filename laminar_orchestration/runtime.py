@@ -490,10 +490,7 @@ class PartitionWorker(threading.Thread):
         if own.owner != self.node.id or own.status == PartitionStatus.RELEASED:
             raise NotOwned(self.partition)
         token = ledger.adopt(self.partition, self.node.id)
-        grant = ledger.grant(self.partition, token.epoch)
-        how = (
-            "adopted" if grant is not None and grant.generation == self.node.generation else "re-adopted after restart"
-        )
+        how = "adopted"
         self.state_name = WorkerState.RESTORING
         # Sealed at our epoch before we read it: nothing of an older owner lands after what we restore.
         manifest = self._sealed(token)
