@@ -16,6 +16,10 @@ that lands before it is the old owner's last commit, none after it is accepted.
 If the granter dies between the grant and the seal, the grantee's acquisition
 path re-ensures the seal before it reads the chain to restore.
 
+Grants are made by the control plane only (`acquire` after a release, `fence`
+without one); a node takes up a grant made for it with `adopt` and writes only
+its own records: its node record and its release records.
+
 The ledger is the only code that mints `FencingToken`s.
 """
 
@@ -388,7 +392,8 @@ class Ledger:
         return None if node == UNASSIGNED else _mint_token(partition, epoch, node)
 
     def adopt(self, partition: PartitionId, node: NodeId, *, generation: int | None = None) -> FencingToken:
-        """Mint the token for a grant the control plane already made to `node` (forced path).
+        """Mint the token for a grant the control plane already made to `node`: how a node takes up
+        a placement, a hand-over, a failover, or its own grant again after a restart.
 
         Raises NotOwned if the current grant names another node, or another
         generation of it when both are known.
