@@ -580,8 +580,9 @@ class Ledger:
 
         A node writes only its own record; joining the member set (and the new
         cluster epoch it brings, one per admission) is the control plane's.
-        Returns the nodes admitted.
+        Returns the nodes admitted; ClusterNotInitialized if `init` never ran.
         """
+        self.cluster()
         admitted: list[NodeId] = []
 
         def join(m: MembershipRecord) -> MembershipRecord | None:
