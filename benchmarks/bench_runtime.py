@@ -79,6 +79,7 @@ from laminar_orchestration.manifest import (
 )
 from laminar_orchestration.migration import MigrationCoordinator, MigrationPhase
 from laminar_orchestration.processing import SparkBatchEngine, build_spark_session, keyed_aggregation
+from laminar_orchestration.records import PartitionStatus
 from laminar_orchestration.replica import CatchUp, StateReplica
 from laminar_orchestration.runtime import Node, NodeConfig, PartitionWorker, WorkerState
 from laminar_orchestration.source import SourceLog, generate_events
@@ -286,6 +287,10 @@ def close_node(node: Node) -> None:
 def want_owner(node: Node) -> None:
     """Record in the desired state that `node` should run partition 0 (what a placement does)."""
     node.desired.update(P0, lambda s: s.model_copy(update={"owner": int(node.id)}))
+    own = node.ledger.ownership(P0)
+    if own is not None and (own.owner != node.id or own.status == PartitionStatus.RELEASED):
+        # What the control plane does: grant it (the node only adopts).
+        node.ledger.acquire(P0, node.id, expected_epoch=own.epoch, reason="place", generation=node.generation)
 
 
 def start_worker(node: Node, worker: PartitionWorker, timeout: float = 300.0) -> float:

@@ -23,6 +23,7 @@ from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.manifest import ManifestReader
 from laminar_orchestration.migration import MigrationCoordinator
+from laminar_orchestration.moves import reinstate_all
 from laminar_orchestration.source import SourceLog, generate_events
 from laminar_orchestration.store import ObjectStore, open_store
 from laminar_orchestration.verify import PartitionAudit, audit_store
@@ -206,6 +207,10 @@ class Cluster:
         for p, n in assignment.items():
             if self.owner(p) != n:
                 self.coordinator.run(PartitionId(p), NodeId(n))
+
+    def reinstate(self) -> dict[int, int]:
+        """The control plane's periodic step: grant released partitions back to their live desired owners."""
+        return reinstate_all(self.coordinator)
 
     def partitions_of(self, node_id: int) -> list[int]:
         return [p for p in self.partitions if self.owner(p) == node_id]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -28,10 +29,23 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
-__all__ = ["FAKE_AWS_ENV", "fake_aws_environ", "main", "start_s3_server"]
+import boto3
+from botocore.config import Config
+
+__all__ = [
+    "FAKE_AWS_ENV",
+    "AccessKey",
+    "create_iam_user",
+    "enable_auth",
+    "fake_aws_environ",
+    "main",
+    "start_s3_server",
+]
 
 STARTUP_TIMEOUT_S = 30.0
 
@@ -94,13 +108,77 @@ def _wait_for_server(proc: subprocess.Popen[bytes], port_file: Path, log: Path) 
     raise RuntimeError(f"moto server did not answer within {STARTUP_TIMEOUT_S}s:\n{log.read_text(errors='replace')}")
 
 
+@dataclass(frozen=True)
+class AccessKey:
+    """An IAM user's access key on the server."""
+
+    user: str
+    access_key_id: str
+    secret_access_key: str
+
+    def environ(self) -> dict[str, str]:
+        """The environment variables that make boto3 in a process use this key (and no session token)."""
+        return {"AWS_ACCESS_KEY_ID": self.access_key_id, "AWS_SECRET_ACCESS_KEY": self.secret_access_key}
+
+    def client(self, service: Literal["s3", "iam"], endpoint: str) -> Any:
+        """A boto3 client of `service` at `endpoint` signing with this key only."""
+        session = boto3.session.Session(
+            aws_access_key_id=self.access_key_id, aws_secret_access_key=self.secret_access_key, region_name="us-east-1"
+        )
+        # Path-style: a loopback endpoint has no bucket subdomains.
+        return session.client(service, endpoint_url=endpoint, config=Config(s3={"addressing_style": "path"}))
+
+
+#: The administrator `enable_auth` creates: allowed everything, like an account's root.
+ADMIN_USER = "laminar-admin"
+
+
+def create_iam_user(endpoint: str, admin: AccessKey | None, user: str, policy: Mapping[str, Any]) -> AccessKey:
+    """Create IAM user `user` with `policy` inline (signed by `admin`, or the fake keys before auth is on)."""
+    if admin is not None:
+        iam = admin.client("iam", endpoint)
+    else:
+        iam = AccessKey("", FAKE_AWS_ENV["AWS_ACCESS_KEY_ID"], FAKE_AWS_ENV["AWS_SECRET_ACCESS_KEY"]).client(
+            "iam", endpoint
+        )
+    iam.create_user(UserName=user)
+    iam.put_user_policy(UserName=user, PolicyName=f"{user}-policy", PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName=user)["AccessKey"]
+    return AccessKey(user, key["AccessKeyId"], key["SecretAccessKey"])
+
+
+def enable_auth(endpoint: str) -> AccessKey:
+    """Create an administrator and switch authentication on; returns the administrator's key.
+
+    From then on the server checks every request's signature and its IAM
+    Action/Resource against the signer's policies (moto does not evaluate
+    Condition blocks or bucket policies).
+    """
+    admin = create_iam_user(
+        endpoint,
+        None,
+        ADMIN_USER,
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]},
+    )
+    # Not form-encoded: moto reads the raw body as the number of requests still allowed unsigned.
+    request = urllib.request.Request(
+        f"{endpoint}/moto-api/reset-auth", data=b"0", method="POST", headers={"Content-Type": "text/plain"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        response.read()
+    return admin
+
+
 @contextlib.contextmanager
-def start_s3_server(workdir: Path) -> Iterator[str]:
+def start_s3_server(workdir: Path, *, auth: bool = False) -> Iterator[str]:
     """Run the server on a free loopback port (its port file and log in `workdir`); yield its endpoint URL.
 
     While inside, os.environ holds fake AWS credentials (`fake_aws_environ`),
-    so boto3 clients here and in child processes need no setup. The server
-    exits with this process even if it is killed without cleaning up.
+    so boto3 clients here and in child processes need no setup. With `auth`,
+    the server enforces signatures and IAM policies (`enable_auth`) and
+    os.environ holds the administrator's key instead (no session token): give
+    each role's process its own key (`create_iam_user`, `AccessKey.environ`).
+    The server exits with this process even if it is killed without cleaning up.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     port_file, log = workdir / "port", workdir / "server.log"
@@ -116,7 +194,14 @@ def start_s3_server(workdir: Path) -> Iterator[str]:
                 cwd=Path(__file__).resolve().parent.parent,  # where `laminar_dev` is importable from
             )  # fmt: skip
         try:
-            yield _wait_for_server(proc, port_file, log)
+            endpoint = _wait_for_server(proc, port_file, log)
+            if not auth:
+                yield endpoint
+            else:
+                admin = enable_auth(endpoint)
+                os.environ.pop("AWS_SESSION_TOKEN", None)  # restored by `fake_aws_environ`
+                os.environ.update(admin.environ())
+                yield endpoint
         finally:
             proc.terminate()
             try:

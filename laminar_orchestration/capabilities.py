@@ -7,21 +7,26 @@ method is a type error (`mypy --strict`) and, at run time, a `ValueError`.
 
 | capability          | prefix (write)                 | held by                       |
 |---------------------|--------------------------------|-------------------------------|
-| `LedgerWriter`      | ``ledger/``                    | the ledger (control plane)    |
+| `LedgerWriter`      | ``ledger/``                    | the ledger (control plane; a node: its own record, releases) |
 | `CheckpointWriter`  | ``checkpoints/``               | a node, per owned partition   |
 | `OutputCommitter`   | ``sink/``, ``manifests/``      | a node, per owned partition   |
 | `ManifestSealer`    | ``manifests/``                 | the ledger's grant path       |
 | `SourceAppender`    | ``source/``                    | producers                     |
 
-`storage_policies()` renders the same split as per-principal S3 bucket policies.
-The prefixes are `keys.PREFIXES`.
+`storage_policies()` renders the split the store enforces: one IAM policy per
+role (control plane, each node, producer, auditor) with exactly the reads,
+conditional writes and deletes the code makes under that role, and a bucket
+policy with what only S3 can check (conditional-write headers, no deletes of
+ledger, manifests or source). The keys are `keys`' patterns.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import NewType
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NewType
 
+from . import keys
 from .keys import CHECKPOINTS_PREFIX, LEDGER_PREFIX, MANIFESTS_PREFIX, PREFIXES, SINK_PREFIX, SOURCE_PREFIX
 from .store import ObjectMeta, ObjectStore, StoredObject
 
@@ -122,40 +127,251 @@ class SourceAppender(ReadStore):
         return self._store.put_if_match(_scoped(key, SOURCE_PREFIX), data, etag)
 
 
-def storage_policies(bucket: str, prefix: str = "") -> dict[str, dict[str, object]]:
-    """Per-principal S3 policies mirroring the capability split.
+# --- storage policies: the same split, enforced by the store -------------------------------------
 
-    Only the anti-entropy/audit principal may list; the node's fast path may not.
+#: The roles, each a process kind with its own credentials.
+CONTROL_PLANE_ROLE = "control-plane"
+PRODUCER_ROLE = "producer"
+AUDITOR_ROLE = "auditor"
+
+
+def node_role(node: int) -> str:
+    """The role name of worker node `node` (one role per node: it may write only its own node record)."""
+    return f"node-{node}"
+
+
+@dataclass(frozen=True)
+class RoleAccess:
+    """What one role may do, as key patterns relative to the store's prefix (see `keys`)."""
+
+    #: Keys it reads (GET and HEAD) and may probe for absence (ListBucket on these prefixes, for 404s).
+    reads: tuple[str, ...]
+    #: Keys it writes (PUT, always conditional).
+    writes: tuple[str, ...]
+    #: Keys it deletes (conditional DELETE).
+    deletes: tuple[str, ...] = ()
+    #: Key prefixes it lists (beyond the absence probes).
+    lists: tuple[str, ...] = ()
+
+
+def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
+    """Every role's access, exactly what the code does under that role.
+
+    * control plane (CLI `init/migrate/failover/rebalance/status`, the Dagster code location):
+      mints grants (and seals the chain a grant fences), moves ownership heads, records desired
+      state and membership; reads the source heads for lag; lists node records to find new nodes.
+    * node N: its own node record, release records, the manifest chain it publishes, checkpoints
+      and output. No grant, head, desired state, membership or source write; deletes nothing.
+    * producer: source segments and source heads; reads the cluster record and the manifests
+      (backpressure: lag = written - committed).
+    * auditor (`verify`, `sweep`, `status`, `query`, `report`): reads and lists everything,
+      deletes only unreferenced fenced objects (output and checkpoints) in the sweep.
     """
-    base = f"arn:aws:s3:::{bucket}/{prefix.strip('/') + '/' if prefix.strip('/') else ''}"
+    all_prefixes = tuple(PREFIXES.values())
+    node_reads = (keys.LEDGER_PREFIX, keys.MANIFESTS_PREFIX, keys.CHECKPOINTS_PREFIX, keys.SOURCE_PREFIX)
+    access = {
+        CONTROL_PLANE_ROLE: RoleAccess(
+            reads=node_reads,
+            writes=(
+                keys.CLUSTER_KEY,
+                keys.MEMBERSHIP_KEY,
+                keys.OWNERSHIP_HEADS_PATTERN,
+                keys.GRANTS_PATTERN,
+                keys.DESIRED_STATES_PATTERN,
+                keys.MANIFEST_HISTORY_PATTERN,
+                keys.MANIFEST_POINTERS_PATTERN,
+            ),
+            # Its listing of the node records (`Ledger.nodes`) is inside its ``ledger/`` reads.
+        ),
+        PRODUCER_ROLE: RoleAccess(
+            reads=(keys.CLUSTER_KEY, keys.MANIFESTS_PREFIX, keys.SOURCE_PREFIX),
+            writes=(keys.SEGMENTS_PATTERN, keys.SOURCE_HEADS_PATTERN),
+        ),
+        AUDITOR_ROLE: RoleAccess(
+            reads=all_prefixes,
+            writes=(),
+            deletes=(keys.CHECKPOINT_OBJECTS_PATTERN, keys.OUTPUT_OBJECTS_PATTERN),
+            lists=all_prefixes,
+        ),
+    }
+    for n in nodes:
+        access[node_role(n)] = RoleAccess(
+            reads=node_reads,
+            writes=(
+                keys.node_key(n),
+                keys.RELEASES_PATTERN,
+                keys.MANIFEST_HISTORY_PATTERN,
+                keys.MANIFEST_POINTERS_PATTERN,
+                keys.CHECKPOINT_OBJECTS_PATTERN,
+                keys.OUTPUT_OBJECTS_PATTERN,
+            ),
+        )
+    return access
 
-    def statement(actions: list[str], prefixes: list[str]) -> dict[str, object]:
-        return {
+
+#: Objects written once (If-None-Match) and never again.
+CREATE_ONLY_PATTERNS: tuple[str, ...] = (
+    keys.GRANTS_PATTERN,
+    keys.RELEASES_PATTERN,
+    keys.MANIFEST_HISTORY_PATTERN,
+    keys.SEGMENTS_PATTERN,
+    keys.CHECKPOINT_OBJECTS_PATTERN,
+    keys.OUTPUT_OBJECTS_PATTERN,
+)
+#: Objects created once (If-None-Match) and then only swapped (If-Match).
+CAS_PATTERNS: tuple[str, ...] = (
+    keys.CLUSTER_KEY,
+    keys.MEMBERSHIP_KEY,
+    keys.NODE_RECORDS_PATTERN,
+    keys.OWNERSHIP_HEADS_PATTERN,
+    keys.DESIRED_STATES_PATTERN,
+    keys.MANIFEST_POINTERS_PATTERN,
+    keys.SOURCE_HEADS_PATTERN,
+)
+#: Prefixes nothing ever deletes from.
+NEVER_DELETED: tuple[str, ...] = (keys.LEDGER_PREFIX, keys.MANIFESTS_PREFIX, keys.SOURCE_PREFIX)
+
+
+def _base(prefix: str) -> str:
+    stripped = prefix.strip("/")
+    return f"{stripped}/" if stripped else ""
+
+
+def _wild(pattern: str) -> str:
+    """A prefix ends in '/': it covers every key under it."""
+    return f"{pattern}*" if pattern.endswith("/") else pattern
+
+
+def identity_policy(bucket: str, prefix: str, access: RoleAccess) -> dict[str, Any]:
+    """One role's IAM policy: GET/HEAD, conditional PUT and DELETE on its keys, ListBucket on its prefixes."""
+    base = _base(prefix)
+
+    def objects(patterns: Sequence[str]) -> list[str]:
+        return [f"arn:aws:s3:::{bucket}/{base}{_wild(p)}" for p in patterns]
+
+    statements: list[dict[str, Any]] = [
+        {"Sid": "Read", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": objects(access.reads)},
+        {
+            # A GET/HEAD of a missing key answers 404 only to a principal that may list it (403 otherwise),
+            # and every probe (grant e+1, manifest seq+1, the segment at the log's end) depends on the 404.
+            "Sid": "ListForAbsenceAndAudit",
             "Effect": "Allow",
-            "Action": actions,
-            "Resource": [f"{base}{PREFIXES[p]}*" for p in prefixes],
+            "Action": ["s3:ListBucket"],
+            "Resource": [f"arn:aws:s3:::{bucket}"],
+            "Condition": {"StringLike": {"s3:prefix": [f"{base}{_wild(p)}" for p in (*access.reads, *access.lists)]}},
+        },
+    ]
+    if access.writes:
+        statements.append(
+            {"Sid": "Write", "Effect": "Allow", "Action": ["s3:PutObject"], "Resource": objects(access.writes)}
+        )
+    if access.deletes:
+        statements.append(
+            {"Sid": "Delete", "Effect": "Allow", "Action": ["s3:DeleteObject"], "Resource": objects(access.deletes)}
+        )
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def bucket_policy(bucket: str, prefix: str) -> dict[str, Any]:
+    """The bucket policy: what only S3 can enforce, for every principal (conditions on the request).
+
+    * a create-only object is written with If-None-Match or not at all (a grant, a release, a
+      manifest entry, a segment, a fenced object can never be overwritten);
+    * a CAS object is written with If-None-Match or If-Match (no blind overwrite of a head,
+      a pointer, a node record, the desired state, the membership or the cluster record);
+    * nothing is deleted from ``ledger/``, ``manifests/`` or ``source/``.
+    """
+    base = _base(prefix)
+
+    def objects(patterns: Sequence[str]) -> list[str]:
+        return [f"arn:aws:s3:::{bucket}/{base}{_wild(p)}" for p in patterns]
+
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "CreateOnlyNeedsIfNoneMatch",
+                "Effect": "Deny",
+                "Principal": "*",
+                "Action": ["s3:PutObject"],
+                "Resource": objects(CREATE_ONLY_PATTERNS),
+                "Condition": {"Null": {"s3:if-none-match": "true"}},
+            },
+            {
+                "Sid": "LedgerManifestAndSourceWritesAreConditional",
+                "Effect": "Deny",
+                "Principal": "*",
+                "Action": ["s3:PutObject"],
+                "Resource": objects((*CAS_PATTERNS, *NEVER_DELETED)),
+                "Condition": {"Null": {"s3:if-none-match": "true", "s3:if-match": "true"}},
+            },
+            {
+                "Sid": "NeverDeleted",
+                "Effect": "Deny",
+                "Principal": "*",
+                "Action": ["s3:DeleteObject", "s3:DeleteObjectVersion"],
+                "Resource": objects(NEVER_DELETED),
+            },
+        ],
+    }
+
+
+@dataclass(frozen=True)
+class StoragePolicies:
+    """Every role's IAM policy and the bucket policy, for one bucket and key prefix."""
+
+    bucket: str
+    prefix: str
+    roles: Mapping[str, dict[str, Any]]
+    bucket_policy: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bucket": self.bucket,
+            "prefix": self.prefix,
+            "roles": dict(self.roles),
+            "bucket_policy": self.bucket_policy,
         }
 
-    read_all = statement(["s3:GetObject"], list(PREFIXES))
-    write = ["s3:PutObject", "s3:DeleteObject"]
+
+def storage_policies(bucket: str, prefix: str = "", *, nodes: Sequence[int] = (1,)) -> StoragePolicies:
+    """The roles' IAM policies (`role_access`) and the bucket policy, rendered for `bucket` and `prefix`.
+
+    A node's policy is per node (`node_role`): it may write only its own node record.
+    """
+    roles = {role: identity_policy(bucket, prefix, access) for role, access in role_access(nodes).items()}
+    return StoragePolicies(bucket, prefix.strip("/"), roles, bucket_policy(bucket, prefix))
+
+
+def partition_session_policy(bucket: str, prefix: str, node: int, partitions: Sequence[int]) -> dict[str, Any]:
+    """A session policy for short-lived credentials of `node` limited to the partitions granted to it.
+
+    Passed as ``Policy`` to STS ``AssumeRole`` on the node's role by the control plane, it narrows
+    the node's static writes (any partition's manifests, checkpoints, output and releases) to
+    `partitions`; the node record stays writable. The effective access is the intersection with
+    the role's policy, so it can only take away.
+    """
+    base = _base(prefix)
+    writes = [keys.node_key(node), *(pattern for p in partitions for pattern in keys.partition_write_patterns(p))]
+    reads = (keys.LEDGER_PREFIX, keys.MANIFESTS_PREFIX, keys.CHECKPOINTS_PREFIX, keys.SOURCE_PREFIX)
     return {
-        # Granting an epoch seals the partition's manifest chain (see `ManifestSealer`).
-        "control-plane": {"Version": "2012-10-17", "Statement": [read_all, statement(write, ["ledger", "manifests"])]},
-        "node": {
-            "Version": "2012-10-17",
-            "Statement": [
-                read_all,
-                # Nodes take grants, record releases and heartbeat (ledger/); inside the
-                # node only the reconcile loop holds the LedgerWriter, batches never do.
-                statement(write, ["checkpoints", "sink", "manifests", "ledger"]),
-            ],
-        },
-        "producer": {"Version": "2012-10-17", "Statement": [read_all, statement(write, ["source"])]},
-        "auditor": {
-            "Version": "2012-10-17",
-            "Statement": [
-                read_all,
-                {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [f"arn:aws:s3:::{bucket}"]},
-            ],
-        },
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Action": ["s3:GetObject"],
+                "Resource": [f"arn:aws:s3:::{bucket}/{base}{_wild(r)}" for r in reads],
+            },
+            {
+                "Effect": "Allow",
+                "Action": ["s3:ListBucket"],
+                "Resource": [f"arn:aws:s3:::{bucket}"],
+                "Condition": {"StringLike": {"s3:prefix": [f"{base}{_wild(r)}" for r in reads]}},
+            },
+            {
+                "Effect": "Allow",
+                "Action": ["s3:PutObject"],
+                "Resource": [f"arn:aws:s3:::{bucket}/{base}{w}" for w in writes],
+            },
+        ],
     }

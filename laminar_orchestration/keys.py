@@ -20,7 +20,8 @@ in numeric order)::
 
 These formats are persisted: changing one orphans every existing store.
 Write capabilities (`capabilities`) are split by the top-level prefixes in
-`PREFIXES`, and the S3 policies are rendered from them.
+`PREFIXES`; the S3 policies are rendered from the key patterns at the end of
+this module (one per kind of object).
 """
 
 from __future__ import annotations
@@ -66,9 +67,21 @@ CLUSTER_KEY = f"{LEDGER_PREFIX}cluster.json"
 MEMBERSHIP_KEY = f"{LEDGER_PREFIX}membership.json"
 
 
+NODES_PREFIX = f"{LEDGER_PREFIX}nodes/"
+
+
 def node_key(node: int) -> str:
     """A node's own record (identity, heartbeat, partition progress)."""
-    return f"{LEDGER_PREFIX}nodes/{node:05d}.json"
+    return f"{NODES_PREFIX}{node:05d}.json"
+
+
+_NODE_KEY_RE = re.compile(r"^ledger/nodes/(\d{5,})\.json$")
+
+
+def parse_node_key(key: str) -> int | None:
+    """The node id of a node record's key; None for any other key."""
+    match = _NODE_KEY_RE.match(key)
+    return int(match.group(1)) if match else None
 
 
 def ledger_partition_prefix(partition: int) -> str:
@@ -207,3 +220,31 @@ def parse_fenced_object_key(key: str) -> FencedObjectName:
     if not ulids:
         raise UnparseableObjectKey(key, "no ULID in the name")
     return FencedObjectName(key, int(partition), int(epoch), ulids[-1])
+
+
+# --- key patterns for storage policies ------------------------------------------------------
+# IAM's `*` matches any characters, `/` included; each pattern covers exactly the keys its
+# function above builds (the policy tests check that against the functions).
+
+#: Create-only and CAS objects of the ledger, by what they are.
+NODE_RECORDS_PATTERN = f"{NODES_PREFIX}*"
+OWNERSHIP_HEADS_PATTERN = f"{LEDGER_PREFIX}partitions/*/head.json"
+GRANTS_PATTERN = f"{LEDGER_PREFIX}partitions/*/grants/*"
+RELEASES_PATTERN = f"{LEDGER_PREFIX}partitions/*/releases/*"
+DESIRED_STATES_PATTERN = f"{LEDGER_PREFIX}partitions/*/desired.json"
+MANIFEST_HISTORY_PATTERN = f"{MANIFESTS_PREFIX}*/history/*"
+MANIFEST_POINTERS_PATTERN = f"{MANIFESTS_PREFIX}*/current.json"
+SEGMENTS_PATTERN = f"{SOURCE_PREFIX}*.seg"
+SOURCE_HEADS_PATTERN = f"{SOURCE_PREFIX}*/head.json"
+CHECKPOINT_OBJECTS_PATTERN = f"{CHECKPOINTS_PREFIX}*"
+OUTPUT_OBJECTS_PATTERN = f"{SINK_PREFIX}*"
+
+
+def partition_write_patterns(partition: int) -> tuple[str, ...]:
+    """What the owner of `partition` writes for it: its release records, manifest chain, checkpoints, output."""
+    return (
+        f"{ledger_partition_prefix(partition)}/releases/*",
+        f"{manifest_prefix(partition)}/*",
+        f"{checkpoint_partition_prefix(partition)}*",
+        f"{sink_partition_prefix(partition)}*",
+    )

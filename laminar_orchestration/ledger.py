@@ -16,6 +16,10 @@ that lands before it is the old owner's last commit, none after it is accepted.
 If the granter dies between the grant and the seal, the grantee's acquisition
 path re-ensures the seal before it reads the chain to restore.
 
+Grants are made by the control plane only (`acquire` after a release, `fence`
+without one); a node takes up a grant made for it with `adopt` and writes only
+its own records: its node record and its release records.
+
 The ledger is the only code that mints `FencingToken`s.
 """
 
@@ -38,7 +42,16 @@ from .capabilities import LedgerKey, LedgerWriter, ManifestSealer, ledger_key
 from .errors import ConflictError, InvalidArgument, NotFoundError
 from .fencing import FencingToken, NotOwned, StaleEpoch, UnknownPartition, _mint_token
 from .identity import MAX_PARTITIONS, UNASSIGNED, NodeId, PartitionId
-from .keys import CLUSTER_KEY, MEMBERSHIP_KEY, grant_key, node_key, ownership_head_key, release_key
+from .keys import (
+    CLUSTER_KEY,
+    MEMBERSHIP_KEY,
+    NODES_PREFIX,
+    grant_key,
+    node_key,
+    ownership_head_key,
+    parse_node_key,
+    release_key,
+)
 from .manifest import ChainSealer
 from .records import (
     ClusterRecord,
@@ -306,7 +319,12 @@ class Ledger:
             grant = entry.value
             epoch, owner, lagged = grant.epoch, NodeId(grant.node), True
             status = PartitionStatus.ACTIVE if grant.node != UNASSIGNED else PartitionStatus.UNASSIGNED
-        if lagged and status == PartitionStatus.ACTIVE and self._writer.head(release_key(partition, epoch)):
+        # The owner records its release without touching the head (the head is the control plane's).
+        if (
+            status == PartitionStatus.ACTIVE
+            and owner != UNASSIGNED
+            and self._writer.head(release_key(partition, epoch))
+        ):
             status = PartitionStatus.RELEASED
         return Ownership(PartitionId(partition), epoch, owner, status, lagged)
 
@@ -374,7 +392,8 @@ class Ledger:
         return None if node == UNASSIGNED else _mint_token(partition, epoch, node)
 
     def adopt(self, partition: PartitionId, node: NodeId, *, generation: int | None = None) -> FencingToken:
-        """Mint the token for a grant the control plane already made to `node` (forced path).
+        """Mint the token for a grant the control plane already made to `node`: how a node takes up
+        a placement, a hand-over, a failover, or its own grant again after a restart.
 
         Raises NotOwned if the current grant names another node, or another
         generation of it when both are known.
@@ -477,15 +496,13 @@ class Ledger:
         )
         key = release_key(token.partition, token.epoch)
         try:
+            # The release record alone says it (`ownership` reads it): a node writes no head.
             self._writer.create(ledger_key(key), _encode(record))
         except PreconditionFailed:
             existing = self._require(key, ReleaseRecord)[0]
             if existing.node != token.node:
                 raise NotOwned(token.partition) from None
             return existing
-        self._advance_head(
-            token.partition, token.epoch, token.node, PartitionStatus.RELEASED, only_if_epoch=token.epoch
-        )
         return record
 
     # -- nodes and membership -------------------------------------------------
@@ -524,7 +541,11 @@ class Ledger:
         host: str | None = None,
         pid: int | None = None,
     ) -> NodeHandle:
-        """Join (or re-join, with a new generation) and return the handle that heartbeats."""
+        """Write this node's own record (a new generation on each call) and return the handle that heartbeats.
+
+        The node touches nothing else: the control plane admits it to the member
+        set (`admit_nodes`), and `nodes` lists it meanwhile.
+        """
         if node == UNASSIGNED:
             raise ValueError("node 0 is the 'unassigned' sentinel")
         self.cluster()
@@ -552,37 +573,38 @@ class Ledger:
             except PreconditionFailed:
                 continue
 
+        return NodeHandle(self._writer, record, etag)
+
+    def admit_nodes(self) -> list[NodeId]:
+        """Add every node that registered since the last call to the member set (the control plane's step).
+
+        A node writes only its own record; joining the member set (and the new
+        cluster epoch it brings, one per admission) is the control plane's.
+        Returns the nodes admitted; ClusterNotInitialized if `init` never ran.
+        """
+        self.cluster()
+        admitted: list[NodeId] = []
+
         def join(m: MembershipRecord) -> MembershipRecord | None:
-            if node in m.members:
+            new = sorted(set(self._registered()) - set(m.members))
+            admitted[:] = [NodeId(n) for n in new]
+            if not new:
                 return None
             return m.model_copy(
                 update={
-                    "members": sorted([*m.members, node]),
+                    "members": sorted([*m.members, *new]),
                     "cluster_epoch": m.cluster_epoch + 1,
-                    "reason": f"node {node} joined",
+                    "reason": f"node(s) {', '.join(map(str, new))} joined",
                     "updated_at": now(),
                 }
             )
 
         self._update_membership(join)
-        return NodeHandle(self._writer, record, etag)
+        return admitted
 
-    def remove_node(self, node: NodeId) -> None:
-        """Drop a node from the member set (its record stays for the audit)."""
-
-        def leave(m: MembershipRecord) -> MembershipRecord | None:
-            if node not in m.members:
-                return None
-            return m.model_copy(
-                update={
-                    "members": [n for n in m.members if n != node],
-                    "cluster_epoch": m.cluster_epoch + 1,
-                    "reason": f"node {node} removed",
-                    "updated_at": now(),
-                }
-            )
-
-        self._update_membership(leave)
+    def _registered(self) -> list[int]:
+        """Node ids with a record in the ledger (one listing of the node records' prefix)."""
+        return sorted(n for n in (parse_node_key(k) for k in self.store.list(NODES_PREFIX)) if n is not None)
 
     def node(self, node: NodeId) -> NodeRecord | None:
         got = self._read(node_key(node), NodeRecord)
@@ -591,7 +613,9 @@ class Ledger:
     def nodes(self, *, at: datetime | None = None) -> list[NodeView]:
         """Every member node with its liveness (heartbeat younger than its timeout)."""
         ts = at or now()
-        records = (self.node(NodeId(n)) for n in self.membership().members)
+        # A node registered but not admitted yet is a node too: it is alive and may be given work.
+        ids = sorted(set(self.membership().members) | set(self._registered()))
+        records = (self.node(NodeId(n)) for n in ids)
         return [NodeView.judge(rec, ts) for rec in records if rec is not None]
 
 

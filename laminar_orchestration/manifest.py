@@ -145,6 +145,19 @@ class PartitionManifest(Record):
             raise SequenceGap(PartitionId(self.partition), previous.seq, self.seq)
         if self.fencing_token < previous.fencing_token:
             raise StaleFencingToken(PartitionId(self.partition), self.fencing_token, previous.fencing_token)
+        if (
+            self.fencing_token == previous.fencing_token
+            and self.node == previous.node
+            and self.generation < previous.generation
+        ):
+            # A restarted node re-adopts its epoch; its earlier incarnation is fenced by generation.
+            raise StaleGeneration(
+                PartitionId(self.partition),
+                self.fencing_token,
+                previous.fencing_token,
+                self.generation,
+                previous.generation,
+            )
         if self.commit_ulid <= previous.commit_ulid:
             raise CommitUlidRegression(PartitionId(self.partition), previous.commit_ulid, self.commit_ulid)
         if self.parent_hash != previous_raw_hash:
@@ -172,6 +185,21 @@ class StaleFencingToken(ConditionalPutFailed):
         return (
             f"stale fencing token for partition {self.partition}: attempted {self.expected_epoch} "
             f"< current {self.actual_epoch}"
+        )
+
+
+@dataclass
+class StaleGeneration(ConditionalPutFailed):
+    """Publish by an earlier incarnation of the owner: a restarted process of the same node re-adopted
+    the epoch and sealed the chain at its newer generation."""
+
+    generation: int
+    current_generation: int
+
+    def __str__(self) -> str:
+        return (
+            f"stale generation for partition {self.partition} at epoch {self.actual_epoch}: "
+            f"attempted generation {self.generation} < current {self.current_generation}"
         )
 
 
@@ -380,6 +408,9 @@ class ChainSealer(ManifestReader):
         Idempotent: when the chain is already sealed at `epoch` (or an owner at
         `epoch` or later has published), nothing is written and the newest entry
         is returned, so a caller can tell it was superseded (token > `epoch`).
+        At `epoch` itself, a newer `generation` of the same `node` (a restarted
+        process re-adopting its grant) seals again, which fences its earlier
+        incarnation out (`StaleGeneration`).
         Otherwise the seal is created as the next entry: a copy of the newest
         manifest (offset, state, events applied and any other field carry over)
         under `epoch` with no outputs, or an empty first entry. A publish under
@@ -389,7 +420,13 @@ class ChainSealer(ManifestReader):
         for _ in range(_SEAL_ATTEMPTS):
             previous, pointer_etag = self._current_with_etag(partition)
             if previous is not None and previous.manifest.fencing_token >= epoch:
-                return previous
+                newer_incarnation = (
+                    previous.manifest.fencing_token == epoch
+                    and previous.manifest.node == node
+                    and previous.manifest.generation < generation
+                )
+                if not newer_incarnation:
+                    return previous
             note = f"{SEAL_NOTE} at epoch {epoch}" + (f": {reason}" if reason else "")
             if previous is None:
                 manifest = PartitionManifest(

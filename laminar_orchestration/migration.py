@@ -34,9 +34,9 @@ from .capabilities import LedgerWriter, ledger_key
 from .errors import ConflictError, OperationFailedError, UnavailableError
 from .identity import UNASSIGNED, NodeId, PartitionId
 from .keys import desired_state_key
-from .ledger import EpochConflict, Ledger, NodeView
+from .ledger import EpochConflict, Ledger, NodeView, NotReleased
 from .manifest import ManifestReader
-from .records import LedgerError, PartitionProgress, Record, new_write_id, now, parse_record
+from .records import LedgerError, PartitionProgress, PartitionStatus, Record, new_write_id, now, parse_record
 from .store import PreconditionFailed
 
 
@@ -597,13 +597,16 @@ class MigrationCoordinator:
     def cancel(self, partition: PartitionId, migration_id: str) -> MigrationTask:
         """Record migration `migration_id` Cancelled; InvalidTransition once that is no longer safe."""
         task = self.current(partition)
-        return self._transition(
+        cancelled = self._transition(
             partition,
             migration_id,
             MigrationPhase.CANCELLED,
             failed_phase=task.phase if task else None,
             error="cancelled by an operator",
         )
+        # Cancelled after the old owner released: grant the partition back to it.
+        self.reinstate(partition)
+        return cancelled
 
     def cancel_current(self, partition: PartitionId) -> MigrationTask:
         """Cancel whatever migration of `partition` is in flight; returns the Cancelled record.
@@ -614,6 +617,10 @@ class MigrationCoordinator:
         task = self.current(partition)
         if task is None or task.is_terminal:
             raise NothingToCancel(partition, task.migration_id if task else None, task.phase if task else None)
+        own = self.ledger.ownership(partition)
+        if own is not None and own.epoch >= task.to_epoch and own.owner == task.to_node:
+            # Granted to the new owner just before Seeking is recorded: cancelling would strand it.
+            raise CancelRefused(partition, task.migration_id, MigrationPhase.SEEKING)
         try:
             return self.cancel(partition, task.migration_id)
         except InvalidTransition:
@@ -637,6 +644,9 @@ class MigrationCoordinator:
             raise MigrationFailed(partition, task.failed_phase or task.phase, task.error or str(task.phase))
         if not task.is_terminal and deadline_passed(task):
             raise self._expire(task)
+        if task.migration_kind == MigrationKind.GRACEFUL and phase == MigrationPhase.SEEKING:
+            # Granted before Seeking is recorded, so a target that sees Seeking finds its grant at once.
+            self._grant_target(task)
         if not task.phase.reached(phase):
             task = self._transition(partition, migration_id, phase)
         if task.migration_kind == MigrationKind.FORCED and phase == MigrationPhase.RELEASED:
@@ -754,6 +764,58 @@ class MigrationCoordinator:
             lost = FenceLost(p, task.migration_id, exc.expected, exc.actual)
             self._fail_if_current(p, task.migration_id, str(lost))
             raise lost from None
+
+    def _grant_target(self, task: MigrationTask) -> None:
+        """Grant a graceful move's new epoch to its target, after the old owner released it."""
+        p = PartitionId(task.partition)
+        own = self.ledger.ownership(p)
+        if own is not None and own.epoch == task.to_epoch and own.owner == task.to_node:
+            return  # done before a crash of the orchestrator
+        self._still_running(task, MigrationPhase.SEEKING)
+        target = self.ledger.node(NodeId(task.to_node))
+        try:
+            self.ledger.acquire(
+                p,
+                NodeId(task.to_node),
+                expected_epoch=task.from_epoch,
+                reason=f"migration {task.migration_id}: hand over to node {task.to_node}",
+                generation=target.generation if target else None,
+            )
+        except EpochConflict as exc:
+            lost = FenceLost(p, task.migration_id, exc.expected, exc.actual)
+            self._fail_if_current(p, task.migration_id, str(lost))
+            raise lost from None
+        except NotReleased as exc:
+            raise MigrationFailed(p, MigrationPhase.SEEKING, str(exc)) from None
+
+    def reinstate(self, partition: PartitionId) -> int | None:
+        """Grant a released (or unassigned) partition back to its desired owner; returns the epoch.
+
+        The control plane's half of what a node used to do by itself: after a clean
+        shutdown, or a graceful move that ended after the release, the partition
+        waits for a grant. Nothing happens while a migration is in flight, when the
+        desired owner is not alive, or when someone else moved the epoch first.
+        """
+        state, _ = self.desired.read(partition)
+        if state.owner == UNASSIGNED or (state.migration is not None and not state.migration.is_terminal):
+            return None
+        own = self.ledger.ownership(partition)
+        if own is None or not (own.owner == UNASSIGNED or own.status == PartitionStatus.RELEASED):
+            return None
+        target = self.ledger.node(NodeId(state.owner))
+        if target is None or not NodeView.judge(target).alive:
+            return None
+        try:
+            token = self.ledger.acquire(
+                partition,
+                NodeId(state.owner),
+                expected_epoch=own.epoch,
+                reason=f"reinstate on desired owner node {state.owner}",
+                generation=target.generation,
+            )
+        except (EpochConflict, NotReleased):
+            return None  # someone else moved it: their grant stands
+        return token.epoch
 
     def _expire(self, task: MigrationTask) -> MigrationTimeout:
         """Record `task` Failed for its overall deadline; returns the error to raise."""

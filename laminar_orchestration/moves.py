@@ -45,6 +45,7 @@ __all__ = [
     "must_force",
     "prepare_failover",
     "record_failure",
+    "reinstate_all",
     "run_migration",
     "run_moves",
     "stranded",
@@ -134,6 +135,8 @@ def record_failure(coordinator: MigrationCoordinator, partition: int, migration_
         if current is None or current.migration_id != migration_id or current.is_terminal:
             return
         coordinator.fail(PartitionId(partition), migration_id, f"{type(error).__name__}: {error}")
+        # A graceful move that failed after the release: the old owner gets its partition back.
+        coordinator.reinstate(PartitionId(partition))
     except (LedgerError, StoreError, OSError):
         pass  # best effort: the original error is what the caller reports
 
@@ -165,6 +168,27 @@ def drive(
     final = coordinator.current(PartitionId(task.partition))
     assert final is not None
     return final
+
+
+def reinstate_all(coordinator: MigrationCoordinator) -> dict[int, int]:
+    """Admit newly registered nodes, then grant every released (or unassigned) partition back to its
+    live desired owner: partition -> epoch.
+
+    The control plane's periodic step (the failure sensor, `laminar rebalance`):
+    a node writes only its own records, so joining the member set is done here,
+    and a node that shut down cleanly released its partitions, which only the
+    control plane can grant again: this is how a restarted node gets them back.
+    """
+    granted: dict[int, int] = {}
+    ledger = coordinator.ledger
+    ledger.admit_nodes()
+    for p, own in ledger.ownerships(ledger.partitions()).items():
+        if own is None or not (own.owner == UNASSIGNED or own.status == PartitionStatus.RELEASED):
+            continue  # held: nothing to grant (the desired state is read only for the others)
+        epoch = coordinator.reinstate(p)
+        if epoch is not None:
+            granted[int(p)] = epoch
+    return granted
 
 
 def must_force(coordinator: MigrationCoordinator, partition: int, *, live: Collection[int] | None = None) -> bool:

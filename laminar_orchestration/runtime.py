@@ -42,8 +42,8 @@ from .capabilities import CheckpointWriter, OutputCommitter, ReadStore
 from .checkpoint import CheckpointStore, OutputWriter
 from .cluster_epoch import ClusterEpochWindow, StaleClusterEpoch
 from .errors import CorruptDataError, FencedError, OperationFailedError
-from .fencing import EpochError, FencingToken, PartitionGuard, PartitionGuardSet, StaleEpoch
-from .identity import UNASSIGNED, NodeId, PartitionId
+from .fencing import EpochError, FencingToken, NotOwned, PartitionGuard, PartitionGuardSet, StaleEpoch
+from .identity import NodeId, PartitionId
 from .ledger import Ledger, NodeHandle, NodeIdentityConflict
 from .manifest import DeltaRef, ManifestPublisher, ManifestUpdate, ManifestVersion, SnapshotRef, StaleFencingToken
 from .migration import (
@@ -475,34 +475,22 @@ class PartitionWorker(threading.Thread):
     # -- recovering and rising ----------------------------------------------------
 
     def _recover(self) -> None:
-        """Take back a partition this node is meant to run (restart, or release rolled back)."""
+        """Take back a partition the control plane granted to this node (a restart, or a grant
+        that put it back here).
+
+        The node only adopts: grants are made by the control plane. A restarted
+        process re-adopts its node's epoch and seals the chain at its newer
+        generation, so its earlier incarnation (maybe a zombie) can publish
+        nothing more (`StaleGeneration`).
+        """
         ledger = self.node.ledger
         own = ledger.ownership(self.partition)
         if own is None:
             raise EpochError.UnknownPartition(self.partition)
-        gen = self.node.generation
-        grant = ledger.grant(self.partition, own.epoch) if own.epoch else None
-        if own.owner == self.node.id and own.status != PartitionStatus.RELEASED:
-            if grant is not None and grant.generation == gen:
-                token = ledger.adopt(self.partition, self.node.id, generation=gen)
-                how = "adopted"
-            else:
-                # Our previous incarnation held it and may still be alive as a zombie:
-                # never reuse its epoch, take the next one.
-                maybe = ledger.fence(
-                    self.partition,
-                    self.node.id,
-                    expected_epoch=own.epoch,
-                    reason=f"node {self.node.id} restarted (generation {gen})",
-                    generation=gen,
-                )
-                assert maybe is not None
-                token, how = maybe, "re-fenced after restart"
-        else:
-            token = ledger.acquire(
-                self.partition, self.node.id, expected_epoch=own.epoch, reason="recover", generation=gen
-            )
-            how = "acquired"
+        if own.owner != self.node.id or own.status == PartitionStatus.RELEASED:
+            raise NotOwned(self.partition)
+        token = ledger.adopt(self.partition, self.node.id)
+        how = "adopted"
         self.state_name = WorkerState.RESTORING
         # Sealed at our epoch before we read it: nothing of an older owner lands after what we restore.
         manifest = self._sealed(token)
@@ -539,17 +527,9 @@ class PartitionWorker(threading.Thread):
         self._phase(MigrationPhase.RESTORING)
         self._report(MigrationPhase.RESTORING)
         task = self._phase(MigrationPhase.SEEKING)
-        gen = self.node.generation
-        if task.migration_kind == MigrationKind.GRACEFUL:
-            token = ledger.acquire(
-                self.partition,
-                self.node.id,
-                expected_epoch=task.from_epoch,
-                reason=f"migration {task.migration_id}",
-                generation=gen,
-            )
-        else:
-            token = ledger.adopt(self.partition, self.node.id, generation=gen)
+        # The control plane grants the new epoch once Seeking is recorded (after the old owner's
+        # release, or with the fence of a forced move); this node only adopts it.
+        token = self._await_grant(task)
         self._install(token)
         self._takeover(manifest, released=released)
         self._report(MigrationPhase.SEEKING)
@@ -565,6 +545,21 @@ class PartitionWorker(threading.Thread):
             self._committed_offset,
         )
         self._report(MigrationPhase.ACTIVE)
+
+    def _await_grant(self, task: MigrationTask) -> FencingToken:
+        """Adopt the epoch the control plane grants this node for `task`; PhaseAborted if the task ends first."""
+        ledger = self.node.ledger
+        while True:
+            own = ledger.ownership(self.partition)
+            if own is not None and own.epoch >= task.to_epoch:
+                # Adopting a grant made to another node (or a later one) raises NotOwned: we lost the move.
+                return ledger.adopt(self.partition, self.node.id)
+            # Returns at once while Seeking stays allowed; raises once the task is aborted or replaced.
+            self._wait_phase(MigrationPhase.SEEKING)
+            current = self._task
+            if current is None or current.migration_id != task.migration_id:
+                raise PhaseAborted()
+            time.sleep(MIGRATION_POLL_S)
 
     def _install(self, token: FencingToken) -> None:
         self.token = token
@@ -1012,14 +1007,16 @@ class Node:
     ) -> None:
         self.config = config
         self.id = NodeId(config.node_id)
-        self.store = store or open_store(config.store_url)
-        self.ledger = Ledger(self.store)
+        # No attribute holds the store: each part gets only its capability, and the source reads only.
+        opened = store or open_store(config.store_url)
+        self.store_url = opened.url
+        self.ledger = Ledger(opened)
         self.desired = DesiredStates(self.ledger)
-        self.reader = ReadStore(self.store)
-        self.publisher = ManifestPublisher(OutputCommitter(self.store), self.store)
-        self.outputs = OutputWriter(OutputCommitter(self.store))
-        self.checkpoints = CheckpointStore(CheckpointWriter(self.store))
-        self.source = SourceLog(self.store)
+        self.reader = ReadStore(opened)
+        self.publisher = ManifestPublisher(OutputCommitter(opened), opened)
+        self.outputs = OutputWriter(OutputCommitter(opened))
+        self.checkpoints = CheckpointStore(CheckpointWriter(opened))
+        self.source = SourceLog(self.reader)
         self.guards = PartitionGuardSet(self.id)
         self._owns_workdir = config.workdir is None
         self.workdir = Path(config.workdir or tempfile.mkdtemp(prefix=f"laminar-node{config.node_id}-"))
@@ -1109,7 +1106,7 @@ class Node:
         self.start_spark()
         self.handle = self.ledger.register_node(self.id, heartbeat_timeout_s=self.config.heartbeat_timeout_s)
         self.observe_cluster_epoch(self.ledger.membership().cluster_epoch)
-        log.info("node %s: joined as generation %s (store %s)", self.id, self.generation, self.store.url)
+        log.info("node %s: joined as generation %s (store %s)", self.id, self.generation, self.store_url)
         threads = [
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
             threading.Thread(target=self._refresh_loop, name="guard-refresh", daemon=True),
@@ -1274,11 +1271,9 @@ class Node:
         if state.owner != self.id:
             return
         own = self.ledger.ownership(p)
-        if own is None:
-            return
-        mine = own.owner == self.id
-        free = own.owner == UNASSIGNED or (own.status == PartitionStatus.RELEASED and own.owner == self.id)
-        if mine or free:
+        # Only a grant the control plane made to this node is taken up: a released or unassigned
+        # partition waits for the control plane to grant it.
+        if own is not None and own.owner == self.id and own.status != PartitionStatus.RELEASED:
             self._start(PartitionWorker(self, p))
 
     def _note_failure(self, p: PartitionId, worker: PartitionWorker) -> None:

@@ -33,7 +33,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .capabilities import SourceAppender, SourceKey, source_key
+from .capabilities import ReadStore, SourceAppender, SourceKey, source_key
 from .errors import CorruptDataError, InvalidInputError, LaminarError
 from .framing import FLAG_PUBLISHED, HEADER_SIZE, FrameHeader, iter_frames
 from .identity import MAX_PARTITIONS
@@ -113,6 +113,16 @@ class SourceError(LaminarError):
 
     def __post_init__(self) -> None:
         self.args = tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
+
+@dataclass(eq=False)
+class SourceNotWritable(SourceError, InvalidInputError):
+    """An append through a log opened without the `SourceAppender` capability (a node's reading log)."""
+
+    partition: int
+
+    def __str__(self) -> str:
+        return f"cannot append to partition {self.partition}: this source log reads only (no SourceAppender)"
 
 
 @dataclass(eq=False)
@@ -522,7 +532,7 @@ class SourceLog:
 
     def __init__(
         self,
-        store: ObjectStore,
+        store: ObjectStore | ReadStore,
         *,
         segment_events: int = 100_000,
         frame_events: int | None = None,
@@ -533,7 +543,6 @@ class SourceLog:
             raise ValueError("segment_events must be >= 1")
         if frame_events is not None and frame_events < 1:
             raise ValueError("frame_events must be >= 1")
-        self.store = store
         self.segment_events = segment_events
         self.frame_events = frame_events
         self.generation = generation
@@ -543,17 +552,36 @@ class SourceLog:
         # caching one is always correct.
         self._lookahead: dict[int, _Segment] = {}
         self._lock = threading.Lock()
-        self._appender = SourceAppender(store)
+        # Appending takes the `SourceAppender` capability: a log opened on a `ReadStore` (a node's) reads only.
+        self._appender: SourceAppender | None = None
+        self._reads: ReadStore
+        if isinstance(store, ObjectStore):
+            self._appender = self._reads = SourceAppender(store)
+        else:
+            self._reads = store
+
+    def _append_capability(self, partition: int) -> SourceAppender:
+        if self._appender is None:
+            raise SourceNotWritable(partition)
+        return self._appender
 
     def _log(self, partition: int) -> VersionedObject[_Segment, SourceKey]:
         """A partition's log as a versioned object: segments by start offset, the source head as pointer."""
+
+
+        def create(key: SourceKey, data: bytes, metadata: Mapping[str, str] | None) -> str:
+            return self._append_capability(partition).create_source(key, data, metadata)
+
+        def swap(key: SourceKey, data: bytes, etag: str) -> str:
+            return self._append_capability(partition).swap_source(key, data, etag)
+
         return VersionedObject(
-            self._appender,
+            self._reads,
             entry_key=lambda start: source_key(segment_key(partition, start)),
             pointer_key=source_key(source_head_key(partition)),
             decode=lambda start, obj: self._parse(partition, start, obj.data),
-            create=self._appender.create_source,
-            swap=self._appender.swap_source,
+            create=create,
+            swap=swap,
             successor=lambda start, segment: start + segment.rows,
         )
 
@@ -617,6 +645,7 @@ class SourceLog:
         segment, and offsets stay contiguous.
         """
         self._check_partition(partition)
+        self._append_capability(partition)
         table = normalize_events(partition, events)
         refs = [
             self._append_segment(partition, table.slice(lo, self.segment_events))
@@ -655,7 +684,7 @@ class SourceLog:
             except (PreconditionFailed, ConcurrentModification):
                 # Decide by what is stored, not by the error: a retried request may
                 # report a conflict with its own earlier, applied attempt.
-                existing = self.store.get_or_none(key)
+                existing = self._reads.get(key)
                 if existing is None:
                     continue  # a 409 with no winner yet
                 if existing.data != data:
@@ -758,7 +787,7 @@ class SourceLog:
         end = self.end_offset(partition)
         if offset < end:
             # Below the head every boundary has a segment; re-probe for a racing producer.
-            if self.store.head(segment_key(partition, offset)) is not None:
+            if self._reads.head(segment_key(partition, offset)) is not None:
                 return False
             raise OffsetNotAtSegmentBoundary(partition, offset, self._walk_to_end(partition, end))
         # At or beyond the head: the head may lag behind segments of a dead producer.

@@ -59,7 +59,7 @@ from laminar_orchestration.migration import (
     PhaseReport,
     phase_sequence,
 )
-from laminar_orchestration.moves import prepare_failover, record_failure
+from laminar_orchestration.moves import prepare_failover, record_failure, reinstate_all
 from laminar_orchestration.ownership import live_node_ids, warm_copies
 from laminar_orchestration.planner import failover_target, node_loads
 from resources import LaminarResource
@@ -348,6 +348,9 @@ def evaluate(
     budget_s: float = DRIVE_BUDGET_S,
 ) -> SensorResult | SkipReason:
     """One evaluation of the node-failure sensor (the sensor without Dagster's context)."""
+    # Only the control plane grants: a restarted node's released partitions go back to it here.
+    for partition, epoch in reinstate_all(MigrationCoordinator(ledger)).items():
+        log(f"p{partition}: granted back to its desired owner at epoch {epoch}")
     wait_for_suspects(ledger, heartbeat_timeout_s=heartbeat_timeout_s, watch_s=watch_s)
     handled = _decode_cursor(cursor)
     scan = scan_for_failovers(ledger, handled, heartbeat_timeout_s=heartbeat_timeout_s)

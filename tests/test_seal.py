@@ -143,6 +143,7 @@ def test_readers_reject_an_entry_a_fenced_writer_created_without_the_publisher(s
 def test_a_new_owner_superseded_before_its_takeover_takes_nothing_over(store: ObjectStore, tmp_path: Path) -> None:
     ledger, old, last = _owned_with_a_commit(store)
     ledger.release(old, commit_ulid=last.manifest.commit_ulid, source_offset=0)
+    ledger.acquire(P(0), N(2), expected_epoch=1, reason="place")  # the control plane grants, node 2 adopts
     worker = PartitionWorker(_node(store, 2, tmp_path), P(0))
     restore = worker._restore
 
@@ -189,6 +190,7 @@ def test_a_failing_partition_backs_off_and_publishes_no_manifest_per_restart(tmp
     ledger.init_cluster(1)
     SourceLog(store, partitions=1).append(0, generate_events(500, 5, 1, 1)[0])
     DesiredStates(ledger).update(P(0), lambda s: s.model_copy(update={"owner": 1}))
+    ledger.acquire(P(0), N(1), expected_epoch=0, reason="place", generation=1)  # the control plane grants
     node = PoisonNode(
         NodeConfig(
             store_url=store.url,

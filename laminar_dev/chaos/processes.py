@@ -496,6 +496,7 @@ class ProcessChaos:
             self.cluster.wait_alive(n, timeout=240)
 
             def taken_back(owned: list[int] = owned, epochs: dict[int, int] = epochs, n: int = n) -> bool:
+                self.cluster.reinstate()  # the control plane grants them back; the node only adopts
                 return all(self.cluster.owner(p) == n and self.cluster.epoch(p) > epochs[p] for p in owned)
 
             wait_until(taken_back, 90, f"node {n} to take {owned} back")

@@ -26,7 +26,7 @@ from .cluster import Init, Status
 from .data import NodeRun, Produce, Query, Sweep, Verify
 from .moves import Failover, Migrate, Rebalance
 from .output import output_for
-from .tools import Demo, Report
+from .tools import Demo, Policies, Report
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -44,6 +44,7 @@ COMMANDS: tuple[Command, ...] = (
     Sweep(),
     Demo(),
     Report(),
+    Policies(),
 )
 
 

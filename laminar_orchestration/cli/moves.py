@@ -7,7 +7,7 @@ import argparse
 from ..errors import InvalidArgument
 from ..identity import PartitionId
 from ..migration import MigrationCoordinator, PhaseReport
-from ..moves import run_migration
+from ..moves import reinstate_all, run_migration
 from ..planning import NodeStillAlive, plan_node_failover, plan_rebalance, run_node_failover, run_rebalance
 from .base import (
     Command,
@@ -115,6 +115,9 @@ class Rebalance(Command):
         config = migration_config(args)
         weights = parse_weights(args.weight)
         ledger = open_ledger(args)
+        if not args.dry_run:
+            # Released partitions of a restarted node go back to it first: only the control plane grants.
+            reinstate_all(MigrationCoordinator(ledger, config))
         plan = plan_rebalance(ledger, weights)
         out.rebalance_planned(plan, args.dry_run)
         outcomes = []

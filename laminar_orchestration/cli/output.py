@@ -17,6 +17,7 @@ from typing import Any, Protocol, TextIO
 import pyarrow as pa
 
 from ..antientropy import SweepReport
+from ..capabilities import StoragePolicies
 from ..migration import MigrationTask, PhaseReport
 from ..moves import MoveOutcome
 from ..ownership import ClusterSnapshot
@@ -77,6 +78,9 @@ class Output(Protocol):
 
     def swept(self, report: SweepReport, dry_run: bool) -> None:
         """`sweep`: what was (or would be) deleted and what was kept."""
+
+    def policies(self, policies: StoragePolicies) -> None:
+        """`policies`: each role's IAM policy and the bucket policy."""
 
 
 def output_for(as_json: bool, stream: TextIO | None = None) -> Output:
@@ -224,6 +228,15 @@ class ConsoleOutput:
         for key, why in sorted(report.kept_unverified.items()):
             self._say(f"  kept {key}: {why}")
 
+    def policies(self, policies: StoragePolicies) -> None:
+        where = f"s3://{policies.bucket}/{policies.prefix}".rstrip("/")
+        for role, document in policies.roles.items():
+            self._say(f"# IAM policy of the {role} role ({where}): attach to that role's user or role only")
+            self._say(json.dumps(document, indent=2))
+            self._say()
+        self._say(f"# bucket policy of {policies.bucket} (conditions only S3 enforces): put-bucket-policy")
+        self._say(json.dumps(policies.bucket_policy, indent=2))
+
 
 def _json_default(value: object) -> object:
     if isinstance(value, datetime):
@@ -292,6 +305,9 @@ class JsonOutput:
 
     def swept(self, report: SweepReport, dry_run: bool) -> None:
         self._dump(report.to_json())
+
+    def policies(self, policies: StoragePolicies) -> None:
+        self._dump(policies.to_json())
 
 
 def _rows(state: pa.Table) -> Iterable[dict[str, Any]]:

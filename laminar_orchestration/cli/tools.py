@@ -6,10 +6,10 @@ import argparse
 from pathlib import Path
 
 from ..errors import InvalidArgument
-from .base import Command, open_ledger
+from .base import Command, check_node_id, open_ledger
 from .output import Output
 
-__all__ = ["Demo", "Report"]
+__all__ = ["Demo", "Policies", "Report"]
 
 
 def _plural(n: int, word: str) -> str:
@@ -104,4 +104,38 @@ class Report(Command):
             print(f"wrote {written.png}")
         elif not args.no_png:
             print(f"no PNG: {written.png_skipped}")
+        return 0
+
+
+class Policies(Command):
+    name = "policies"
+    help = "print each role's least-privilege S3 policy and the bucket policy, for an operator to apply"
+    json_output = True
+    # Renders documents for a bucket; reads no store.
+    shared_store = False
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--bucket", required=True, help="the S3 bucket of the store")
+        parser.add_argument("--prefix", default="", help="the store's key prefix in the bucket (s3://BUCKET/PREFIX)")
+        parser.add_argument(
+            "--nodes",
+            default="1",
+            metavar="IDS",
+            help="comma-separated node ids: one node role each, writing only its own node record (default 1)",
+        )
+
+    def run(self, args: argparse.Namespace, out: Output) -> int:
+        from ..capabilities import storage_policies
+
+        if not args.bucket.strip():
+            raise InvalidArgument("--bucket", "give the bucket's name")
+        nodes: list[int] = []
+        for part in str(args.nodes).split(","):
+            try:
+                node = int(part)
+            except ValueError:
+                raise InvalidArgument("--nodes", f"{part!r} is not a node id") from None
+            check_node_id("--nodes", node)
+            nodes.append(node)
+        out.policies(storage_policies(args.bucket.strip(), args.prefix, nodes=sorted(set(nodes))))
         return 0

@@ -319,7 +319,9 @@ class S3ObjectStore(ObjectStore):
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
             if status == 404:
                 raise StoreUnavailable(op, key, f"{self._where()} does not exist (NoSuchBucket)") from exc
-            self._translate(exc, op, key)
+            if status != 403:
+                self._translate(exc, op, key)
+            # 403: the bucket exists; a least-privilege role may list only its prefixes, not HEAD the bucket.
         except bce.BotoCoreError as exc:
             self._translate(exc, op, key)
         # Benign race: several threads may verify at once; all write True.

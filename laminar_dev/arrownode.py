@@ -1,0 +1,39 @@
+"""A worker node process without Spark: ``python -m laminar_dev.arrownode --store URL --node-id N``.
+
+The real node runtime (`laminar_orchestration.runtime.Node`) with batches aggregated by pyarrow
+(`laminar_dev.chaos.ArrowNode`): a node process that starts in a second, for tests whose subject
+is everything around the aggregate (here: each process running with its own credentials).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from laminar_orchestration.runtime import NodeConfig
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run one node until SIGTERM/SIGINT."""
+    from laminar_dev.chaos.arrow import ArrowNode
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--node-id", type=int, required=True)
+    parser.add_argument("--heartbeat-timeout", type=float, default=3.0)
+    parser.add_argument("--heartbeat-interval", type=float, default=0.5)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = NodeConfig(
+        store_url=args.store,
+        node_id=args.node_id,
+        heartbeat_timeout_s=args.heartbeat_timeout,
+        heartbeat_interval_s=args.heartbeat_interval,
+        refresh_interval_s=0.5,
+        checkpoint_every_batches=3,
+    )
+    ArrowNode(config).run()
+
+
+if __name__ == "__main__":
+    main()
