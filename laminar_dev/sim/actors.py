@@ -38,7 +38,6 @@ from laminar_orchestration.keys import delta_key, output_object_key
 from laminar_orchestration.ledger import Ledger, NodeHandle, NodeIdentityConflict
 from laminar_orchestration.manifest import (
     SHA256_METADATA,
-    ArtifactRef,
     DeltaRef,
     ManifestPublisher,
     ManifestUpdate,
@@ -287,10 +286,15 @@ class NodeActor(Actor):
                 and task.from_epoch == w.token.epoch
             ):
                 return self._set(w, task)
-            if task is not None and task.phase == MigrationPhase.ACTIVE and task.to_epoch == w.token.epoch:
-                if w.phase_done != MigrationPhase.ACTIVE and w.migration is not None:
-                    self._report(w, MigrationPhase.ACTIVE)
-                    return "reported active"
+            if (
+                task is not None
+                and task.phase == MigrationPhase.ACTIVE
+                and task.to_epoch == w.token.epoch
+                and w.phase_done != MigrationPhase.ACTIVE
+                and w.migration is not None
+            ):
+                self._report(w, MigrationPhase.ACTIVE)
+                return "reported active"
             if self.world.rng.random() < 0.2:
                 return self._refresh(w)
             return self._batch(w)

@@ -33,7 +33,7 @@ from laminar_orchestration.store import ObjectStore
 FoldState = dict[str, tuple[int, float]]
 
 
-class InvariantViolation(Exception):  # noqa: N818 - a violation, not an error of the code under test
+class InvariantViolation(Exception):
     """Base of the promises a run can break. `invariant` names the promise."""
 
     invariant: ClassVar[str] = "invariant"
@@ -49,7 +49,7 @@ class InvariantViolation(Exception):  # noqa: N818 - a violation, not an error o
 
 
 def _rebuild(cls: type[InvariantViolation], fields: dict[str, object]) -> InvariantViolation:
-    return cls(**fields)  # type: ignore[call-arg]
+    return cls(**fields)
 
 
 @dataclass
@@ -109,7 +109,8 @@ class ExactlyOnceViolated(InvariantViolation):
     end: int
 
     def __str__(self) -> str:
-        return f"partition {self.partition}: manifest seq {self.seq}: {self.kind} of source offsets [{self.start}, {self.end})"
+        what = f"{self.kind} of source offsets [{self.start}, {self.end})"
+        return f"partition {self.partition}: manifest seq {self.seq}: {what}"
 
 
 @dataclass
