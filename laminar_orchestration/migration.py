@@ -34,7 +34,7 @@ from .capabilities import LedgerWriter, ledger_key
 from .errors import ConflictError, OperationFailedError, UnavailableError
 from .identity import UNASSIGNED, NodeId, PartitionId
 from .keys import desired_state_key
-from .ledger import EpochConflict, Ledger, NodeView
+from .ledger import EpochConflict, Ledger, NodeView, Ownership
 from .manifest import ManifestReader
 from .records import LedgerError, PartitionProgress, Record, new_write_id, now, parse_record
 from .store import PreconditionFailed
@@ -477,6 +477,17 @@ def _deadline_reason(task: MigrationTask) -> str:
     return f"deadline exceeded: not finished within {task.timeout_s:g}s of {task.started_at.isoformat()}"
 
 
+def _holds_only_through(task: MigrationTask | None, own: Ownership) -> bool:
+    """True when `own`'s owner got its epoch from `task`, a move that then failed or was cancelled."""
+    return (
+        task is not None
+        and task.phase.is_aborted
+        and task.to_node == own.owner
+        and task.to_epoch == own.epoch
+        and own.owner != UNASSIGNED
+    )
+
+
 # --- the coordinator ------------------------------------------------------------------
 
 #: How often a wait re-reads the migration record (cheap, but not on every poll).
@@ -534,9 +545,14 @@ class MigrationCoordinator:
         )
 
         def claim(state: DesiredState) -> DesiredState:
+            nonlocal task
             running = state.migration
             if running is not None and not running.is_terminal:
                 raise MigrationEpochConflict(partition, own.epoch, running.from_epoch, running.migration_id)
+            if task.migration_kind == MigrationKind.GRACEFUL and _holds_only_through(running, own):
+                # The owner holds the epoch only through a move that ended before it started: nobody
+                # can drain it, and replacing that record would hide it from every failover check.
+                task = task.model_copy(update={"migration_kind": MigrationKind.FORCED})
             return state.model_copy(update={"migration": task})
 
         self.desired.update(partition, claim)

@@ -55,7 +55,7 @@ from laminar_orchestration.migration import (
     MigrationTimeout,
     phase_sequence,
 )
-from laminar_orchestration.moves import record_failure, stranded
+from laminar_orchestration.moves import must_force, record_failure, stranded
 from laminar_orchestration.records import LedgerError, NodeStatus, PartitionProgress, PartitionStatus
 from laminar_orchestration.source import SourceEvent, SourceLog
 from laminar_orchestration.store import StoreError
@@ -354,11 +354,15 @@ class NodeActor(Actor):
         if task is not None and not task.is_terminal:
             return "idle: a migration is in flight"
         p = PartitionId(w.partition)
-        own = self.ledger.ownership(p)
-        desired_owner = self.coordinator.desired.read(p)[0].owner
-        if own is None or (own.owner != self.node and desired_owner != self.node):
+        # As the node's reconcile loop: only the desired owner recovers, and only its own or a free partition.
+        if self.coordinator.desired.read(p)[0].owner != self.node:
             return "idle"
-        if own.owner != self.node and own.status == PartitionStatus.ACTIVE:
+        own = self.ledger.ownership(p)
+        if own is None:
+            return "idle"
+        mine = own.owner == self.node
+        free = own.owner == UNASSIGNED or (own.status == PartitionStatus.RELEASED and mine)
+        if not (mine or free):
             return "idle: another node holds it"
         gen = self.generation
         if own.owner == self.node and own.status != PartitionStatus.RELEASED:
@@ -396,7 +400,7 @@ class NodeActor(Actor):
         if task.phase == MigrationPhase.RESTORING and w.phase_done != MigrationPhase.RESTORING:
             self._report(w, MigrationPhase.RESTORING)
             return "reported restored"
-        if task.phase != MigrationPhase.SEEKING:
+        if not task.phase.reached(MigrationPhase.SEEKING):
             return f"rising: waiting at {task.phase}"
         p = PartitionId(w.partition)
         gen = self.generation
@@ -633,7 +637,9 @@ class CoordinatorActor(Actor):
             return f"p{p}: no move"
         target = NodeId(rng.choice(targets))
         try:
-            task = self.coordinator.plan(p, target)
+            # As `laminar migrate` and the Dagster job: forced when nobody can drain it.
+            forced = must_force(self.coordinator, p, live=live)
+            task = self.coordinator.plan_or_resume(p, target, forced=forced)
         except MigrationError as exc:
             return f"p{p}: no move planned ({type(exc).__name__})"
         self._start(task)
