@@ -477,15 +477,9 @@ def _deadline_reason(task: MigrationTask) -> str:
     return f"deadline exceeded: not finished within {task.timeout_s:g}s of {task.started_at.isoformat()}"
 
 
-def _holds_only_through(task: MigrationTask | None, own: Ownership) -> bool:
-    """True when `own`'s owner got its epoch from `task`, a move that then failed or was cancelled."""
-    return (
-        task is not None
-        and task.phase.is_aborted
-        and task.to_node == own.owner
-        and task.to_epoch == own.epoch
-        and own.owner != UNASSIGNED
-    )
+def _took_epoch(task: MigrationTask, own: Ownership | None) -> bool:
+    """True when the ledger shows `task`'s target holding the epoch `task` moves the partition to."""
+    return own is not None and own.owner != UNASSIGNED and (own.owner, own.epoch) == (task.to_node, task.to_epoch)
 
 
 # --- the coordinator ------------------------------------------------------------------
@@ -545,14 +539,9 @@ class MigrationCoordinator:
         )
 
         def claim(state: DesiredState) -> DesiredState:
-            nonlocal task
             running = state.migration
             if running is not None and not running.is_terminal:
                 raise MigrationEpochConflict(partition, own.epoch, running.from_epoch, running.migration_id)
-            if task.migration_kind == MigrationKind.GRACEFUL and _holds_only_through(running, own):
-                # The owner holds the epoch only through a move that ended before it started: nobody
-                # can drain it, and replacing that record would hide it from every failover check.
-                task = task.model_copy(update={"migration_kind": MigrationKind.FORCED})
             return state.model_copy(update={"migration": task})
 
         self.desired.update(partition, claim)
@@ -584,6 +573,11 @@ class MigrationCoordinator:
     def _transition(
         self, partition: PartitionId, migration_id: str, target: MigrationPhase, **fields: object
     ) -> MigrationTask:
+        # A move that ends unfinished after its target took the epoch (a forced fence, an acquire)
+        # leaves that target the owner: it becomes the desired owner too, so its node takes the
+        # partition up. Otherwise only the last record could tell, and any later record hides it.
+        own = self.ledger.ownership(partition) if target.is_aborted else None
+
         def change(state: DesiredState) -> DesiredState | None:
             task = state.migration
             if task is None or task.migration_id != migration_id:
@@ -598,6 +592,8 @@ class MigrationCoordinator:
                 owner = task.to_node
             if target == MigrationPhase.FAILED:
                 update["completed_at"] = now()
+            if target.is_aborted and _took_epoch(task, own):
+                owner = task.to_node
             return state.model_copy(update={"migration": task.model_copy(update=update), "owner": owner})
 
         state = self.desired.update(partition, change)

@@ -64,6 +64,8 @@ class Knobs:
     revert_grant_seal: bool = False
     #: A forced fence that finds the epoch moved leaves its record as is, and deadlines are not enforced.
     revert_lost_fence_fix: bool = False
+    #: A move that ends unfinished after its target took the epoch leaves the desired owner unchanged.
+    revert_aborted_owner_fix: bool = False
 
 
 @dataclass(frozen=True)
@@ -424,6 +426,8 @@ def reverted(knobs: Knobs) -> Iterator[None]:
     if knobs.revert_lost_fence_fix:
         patch(MigrationCoordinator, "_fence_old_owner", _fence_before_fix)
         patch(migration_module, "deadline_passed", lambda _task, at=None: False)
+    if knobs.revert_aborted_owner_fix:
+        patch(migration_module, "_took_epoch", lambda _task, _own: False)
     try:
         yield
     finally:
