@@ -103,3 +103,21 @@ def soak(
         pool.terminate()
     report.elapsed_s = time.monotonic() - start
     return report
+
+
+def search(
+    template: SimConfig,
+    seeds: range,
+    wanted: Callable[[ScenarioResult], bool],
+    *,
+    workers: int | None = None,
+) -> ScenarioResult | None:
+    """The first scenario over `seeds` (in seed order) that `wanted` accepts, or None; runs in parallel."""
+    workers = workers or os.cpu_count() or 1
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(workers) as pool:
+        for result in pool.imap(run_scenario, (replace(template, seed=s) for s in seeds), chunksize=2):
+            if wanted(result):
+                pool.terminate()
+                return result
+    return None
