@@ -203,7 +203,8 @@ class EventDecoder:
         for payload in batch.payloads:
             decoded = self._cache.get(payload)
             if decoded is None:
-                table = pq.read_table(pa.BufferReader(payload))
+                # ParquetFile on one thread: several times faster than read_table on tiny payloads.
+                table = pq.ParquetFile(pa.BufferReader(payload)).read(columns=["key", "value"], use_threads=False)
                 keys, values = table.column("key").to_pylist(), table.column("value").to_pylist()
                 decoded = self._cache[payload] = list(zip(keys, values, strict=True))
             out.extend(decoded)

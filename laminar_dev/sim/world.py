@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import random
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -133,6 +134,8 @@ class ScenarioResult:
     trace_hash: str
     violation: InvariantViolation | None
     trace: tuple[str, ...]
+    #: CPU seconds the scenario took (a measurement, not part of the trace).
+    cpu_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -302,6 +305,7 @@ class World:
         """Fault phase, then calm phase until the liveness bound; the first violation ends the run."""
         cfg = self.config
         fault_steps = 0
+        cpu_start = time.process_time()
         with use_clock(self.clock), reverted(cfg.knobs):
             Ledger(self.memory, read_parallelism=1).init_cluster(cfg.partitions)
             self.store.random_faults(cfg.fault_rate, seed=self.rng.getrandbits(32))
@@ -331,6 +335,7 @@ class World:
             trace_hash=self._hash.hexdigest(),
             violation=violation,
             trace=tuple(self._trace),
+            cpu_s=time.process_time() - cpu_start,
         )
 
     def _calm(self) -> None:
