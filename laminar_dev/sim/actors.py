@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -681,7 +680,3 @@ class CoordinatorActor(Actor):
             del self.driving[p]
             return f"{mid}: done"
         return f"{mid}: {phase} done"
-
-
-#: What the simulation builds for each role (kept here so the world needs no actor internals).
-ActorFactory = Callable[["World"], Actor]
