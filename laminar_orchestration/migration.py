@@ -34,7 +34,7 @@ from .capabilities import LedgerWriter, ledger_key
 from .errors import ConflictError, OperationFailedError, UnavailableError
 from .identity import UNASSIGNED, NodeId, PartitionId
 from .keys import desired_state_key
-from .ledger import EpochConflict, Ledger, NodeView, NotReleased
+from .ledger import EpochConflict, Ledger, NodeView, NotReleased, Ownership
 from .manifest import ManifestReader
 from .records import LedgerError, PartitionProgress, PartitionStatus, Record, new_write_id, now, parse_record
 from .store import PreconditionFailed
@@ -460,7 +460,7 @@ class PhaseReport:
 
 
 def new_migration_id(partition: int, from_epoch: int) -> str:
-    return f"p{partition}-e{from_epoch}-{int(time.time() * 1000)}"
+    return f"p{partition}-e{from_epoch}-{int(now().timestamp() * 1000)}"
 
 
 def deadline_passed(task: MigrationTask, at: datetime | None = None) -> bool:
@@ -475,6 +475,11 @@ def seconds_left(task: MigrationTask, at: datetime | None = None) -> float:
 
 def _deadline_reason(task: MigrationTask) -> str:
     return f"deadline exceeded: not finished within {task.timeout_s:g}s of {task.started_at.isoformat()}"
+
+
+def _took_epoch(task: MigrationTask, own: Ownership | None) -> bool:
+    """True when the ledger shows `task`'s target holding the epoch `task` moves the partition to."""
+    return own is not None and own.owner != UNASSIGNED and (own.owner, own.epoch) == (task.to_node, task.to_epoch)
 
 
 # --- the coordinator ------------------------------------------------------------------
@@ -568,6 +573,11 @@ class MigrationCoordinator:
     def _transition(
         self, partition: PartitionId, migration_id: str, target: MigrationPhase, **fields: object
     ) -> MigrationTask:
+        # A move that ends unfinished after its target took the epoch (a forced fence, an acquire)
+        # leaves that target the owner: it becomes the desired owner too, so its node takes the
+        # partition up. Otherwise only the last record could tell, and any later record hides it.
+        own = self.ledger.ownership(partition) if target.is_aborted else None
+
         def change(state: DesiredState) -> DesiredState | None:
             task = state.migration
             if task is None or task.migration_id != migration_id:
@@ -582,6 +592,8 @@ class MigrationCoordinator:
                 owner = task.to_node
             if target == MigrationPhase.FAILED:
                 update["completed_at"] = now()
+            if target.is_aborted and _took_epoch(task, own):
+                owner = task.to_node
             return state.model_copy(update={"migration": task.model_copy(update=update), "owner": owner})
 
         state = self.desired.update(partition, change)
@@ -631,15 +643,20 @@ class MigrationCoordinator:
                 ) from None
             raise CancelRefused(partition, task.migration_id, latest.phase) from None
 
-    def run_phase(self, partition: PartitionId, migration_id: str, phase: MigrationPhase) -> PhaseReport:
-        """Persist `phase`, do the coordinator's part of it, wait until the node reports it done."""
-        started = time.monotonic()
+    def begin_phase(self, partition: PartitionId, migration_id: str, phase: MigrationPhase) -> MigrationTask:
+        """The non-blocking start of `run_phase`: check the record, persist `phase`, do the coordinator's part.
+
+        The coordinator's own part is the forced fence (Released of a forced
+        move); every other phase is then awaited with `phase_reported`. A phase
+        not in the migration's kind is left alone (the task is returned as is).
+        Raises MigrationFailed if the record ended, MigrationTimeout (recording
+        it Failed) past its deadline, FenceLost if the fence found the epoch moved.
+        """
         task = self.current(partition)
         if task is None or task.migration_id != migration_id:
             raise MigrationEpochConflict(partition, -1, -1)
-        seq = phase_sequence(task.migration_kind)
-        if phase not in seq:
-            return PhaseReport(phase, 0.0, 0, f"not part of a {task.migration_kind} migration")
+        if phase not in phase_sequence(task.migration_kind):
+            return task
         if task.phase.is_aborted:
             raise MigrationFailed(partition, task.failed_phase or task.phase, task.error or str(task.phase))
         if not task.is_terminal and deadline_passed(task):
@@ -651,6 +668,15 @@ class MigrationCoordinator:
             task = self._transition(partition, migration_id, phase)
         if task.migration_kind == MigrationKind.FORCED and phase == MigrationPhase.RELEASED:
             self._fence_old_owner(task)
+        return task
+
+    def run_phase(self, partition: PartitionId, migration_id: str, phase: MigrationPhase) -> PhaseReport:
+        """Persist `phase`, do the coordinator's part of it, wait until the node reports it done."""
+        started = time.monotonic()
+        task = self.begin_phase(partition, migration_id, phase)
+        if phase not in phase_sequence(task.migration_kind):
+            return PhaseReport(phase, 0.0, 0, f"not part of a {task.migration_kind} migration")
+        if task.migration_kind == MigrationKind.FORCED and phase == MigrationPhase.RELEASED:
             return PhaseReport(phase, time.monotonic() - started, 0, f"epoch {task.from_epoch} fenced")
         if phase == MigrationPhase.PLANNED:
             if task.migration_kind != MigrationKind.GRACEFUL:
@@ -837,29 +863,16 @@ class MigrationCoordinator:
 
     def _wait_for_node(self, task: MigrationTask, phase: MigrationPhase) -> PartitionProgressView | None:
         p = PartitionId(task.partition)
-        node = self._responsible(task, phase)
         limit = (
             self.config.release_wait_timeout_s if phase.needs_old_owner else self.config.checkpoint_transfer_timeout_s
         )
-        # The record's own deadline bounds every wait, whoever planned it and with which config.
-        overall = seconds_left(task)
         start = time.monotonic()
         next_record_check = start + _RECORD_CHECK_INTERVAL_S
         while True:
-            record = self.ledger.node(node)
-            progress = record.partitions.get(task.partition) if record else None
-            if progress is not None and progress.migration_id == task.migration_id:
-                if progress.error:
-                    raise MigrationFailed(p, phase, progress.error)
-                done = progress.phase_done
-                if done is not None and MigrationPhase(done).reached(phase):
-                    return PartitionProgressView(progress.bytes_moved)
+            view = self.phase_reported(task, phase)
+            if view is not None:
+                return view
             elapsed = time.monotonic() - start
-            # Judged from the record just read: no listing of every node on each poll.
-            if phase.needs_old_owner and record is not None and not NodeView.judge(record).alive:
-                raise OldOwnerCrashed(p, task.from_epoch)
-            if elapsed > overall:
-                raise self._expire(task)
             if elapsed > limit:
                 raise MigrationTimeout(p, phase, elapsed)
             if time.monotonic() >= next_record_check:
@@ -867,6 +880,30 @@ class MigrationCoordinator:
                 self._still_running(task, phase)
                 next_record_check = time.monotonic() + _RECORD_CHECK_INTERVAL_S
             time.sleep(self.poll_interval_s)
+
+    def phase_reported(self, task: MigrationTask, phase: MigrationPhase) -> PartitionProgressView | None:
+        """One look at whether the node responsible for `phase` reported it done (non-blocking).
+
+        None while it has not. Raises MigrationFailed when that node reported an
+        error, OldOwnerCrashed when the old owner a phase needs is no longer
+        alive, MigrationTimeout (recording the migration Failed) once the
+        record's own deadline passed, whoever planned it and with which config.
+        """
+        p = PartitionId(task.partition)
+        record = self.ledger.node(self._responsible(task, phase))
+        progress = record.partitions.get(task.partition) if record else None
+        if progress is not None and progress.migration_id == task.migration_id:
+            if progress.error:
+                raise MigrationFailed(p, phase, progress.error)
+            done = progress.phase_done
+            if done is not None and MigrationPhase(done).reached(phase):
+                return PartitionProgressView(progress.bytes_moved)
+        # Judged from the record just read: no listing of every node on each poll.
+        if phase.needs_old_owner and record is not None and not NodeView.judge(record).alive:
+            raise OldOwnerCrashed(p, task.from_epoch)
+        if deadline_passed(task):
+            raise self._expire(task)
+        return None
 
     def _still_running(self, task: MigrationTask, phase: MigrationPhase) -> None:
         """Raise MigrationFailed if `task`'s record ended (or was replaced) behind the driver's back."""

@@ -7,13 +7,13 @@ so a writer whose response was lost can tell its own write from another's.
 from __future__ import annotations
 
 import enum
-import secrets
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from . import clock
 from .errors import CorruptDataError, LaminarError
 
 M = TypeVar("M", bound=BaseModel)
@@ -46,16 +46,17 @@ def parse_record(key: str, data: bytes, model: type[M]) -> M:
         raise CorruptLedgerObject(key, str(exc)) from exc
 
 
-
 FORMAT_VERSION = 1
 
 
 def now() -> datetime:
-    return datetime.now(UTC)
+    """The current time by the clock in effect (`clock.current`)."""
+    return clock.current().now()
 
 
 def new_write_id() -> str:
-    return secrets.token_hex(8)
+    """A random 16-hex-digit nonce from the clock in effect's entropy."""
+    return clock.current().random_bytes(8).hex()
 
 
 class Record(BaseModel):

@@ -6,10 +6,10 @@ when (by the writer's clock) an object was written.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
-import time
+
+from . import clock
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _lock = threading.Lock()
@@ -42,7 +42,9 @@ def ulid_time_ms(text: str) -> int:
 def next_ulid(after: str | None = None) -> str:
     """A ULID (ms timestamp + randomness) strictly greater than `after`."""
     with _lock:
-        value = (int(time.time() * 1000) << 80) | int.from_bytes(os.urandom(10), "big")
+        source = clock.current()
+        millis = int(source.now().timestamp() * 1000)
+        value = (millis << 80) | int.from_bytes(source.random_bytes(10), "big")
         if after is not None:
             floor = decode_ulid(after)
             if value <= floor:

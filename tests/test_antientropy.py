@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import tempfile
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
 
 import pyarrow as pa
 import pytest
@@ -14,6 +14,7 @@ from laminar_orchestration import cli
 from laminar_orchestration.antientropy import InvalidGracePeriod, sweep
 from laminar_orchestration.capabilities import CheckpointWriter, OutputCommitter, ReadStore
 from laminar_orchestration.checkpoint import CheckpointStore, OutputWriter
+from laminar_orchestration.clock import SYSTEM_CLOCK, use_clock
 from laminar_orchestration.fencing import PartitionGuard
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.keys import UnparseableObjectKey, parse_fenced_object_key
@@ -28,6 +29,19 @@ from laminar_orchestration.verify import audit_store, reference_batch_aggregate
 from .commits import commit_all
 
 TWO_DAYS_S = 2 * 24 * 3600.0
+
+
+class _ClockBehind:
+    """The system clock, `behind_s` seconds late (the owner's clock is skewed)."""
+
+    def __init__(self, behind_s: float) -> None:
+        self.behind = timedelta(seconds=behind_s)
+
+    def now(self) -> datetime:
+        return SYSTEM_CLOCK.now() - self.behind
+
+    def random_bytes(self, n: int) -> bytes:
+        return SYSTEM_CLOCK.random_bytes(n)
 
 
 def test_sweep_deletes_only_unreachable_objects(store: ObjectStore) -> None:
@@ -66,7 +80,7 @@ def test_sweep_deletes_only_unreachable_objects(store: ObjectStore) -> None:
 
 @pytest.mark.parametrize("clock_behind_s", [0.0, TWO_DAYS_S], ids=["writer-clock-ok", "writer-clock-2-days-behind"])
 def test_sweep_never_deletes_what_a_stalled_owner_is_about_to_publish(
-    store: ObjectStore, monkeypatch: pytest.MonkeyPatch, clock_behind_s: float
+    store: ObjectStore, clock_behind_s: float
 ) -> None:
     ledger = Ledger(store)
     ledger.init_cluster(1)
@@ -88,16 +102,14 @@ def test_sweep_never_deletes_what_a_stalled_owner_is_about_to_publish(
         replica.apply(fold.delta, batch.end_offset)
         files, at, _ = replica.snapshot_files()
         # The owner's clock is behind: the ULIDs in its object names say they are old.
-        import laminar_orchestration.ulid as ulid_module
-
-        skewed = SimpleNamespace(time=lambda: time.time() - clock_behind_s)
-        monkeypatch.setattr(ulid_module, "time", skewed)
-        guard = PartitionGuard(token)
-        out_ref = OutputWriter(OutputCommitter(store)).write(guard, fold.output, batch.start_offset, batch.end_offset)
-        checkpoints = CheckpointStore(CheckpointWriter(store))
-        delta = checkpoints.upload_delta(guard, fold.delta, batch.start_offset, batch.end_offset)
-        snapshot = checkpoints.upload_snapshot(guard, files, at, {})
-        monkeypatch.undo()
+        with use_clock(_ClockBehind(clock_behind_s)):
+            guard = PartitionGuard(token)
+            out_ref = OutputWriter(OutputCommitter(store)).write(
+                guard, fold.output, batch.start_offset, batch.end_offset
+            )
+            checkpoints = CheckpointStore(CheckpointWriter(store))
+            delta = checkpoints.upload_delta(guard, fold.delta, batch.start_offset, batch.end_offset)
+            snapshot = checkpoints.upload_snapshot(guard, files, at, {})
         replica.close()
     assert parse_fenced_object_key(out_ref.key).created_ms <= (time.time() - clock_behind_s + 1) * 1000
     unpublished = sorted([out_ref.key, delta.ref.key, *(f.ref.key for f in snapshot.files)])

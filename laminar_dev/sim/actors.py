@@ -1,0 +1,682 @@
+"""The simulated processes: steppable state machines over the real protocol code.
+
+Each actor's `step` takes one decision and carries it out through the real
+library (`Ledger`, `ManifestPublisher`, `MigrationCoordinator`, `SourceLog`);
+every store call inside it is an interleaving point of the scheduler. Actors
+keep their memory across steps (a paused actor resumes as a zombie with it)
+and lose it on a crash. Nothing here reads the wall clock or sleeps.
+
+* `NodeActor` - a worker node: registers, heartbeats with its partitions'
+  progress, and per partition runs the owner's state machine (`WorkerState`):
+  recover or adopt, process a batch (an in-process keyed fold published as a
+  fenced manifest), drain and release for a graceful move, rise (restore,
+  acquire or adopt, take over at the seal) for an incoming one.
+* `CoordinatorActor` - the control plane: a failover sensor (places and fails
+  over partitions, fails overdue records) or an operator (graceful moves,
+  cancels), each driving its migrations phase by phase without blocking.
+* `ProducerActor` - appends events to the source log.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from laminar_orchestration.capabilities import (
+    CheckpointWriter,
+    OutputCommitter,
+    ReadStore,
+    checkpoint_key,
+    sink_key,
+)
+from laminar_orchestration.fencing import EpochError, FencingToken
+from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
+from laminar_orchestration.keys import delta_key, output_object_key
+from laminar_orchestration.ledger import Ledger, NodeHandle, NodeIdentityConflict
+from laminar_orchestration.manifest import (
+    SHA256_METADATA,
+    DeltaRef,
+    ManifestPublisher,
+    ManifestUpdate,
+    ManifestVersion,
+    SuccessionError,
+    artifact_ref,
+)
+from laminar_orchestration.migration import (
+    MigrationCoordinator,
+    MigrationEpochConflict,
+    MigrationError,
+    MigrationKind,
+    MigrationPhase,
+    MigrationTask,
+    MigrationTimeout,
+    phase_sequence,
+)
+from laminar_orchestration.moves import must_force, record_failure, stranded
+from laminar_orchestration.records import LedgerError, NodeStatus, PartitionProgress, PartitionStatus
+from laminar_orchestration.source import SourceEvent, SourceLog
+from laminar_orchestration.store import StoreError
+from laminar_orchestration.ulid import next_ulid
+
+from .invariants import FoldState, decode_delta, encode_delta
+
+if TYPE_CHECKING:
+    from .world import World
+
+#: Heartbeat cadence and the timeout after which a node is judged dead (simulated seconds).
+HEARTBEAT_INTERVAL_S = 0.5
+HEARTBEAT_TIMEOUT_S = 1.5
+
+
+class ActorStatus(enum.Enum):
+    """Whether the scheduler may step an actor."""
+
+    UP = "up"
+    CRASHED = "crashed"
+    PAUSED = "paused"
+
+
+class Actor:
+    """One simulated process. `step` is one decision; `crash` forgets everything in memory."""
+
+    name: str
+
+    def __init__(self, world: World, name: str) -> None:
+        self.world = world
+        self.name = name
+        self.status = ActorStatus.UP
+        self.wake_at = 0.0
+        #: When a crashed actor restarts, or a paused one resumes.
+        self.back_at = 0.0
+        #: On the scheduler's stack (mid-step, possibly preempted): not steppable.
+        self.busy = False
+        #: Crashed while preempted: dies at its next store call.
+        self.crash_pending = False
+
+    def step(self) -> str:
+        """Take one decision and carry it out; returns what it did (for the trace)."""
+        raise NotImplementedError
+
+    def crash(self) -> None:
+        """Lose all in-memory state (the process died)."""
+
+    def restart(self) -> None:
+        """Start again after a crash, from nothing but the store."""
+
+    def idle(self, low: float, high: float) -> None:
+        """Sleep (in simulated time) for a random while before the next step."""
+        self.wake_at = self.world.clock.seconds + self.world.rng.uniform(low, high)
+
+
+# --- producers -------------------------------------------------------------------------
+
+
+class ProducerActor(Actor):
+    """Appends a few events to a random partition per step (real `SourceLog`, retried on conflicts)."""
+
+    def __init__(self, world: World, name: str) -> None:
+        super().__init__(world, name)
+        self.log = SourceLog(world.client_store(), partitions=world.config.partitions, segment_events=8)
+
+    def step(self) -> str:
+        rng = self.world.rng
+        p = rng.randrange(self.world.config.partitions)
+        ms = int(self.world.clock.seconds * 1000)
+        events = [
+            SourceEvent(partition=p, key=f"k{rng.randrange(6)}", value=float(rng.randint(1, 9)), ts=ms)
+            for _ in range(rng.randint(3, 10))
+        ]
+        self.idle(0.2, 0.6)
+        try:
+            result = self.log.append(p, events)
+        except (StoreError, LedgerError) as exc:
+            return f"append p{p} failed: {type(exc).__name__}"
+        return f"appended p{p} [{result.first_offset}, {result.next_offset})"
+
+
+# --- nodes --------------------------------------------------------------------------------
+
+
+class WorkerState(enum.Enum):
+    """A node's relation to one partition."""
+
+    IDLE = "idle"
+    #: Restored for an incoming migration, waiting for Seeking to take the epoch.
+    RISING = "rising"
+    RUNNING = "running"
+
+
+@dataclass
+class Worker:
+    """One partition on one node: the owner's in-memory state (the local store, the token)."""
+
+    partition: int
+    state: WorkerState = WorkerState.IDLE
+    token: FencingToken | None = None
+    restored: ManifestVersion | None = None
+    values: FoldState = field(default_factory=dict)
+    offset: int = 0
+    deltas: list[DeltaRef] = field(default_factory=list)
+    events_applied: int = 0
+    commit_ulid: str | None = None
+    migration: MigrationTask | None = None
+    phase_done: MigrationPhase | None = None
+    error: str | None = None
+
+    def reset(self) -> None:
+        """Forget the partition (fenced, released, or given up)."""
+        self.state, self.token, self.restored, self.migration, self.phase_done = (
+            WorkerState.IDLE,
+            None,
+            None,
+            None,
+            None,
+        )
+        self.values, self.deltas, self.error = {}, [], None
+
+    def progress(self) -> PartitionProgress:
+        """What the node's heartbeat reports about this partition."""
+        return PartitionProgress(
+            partition=self.partition,
+            epoch=self.token.epoch if self.token else 0,
+            state=self.state.value,
+            migration_id=self.migration.migration_id if self.migration else None,
+            phase_done=self.phase_done.value if self.phase_done else None,
+            source_offset=self.offset,
+            error=self.error,
+        )
+
+
+class NodeActor(Actor):
+    """A worker node running the per-partition owner state machine through the real ledger and publisher."""
+
+    def __init__(self, world: World, node: int) -> None:
+        super().__init__(world, f"node{node}")
+        self.node = NodeId(node)
+        self._fresh()
+
+    def _fresh(self) -> None:
+        store = self.world.client_store()
+        self.ledger = Ledger(store, read_parallelism=1)
+        self.coordinator = MigrationCoordinator(self.ledger, self.world.migration_config)
+        self.publisher = ManifestPublisher(OutputCommitter(store), store)
+        self.checkpoints = CheckpointWriter(store)
+        self.outputs = OutputCommitter(store)
+        self.reads = ReadStore(store)
+        self.source = SourceLog(store, partitions=self.world.config.partitions)
+        self.handle: NodeHandle | None = None
+        self.last_heartbeat = -1e9
+        self.workers = {p: Worker(p) for p in range(self.world.config.partitions)}
+        #: Delta objects are immutable: a node keeps what it downloaded (its local disk).
+        self.delta_cache: dict[str, FoldState] = {}
+
+    @property
+    def generation(self) -> int:
+        return self.handle.generation if self.handle else 0
+
+    def crash(self) -> None:
+        self._fresh()
+
+    def restart(self) -> None:
+        self._fresh()
+
+    def running_epoch(self, partition: int) -> int | None:
+        """The epoch this node runs `partition` at, if it runs it."""
+        w = self.workers[partition]
+        return w.token.epoch if w.state == WorkerState.RUNNING and w.token else None
+
+    def step(self) -> str:
+        self.idle(0.04, 0.15)
+        try:
+            if self.handle is None:
+                handle = self.ledger.register_node(
+                    self.node, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, host="sim", pid=1
+                )
+                self.handle, self.last_heartbeat = handle, self.world.clock.seconds
+                return f"registered generation {handle.generation}"
+            if self.world.clock.seconds - self.last_heartbeat >= HEARTBEAT_INTERVAL_S:
+                return self._heartbeat()
+        except (StoreError, LedgerError) as exc:
+            return f"{type(exc).__name__}"
+        p = self.world.rng.randrange(self.world.config.partitions)
+        try:
+            return f"p{p}: {self._work(self.workers[p])}"
+        except EpochError as exc:
+            self.workers[p].reset()
+            return f"p{p}: fenced ({type(exc).__name__})"
+        except SuccessionError as exc:
+            # A commit the chain refuses: the worker restarts and recovers from the chain (as the runtime does).
+            self.workers[p].reset()
+            return f"p{p}: worker restarts ({type(exc).__name__})"
+        except (StoreError, LedgerError) as exc:
+            # A failed step is retried from the store on the next one; the state in memory is kept.
+            return f"p{p}: {type(exc).__name__}"
+
+    def _heartbeat(self) -> str:
+        assert self.handle is not None
+        try:
+            self.handle.heartbeat(NodeStatus.ALIVE, {p: w.progress() for p, w in self.workers.items()})
+        except NodeIdentityConflict:
+            # Another process took our record (our own earlier incarnation's write): start over.
+            self._fresh()
+            return "lost its node record: re-registering"
+        self.last_heartbeat = self.world.clock.seconds
+        return "heartbeat"
+
+    def _report(self, w: Worker, phase: MigrationPhase) -> None:
+        w.phase_done = phase
+        self._heartbeat()
+
+    # -- the owner's state machine ---------------------------------------------------------
+
+    def _work(self, w: Worker) -> str:
+        p = PartitionId(w.partition)
+        task = self.coordinator.current(p)
+        if w.state == WorkerState.RUNNING:
+            assert w.token is not None
+            if (
+                task is not None
+                and not task.is_terminal
+                and task.migration_kind == MigrationKind.GRACEFUL
+                and task.phase.needs_old_owner
+                and task.from_node == self.node
+                and task.from_epoch == w.token.epoch
+            ):
+                return self._set(w, task)
+            if (
+                task is not None
+                and task.phase == MigrationPhase.ACTIVE
+                and task.to_epoch == w.token.epoch
+                and w.phase_done != MigrationPhase.ACTIVE
+                and w.migration is not None
+            ):
+                self._report(w, MigrationPhase.ACTIVE)
+                return "reported active"
+            if self.world.rng.random() < 0.2:
+                return self._refresh(w)
+            return self._batch(w)
+        if w.state == WorkerState.RISING:
+            return self._rise(w, task)
+        if task is not None and not task.is_terminal and task.to_node == self.node:
+            if task.phase in (MigrationPhase.DOWNLOADING, MigrationPhase.RESTORING, MigrationPhase.SEEKING):
+                return self._download(w, task)
+            return f"waiting for migration {task.migration_id} at {task.phase}"
+        return self._recover(w, task)
+
+    def _restore(self, w: Worker, version: ManifestVersion | None) -> None:
+        """Local state = the manifest's deltas (downloaded once per node)."""
+        values: FoldState = {}
+        deltas = list(version.manifest.deltas) if version else []
+        for d in deltas:
+            cached = self.delta_cache.get(d.ref.key)
+            if cached is None:
+                obj = self.reads.get(d.ref.key)
+                if obj is None:
+                    raise _RestoreFailed(w.partition, d.ref.key)
+                cached = self.delta_cache[d.ref.key] = decode_delta(obj.data)
+            values.update(cached)
+        m = version.manifest if version else None
+        w.restored, w.values, w.deltas = version, values, deltas
+        w.offset = m.source_offset if m else 0
+        w.events_applied = m.events_applied if m else 0
+        w.commit_ulid = m.commit_ulid if m else None
+
+    def _sealed(self, w: Worker, token: FencingToken) -> ManifestVersion | None:
+        """The chain sealed at our epoch (sealed here if the granter died first); None: superseded."""
+        if self.world.config.knobs.revert_grant_seal:
+            return self.publisher.current(token.partition)
+        version = self.publisher.seal(
+            token.partition, token.epoch, node=token.node, generation=self.generation, reason="grantee"
+        )
+        return None if version.manifest.fencing_token > token.epoch else version
+
+    def _take_over(self, w: Worker, token: FencingToken) -> str:
+        """Install `token` once the chain is sealed at it; restore again if the chain moved past our read."""
+        sealed = self._sealed(w, token)
+        if sealed is None and not self.world.config.knobs.revert_grant_seal:
+            w.reset()
+            return "superseded at takeover"
+        if not self.world.config.knobs.revert_grant_seal:
+            assert sealed is not None
+            m = sealed.manifest
+            restored = w.restored
+            same = restored is not None and restored.raw_hash in (sealed.raw_hash, m.parent_hash if m.is_seal else None)
+            if not same and not (restored is None and m.is_seal and m.parent_hash is None):
+                self._restore(w, sealed)
+        w.token, w.state = token, WorkerState.RUNNING
+        return f"took over at epoch {token.epoch} (offset {w.offset})"
+
+    def _recover(self, w: Worker, task: MigrationTask | None) -> str:
+        """Take back (or up) a partition this node is meant to run: adopt, re-fence after a restart, acquire."""
+        if task is not None and not task.is_terminal:
+            return "idle: a migration is in flight"
+        p = PartitionId(w.partition)
+        # As the node's reconcile loop: only the desired owner recovers, and only its own or a free partition.
+        if self.coordinator.desired.read(p)[0].owner != self.node:
+            return "idle"
+        own = self.ledger.ownership(p)
+        if own is None:
+            return "idle"
+        mine = own.owner == self.node
+        free = own.owner == UNASSIGNED or (own.status == PartitionStatus.RELEASED and mine)
+        if not (mine or free):
+            return "idle: another node holds it"
+        gen = self.generation
+        if own.owner == self.node and own.status != PartitionStatus.RELEASED:
+            grant = self.ledger.grant(p, own.epoch)
+            if grant is not None and grant.generation == gen:
+                token = self.ledger.adopt(p, self.node, generation=gen)
+            else:
+                # Our previous incarnation held it and may be a zombie: never reuse its epoch.
+                fenced = self.ledger.fence(
+                    p, self.node, expected_epoch=own.epoch, reason=f"node restarted (generation {gen})", generation=gen
+                )
+                assert fenced is not None
+                token = fenced
+        else:
+            token = self.ledger.acquire(p, self.node, expected_epoch=own.epoch, reason="recover", generation=gen)
+        self._restore(w, self.publisher.current(p))
+        w.migration, w.phase_done = None, None
+        return "recovered: " + self._take_over(w, token)
+
+    def _download(self, w: Worker, task: MigrationTask) -> str:
+        """The new owner's download + restore: from the chain (a graceful move: the released commit)."""
+        p = PartitionId(w.partition)
+        if task.migration_kind == MigrationKind.GRACEFUL and self.ledger.release_record(p, task.from_epoch) is None:
+            return "waiting for the release"
+        self._restore(w, self.publisher.current(p))
+        w.state, w.migration = WorkerState.RISING, task
+        self._report(w, MigrationPhase.DOWNLOADING)
+        return f"downloaded for migration {task.migration_id} (offset {w.offset})"
+
+    def _rise(self, w: Worker, task: MigrationTask | None) -> str:
+        assert w.migration is not None
+        if task is None or task.migration_id != w.migration.migration_id or task.phase.is_aborted:
+            w.reset()
+            return "migration ended: dropped the restored copy"
+        if task.phase == MigrationPhase.RESTORING and w.phase_done != MigrationPhase.RESTORING:
+            self._report(w, MigrationPhase.RESTORING)
+            return "reported restored"
+        if not task.phase.reached(MigrationPhase.SEEKING):
+            return f"rising: waiting at {task.phase}"
+        p = PartitionId(w.partition)
+        gen = self.generation
+        if task.migration_kind == MigrationKind.GRACEFUL:
+            token = self.ledger.acquire(
+                p, self.node, expected_epoch=task.from_epoch, reason=f"migration {task.migration_id}", generation=gen
+            )
+        else:
+            token = self.ledger.adopt(p, self.node, generation=gen)
+        text = self._take_over(w, token)
+        if w.state == WorkerState.RUNNING:
+            self._report(w, MigrationPhase.SEEKING)
+        return text
+
+    def _set(self, w: Worker, task: MigrationTask) -> str:
+        """The old owner's side of a graceful move: drain, checkpoint, upload (all committed), release."""
+        assert w.token is not None
+        w.migration = task
+        if task.phase != MigrationPhase.RELEASED:
+            if w.phase_done != task.phase:
+                self._report(w, task.phase)
+            return f"drained: reported {task.phase}"
+        self.ledger.release(w.token, commit_ulid=w.commit_ulid, source_offset=w.offset)
+        self._report(w, MigrationPhase.RELEASED)
+        epoch = w.token.epoch
+        w.state, w.token = WorkerState.IDLE, None
+        return f"released epoch {epoch} at offset {w.offset}"
+
+    def _refresh(self, w: Worker) -> str:
+        """The kill-switch: validate the token against the ledger."""
+        assert w.token is not None
+        own = self.ledger.ownership(PartitionId(w.partition))
+        if own is None or own.epoch != w.token.epoch or own.owner != self.node:
+            epoch = w.token.epoch
+            w.reset()
+            return f"revoked at epoch {epoch}"
+        return "guard valid"
+
+    def _batch(self, w: Worker) -> str:
+        """Read a batch, fold it, write its delta and output, publish the fenced manifest, commit."""
+        assert w.token is not None
+        token, p = w.token, PartitionId(w.partition)
+        batch = self.source.read(p, w.offset, self.world.rng.randint(1, 12))
+        if batch is None:
+            return "caught up"
+        touched: FoldState = {}
+        for key, value in self.world.decoder.events(batch):
+            count, total = touched.get(key, w.values.get(key, (0, 0.0)))
+            touched[key] = (count + 1, total + value)
+        data = encode_delta(touched)
+        sha = hashlib.sha256(data).hexdigest()
+        ulid = next_ulid(w.commit_ulid)
+        dkey = checkpoint_key(delta_key(p, token.epoch, ulid))
+        self.checkpoints.put_checkpoint(dkey, data, {SHA256_METADATA: sha})
+        okey = sink_key(output_object_key(p, token.epoch, batch.start_offset, batch.end_offset, ulid))
+        self.outputs.put_output(okey, data, {SHA256_METADATA: sha})
+        delta = DeltaRef(
+            ref=artifact_ref(dkey, data),
+            start_offset=batch.start_offset,
+            end_offset=batch.end_offset,
+            rows=len(touched),
+        )
+        update = ManifestUpdate(
+            source_offset=batch.end_offset,
+            deltas=[*w.deltas, delta],
+            outputs=[artifact_ref(okey, data)],
+            events_applied=w.events_applied + batch.events,
+            generation=self.generation,
+        )
+        if not self.world.config.knobs.skip_successor_probe:
+            # An early exit, not the fence: a successor's grant is visible before its seal.
+            successor = self.ledger.grant(p, token.epoch + 1)
+            if successor is not None:
+                w.reset()
+                return f"fenced: epoch {successor.epoch} granted to node {successor.node}"
+        version = self._publish(token, update)
+        if version is None:
+            return f"publish of [{batch.start_offset}, {batch.end_offset}) failed, will retry"
+        w.values.update(touched)
+        w.offset, w.deltas, w.events_applied = batch.end_offset, list(update.deltas), update.events_applied
+        w.commit_ulid, w.restored = version.manifest.commit_ulid, version
+        self.delta_cache[dkey] = touched
+        return f"committed [{batch.start_offset}, {batch.end_offset}) as seq {version.manifest.seq}"
+
+    def _publish(self, token: FencingToken, update: ManifestUpdate) -> ManifestVersion | None:
+        try:
+            return self.publisher.publish(token, update)
+        except StoreError:
+            # Unknown outcome: it landed iff the current manifest carries our outputs.
+            current = self.publisher.current(token.partition)
+            if (
+                current is not None
+                and current.manifest.fencing_token == token.epoch
+                and current.manifest.source_offset == update.source_offset
+                and [o.key for o in current.manifest.outputs] == [o.key for o in update.outputs]
+            ):
+                return current
+            return None
+
+
+@dataclass
+class _RestoreFailed(LedgerError):
+    """A delta the chain names could not be read (never expected: the checker reports it first)."""
+
+    partition: int
+    key: str
+
+    def __str__(self) -> str:
+        return f"partition {self.partition}: delta {self.key} is missing"
+
+
+# --- the control plane ----------------------------------------------------------------------
+
+
+class CoordinatorRole(enum.Enum):
+    """What a coordinator starts on its own; both drive whatever they started or resumed."""
+
+    #: Places unassigned partitions, fails over dead owners, fails records past their deadline.
+    SENSOR = "sensor"
+    #: Plans graceful moves and cancels some.
+    OPERATOR = "operator"
+
+
+@dataclass
+class Driving:
+    """A migration this coordinator drives: the phase it is at and whether it was begun."""
+
+    task: MigrationTask
+    index: int
+    begun: bool = False
+    phase_started: float = 0.0
+
+
+#: Phases the coordinator completes itself: nothing to wait for from a node.
+_NO_REPORT = (MigrationPhase.PLANNED,)
+
+
+class CoordinatorActor(Actor):
+    """Plans and drives migrations through the real `MigrationCoordinator`, one store-level decision per step."""
+
+    def __init__(self, world: World, role: CoordinatorRole) -> None:
+        super().__init__(world, role.value)
+        self.role = role
+        self._fresh()
+
+    def _fresh(self) -> None:
+        self.ledger = Ledger(self.world.client_store(), read_parallelism=1)
+        self.coordinator = MigrationCoordinator(self.ledger, self.world.migration_config)
+        self.driving: dict[int, Driving] = {}
+        #: A restarted driver first resumes every unfinished record (a retried Dagster run).
+        self.resume_pending = True
+
+    def crash(self) -> None:
+        self._fresh()
+
+    def restart(self) -> None:
+        self._fresh()
+
+    def step(self) -> str:
+        self.idle(0.04, 0.2)
+        rng = self.world.rng
+        try:
+            if self.resume_pending:
+                return self._resume()
+            if self.driving and rng.random() < 0.85:
+                return self._drive(rng.choice(sorted(self.driving)))
+            if self.role == CoordinatorRole.SENSOR:
+                return self._sense()
+            if not self.world.faults_on:
+                return "operator idle"
+            return self._operate()
+        except (StoreError, LedgerError) as exc:
+            return f"failed: {type(exc).__name__}"
+
+    def _resume(self) -> str:
+        found = []
+        for p in range(self.world.config.partitions):
+            task = self.coordinator.current(PartitionId(p))
+            if task is not None and not task.is_terminal and p not in self.driving:
+                self._start(task)
+                found.append(task.migration_id)
+        self.resume_pending = False
+        return f"resumed {found}"
+
+    def _start(self, task: MigrationTask) -> None:
+        seq = phase_sequence(task.migration_kind)
+        index = seq.index(task.phase) if task.phase in seq else 0
+        self.driving[task.partition] = Driving(task, index, phase_started=self.world.clock.seconds)
+
+    def _live(self) -> list[int]:
+        return sorted(v.record.node for v in self.ledger.nodes() if v.alive)
+
+    def _sense(self) -> str:
+        live = self._live()
+        rng = self.world.rng
+        p = PartitionId(rng.randrange(self.world.config.partitions))
+        # A record past its deadline never blocks the partition: whoever finds it fails it.
+        expired = self.coordinator.expire_overdue(p)
+        if expired is not None:
+            return f"p{p}: failed overdue migration {expired.migration_id}"
+        task = self.coordinator.current(p)
+        if task is not None and not task.is_terminal:
+            return f"p{p}: migration {task.migration_id} in flight"
+        own = self.ledger.ownership(p)
+        if own is None or not live:
+            return f"p{p}: nothing to do"
+        owner_ok = own.owner in live and not stranded(task, own.epoch, own.owner)
+        if own.status != PartitionStatus.UNASSIGNED and owner_ok:
+            return f"p{p}: owner {own.owner} alive"
+        if own.status == PartitionStatus.RELEASED and owner_ok:
+            return f"p{p}: released by live node {own.owner}"
+        target = NodeId(rng.choice(live))
+        try:
+            task = self.coordinator.plan(p, target, forced=True)
+        except MigrationError as exc:
+            return f"p{p}: no failover planned ({type(exc).__name__})"
+        self._start(task)
+        return f"p{p}: planned failover {task.migration_id} to node {target}"
+
+    def _operate(self) -> str:
+        rng = self.world.rng
+        p = PartitionId(rng.randrange(self.world.config.partitions))
+        if rng.random() < 0.05:
+            try:
+                task = self.coordinator.cancel_current(p)
+            except MigrationError as exc:
+                return f"p{p}: nothing cancelled ({type(exc).__name__})"
+            self.driving.pop(p, None)
+            return f"p{p}: cancelled {task.migration_id} at {task.failed_phase}"
+        live = self._live()
+        own = self.ledger.ownership(p)
+        targets = [n for n in live if own is None or n != own.owner]
+        if not targets or own is None or own.owner == UNASSIGNED:
+            return f"p{p}: no move"
+        target = NodeId(rng.choice(targets))
+        try:
+            # As `laminar migrate` and the Dagster job: forced when nobody can drain it.
+            forced = must_force(self.coordinator, p, live=live)
+            task = self.coordinator.plan_or_resume(p, target, forced=forced)
+        except MigrationError as exc:
+            return f"p{p}: no move planned ({type(exc).__name__})"
+        self._start(task)
+        return f"p{p}: planned move {task.migration_id} to node {target}"
+
+    def _phase_limit(self, phase: MigrationPhase) -> float:
+        cfg = self.world.migration_config
+        return cfg.release_wait_timeout_s if phase.needs_old_owner else cfg.checkpoint_transfer_timeout_s
+
+    def _drive(self, p: int) -> str:
+        d = self.driving[p]
+        seq = phase_sequence(d.task.migration_kind)
+        phase = seq[d.index]
+        mid = d.task.migration_id
+        try:
+            if not d.begun:
+                d.task = self.coordinator.begin_phase(PartitionId(p), mid, phase)
+                d.begun, d.phase_started = True, self.world.clock.seconds
+                awaited = not (
+                    phase in _NO_REPORT
+                    or (d.task.migration_kind == MigrationKind.FORCED and phase == MigrationPhase.RELEASED)
+                )
+                if awaited:
+                    return f"{mid}: began {phase}"
+            else:
+                if self.coordinator.phase_reported(d.task, phase) is None:
+                    waited = self.world.clock.seconds - d.phase_started
+                    if waited > self._phase_limit(phase):
+                        raise MigrationTimeout(PartitionId(p), phase, waited)
+                    return f"{mid}: waiting for {phase}"
+        except MigrationError as exc:
+            del self.driving[p]
+            if self.world.config.knobs.revert_lost_fence_fix and isinstance(exc, MigrationEpochConflict):
+                return f"{mid}: {type(exc).__name__} at {phase} (left as is)"
+            record_failure(self.coordinator, p, mid, exc)
+            return f"{mid}: {type(exc).__name__} at {phase}"
+        d.index, d.begun = d.index + 1, False
+        if d.index == len(seq):
+            del self.driving[p]
+            return f"{mid}: done"
+        return f"{mid}: {phase} done"

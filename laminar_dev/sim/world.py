@@ -1,0 +1,445 @@
+"""The deterministic world: simulated clock, one seeded scheduler, the scenario and its verdict.
+
+A scenario is a pure function of its seed. One `random.Random(seed)` decides
+everything the scheduler does: which actor steps next, the latency of each
+store call (simulated time, no sleeps), injected store faults, crashes and
+restarts, pauses, and preemption. Single-threaded: an actor is preempted at a
+store call by running other actors' steps on the same stack before the call
+proceeds (nested, to a bounded depth), so the interleavings are those of
+store calls, with the limit that a preempted actor resumes only after the
+ones that preempted it finish their step.
+
+A scenario runs `steps` protocol steps (store calls and decisions) with
+faults, then stops the faults, brings every process back, and runs until
+every partition is active on a live node (the liveness bound) with every
+migration record terminal by its deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import random
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from laminar_orchestration import migration as migration_module
+from laminar_orchestration.clock import use_clock
+from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
+from laminar_orchestration.ledger import EpochConflict, Ledger
+from laminar_orchestration.migration import (
+    DesiredStates,
+    MigrationConfig,
+    MigrationCoordinator,
+    MigrationEpochConflict,
+    MigrationNotOwned,
+    MigrationTask,
+)
+from laminar_orchestration.records import PartitionStatus
+from laminar_orchestration.store import ObjectStore
+from laminar_orchestration.store.retry import RetryingStore
+
+from .actors import Actor, ActorStatus, CoordinatorActor, CoordinatorRole, NodeActor, ProducerActor
+from .invariants import Checker, EventDecoder, InvariantViolation, MigrationWedged, PartitionNotLive
+from .store import MemoryObjectStore, SimStore
+
+#: How deep preemption nests (an actor preempted by one that is preempted by another...).
+MAX_DEPTH = 3
+#: Slack after a migration's deadline before an unfinished record counts as wedged.
+WEDGE_GRACE_S = 5.0
+#: Simulated time is counted from here (any fixed instant would do).
+EPOCH_START = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Reverts of fixes, so tests can show the simulation finds the bugs they fixed. All off: the code as is."""
+
+    #: The owner skips its probe for a successor's grant right before publishing.
+    skip_successor_probe: bool = False
+    #: Granting an epoch does not seal the manifest chain, and the grantee reads it unsealed.
+    revert_grant_seal: bool = False
+    #: A forced fence that finds the epoch moved leaves its record as is, and deadlines are not enforced.
+    revert_lost_fence_fix: bool = False
+    #: A move that ends unfinished after its target took the epoch leaves the desired owner unchanged.
+    revert_aborted_owner_fix: bool = False
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One scenario: its seed and shape, and how hostile its fault phase is."""
+
+    seed: int
+    #: Protocol steps (store calls and decisions) with faults, before the calm phase.
+    steps: int = 300
+    partitions: int = 2
+    nodes: int = 3
+    #: Probability that a store call fails (half of the failed writes land: lost responses).
+    fault_rate: float = 0.05
+    #: Per store call: the caller crashes, or is preempted (others run first, maybe after a stall).
+    crash_rate: float = 0.004
+    preempt_rate: float = 0.05
+    #: Per scheduler tick: some process crashes, or pauses (and resumes later as a zombie).
+    tick_crash_rate: float = 0.01
+    pause_rate: float = 0.01
+    #: Simulated seconds after the faults stop within which every partition must be active on a live node.
+    liveness_bound_s: float = 90.0
+    knobs: Knobs = field(default_factory=Knobs)
+    #: Keep the whole trace (otherwise only its hash and the last lines).
+    full_trace: bool = False
+
+
+class SimClock:
+    """Simulated time (seconds since `EPOCH_START`) and seeded entropy: the `Clock` the library reads."""
+
+    def __init__(self, entropy: random.Random) -> None:
+        self.seconds = 0.0
+        self._entropy = entropy
+
+    def now(self) -> datetime:
+        """The simulated instant."""
+        return EPOCH_START + timedelta(seconds=self.seconds)
+
+    def random_bytes(self, n: int) -> bytes:
+        """Seeded bytes (record write ids, ULIDs)."""
+        return self._entropy.randbytes(n)
+
+
+class SimCrash(BaseException):
+    """Unwinds a crashing actor's step (a BaseException, so no library `except Exception` swallows it)."""
+
+
+class SimAbort(BaseException):
+    """Unwinds the whole run once an invariant is violated."""
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    """What one scenario did and whether every promise held."""
+
+    seed: int
+    steps: int
+    fault_steps: int
+    simulated_s: float
+    faults: int
+    crashes: int
+    pauses: int
+    preemptions: int
+    manifests: int
+    unexpected_errors: int
+    trace_hash: str
+    violation: InvariantViolation | None
+    trace: tuple[str, ...]
+    #: CPU seconds the scenario took (a measurement, not part of the trace).
+    cpu_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True when no invariant was violated."""
+        return self.violation is None
+
+
+class World:
+    """The actors, the simulated store and clock, and the scheduler that steps them."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.clock = SimClock(random.Random(f"entropy-{config.seed}"))
+        self.memory = MemoryObjectStore()
+        self.decoder = EventDecoder()
+        self.checker = Checker(self.memory, config.partitions, self.decoder)
+        self.memory.observer = self.checker
+        self.store = SimStore(self.memory, self)
+        self.migration_config = MigrationConfig(
+            migration_timeout_s=8.0,
+            release_wait_timeout_s=4.0,
+            checkpoint_transfer_timeout_s=5.0,
+            warmup_timeout_s=0.0,
+            drain_alignment_s=0.0,
+        )
+        self.faults_on = True
+        self.steps = 0
+        self.crashes = self.pauses = self.preemptions = self.unexpected = 0
+        self.stack: list[Actor] = []
+        self._hash = hashlib.blake2b(digest_size=16)
+        self._trace: deque[str] | list[str] = [] if config.full_trace else deque(maxlen=300)
+        self.violation: InvariantViolation | None = None
+        self.nodes = [NodeActor(self, n) for n in range(1, config.nodes + 1)]
+        self.actors: list[Actor] = [
+            *self.nodes,
+            CoordinatorActor(self, CoordinatorRole.SENSOR),
+            CoordinatorActor(self, CoordinatorRole.OPERATOR),
+            ProducerActor(self, "producer"),
+        ]
+
+    # -- what actors use ----------------------------------------------------------------
+
+    def client_store(self) -> ObjectStore:
+        """A process's view of the store: the production retry layer over the simulated store."""
+        return RetryingStore(self.store, sleep=self.sleep, seed=self.rng.getrandbits(32))
+
+    def sleep(self, seconds: float) -> None:
+        """A retry backoff: simulated time passes for the caller."""
+        self.clock.seconds += max(0.0, seconds)
+
+    # -- the store's hook ----------------------------------------------------------------
+
+    def before_call(self, op: str, key: str) -> None:
+        """Every store call: time passes, then the caller may crash or be preempted."""
+        rng, cfg = self.rng, self.config
+        self.steps += 1
+        self.clock.seconds += rng.uniform(0.001, 0.01) if rng.random() > 0.003 else rng.uniform(0.1, 0.5)
+        actor = self.stack[-1] if self.stack else None
+        self._record(f"{self.steps} {self.clock.seconds:.3f} {actor.name if actor else '-'} {op} {key}")
+        if self.violation is not None or self.checker.violation is not None:
+            raise SimAbort
+        if actor is None:
+            return
+        if actor.crash_pending:
+            actor.crash_pending = False
+            raise SimCrash
+        if not self.faults_on:
+            return
+        r = rng.random()
+        if r < cfg.crash_rate:
+            raise SimCrash
+        if r < cfg.crash_rate + cfg.preempt_rate and len(self.stack) < MAX_DEPTH:
+            self.preemptions += 1
+            if rng.random() < 0.2:
+                # The caller stalls (a GC pause, a slow network): it resumes as a possible zombie.
+                self.clock.seconds += rng.uniform(0.5, 3.0)
+            for _ in range(rng.randint(1, 10)):
+                self._tick()
+
+    def after_call(self, op: str, key: str, outcome: str) -> None:
+        """What the caller saw; the run stops at the first violated invariant."""
+        self._record(f"  -> {outcome}")
+        if self.checker.violation is not None:
+            raise SimAbort
+
+    def _record(self, line: str) -> None:
+        self._hash.update(line.encode())
+        self._hash.update(b"\n")
+        self._trace.append(line)
+
+    # -- the scheduler -------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        """One decision of the scheduler: bring a process back, crash or pause one, or step one."""
+        rng, now = self.rng, self.clock.seconds
+        for a in self.actors:
+            if a.status != ActorStatus.UP and a.back_at <= now and not a.busy:
+                self._back(a)
+        if self.faults_on:
+            r = rng.random()
+            if r < self.config.tick_crash_rate:
+                self._crash(rng.choice(self.actors))
+            elif r < self.config.tick_crash_rate + self.config.pause_rate:
+                self._pause(rng.choice(self.actors))
+        ready = [a for a in self.actors if a.status == ActorStatus.UP and not a.busy and a.wake_at <= now]
+        if not ready:
+            waiting = [a for a in self.actors if not a.busy]
+            times = [a.wake_at if a.status == ActorStatus.UP else a.back_at for a in waiting]
+            self.clock.seconds = max(now, min(times, default=now)) + 0.001
+            return
+        self._step(rng.choice(ready))
+
+    def _step(self, actor: Actor) -> None:
+        self.stack.append(actor)
+        actor.busy = True
+        try:
+            what = actor.step()
+        except SimCrash:
+            what = "crashed mid-step"
+        except SimAbort:
+            raise
+        except Exception as exc:
+            # An error the process does not handle kills it (it restarts like after a crash).
+            self.unexpected += 1
+            what = f"died of {type(exc).__name__}: {exc}"
+            actor.crash_pending = True
+        finally:
+            self.stack.pop()
+            actor.busy = False
+        self.steps += 1
+        self._record(f"{self.steps} {self.clock.seconds:.3f} {actor.name} : {what}")
+        if actor.crash_pending or what == "crashed mid-step":
+            actor.crash_pending = False
+            self._crash(actor)
+
+    def _crash(self, actor: Actor) -> None:
+        if actor.status == ActorStatus.CRASHED:
+            return
+        if actor.busy:
+            actor.crash_pending = True
+            return
+        self.crashes += 1
+        actor.status = ActorStatus.CRASHED
+        actor.back_at = self.clock.seconds + self.rng.uniform(0.5, 5.0)
+        actor.crash()
+        self._record(f"{self.steps} {self.clock.seconds:.3f} {actor.name} CRASH")
+
+    def _pause(self, actor: Actor) -> None:
+        if actor.status != ActorStatus.UP or actor.busy:
+            return
+        self.pauses += 1
+        actor.status = ActorStatus.PAUSED
+        actor.back_at = self.clock.seconds + self.rng.uniform(0.5, 6.0)
+        self._record(f"{self.steps} {self.clock.seconds:.3f} {actor.name} PAUSE until {actor.back_at:.3f}")
+
+    def _back(self, actor: Actor) -> None:
+        if actor.status == ActorStatus.CRASHED:
+            actor.restart()
+        actor.status = ActorStatus.UP
+        actor.wake_at = self.clock.seconds
+        self._record(f"{self.steps} {self.clock.seconds:.3f} {actor.name} BACK")
+
+    # -- the scenario ----------------------------------------------------------------------
+
+    def run(self) -> ScenarioResult:
+        """Fault phase, then calm phase until the liveness bound; the first violation ends the run."""
+        cfg = self.config
+        fault_steps = 0
+        cpu_start = time.process_time()
+        with use_clock(self.clock), reverted(cfg.knobs):
+            Ledger(self.memory, read_parallelism=1).init_cluster(cfg.partitions)
+            self.store.random_faults(cfg.fault_rate, seed=self.rng.getrandbits(32))
+            try:
+                while self.steps < cfg.steps:
+                    self._tick()
+                fault_steps = self.steps
+                self._calm()
+            except SimAbort:
+                fault_steps = fault_steps or self.steps
+            except InvariantViolation as exc:
+                self.violation = exc
+        violation = self.checker.violation or self.violation
+        if violation is not None:
+            self._record(f"VIOLATED {violation.invariant}: {violation}")
+        return ScenarioResult(
+            seed=cfg.seed,
+            steps=self.steps,
+            fault_steps=fault_steps,
+            simulated_s=self.clock.seconds,
+            faults=self.store.injected_failures + self.store.lost_responses,
+            crashes=self.crashes,
+            pauses=self.pauses,
+            preemptions=self.preemptions,
+            manifests=self.checker.manifests_checked,
+            unexpected_errors=self.unexpected,
+            trace_hash=self._hash.hexdigest(),
+            violation=violation,
+            trace=tuple(self._trace),
+            cpu_s=time.process_time() - cpu_start,
+        )
+
+    def _calm(self) -> None:
+        """Faults stop and every process comes back; every partition must then become live in time."""
+        self.faults_on = False
+        self.store.clear()
+        for a in self.actors:
+            if a.status != ActorStatus.UP:
+                a.back_at = self.clock.seconds
+        self._record(f"{self.steps} {self.clock.seconds:.3f} - FAULTS STOP")
+        calm_start = self.clock.seconds
+        auditor = Ledger(self.memory, read_parallelism=1)
+        while True:
+            for _ in range(30):
+                self._tick()
+            if self._settled(auditor, calm_start):
+                return
+
+    def _settled(self, auditor: Ledger, calm_start: float) -> bool:
+        """Raise a violation if a promise of the calm phase broke; True once every partition is live."""
+        now = self.clock.now()
+        waited = self.clock.seconds - calm_start
+        desired = DesiredStates(auditor)
+        reason: tuple[int, int, int, str] | None = None
+        for p in range(self.config.partitions):
+            task = desired.read(PartitionId(p))[0].migration
+            if task is not None and not task.is_terminal:
+                overdue = (now - task.started_at).total_seconds() - task.timeout_s
+                if overdue > WEDGE_GRACE_S:
+                    raise MigrationWedged(p, task.migration_id, str(task.phase), overdue)
+            own = auditor.ownership(PartitionId(p))
+            if own is None:
+                continue
+            node = next((n for n in self.nodes if n.node == own.owner), None)
+            if reason is None:
+                if own.owner == UNASSIGNED or own.status != PartitionStatus.ACTIVE:
+                    reason = (p, own.epoch, own.owner, f"status {own.status}")
+                elif node is None or node.status != ActorStatus.UP:
+                    reason = (p, own.epoch, own.owner, "the owner is not up")
+                elif node.running_epoch(p) != own.epoch:
+                    reason = (p, own.epoch, own.owner, f"the owner runs epoch {node.running_epoch(p)}")
+                elif task is not None and not task.is_terminal:
+                    reason = (p, own.epoch, own.owner, f"migration {task.migration_id} at {task.phase}")
+        if reason is None:
+            return True
+        if waited > self.config.liveness_bound_s:
+            raise PartitionNotLive(*reason, waited)
+        return False
+
+
+# --- reverted fixes ----------------------------------------------------------------------------
+
+
+class _NoSeal:
+    """A grant path that does not seal the manifest chain (the code before the seal was the fence point)."""
+
+    def seal(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _fence_before_fix(self: MigrationCoordinator, task: MigrationTask) -> None:
+    """`MigrationCoordinator._fence_old_owner` as it was before a lost fence failed its own record."""
+    p = PartitionId(task.partition)
+    own = self.ledger.ownership(p)
+    if own is None:
+        raise MigrationNotOwned(p, NodeId(task.from_node))
+    if own.epoch == task.to_epoch and own.owner == task.to_node:
+        return
+    target = self.ledger.node(NodeId(task.to_node))
+    try:
+        self.ledger.fence(
+            p,
+            NodeId(task.to_node),
+            expected_epoch=task.from_epoch,
+            reason=f"migration {task.migration_id}",
+            generation=target.generation if target else None,
+        )
+    except EpochConflict as exc:
+        raise MigrationEpochConflict(p, exc.expected, exc.actual) from None
+
+
+@contextlib.contextmanager
+def reverted(knobs: Knobs) -> Iterator[None]:
+    """Patch the library back to before the fixes `knobs` revert, for the duration of a run."""
+    saved: list[tuple[object, str, object]] = []
+
+    def patch(owner: object, name: str, value: object) -> None:
+        saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+
+    if knobs.revert_grant_seal:
+        patch(Ledger, "sealer", property(lambda _self: _NoSeal()))
+    if knobs.revert_lost_fence_fix:
+        patch(MigrationCoordinator, "_fence_old_owner", _fence_before_fix)
+        patch(migration_module, "deadline_passed", lambda _task, at=None: False)
+    if knobs.revert_aborted_owner_fix:
+        patch(migration_module, "_took_epoch", lambda _task, _own: False)
+    try:
+        yield
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
+
+
+def run_scenario(config: SimConfig) -> ScenarioResult:
+    """Run one scenario (a pure function of `config`)."""
+    return World(config).run()
