@@ -88,7 +88,8 @@ def soak(
     start = time.monotonic()
     next_progress = start + progress_every_s
     seeds = _seeds(base_seed)
-    ctx = multiprocessing.get_context("fork")
+    # Not a plain fork: a test process holding other threads' locks (Spark, Dagster) can hang its children.
+    ctx = multiprocessing.get_context("forkserver")
     with ctx.Pool(workers) as pool:
         # A bounded window of scenarios in flight, results taken in seed order.
         pending: deque[AsyncResult[ScenarioResult]] = deque()
@@ -117,7 +118,8 @@ def search(
 ) -> ScenarioResult | None:
     """The first scenario over `seeds` (in seed order) that `wanted` accepts, or None; runs in parallel."""
     workers = workers or os.cpu_count() or 1
-    ctx = multiprocessing.get_context("fork")
+    # Not a plain fork: a test process holding other threads' locks (Spark, Dagster) can hang its children.
+    ctx = multiprocessing.get_context("forkserver")
     with ctx.Pool(workers) as pool:
         for result in pool.imap(run_scenario, (replace(template, seed=s) for s in seeds), chunksize=2):
             if wanted(result):
