@@ -728,6 +728,7 @@ class StateBench:
             idle_poll_s=3600.0,
             checkpoint_every_s=3600.0,
         )
+        want_owner(self.node)
         self.worker = PartitionWorker(self.node, P0)
         self.first_restore_s = start_worker(self.node, self.worker)
         self.first_catch_up = self.worker.last_catch_up
@@ -774,6 +775,7 @@ class StateBench:
                 fresh = in_process_node(
                     store, self.spark, tmp / f"node-r{r}", batch_max_events=BATCH_EVENTS, idle_poll_s=3600.0
                 )
+                want_owner(fresh)
                 w = PartitionWorker(fresh, P0)
                 wall = start_worker(fresh, w)
                 assert w.last_catch_up is not None
@@ -1048,6 +1050,7 @@ def throughput_once(spark: Any, workroot: Path, table: pa.Table, fenced: bool) -
     try:
         store, _ = new_local_cluster(tmp)
         node = in_process_node(store, spark, tmp / "node", batch_max_events=n, idle_poll_s=3600.0)
+        want_owner(node)
         worker = PartitionWorker(node, P0) if fenced else UnfencedWorker(node, P0)
         start_worker(node, worker, 60)
         time.sleep(SETTLE_S)

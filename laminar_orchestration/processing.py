@@ -24,8 +24,10 @@ last value (by offset).
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -192,11 +194,21 @@ class BatchEngine(Protocol):
     def cancel(self, job_group: str) -> None: ...
 
 
+#: JVM options of a node's Spark (driver and executors). A node's batches are small and frequent,
+#: so Spark's work is mostly query planning and short tasks: the C1 compiler alone reaches steady
+#: speed within a few batches at about half the CPU per batch of the default tiered C2 compiler,
+#: and the serial collector suits a driver heap of one or two GB. Measured by
+#: ``python -m benchmarks.bench_spark_jvm``.
+SPARK_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
 def spark_conf(master: str = "local[*]", app_name: str = "laminar-node", *, ui: bool = False) -> dict[str, str]:
     """The Spark settings of a node's session, tuned for small, frequent batches.
 
     One definition for `laminar node run` and the Dagster ``pyspark`` resource.
+    ``LAMINAR_SPARK_JAVA_OPTIONS`` replaces `SPARK_JAVA_OPTIONS` (an empty value: the JVM's defaults).
     """
+    java_options = os.environ.get("LAMINAR_SPARK_JAVA_OPTIONS", SPARK_JAVA_OPTIONS)
     return {
         "spark.master": master,
         "spark.app.name": app_name,
@@ -209,6 +221,8 @@ def spark_conf(master: str = "local[*]", app_name: str = "laminar-node", *, ui: 
         "spark.driver.memory": os.environ.get("LAMINAR_SPARK_DRIVER_MEMORY", "1g"),
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.sources.parallelPartitionDiscovery.threshold": "1000000",
+        "spark.driver.extraJavaOptions": java_options,
+        "spark.executor.extraJavaOptions": java_options,
     }
 
 
@@ -223,6 +237,14 @@ def build_spark_session(master: str = "local[*]", app_name: str = "laminar-node"
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+#: Job group of the warm-up batches (cancelled when a real batch starts).
+WARM_UP_JOB_GROUP = "laminar-warm-up"
+#: Events per synthetic warm-up batch: the size of a typical micro-batch under steady load.
+WARM_UP_EVENTS = 4_000
+
+log = logging.getLogger(__name__)
 
 
 def _spark_event_schema() -> Any:
@@ -250,28 +272,64 @@ class SparkBatchEngine:
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="laminar-spark-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._schema = _spark_event_schema()
+        self._real_work = threading.Event()
 
     def warm_up(self) -> float:
-        """Run one tiny batch so the first real batch does not pay for JIT and planning."""
+        """Run two tiny batches, so the node's first real batch does not pay for starting Spark."""
         started = time.monotonic()
+        path = self._warm_up_events(1)
+        for _ in range(2):
+            self.aggregate([path], epoch=1, generation=0, job_group=WARM_UP_JOB_GROUP)
+        return time.monotonic() - started
+
+    def keep_warming(self, batches: int) -> threading.Thread:
+        """Run up to `batches` synthetic batches of a typical size on a background thread.
+
+        The JIT compiles Spark's batch path only after it ran a few dozen times: a node
+        that owns nothing yet (a standby, a migration's target) would otherwise pay
+        several times a warm batch for its first real ones, which is exactly when a
+        handoff waits for it. Stops as soon as a real batch starts (real batches warm it
+        from then on); its running job is cancelled then.
+        """
+        path = self._warm_up_events(WARM_UP_EVENTS)
+
+        def run() -> None:
+            started, done = time.monotonic(), 0
+            for _ in range(batches):
+                if self._real_work.is_set():
+                    break
+                try:
+                    self.aggregate([path], epoch=1, generation=0, job_group=WARM_UP_JOB_GROUP)
+                except Exception:  # cancelled by a real batch, or Spark is stopping
+                    break
+                done += 1
+            log.info("spark warm-up: %d batches in %.1fs", done, time.monotonic() - started)
+
+        thread = threading.Thread(target=run, name="spark-warm-up", daemon=True)
+        thread.start()
+        return thread
+
+    def _warm_up_events(self, n: int) -> Path:
+        keys = max(1, n // 4)
         events = pa.table(
             {
-                "offset": pa.array([0], pa.int64()),
-                "key": pa.array(["warm"], pa.string()),
-                "value": pa.array([1.0], pa.float64()),
-                "ts": pa.array([0], pa.int64()),
+                "offset": pa.array(range(n), pa.int64()),
+                "key": pa.array([f"warm-{i % keys}" for i in range(n)], pa.string()),
+                "value": pa.array([float(i % 97) for i in range(n)], pa.float64()),
+                "ts": pa.array(range(n), pa.int64()),
             }
         )
-        path = self.workdir / "warmup-events.parquet"
+        path = self.workdir / f"warm-up-events-{n}.parquet"
         pq.write_table(events, path)
-        for _ in range(2):
-            self.aggregate([path], epoch=1, generation=0)
-        return time.monotonic() - started
+        return path
 
     def aggregate(
         self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
     ) -> pa.Table:
         """The processor's per-key aggregate of one batch. Jobs run in `job_group` so `cancel` can abandon them."""
+        if job_group != WARM_UP_JOB_GROUP and not self._real_work.is_set():
+            self._real_work.set()
+            self.spark.sparkContext.cancelJobGroup(WARM_UP_JOB_GROUP)
         if job_group is not None:
             # Thread-local in PySpark's pinned-thread mode: only this batch's jobs join the group.
             self.spark.sparkContext.setJobGroup(job_group, "laminar batch", True)

@@ -77,6 +77,9 @@ class NodeConfig(BaseModel):
     node_id: int = Field(ge=1)
     spark_master: str = "local[*]"
     spark_ui: bool = False
+    #: Synthetic batches Spark runs in the background at start, until the node's first real batch:
+    #: a target or standby that owned nothing yet is then as fast as a busy node at a handoff.
+    spark_warm_up_batches: int = Field(default=30, ge=0)
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     heartbeat_timeout_s: float = Field(default=6.0, gt=0)
     reconcile_interval_s: float = Field(default=0.05, gt=0)
@@ -1095,9 +1098,12 @@ class Node:
             self._spark = build_spark_session(
                 self.config.spark_master, f"laminar-node-{self.id}", ui=self.config.spark_ui
             )
-        self.engine = SparkBatchEngine(self._spark, self._processor, str(self.workdir / "spark"))
-        warm = self.engine.warm_up()
+        engine = SparkBatchEngine(self._spark, self._processor, str(self.workdir / "spark"))
+        self.engine = engine
+        warm = engine.warm_up()
         log.info("node %s: spark ready in %.1fs (warm-up %.1fs)", self.id, time.monotonic() - started, warm)
+        if self.config.spark_warm_up_batches:
+            engine.keep_warming(self.config.spark_warm_up_batches)
 
     def run(self, *, install_signals: bool = True) -> None:
         if install_signals:

@@ -24,6 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 from laminar_dev.chaos import ArrowBatchEngine, ArrowNode
@@ -36,7 +37,14 @@ from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.manifest import ManifestReader, PartitionManifest
 from laminar_orchestration.migration import DesiredState, DesiredStates
-from laminar_orchestration.processing import KeyedProcessor, build_spark_session, keyed_aggregation
+from laminar_orchestration.processing import (
+    SPARK_JAVA_OPTIONS,
+    KeyedProcessor,
+    SparkBatchEngine,
+    build_spark_session,
+    keyed_aggregation,
+    spark_conf,
+)
 from laminar_orchestration.replica import CatchUp, StateReplica, committed_state
 from laminar_orchestration.runtime import Node, NodeConfig
 from laminar_orchestration.source import SourceBatch, SourceLog
@@ -426,6 +434,32 @@ def test_custom_processor_runs_on_a_spark_node(spark: Any, local_store: ObjectSt
     assert state.column_names == ["key", "max"]
     assert as_dict(state, ["max"]) == {"w": (-4.0,), "x": (7.0,), "y": (2.0,), "z": (0.5,)}
     assert len(current_manifest(store).deltas) == 2
+
+
+@pytest.mark.spark
+def test_spark_warm_up_gives_way_to_the_first_real_batch(spark: Any, tmp_path: Path) -> None:
+    """The background warm-up stops once a real batch starts, and the real batch's result is exact."""
+    engine = SparkBatchEngine(spark, workdir=str(tmp_path / "spark"))
+    warming = engine.keep_warming(10_000)  # far more than the test waits for
+    time.sleep(1.0)
+    assert warming.is_alive()
+    batch = events(["a", "b", "a"], [1.0, 2.0, 4.0])
+    batch = batch.add_column(0, "offset", pa.array([10, 11, 12], pa.int64()))
+    path = tmp_path / "batch.parquet"
+    pq.write_table(batch, path)
+    table = engine.aggregate([path], epoch=3, generation=1, job_group="real")
+    warming.join(timeout=30)
+    assert not warming.is_alive()
+    rows = {r["key"]: (r["batch_count"], r["batch_sum"], r["batch_last"]) for r in table.to_pylist()}
+    assert rows == {"a": (2, 5.0, 4.0), "b": (1, 2.0, 2.0)}
+
+
+def test_spark_conf_runs_the_jvm_with_the_node_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    conf = spark_conf("local[2]")
+    assert conf["spark.driver.extraJavaOptions"] == SPARK_JAVA_OPTIONS
+    assert conf["spark.executor.extraJavaOptions"] == SPARK_JAVA_OPTIONS
+    monkeypatch.setenv("LAMINAR_SPARK_JAVA_OPTIONS", "")
+    assert spark_conf("local[2]")["spark.driver.extraJavaOptions"] == ""
 
 
 def test_state_schema_with_a_string_column_is_rejected_at_construction() -> None:

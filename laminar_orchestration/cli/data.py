@@ -44,6 +44,12 @@ class NodeRun(Command):
         parser.add_argument("--checkpoint-every-batches", type=int, default=10, help="state snapshot every K batches")
         parser.add_argument("--checkpoint-every-s", type=float, default=30.0, help="state snapshot every T seconds")
         parser.add_argument(
+            "--spark-warm-up-batches",
+            type=int,
+            default=30,
+            help="synthetic batches Spark runs at start while the node has no real batch (0: none)",
+        )
+        parser.add_argument(
             "--log-level",
             default="info",
             choices=("debug", "info", "warning"),
@@ -70,6 +76,7 @@ class NodeRun(Command):
                 raise InvalidArgument(flag, f"{value} must be > 0")
         check_at_least("--batch-max-events", args.batch_max_events, 1)
         check_at_least("--checkpoint-every-batches", args.checkpoint_every_batches, 1)
+        check_at_least("--spark-warm-up-batches", args.spark_warm_up_batches, 0)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         # Only our own loggers follow --log-level: py4j's debug output would drown the node's.
         for name in ("laminar", "laminar_orchestration"):
@@ -85,6 +92,7 @@ class NodeRun(Command):
             batch_max_events=args.batch_max_events,
             checkpoint_every_batches=args.checkpoint_every_batches,
             checkpoint_every_s=args.checkpoint_every_s,
+            spark_warm_up_batches=args.spark_warm_up_batches,
             standby_for=parse_partition_list("--standby-for", args.standby_for),
         )
         run_node(config)
