@@ -389,8 +389,16 @@ class BatchLine:
     events: int
     spark_ms: int
     waited_ms: int
-    #: Merge, output, delta, publish and local apply: the node's own work after Spark.
-    commit_ms: int
+    #: The node's own work after Spark: merge, output, delta, publish and local apply.
+    merge_ms: int
+    output_ms: int
+    delta_ms: int
+    publish_ms: int
+    apply_ms: int
+
+    @property
+    def commit_ms(self) -> int:
+        return self.merge_ms + self.output_ms + self.delta_ms + self.publish_ms + self.apply_ms
 
 
 def committed_batches(cluster: Cluster, node: int, mark: int, partition: int) -> list[BatchLine]:
@@ -398,7 +406,7 @@ def committed_batches(cluster: Cluster, node: int, mark: int, partition: int) ->
     for m in _COMMITTED.finditer(cluster.nodes[node].log()[mark:]):
         if int(m.group(1)) == partition:
             g = [int(x) for x in m.groups()]
-            out.append(BatchLine(g[2] - g[1], g[4], g[5], sum(g[6:11])))
+            out.append(BatchLine(g[2] - g[1], g[4], g[5], *g[6:11]))
     return out
 
 
@@ -671,6 +679,14 @@ def report_first_batch(report: Report, prefix: str, lines: Sequence[BatchLine | 
         f"{prefix}: new owner's first batch: Spark aggregate / waited on it / node's merge + commit (medians)",
         f"{median([b.spark_ms for b in found]):.0f} / {median([b.waited_ms for b in found]):.0f} / "
         f"{median([b.commit_ms for b in found]):.0f} ms",
+    )
+    report.add(
+        f"{prefix}: new owner's first batch: merge / output / delta / publish / local apply (medians)",
+        " / ".join(
+            f"{median([getattr(b, f) for b in found]):.0f}"
+            for f in ("merge_ms", "output_ms", "delta_ms", "publish_ms", "apply_ms")
+        )
+        + " ms",
     )
     report.add(f"{prefix}: new owner's first batch: events (median)", f"{median([b.events for b in found]):,.0f}")
 
