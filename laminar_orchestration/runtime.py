@@ -38,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
+from .batches import InFlightBatch, cancel, start_aggregate
 from .capabilities import CheckpointWriter, OutputCommitter, ReadStore
 from .checkpoint import CheckpointStore, OutputWriter
 from .cluster_epoch import ClusterEpochWindow, StaleClusterEpoch
@@ -57,7 +58,7 @@ from .processing import BatchEngine, BatchFold, KeyedProcessor, SparkBatchEngine
 from .records import NodeStatus, PartitionProgress, PartitionStatus, now
 from .replica import CatchUp, StateReplica
 from .source import SourceBatch, SourceLog
-from .standby import StandbyFollower
+from .standby import StandbyFollower, TakeoverSpeculation
 from .store import ObjectStore, StoreError, open_store
 from .worker_state import WorkerState as WorkerState  # re-exported: the worker's states are runtime's API
 from .worker_state import check_transition
@@ -103,22 +104,6 @@ class NodeConfig(BaseModel):
     standby_for: tuple[int, ...] = ()
     #: How often a standby (or a migration's warming target) reads the partition's newest manifest.
     standby_poll_s: float = Field(default=0.1, gt=0)
-
-
-@dataclass(frozen=True)
-class _InFlight:
-    """A batch whose aggregate is running: its events, the job, the epoch its records are stamped
-    with, its Spark job group and the cluster epoch it began under."""
-
-    batch: SourceBatch
-    #: The batch's aggregate and the time.monotonic() its Spark job finished.
-    future: Future[tuple[pa.Table, float]]
-    epoch: int
-    group: str
-    cluster_epoch: int
-    #: time.monotonic() when the batch was read, and when its files were staged for Spark.
-    read_at: float
-    staged_at: float
 
 
 def _ms(start: float, end: float) -> float:
@@ -214,7 +199,7 @@ class PartitionWorker(threading.Thread):
         self._task_changed = threading.Condition()
         self._rising = rising is not None
         self._stop_requested = threading.Event()
-        self.replica = node.replica_for(partition)
+        self.replica, speculative = node.take_over_copy(partition)
         self._committed_offset = 0
         self._events_applied = 0
         self._manifest: ManifestVersion | None = None
@@ -242,7 +227,11 @@ class PartitionWorker(threading.Thread):
         self._batch_group: str | None = None
         self._batch_seq = 0
         self._abandoned = threading.Event()
-        self._prefetched: _InFlight | None = None
+        #: A batch started ahead (a handoff's first batch); committed only if it matches then.
+        self._prefetched: InFlightBatch | None = None
+        if speculative is not None:
+            self._prefetched = speculative
+            speculative.future.add_done_callback(lambda _: self._wake())
         #: Runs the batch's Spark job, so the worker can drop it without waiting for it.
         self._batch_thread = ThreadPoolExecutor(1, thread_name_prefix=f"partition-{partition}-batch")
         #: Why the thread ended in FAILED (the node logs it with the restart delay).
@@ -664,12 +653,12 @@ class PartitionWorker(threading.Thread):
         while not self._stop_requested.is_set() and not self._draining_requested():
             self._check()
             inflight, self._prefetched = self._prefetched, None
-            if inflight is not None and (
-                inflight.batch.start_offset != self._committed_offset or inflight.epoch != self.epoch
-            ):
+            if inflight is not None and not inflight.matches(self._committed_offset, self.epoch):
                 # Started for a handoff that went differently (another offset or epoch): not ours to commit.
                 self._cancel(inflight)
                 inflight = None
+            if inflight is not None:
+                self._batch_group = inflight.group  # a drain abandons it like one started here
             if inflight is None:
                 read_at = time.monotonic()
                 batch = self.node.source.read(self.partition, self._committed_offset, cfg.batch_max_events)
@@ -720,7 +709,7 @@ class PartitionWorker(threading.Thread):
         offset is final; it commits only once the move is Active, and only if it began at the offset
         and epoch this worker then holds."""
         current = self._prefetched
-        if current is not None and current.batch.start_offset == offset and current.epoch == epoch:
+        if current is not None and current.matches(offset, epoch):
             return
         if current is not None:
             self._cancel(current)
@@ -730,13 +719,10 @@ class PartitionWorker(threading.Thread):
         if batch is not None:
             self._prefetched = self._start_batch(batch, read_at=read_at, epoch=epoch)
 
-    def _cancel(self, inflight: _InFlight) -> None:
-        """Drop a batch that will not be committed; its Spark job stops instead of using the CPU."""
-        if not inflight.future.done():
-            with contextlib.suppress(Exception):
-                self.node.engine.cancel(inflight.group)
+    def _cancel(self, inflight: InFlightBatch) -> None:
+        cancel(self.node.engine, inflight)
 
-    def _start_batch(self, batch: SourceBatch, *, read_at: float, epoch: int | None = None) -> _InFlight:
+    def _start_batch(self, batch: SourceBatch, *, read_at: float, epoch: int | None = None) -> InFlightBatch:
         """Stage the batch's files and start its aggregate on this worker's batch thread.
 
         The thread lets the worker drop the batch without waiting for it: a Spark cancel only
@@ -744,31 +730,24 @@ class PartitionWorker(threading.Thread):
         job winds down in the background; its files go with it.
         """
         self._batch_seq += 1
-        # Unique per attempt: an abandoned job of the same offsets removes only its own files.
-        directory = self._workdir / f"batch-{batch.start_offset}-{self._batch_seq}"
-        files = batch.write_parquet(directory)
         self._abandoned.clear()
         self._batch_group = group = f"laminar-n{self.node.id}-p{self.partition}-b{self._batch_seq}"
-        # The cluster epoch this batch began under; its commit must still be inside the window.
-        cluster_epoch = self.node.cluster_epoch
-        epoch = self.epoch if epoch is None else epoch
-        staged_at = time.monotonic()
-        engine, generation = self.node.engine, self.node.generation
+        return start_aggregate(
+            self.node.engine,
+            self._batch_thread,
+            batch,
+            # Unique per attempt: an abandoned job of the same offsets removes only its own files.
+            self._workdir / f"batch-{batch.start_offset}-{self._batch_seq}",
+            epoch=self.epoch if epoch is None else epoch,
+            generation=self.node.generation,
+            group=group,
+            # The cluster epoch this batch began under; its commit must still be inside the window.
+            cluster_epoch=self.node.cluster_epoch,
+            read_at=read_at,
+            on_done=self._wake,
+        )
 
-        def aggregate() -> tuple[pa.Table, float]:
-            table = engine.aggregate(files, epoch=epoch, generation=generation, job_group=group)
-            return table, time.monotonic()
-
-        future = self._batch_thread.submit(aggregate)
-
-        def finished(_: Future[tuple[pa.Table, float]]) -> None:
-            shutil.rmtree(directory, ignore_errors=True)
-            self._wake()
-
-        future.add_done_callback(finished)
-        return _InFlight(batch, future, epoch, group, cluster_epoch, read_at, staged_at)
-
-    def _await_batch(self, inflight: _InFlight) -> tuple[pa.Table, float] | None:
+    def _await_batch(self, inflight: InFlightBatch) -> tuple[pa.Table, float] | None:
         """The batch's aggregate (and when it finished), or None as soon as the batch is abandoned
         (drain, stop, fence)."""
         try:
@@ -1042,20 +1021,36 @@ class Node:
         #: Commits are accepted for the last two cluster epochs, so a rebalance
         #: that does not move a partition never fails its in-flight batch.
         self.epoch_window = ClusterEpochWindow()
+        #: Standbys start a forced takeover's first batch here while the owner looks dead.
+        self.speculation = TakeoverSpeculation(
+            node=int(self.id),
+            ledger=self.ledger,
+            source=self.source,
+            engine=lambda: self.engine,
+            generation=lambda: self.generation,
+            cluster_epoch=lambda: self.cluster_epoch,
+            batch_max_events=config.batch_max_events,
+            workdir=self.workdir,
+        )
 
     @property
     def generation(self) -> int:
         return self.handle.generation if self.handle else 0
 
-    def replica_for(self, partition: PartitionId) -> StateReplica:
-        """The local copy of `partition` for a worker: the standby's, warm, if there is one.
+    def take_over_copy(self, partition: PartitionId) -> tuple[StateReplica, InFlightBatch | None]:
+        """The local copy of `partition` for a worker (the standby's, warm, if there is one) and the
+        takeover batch that standby started, if any.
 
-        Whatever it holds is checked against the manifest before use.
+        Whatever the copy holds is checked against the manifest before use, and the batch is
+        committed only if it starts at the restored offset with the granted epoch.
         """
         with self._lock:
             follower = self.standbys.pop(partition, None)
         if follower is not None:
-            return follower.stop()
+            return follower.stop(), follower.speculative
+        return self._new_replica(partition), None
+
+    def _new_replica(self, partition: PartitionId) -> StateReplica:
         root = self.workdir / "state" / f"p{int(partition):05d}"
         return StateReplica(root, partition, self.engine.processor.state_schema, self.reader)
 
@@ -1074,14 +1069,16 @@ class Node:
         for p in self.config.standby_for:
             pid = PartitionId(p)
             if pid not in self.workers and pid not in self.standbys:
-                self.follow_as_standby(self.replica_for(pid))
+                self.follow_as_standby(self._new_replica(pid))
 
     def follow_as_standby(self, replica: StateReplica) -> bool:
         """Keep following `replica`'s partition if this node is a standby for it; False if it is not."""
         pid = PartitionId(replica.partition)
         if replica.partition not in self.config.standby_for or self._stop.is_set():
             return False
-        follower = StandbyFollower(replica, self.publisher, poll_s=self.config.standby_poll_s, node=self.id)
+        follower = StandbyFollower(
+            replica, self.publisher, poll_s=self.config.standby_poll_s, node=self.id, speculation=self.speculation
+        )
         with self._lock:
             if pid in self.standbys:
                 return False
@@ -1133,6 +1130,7 @@ class Node:
         finally:
             self._drain_all()
             self.snapshot_pool.shutdown(wait=False, cancel_futures=True)
+            self.speculation.shutdown()
             for t in threads:
                 t.join(timeout=5)
             if self.handle is not None:
@@ -1162,6 +1160,7 @@ class Node:
                 self.handle.heartbeat(NodeStatus.LEAVING, partitions=self._progress())
         for follower in list(self.standbys.values()):
             follower.stop().close()
+            follower.drop_speculative()
         for worker in list(self.workers.values()):
             worker.request_stop()
         for worker in list(self.workers.values()):

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -272,4 +273,142 @@ def test_a_graceful_drain_follows_an_old_owner_commit_under_load(tmp_path: Path)
         # The drain followed that commit: at most one more slipped in between seeing it and the drain.
         assert aligned in old_commits and len([o for o in old_commits if o > aligned]) <= 1, (aligned, old_commits)
         wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 2 to commit the rest")
+    assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
+
+
+class _HangingEngine(ArrowBatchEngine):
+    """Aggregates like `ArrowBatchEngine`; while `hang` is set, a batch blocks until `release` is set."""
+
+    def __init__(self) -> None:
+        self.hang = threading.Event()
+        self.release = threading.Event()
+        self.blocked = threading.Event()
+
+    def aggregate(
+        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
+    ) -> pa.Table:
+        if self.hang.is_set():
+            self.blocked.set()
+            self.release.wait(60)
+        return super().aggregate(event_files, epoch=epoch, generation=generation, job_group=job_group)
+
+
+class _GroupRecordingEngine(ArrowBatchEngine):
+    """Aggregates like `ArrowBatchEngine` and records each call's (epoch, job group)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, str]] = []
+
+    def aggregate(
+        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
+    ) -> pa.Table:
+        self.calls.append((epoch, job_group or ""))
+        return super().aggregate(event_files, epoch=epoch, generation=generation, job_group=job_group)
+
+    def speculative(self) -> list[tuple[int, str]]:
+        return [c for c in self.calls if "speculative" in c[1]]
+
+
+def _hung_owner_and_standby(
+    store: ObjectStore, tmp_path: Path
+) -> tuple[ArrowNode, threading.Event, _HangingEngine, ArrowNode, _GroupRecordingEngine]:
+    """Node 1 owns p0 and can hang (no heartbeat, its batch blocked); node 2 keeps a standby copy."""
+    hung = threading.Event()
+    owner_engine, standby_engine = _HangingEngine(), _GroupRecordingEngine()
+
+    class HangingNode(ArrowNode):
+        def start_spark(self) -> None:
+            self.engine = owner_engine
+
+        def _heartbeat_loop(self) -> None:
+            assert self.handle is not None
+            handle, beat = self.handle, self.handle.heartbeat
+
+            def heartbeat(*args: Any, **kwargs: Any) -> Any:
+                # A hung process writes nothing: its record ages until the ledger sees it dead.
+                return handle.record if hung.is_set() else beat(*args, **kwargs)
+
+            handle.heartbeat = heartbeat  # type: ignore[method-assign]
+            super()._heartbeat_loop()
+
+    class StandbyNode(ArrowNode):
+        def start_spark(self) -> None:
+            self.engine = standby_engine
+
+    owner = HangingNode(node_config(store, 1, tmp_path / "n1", heartbeat_timeout_s=1.0), store=store)
+    standby = StandbyNode(node_config(store, 2, tmp_path / "n2", standby_for=(0,)), store=store)
+    return owner, hung, owner_engine, standby, standby_engine
+
+
+def test_a_standby_starts_the_takeover_batch_while_the_owner_looks_dead_and_it_commits_once(
+    tmp_path: Path,
+) -> None:
+    """Once the owner's heartbeat is overdue, the standby aggregates the events after its copy at the
+    epoch the fence will mint; the failover's first commit is that batch, and the hung owner's own
+    batch of the same events is fenced out when it wakes up."""
+    store = LocalObjectStore(tmp_path / "store")
+    lineage = build_lineage(store)
+    fence_writer(store, lineage)
+    assign(store, 0, 1)
+    owner, hung, owner_engine, standby, standby_engine = _hung_owner_and_standby(store, tmp_path)
+    source = SourceLog(store, segment_events=100)
+    with running(owner), running(standby):
+        wait_until(lambda: P0 in owner.workers and owner.workers[P0].token is not None, 30, "node 1 to run p0")
+        source.append(0, events([f"k{i % 17}" for i in range(300)]))
+        wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 1 to commit")
+        wait_until(lambda: _caught_up(store, 2), 30, "node 2's standby to catch up")
+        final_offset = committed_offset(store)
+        epoch = Ledger(store).ownership(P0).epoch  # type: ignore[union-attr]
+
+        owner_engine.hang.set()
+        hung.set()
+        source.append(0, events([f"k{i % 5}" for i in range(50)]))
+        assert owner_engine.blocked.wait(30), "node 1 never started the batch it hangs in"
+        wait_until(lambda: bool(standby_engine.speculative()), 30, "node 2 to start the takeover batch")
+        assert standby_engine.speculative()[0][0] == epoch + 1
+        assert committed_offset(store) == final_offset
+
+        coordinator = MigrationCoordinator(Ledger(store), MigrationConfig(migration_timeout_s=60))
+        decision = prepare_failover(coordinator, 0, live={2}, allow_live_owner=True)
+        assert decision.task is not None and decision.task.to_node == 2 and decision.task.to_epoch == epoch + 1
+        drive(coordinator, decision.task)
+        wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 2 to commit")
+        # The speculative batch was the takeover's first batch: those events were aggregated once at that epoch.
+        at_new_epoch = [c for c in standby_engine.calls if c[0] == epoch + 1]
+        assert len(at_new_epoch) == 1 and "speculative" in at_new_epoch[0][1], standby_engine.calls
+        data = [m.manifest for m in ManifestReader(store).history(P0) if m.manifest.outputs]
+        assert [(m.fencing_token, m.source_offset) for m in data if m.fencing_token > epoch] == [
+            (epoch + 1, source.end_offset(0))
+        ]
+
+        owner_engine.release.set()  # the zombie wakes up with a batch of the same events
+        wait_until(lambda: owner.workers.get(P0) is None or owner.workers[P0].finished, 30, "node 1 to be fenced")
+        assert committed_offset(store) == source.end_offset(0)
+    assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
+
+
+def test_a_takeover_batch_is_dropped_when_the_owner_turns_out_alive(tmp_path: Path) -> None:
+    """A slow owner that commits after all: the standby drops the batch it started, nothing else changes."""
+    store = LocalObjectStore(tmp_path / "store")
+    lineage = build_lineage(store)
+    fence_writer(store, lineage)
+    assign(store, 0, 1)
+    owner, hung, owner_engine, standby, standby_engine = _hung_owner_and_standby(store, tmp_path)
+    source = SourceLog(store, segment_events=100)
+    with running(owner), running(standby):
+        wait_until(lambda: P0 in owner.workers and owner.workers[P0].token is not None, 30, "node 1 to run p0")
+        wait_until(lambda: _caught_up(store, 2), 30, "node 2's standby to catch up")
+        owner_engine.hang.set()
+        hung.set()
+        source.append(0, events([f"k{i % 5}" for i in range(50)]))
+        follower = standby.standbys[P0]
+        wait_until(lambda: follower.speculative is not None, 30, "node 2 to start the takeover batch")
+
+        owner_engine.hang.clear()
+        hung.clear()
+        owner_engine.release.set()
+        wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 1 to commit after all")
+        wait_until(lambda: follower.speculative is None, 30, "node 2 to drop its takeover batch")
+        assert all("speculative" in c[1] for c in standby_engine.calls)  # it never ran p0 itself
+        assert Ledger(store).ownership(P0).owner == 1  # type: ignore[union-attr]
     assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]

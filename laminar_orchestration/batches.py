@@ -1,0 +1,87 @@
+"""A batch in flight: its Spark aggregate running on a thread of its own.
+
+The aggregate has no side effect (nothing is written before its commit), so
+whoever started it can drop it at any time, and a batch started ahead of time
+(the first batch of a handoff, or of a failover a standby saw coming) is
+committed only by a worker that checks it began at that worker's committed
+offset and carries its epoch.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from .processing import BatchEngine
+from .source import SourceBatch
+
+
+@dataclass(frozen=True)
+class InFlightBatch:
+    """A batch whose aggregate is running: its events, the job, the epoch its records are stamped
+    with, its Spark job group and the cluster epoch it began under."""
+
+    batch: SourceBatch
+    #: The batch's aggregate and the time.monotonic() its Spark job finished.
+    future: Future[tuple[pa.Table, float]]
+    epoch: int
+    group: str
+    cluster_epoch: int
+    #: time.monotonic() when the batch was read, and when its files were staged for Spark.
+    read_at: float
+    staged_at: float
+
+    def matches(self, offset: int, epoch: int) -> bool:
+        """Whether a worker at committed `offset` holding `epoch` may commit this batch."""
+        return self.batch.start_offset == offset and self.epoch == epoch
+
+
+def start_aggregate(
+    engine: BatchEngine,
+    executor: Executor,
+    batch: SourceBatch,
+    directory: Path,
+    *,
+    epoch: int,
+    generation: int,
+    group: str,
+    cluster_epoch: int,
+    read_at: float,
+    on_done: Callable[[], None] | None = None,
+) -> InFlightBatch:
+    """Stage `batch` as Spark's input files in `directory` and start its aggregate on `executor`.
+
+    Jobs run in Spark job group `group`, so `cancel` can abandon them. The files go once the
+    aggregate ends, however it ends; `on_done` is called then.
+    """
+    files = batch.write_parquet(directory)
+    staged_at = time.monotonic()
+
+    def aggregate() -> tuple[pa.Table, float]:
+        table = engine.aggregate(files, epoch=epoch, generation=generation, job_group=group)
+        return table, time.monotonic()
+
+    future = executor.submit(aggregate)
+
+    def finished(_: Future[tuple[pa.Table, float]]) -> None:
+        shutil.rmtree(directory, ignore_errors=True)
+        if on_done is not None:
+            on_done()
+
+    future.add_done_callback(finished)
+    return InFlightBatch(batch, future, epoch, group, cluster_epoch, read_at, staged_at)
+
+
+def cancel(engine: BatchEngine, inflight: InFlightBatch) -> None:
+    """Drop a batch that will not be committed; its Spark job stops instead of using the CPU."""
+    if not inflight.future.done():
+        try:
+            engine.cancel(inflight.group)
+        except Exception:  # Spark stopping: the job goes with it
+            return
