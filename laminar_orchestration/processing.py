@@ -275,11 +275,17 @@ class SparkBatchEngine:
         self._real_work = threading.Event()
 
     def warm_up(self) -> float:
-        """Run two tiny batches, so the node's first real batch does not pay for starting Spark."""
+        """Run two tiny batches, Spark's half and the node's, so the node's first real batch does
+        not pay for starting Spark, nor for the first use of the Arrow/NumPy conversions (their
+        first call imports pandas: ~0.3 s) and the Parquet writer."""
         started = time.monotonic()
         path = self._warm_up_events(1)
         for _ in range(2):
-            self.aggregate([path], epoch=1, generation=0, job_group=WARM_UP_JOB_GROUP)
+            aggregate = self.aggregate([path], epoch=1, generation=0, job_group=WARM_UP_JOB_GROUP)
+        previous = self.processor.codec.decode([None] * aggregate.num_rows)
+        fold = self.processor.fold(aggregate, previous, epoch=1, generation=0)
+        self.processor.codec.encode(fold.delta)
+        table_to_parquet_bytes(fold.output)
         return time.monotonic() - started
 
     def keep_warming(self, batches: int) -> threading.Thread:
