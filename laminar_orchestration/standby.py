@@ -42,8 +42,9 @@ log = logging.getLogger("laminar.standby")
 
 #: A standby suspects the owner once its heartbeat is older than this fraction of its timeout.
 SUSPECT_AFTER = 0.5
-#: How often a standby reads the owner's ledger and node records (one GET each).
-OWNER_CHECK_S = 0.25
+#: How often a standby reads the owner's ledger and node records (a few GETs), unless the chain
+#: just advanced (then the owner is alive).
+OWNER_CHECK_S = 0.5
 
 
 class TakeoverSpeculation:
@@ -152,6 +153,7 @@ class StandbyFollower(threading.Thread):
         self._node = node
         self._speculation = speculation
         self._next_owner_check = 0.0
+        self._advanced_at = 0.0
         self._stop_requested = threading.Event()
         #: The newest committed offset seen in the chain, and the one the replica reflects.
         self.committed_offset = 0
@@ -179,6 +181,8 @@ class StandbyFollower(threading.Thread):
             version = self._reader.current(self.replica.partition)  # type: ignore[arg-type]
             if version is None:
                 return
+            if version.manifest.source_offset != self.committed_offset:
+                self._advanced_at = time.monotonic()
             self.committed_offset = version.manifest.source_offset
             if self.replica.store is None or self.replica.source_offset != self.committed_offset:
                 self.replica.catch_up(version.manifest)
@@ -200,9 +204,10 @@ class StandbyFollower(threading.Thread):
             # The owner committed after all: the batch no longer starts where a takeover would.
             speculation.cancel(current)
             self.speculative = current = None
-        if time.monotonic() < self._next_owner_check:
+        clock = time.monotonic()
+        if clock < self._next_owner_check or clock - self._advanced_at < OWNER_CHECK_S:
             return
-        self._next_owner_check = time.monotonic() + OWNER_CHECK_S
+        self._next_owner_check = clock + OWNER_CHECK_S
         epoch = speculation.takeover_epoch(PartitionId(self.partition))
         if epoch is None:
             if current is not None:
