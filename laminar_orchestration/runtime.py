@@ -420,8 +420,9 @@ class PartitionWorker(threading.Thread):
 
         The coordinator lets the old owner drain once the lag is small, so the
         handoff itself only applies the old owner's last few deltas. Once the old
-        owner has drained (or was fenced), its committed offset is final: the
-        first batch's Spark work starts then, while the handoff is recorded.
+        owner is asked to drain, it commits at most the batch it has in flight:
+        the first batch's Spark work starts then from the chain's offset (again
+        if that batch does commit), while the handoff is recorded.
         """
         self.state_name = WorkerState.WARMING
         self._done_for = self._task.migration_id if self._task else None
@@ -429,7 +430,7 @@ class PartitionWorker(threading.Thread):
         while True:
             poll = self.node.config.standby_poll_s
             if final is None:
-                final = self._wait_phase(MigrationPhase.CHECKPOINTING, timeout_s=poll)
+                final = self._wait_phase(MigrationPhase.DRAINING, timeout_s=poll)
             else:
                 task = self._wait_phase(MigrationPhase.DOWNLOADING, timeout_s=poll)
                 if task is not None:

@@ -194,9 +194,10 @@ class _RecordingEngine(ArrowBatchEngine):
         return super().aggregate(event_files, epoch=epoch, generation=generation, job_group=job_group)
 
 
-def test_a_targets_first_batch_starts_once_the_old_owners_offset_is_final_and_commits_once(tmp_path: Path) -> None:
+def test_a_targets_first_batch_starts_once_the_old_owner_is_asked_to_drain_and_commits_once(tmp_path: Path) -> None:
     """The target aggregates the events the old owner left behind while the handoff is still being
-    recorded (before Seeking), stamped with its coming epoch; they are committed once, by the target."""
+    recorded (from the drain request, before Seeking), stamped with its coming epoch; they are
+    committed once, by the target."""
     store = LocalObjectStore(tmp_path / "store")
     lineage = build_lineage(store)
     fence_writer(store, lineage)
@@ -226,7 +227,8 @@ def test_a_targets_first_batch_starts_once_the_old_owners_offset_is_final_and_co
         task = coordinator.run(P0, NodeId(2))
         assert task.phase == MigrationPhase.ACTIVE
         wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 2 to commit")
-        early = {MigrationPhase.CHECKPOINTING, MigrationPhase.UPLOADING, MigrationPhase.RELEASED}
+        early = {MigrationPhase.DRAINING, MigrationPhase.CHECKPOINTING, MigrationPhase.UPLOADING}
+        early |= {MigrationPhase.RELEASED}
         early |= {MigrationPhase.DOWNLOADING, MigrationPhase.RESTORING}
         first = next(call for call in new_engine.calls if call[0] == task.to_epoch)
         assert first[1] in early, new_engine.calls
