@@ -785,11 +785,18 @@ class MigrationCoordinator:
                 generation=target.generation if target else None,
             )
         except EpochConflict as exc:
+            if self._granted_as_planned(task):
+                return  # another driver of this same migration fenced first
             # This migration's own record: it can never fence now, so end it (terminally,
             # before raising) instead of leaving it to block every later migration.
             lost = FenceLost(p, task.migration_id, exc.expected, exc.actual)
             self._fail_if_current(p, task.migration_id, str(lost))
             raise lost from None
+
+    def _granted_as_planned(self, task: MigrationTask) -> bool:
+        """Whether the ledger holds exactly the grant `task` was to make (its epoch, to its target)."""
+        own = self.ledger.ownership(PartitionId(task.partition))
+        return own is not None and own.epoch == task.to_epoch and own.owner == task.to_node
 
     def _grant_target(self, task: MigrationTask) -> None:
         """Grant a graceful move's new epoch to its target, after the old owner released it."""
@@ -808,6 +815,8 @@ class MigrationCoordinator:
                 generation=target.generation if target else None,
             )
         except EpochConflict as exc:
+            if self._granted_as_planned(task):
+                return  # another driver of this same migration granted it first
             lost = FenceLost(p, task.migration_id, exc.expected, exc.actual)
             self._fail_if_current(p, task.migration_id, str(lost))
             raise lost from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from typing import Any
 
@@ -239,6 +240,41 @@ def test_forced_migration_that_loses_the_fence_race_fails_and_a_new_one_succeeds
     assert final.phase == MigrationPhase.ACTIVE and final.migration_id == retry.migration_id
     own = ledger.ownership(P(0))
     assert own is not None and (own.owner, own.epoch) == (2, 3)
+
+
+def test_two_drivers_of_one_forced_migration_both_pass_its_fence(store: ObjectStore) -> None:
+    """Two coordinators (a sensor tick and a retried run) drive the same forced move at once: both
+    check the ledger, both fence; the one that loses the create finds this very migration's grant
+    there, and neither fails the move."""
+    ledger, handles = three_nodes(store)
+    task = MigrationCoordinator(ledger).plan(P(0), N(2), forced=True)
+    both_checked = threading.Barrier(2, timeout=10)
+
+    class PausedLedger(Ledger):
+        def fence(self, *args: Any, **kwargs: Any) -> Any:
+            both_checked.wait()  # each driver has read the epoch and is about to fence
+            return super().fence(*args, **kwargs)
+
+    outcomes: list[object] = []
+
+    def drive_fence() -> None:
+        coordinator = MigrationCoordinator(PausedLedger(store), MigrationConfig(checkpoint_transfer_timeout_s=5))
+        try:
+            outcomes.append(coordinator.begin_phase(P(0), task.migration_id, MigrationPhase.RELEASED).phase)
+        except Exception as exc:
+            outcomes.append(exc)
+
+    drivers = [threading.Thread(target=drive_fence) for _ in range(2)]
+    for t in drivers:
+        t.start()
+    for t in drivers:
+        t.join(timeout=30)
+    assert outcomes == [MigrationPhase.RELEASED, MigrationPhase.RELEASED]
+    grants = [(g.epoch, g.node) for g in ledger.grants(P(0))]
+    assert grants.count((task.to_epoch, 2)) == 1 and max(e for e, _ in grants) == task.to_epoch
+    report_done(handles[2], task)
+    final = drive(MigrationCoordinator(ledger), task)
+    assert final.phase == MigrationPhase.ACTIVE and final.migration_id == task.migration_id
 
 
 def test_a_conflict_with_another_migrations_record_leaves_that_record_alone(store: ObjectStore) -> None:
