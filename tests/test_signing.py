@@ -8,6 +8,7 @@ the partition. The same attacks with another node's IAM keys are in test_least_p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,7 @@ def _other_key(manifest: PartitionManifest) -> PartitionManifest:
     return sign_record(manifest, SigningKey.generate(manifest.partition, manifest.fencing_token, manifest.node))
 
 
-FORGERIES = {
+FORGERIES: dict[str, Callable[[ManifestVersion], PartitionManifest]] = {
     "missing signature": lambda v: _next(v),
     "tampered after signing": _tampered,
     "another key": lambda v: _other_key(_next(v)),
