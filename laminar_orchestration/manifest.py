@@ -28,6 +28,13 @@ is rejected with `BrokenManifestChain`, naming the object.
 ``manifests/p/current.json`` is a CAS pointer to the newest entry; readers roll
 forward over history entries it has not caught up with, so no listing is needed
 (the chain is a `versioned.VersionedObject`; its keys are spelled in `keys`).
+
+Every entry is signed with the private key of the grant of its fencing token
+(`signing`): the publisher with its grant's key, a seal with the key of the
+grant it seals at. Store policies let any node write under ``manifests/``, so
+an entry that does not verify against its grant's public key is forged and
+void: readers pass over it (`ManifestReader`), a writer whose sequence number
+it took moves on to the next, and nothing it names is ever read or restored.
 """
 
 from __future__ import annotations
