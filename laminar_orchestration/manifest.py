@@ -446,8 +446,12 @@ class ManifestReader:
         """The chain's newest genuine entry, the pointer's ETag and the next free sequence number."""
         chain = self._chain(partition)
         pointer = chain.pointer()
-        pointed = self._genuine(partition, None, pointer) if pointer is not None else None
         trusted = self._trusted.get(partition)
+        pointed: ManifestVersion | None
+        if pointer is not None and trusted is not None and pointer.data == trusted.raw:
+            pointed = trusted  # checked already (the usual case for the owner: its own last entry)
+        else:
+            pointed = self._genuine(partition, None, pointer) if pointer is not None else None
         start: ManifestVersion | None
         if trusted is not None and (pointed is None or pointed.manifest.seq <= trusted.manifest.seq):
             start, from_trust = trusted, True
