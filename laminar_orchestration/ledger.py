@@ -464,7 +464,9 @@ class Ledger:
         epoch = current.epoch + 1
         # Read the chain while its newest epoch is still current: the seal below then starts from an
         # entry this process checked, not from a pointer it would have to verify from the start.
-        self.sealer.current(partition)
+        # Only a hint: a chain that cannot be read does not keep the grant (the fence) from being made.
+        with contextlib.suppress(LedgerError):
+            self.sealer.current(partition)
         signing_key = self._mint_signing_key(partition, epoch, node)
         grant = EpochGrant(
             partition=partition,

@@ -420,6 +420,13 @@ class ManifestReader:
         elif seq is not None and m.seq != seq:
             reason = f"names sequence number {m.seq}"
         else:
+            grant = self.grant_keys.grant(partition, m.fencing_token)
+            if grant is not None and grant.public_key is None:
+                # A grant made before grants carried keys: nothing at its epoch can be verified, and
+                # passing over the whole chain would restore nothing. Stop instead (fail closed).
+                raise ForgedRecord(
+                    PartitionId(partition), obj.key, m.fencing_token, "its epoch's grant carries no public key"
+                )
             reason = self.grant_keys.problem(m, partition, m.fencing_token, m.node)
         if reason is not None:
             self._forged(ForgedRecord(PartitionId(partition), obj.key, m.fencing_token, reason))

@@ -27,7 +27,7 @@ from laminar_orchestration.manifest import (
     ManifestVersion,
     PartitionManifest,
 )
-from laminar_orchestration.records import PartitionStatus, ReleaseRecord, now
+from laminar_orchestration.records import EpochGrant, PartitionStatus, ReleaseRecord, now
 from laminar_orchestration.signing import ForgedRecord, SigningKey, SigningKeyUnavailable, sign_record
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 from laminar_orchestration.ulid import next_ulid
@@ -218,3 +218,17 @@ def test_every_entry_and_release_is_signed_by_its_grants_key(store: LocalObjectS
     for version in history:
         grant = Ledger(store).grant(P(0), version.manifest.fencing_token)
         assert grant is not None and grant.public_key is not None and version.manifest.signature is not None
+
+
+def test_a_chain_whose_grant_carries_no_key_stops_readers(store: LocalObjectStore) -> None:
+    """A grant from before grants carried keys: nothing at its epoch verifies, and passing over the
+    whole chain would restore nothing, so readers stop with the typed error instead."""
+    _owned(store)
+    key = keys.grant_key(0, 1)
+    old = store.get(key)
+    grant = EpochGrant.model_validate_json(old.data).model_copy(update={"public_key": None})
+    store.delete_if_match(key, old.etag)
+    store.put_if_absent(key, grant.model_dump_json().encode())
+    with pytest.raises(ForgedRecord, match="no public key") as info:
+        ManifestReader(store).current(P(0))
+    assert info.value.claimed_epoch == 1
