@@ -159,7 +159,7 @@ REGRESSION_SEEDS: list[tuple[tuple[str, ...], int]] = [
     (("revert_lost_fence_fix",), 34),
     (("revert_lost_fence_fix",), 141),
     (("revert_aborted_owner_fix",), 196),
-    (("revert_aborted_owner_fix",), 244),
+    (("revert_aborted_owner_fix",), 287),
 ]
 
 
