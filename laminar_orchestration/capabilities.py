@@ -11,6 +11,7 @@ method is a type error (`mypy --strict`) and, at run time, a `ValueError`.
 | `CheckpointWriter`  | ``checkpoints/``               | a node, per owned partition   |
 | `OutputCommitter`   | ``sink/``, ``manifests/``      | a node, per owned partition   |
 | `ManifestSealer`    | ``manifests/``                 | the ledger's grant path       |
+| `SigningKeyWriter`  | ``grant-keys/``                | the ledger's grant path       |
 | `SourceAppender`    | ``source/``                    | producers                     |
 
 `storage_policies()` renders the split the store enforces: one IAM policy per
@@ -27,7 +28,15 @@ from dataclasses import dataclass
 from typing import Any, NewType
 
 from . import keys
-from .keys import CHECKPOINTS_PREFIX, LEDGER_PREFIX, MANIFESTS_PREFIX, PREFIXES, SINK_PREFIX, SOURCE_PREFIX
+from .keys import (
+    CHECKPOINTS_PREFIX,
+    GRANT_KEYS_PREFIX,
+    LEDGER_PREFIX,
+    MANIFESTS_PREFIX,
+    PREFIXES,
+    SINK_PREFIX,
+    SOURCE_PREFIX,
+)
 from .store import ObjectMeta, ObjectStore, StoredObject
 
 LedgerKey = NewType("LedgerKey", str)
@@ -35,6 +44,7 @@ CheckpointKey = NewType("CheckpointKey", str)
 SinkKey = NewType("SinkKey", str)
 ManifestKey = NewType("ManifestKey", str)
 SourceKey = NewType("SourceKey", str)
+GrantKeysKey = NewType("GrantKeysKey", str)
 
 
 def _scoped(key: str, prefix: str) -> str:
@@ -61,6 +71,10 @@ def manifest_key(key: str) -> ManifestKey:
 
 def source_key(key: str) -> SourceKey:
     return SourceKey(_scoped(key, SOURCE_PREFIX))
+
+
+def grant_keys_key(key: str) -> GrantKeysKey:
+    return GrantKeysKey(_scoped(key, GRANT_KEYS_PREFIX))
 
 
 class ReadStore:
@@ -117,6 +131,13 @@ class ManifestSealer(ReadStore):
         return self._store.put_if_match(_scoped(key, MANIFESTS_PREFIX), data, etag)
 
 
+class SigningKeyWriter(ReadStore):
+    """Writes grants' private signing keys under ``grant-keys/``, create-only: the ledger's grant path."""
+
+    def create_signing_key(self, key: GrantKeysKey, data: bytes) -> str:
+        return self._store.put_if_absent(_scoped(key, GRANT_KEYS_PREFIX), data)
+
+
 class SourceAppender(ReadStore):
     """Appends to the input log under ``source/``."""
 
@@ -158,20 +179,23 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
     """Every role's access, exactly what the code does under that role.
 
     * control plane (CLI `init/migrate/failover/rebalance/status`, the Dagster code location):
-      mints grants (and seals the chain a grant fences), moves ownership heads, records desired
-      state and membership; reads the source heads for lag; lists node records to find new nodes.
+      mints grants with their signing keys (and seals the chain a grant fences, signed with the
+      grant's key), moves ownership heads, records desired state and membership; reads the source
+      heads for lag; lists node records to find new nodes.
     * node N: its own node record, release records, the manifest chain it publishes, checkpoints
-      and output. No grant, head, desired state, membership or source write; deletes nothing.
-    * producer: source segments and source heads; reads the cluster record and the manifests
-      (backpressure: lag = written - committed).
-    * auditor (`verify`, `sweep`, `status`, `query`, `report`): reads and lists everything,
-      deletes only unreferenced fenced objects (output and checkpoints) in the sweep.
+      and output; reads the signing keys of its own grants and no other node's. No grant, head,
+      desired state, membership or source write; deletes nothing.
+    * producer: source segments and source heads; reads the cluster record, the manifests
+      (backpressure: lag = written - committed) and the grants (whose public keys verify them).
+    * auditor (`verify`, `sweep`, `status`, `query`, `report`): reads and lists everything but
+      the grants' private keys, deletes only unreferenced fenced objects (output and checkpoints)
+      in the sweep.
     """
-    all_prefixes = tuple(PREFIXES.values())
+    all_prefixes = tuple(p for p in PREFIXES.values() if p != keys.GRANT_KEYS_PREFIX)
     node_reads = (keys.LEDGER_PREFIX, keys.MANIFESTS_PREFIX, keys.CHECKPOINTS_PREFIX, keys.SOURCE_PREFIX)
     access = {
         CONTROL_PLANE_ROLE: RoleAccess(
-            reads=node_reads,
+            reads=(*node_reads, keys.GRANT_KEYS_PREFIX),
             writes=(
                 keys.CLUSTER_KEY,
                 keys.MEMBERSHIP_KEY,
@@ -180,11 +204,12 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
                 keys.DESIRED_STATES_PATTERN,
                 keys.MANIFEST_HISTORY_PATTERN,
                 keys.MANIFEST_POINTERS_PATTERN,
+                keys.SIGNING_KEYS_PATTERN,
             ),
             # Its listing of the node records (`Ledger.nodes`) is inside its ``ledger/`` reads.
         ),
         PRODUCER_ROLE: RoleAccess(
-            reads=(keys.CLUSTER_KEY, keys.MANIFESTS_PREFIX, keys.SOURCE_PREFIX),
+            reads=(keys.CLUSTER_KEY, keys.GRANTS_PATTERN, keys.MANIFESTS_PREFIX, keys.SOURCE_PREFIX),
             writes=(keys.SEGMENTS_PATTERN, keys.SOURCE_HEADS_PATTERN),
         ),
         AUDITOR_ROLE: RoleAccess(
@@ -196,7 +221,7 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
     }
     for n in nodes:
         access[node_role(n)] = RoleAccess(
-            reads=node_reads,
+            reads=(*node_reads, keys.node_signing_keys_prefix(n)),
             writes=(
                 keys.node_key(n),
                 keys.RELEASES_PATTERN,
@@ -217,6 +242,7 @@ CREATE_ONLY_PATTERNS: tuple[str, ...] = (
     keys.SEGMENTS_PATTERN,
     keys.CHECKPOINT_OBJECTS_PATTERN,
     keys.OUTPUT_OBJECTS_PATTERN,
+    keys.SIGNING_KEYS_PATTERN,
 )
 #: Objects created once (If-None-Match) and then only swapped (If-Match).
 CAS_PATTERNS: tuple[str, ...] = (
@@ -229,7 +255,7 @@ CAS_PATTERNS: tuple[str, ...] = (
     keys.SOURCE_HEADS_PATTERN,
 )
 #: Prefixes nothing ever deletes from.
-NEVER_DELETED: tuple[str, ...] = (keys.LEDGER_PREFIX, keys.MANIFESTS_PREFIX, keys.SOURCE_PREFIX)
+NEVER_DELETED: tuple[str, ...] = (keys.LEDGER_PREFIX, keys.MANIFESTS_PREFIX, keys.SOURCE_PREFIX, keys.GRANT_KEYS_PREFIX)
 
 
 def _base(prefix: str) -> str:
@@ -279,7 +305,7 @@ def bucket_policy(bucket: str, prefix: str) -> dict[str, Any]:
       manifest entry, a segment, a fenced object can never be overwritten);
     * a CAS object is written with If-None-Match or If-Match (no blind overwrite of a head,
       a pointer, a node record, the desired state, the membership or the cluster record);
-    * nothing is deleted from ``ledger/``, ``manifests/`` or ``source/``.
+    * nothing is deleted from ``ledger/``, ``manifests/``, ``source/`` or ``grant-keys/``.
     """
     base = _base(prefix)
 
@@ -353,7 +379,13 @@ def partition_session_policy(bucket: str, prefix: str, node: int, partitions: Se
     """
     base = _base(prefix)
     writes = [keys.node_key(node), *(pattern for p in partitions for pattern in keys.partition_write_patterns(p))]
-    reads = (keys.LEDGER_PREFIX, keys.MANIFESTS_PREFIX, keys.CHECKPOINTS_PREFIX, keys.SOURCE_PREFIX)
+    reads = (
+        keys.LEDGER_PREFIX,
+        keys.MANIFESTS_PREFIX,
+        keys.CHECKPOINTS_PREFIX,
+        keys.SOURCE_PREFIX,
+        keys.node_signing_keys_prefix(node),
+    )
     return {
         "Version": "2012-10-17",
         "Statement": [

@@ -17,6 +17,8 @@ in numeric order)::
     sink/{p}/{epoch:010d}-{start:020d}-{end:020d}-{ulid}.parquet   output file (create-only, fenced)
     source/{p}/{start_offset:020d}.seg                 input log segment (create-only)
     source/{p}/head.json                               producers' source head (CAS, may lag)
+    grant-keys/n-{node:05d}/p-{p}/e-{epoch:020d}.json  a grant's private signing key (create-only;
+                                                       readable by the grantee and the control plane only)
 
 These formats are persisted: changing one orphans every existing store.
 Write capabilities (`capabilities`) are split by the top-level prefixes in
@@ -41,6 +43,9 @@ MANIFESTS_PREFIX = "manifests/"
 CHECKPOINTS_PREFIX = "checkpoints/"
 SINK_PREFIX = "sink/"
 SOURCE_PREFIX = "source/"
+#: Private signing keys of grants: the control plane reads and writes them, a node reads only its
+#: own part (`node_signing_keys_prefix`), the auditor and the producer none of it.
+GRANT_KEYS_PREFIX = "grant-keys/"
 
 #: Every top-level prefix by the name the capabilities and storage policies use.
 PREFIXES: Mapping[str, str] = MappingProxyType(
@@ -50,6 +55,7 @@ PREFIXES: Mapping[str, str] = MappingProxyType(
         "checkpoints": CHECKPOINTS_PREFIX,
         "source": SOURCE_PREFIX,
         "sink": SINK_PREFIX,
+        "grant-keys": GRANT_KEYS_PREFIX,
     }
 )
 
@@ -125,6 +131,19 @@ def manifest_pointer_key(partition: int) -> str:
 def manifest_history_key(partition: int, seq: int) -> str:
     """History entry `seq` of `partition`'s manifest chain."""
     return f"{manifest_prefix(partition)}/history/{seq:020d}.json"
+
+
+# --- grant signing keys ---------------------------------------------------------------
+
+
+def node_signing_keys_prefix(node: int) -> str:
+    """Prefix (with trailing slash) of the signing keys of every grant made to `node`."""
+    return f"{GRANT_KEYS_PREFIX}n-{node:05d}/"
+
+
+def signing_key_key(node: int, partition: int, epoch: int) -> str:
+    """The private signing key of the grant of `partition` at `epoch` to `node`."""
+    return f"{node_signing_keys_prefix(node)}p-{_partition(partition)}/e-{epoch:020d}.json"
 
 
 # --- source log ---------------------------------------------------------------------
@@ -238,6 +257,12 @@ SEGMENTS_PATTERN = f"{SOURCE_PREFIX}*.seg"
 SOURCE_HEADS_PATTERN = f"{SOURCE_PREFIX}*/head.json"
 CHECKPOINT_OBJECTS_PATTERN = f"{CHECKPOINTS_PREFIX}*"
 OUTPUT_OBJECTS_PATTERN = f"{SINK_PREFIX}*"
+SIGNING_KEYS_PATTERN = f"{GRANT_KEYS_PREFIX}*"
+
+
+def node_signing_keys_pattern(node: int) -> str:
+    """The signing keys of `node`'s grants: what that node (and no other) may read of them."""
+    return f"{node_signing_keys_prefix(node)}*"
 
 
 def partition_write_patterns(partition: int) -> tuple[str, ...]:

@@ -20,6 +20,14 @@ Grants are made by the control plane only (`acquire` after a release, `fence`
 without one); a node takes up a grant made for it with `adopt` and writes only
 its own records: its node record and its release records.
 
+Each grant carries the public half of a keypair minted with it; the private
+half is stored create-only where only the grantee and the control plane can
+read it (`signing`). It is written before the grant, so a grant never names a
+key that does not exist. `adopt` reads it (a node without it does not take the
+partition); the seal, the grantee's manifest entries and its release record at
+that epoch are signed with it, and a release record that does not verify is
+no release (`release_record` passes over it).
+
 The ledger is the only code that mints `FencingToken`s.
 """
 
@@ -38,7 +46,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from .capabilities import LedgerKey, LedgerWriter, ManifestSealer, ledger_key
+from .capabilities import LedgerKey, LedgerWriter, ManifestSealer, SigningKeyWriter, grant_keys_key, ledger_key
 from .errors import ConflictError, InvalidArgument, NotFoundError
 from .fencing import FencingToken, NotOwned, StaleEpoch, UnknownPartition, _mint_token
 from .identity import MAX_PARTITIONS, UNASSIGNED, NodeId, PartitionId
@@ -51,6 +59,7 @@ from .keys import (
     ownership_head_key,
     parse_node_key,
     release_key,
+    signing_key_key,
 )
 from .manifest import ChainSealer
 from .records import (
@@ -70,6 +79,7 @@ from .records import (
     now,
     parse_record,
 )
+from .signing import ForgedRecord, GrantKeys, SigningKey, SigningKeys, SigningKeyUnavailable, sign_record
 from .store import ObjectStore, PreconditionFailed, StoredObject
 from .versioned import VersionedObject
 
@@ -190,12 +200,16 @@ class Ledger:
         self._parsed: dict[str, tuple[str, BaseModel]] = {}
         self._pool_lock = threading.Lock()
         self._sealer: ChainSealer | None = None
+        #: Public keys of grants, to verify release records.
+        self.grant_keys = GrantKeys(self._writer)
+        #: Private keys of grants: the ones this process minted (control plane) or adopted (node).
+        self.signing_keys = SigningKeys(self._writer)
 
     @property
     def sealer(self) -> ChainSealer:
         """Seals manifest chains on grants (holds only the `ManifestSealer` capability)."""
         if self._sealer is None:
-            self._sealer = ChainSealer(ManifestSealer(self.store), self.store)
+            self._sealer = ChainSealer(ManifestSealer(self.store), self.store, signing_keys=self.signing_keys)
         return self._sealer
 
     # -- reading -----------------------------------------------------------
@@ -319,12 +333,9 @@ class Ledger:
             grant = entry.value
             epoch, owner, lagged = grant.epoch, NodeId(grant.node), True
             status = PartitionStatus.ACTIVE if grant.node != UNASSIGNED else PartitionStatus.UNASSIGNED
-        # The owner records its release without touching the head (the head is the control plane's).
-        if (
-            status == PartitionStatus.ACTIVE
-            and owner != UNASSIGNED
-            and self._writer.head(release_key(partition, epoch))
-        ):
+        # The owner records its release without touching the head (the head is the control plane's);
+        # only a release its grant's key signed counts.
+        if status == PartitionStatus.ACTIVE and owner != UNASSIGNED and self.release_record(partition, epoch):
             status = PartitionStatus.RELEASED
         return Ownership(PartitionId(partition), epoch, owner, status, lagged)
 
@@ -342,8 +353,27 @@ class Ledger:
             yield entry.value
 
     def release_record(self, partition: PartitionId, epoch: int) -> ReleaseRecord | None:
-        got = self._read(release_key(partition, epoch), ReleaseRecord)
-        return got[0] if got else None
+        """The release of `partition`'s `epoch` by its owner; None if there is none or it is forged."""
+        try:
+            return self._verified_release(partition, epoch)
+        except ForgedRecord:
+            return None
+
+    def _verified_release(self, partition: PartitionId, epoch: int) -> ReleaseRecord | None:
+        """The release of `epoch`, None if absent; ForgedRecord unless the grant's key signed it."""
+        key = release_key(partition, epoch)
+        obj = self._writer.get(key)
+        if obj is None:
+            return None
+        try:
+            record = self._parse(obj, ReleaseRecord)
+        except CorruptLedgerObject as exc:
+            # Any node's credentials can write here: bytes that do not parse are no release.
+            raise ForgedRecord(partition, key, epoch, f"does not parse: {exc.reason}") from exc
+        if record.partition != partition or record.epoch != epoch:
+            raise ForgedRecord(partition, key, epoch, f"names partition {record.partition}, epoch {record.epoch}")
+        self.grant_keys.check(key, record, partition, epoch, record.node)
+        return record
 
     # -- acquisition: the only place tokens are minted ----------------------
 
@@ -401,10 +431,15 @@ class Ledger:
         current = self._current_or_unknown(partition)
         if current.owner != node or current.epoch == 0:
             raise NotOwned(partition)
-        if generation is not None:
-            grant = self.grant(partition, current.epoch)
-            if grant is None or grant.generation != generation:
-                raise NotOwned(partition)
+        grant = self.grant(partition, current.epoch)
+        if grant is None or (generation is not None and grant.generation != generation):
+            raise NotOwned(partition)
+        # Without the grant's private key nothing this node writes for the partition would count.
+        key = self.signing_keys.get(node, partition, current.epoch)
+        if key.public_key != grant.public_key:
+            raise SigningKeyUnavailable(
+                partition, current.epoch, node, signing_key_key(node, partition, current.epoch), "not the grant's key"
+            )
         return _mint_token(partition, current.epoch, node)
 
     def _current_or_unknown(self, partition: PartitionId) -> Ownership:
@@ -427,6 +462,12 @@ class Ledger:
         Returns the epoch.
         """
         epoch = current.epoch + 1
+        # Read the chain while its newest epoch is still current: the seal below then starts from an
+        # entry this process checked, not from a pointer it would have to verify from the start.
+        # Only a hint: a chain that cannot be read does not keep the grant (the fence) from being made.
+        with contextlib.suppress(LedgerError):
+            self.sealer.current(partition)
+        signing_key = self._mint_signing_key(partition, epoch, node)
         grant = EpochGrant(
             partition=partition,
             epoch=epoch,
@@ -437,6 +478,7 @@ class Ledger:
             generation=generation,
             reason=reason,
             granted_at=now(),
+            public_key=signing_key.public_key,
         )
         try:
             # The linearization point: exactly one contender creates grant (p, epoch).
@@ -445,12 +487,34 @@ class Ledger:
             raise EpochConflict(partition, current.epoch, self._current_or_unknown(partition).epoch) from None
         # The fence point: from this seal on, no publish under an older epoch is accepted. A
         # failure here leaves the grant in place; the grantee seals before it restores.
-        self.sealer.seal(partition, epoch, node=node, generation=generation or 0, reason=f"{kind.value} by the ledger")
+        self.sealer.seal(
+            partition,
+            epoch,
+            node=node,
+            generation=generation or 0,
+            reason=f"{kind.value} by the ledger",
+            signing_key=signing_key,
+        )
         status = PartitionStatus.ACTIVE if node != UNASSIGNED else PartitionStatus.UNASSIGNED
         # The grant already holds; a successor may supersede it at once, which the
         # token's guard will then report on its next validate.
         self._advance_head(partition, epoch, node, status, only_if_epoch=None)
         return epoch
+
+    def _mint_signing_key(self, partition: PartitionId, epoch: int, node: NodeId) -> SigningKey:
+        """The keypair of the grant of `partition` at `epoch` to `node`, stored create-only before the grant.
+
+        A contender granting the same epoch to the same node may have stored one
+        first: then that one is used, so whichever grant wins names a stored key.
+        """
+        key = SigningKey.generate(partition, epoch, node)
+        name = signing_key_key(node, partition, epoch)
+        try:
+            SigningKeyWriter(self.store).create_signing_key(grant_keys_key(name), _encode(key))
+        except PreconditionFailed:
+            return self.signing_keys.get(node, partition, epoch)
+        self.signing_keys.remember(key)
+        return key
 
     def _advance_head(
         self,
@@ -494,12 +558,17 @@ class Ledger:
             source_offset=source_offset,
             released_at=now(),
         )
+        record = sign_record(record, self.signing_keys.get(token.node, token.partition, token.epoch))
         key = release_key(token.partition, token.epoch)
         try:
             # The release record alone says it (`ownership` reads it): a node writes no head.
             self._writer.create(ledger_key(key), _encode(record))
         except PreconditionFailed:
-            existing = self._require(key, ReleaseRecord)[0]
+            # Ours (a retry), or a forged one that took the name first (ForgedRecord: no release
+            # is recorded, the partition can only move by a forced failover).
+            existing = self._verified_release(token.partition, token.epoch)
+            if existing is None:
+                raise CorruptLedgerObject(key, "missing") from None
             if existing.node != token.node:
                 raise NotOwned(token.partition) from None
             return existing

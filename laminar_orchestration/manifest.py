@@ -28,12 +28,20 @@ is rejected with `BrokenManifestChain`, naming the object.
 ``manifests/p/current.json`` is a CAS pointer to the newest entry; readers roll
 forward over history entries it has not caught up with, so no listing is needed
 (the chain is a `versioned.VersionedObject`; its keys are spelled in `keys`).
+
+Every entry is signed with the private key of the grant of its fencing token
+(`signing`): the publisher with its grant's key, a seal with the key of the
+grant it seals at. Store policies let any node write under ``manifests/``, so
+an entry that does not verify against its grant's public key is forged and
+void: readers pass over it (`ManifestReader`), a writer whose sequence number
+it took moves on to the next, and nothing it names is ever read or restored.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -46,12 +54,15 @@ from .errors import ConflictError, CorruptDataError
 from .fencing import ConditionalPutFailed, FencingToken
 from .identity import PartitionId
 from .keys import manifest_history_key, manifest_pointer_key
-from .records import LedgerError, Record, new_write_id, now, parse_record
+from .records import CorruptLedgerObject, LedgerError, Record, SignedRecord, new_write_id, now, parse_record
+from .signing import ForgedRecord, GrantKeys, SigningKey, SigningKeys, sign_record
 from .store import ObjectStore, PreconditionFailed, StoredObject
 from .ulid import next_ulid
 from .versioned import VersionedObject, VersionedReader
 
 SHA256_METADATA = "x-laminar-sha256"
+
+log = logging.getLogger(__name__)
 
 
 # --- records ----------------------------------------------------------------
@@ -96,8 +107,8 @@ class DeltaRef(Record):
     rows: int = Field(ge=0)
 
 
-class PartitionManifest(Record):
-    """One commit of one partition."""
+class PartitionManifest(SignedRecord):
+    """One commit of one partition, signed with the key of the grant of its `fencing_token`."""
 
     kind: Literal["partition-manifest"] = "partition-manifest"
     partition: int = Field(ge=0)
@@ -139,9 +150,12 @@ class PartitionManifest(Record):
         """The source offset the snapshot reflects (0 without one)."""
         return self.snapshot.source_offset if self.snapshot else 0
 
-    def validate_succession(self, previous: PartitionManifest, previous_raw_hash: str) -> None:
-        """Raise a SuccessionError unless this manifest may follow `previous`."""
-        if self.seq != previous.seq + 1:
+    def validate_succession(self, previous: PartitionManifest, previous_raw_hash: str, *, skipped: int = 0) -> None:
+        """Raise a SuccessionError unless this manifest may follow `previous`.
+
+        `skipped` forged entries (void: no part of the chain) may stand between the two.
+        """
+        if self.seq != previous.seq + 1 + skipped:
             raise SequenceGap(PartitionId(self.partition), previous.seq, self.seq)
         if self.fencing_token < previous.fencing_token:
             raise StaleFencingToken(PartitionId(self.partition), self.fencing_token, previous.fencing_token)
@@ -275,6 +289,21 @@ class SealContended(SuccessionError):
 
 
 @dataclass
+class PublishContended(SuccessionError):
+    """A publish kept losing its sequence number to forged entries (a writer without the grant's key)."""
+
+    partition: PartitionId
+    epoch: int
+    attempts: int
+
+    def __str__(self) -> str:
+        return (
+            f"could not publish to the manifest chain of partition {self.partition} at epoch {self.epoch}: "
+            f"forged entries took the next sequence number {self.attempts} times"
+        )
+
+
+@dataclass
 class ArtifactMissing(LedgerError, CorruptDataError):
     key: str
 
@@ -322,52 +351,174 @@ class ManifestUpdate:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class ChainRead:
+    """A chain as read: its newest genuine entry, the pointer's ETag, the first sequence number nobody took."""
+
+    version: ManifestVersion | None
+    pointer_etag: str | None
+    #: Past every entry written, forged ones included: where the next entry goes.
+    next_seq: int
+
+
 def _decode_manifest(obj: StoredObject) -> ManifestVersion:
     return ManifestVersion(parse_record(obj.key, obj.data, PartitionManifest), obj.data)
 
 
+def _same(a: ManifestVersion | None, b: ManifestVersion | None) -> bool:
+    return (a.raw if a else None) == (b.raw if b else None)
+
+
 class ManifestReader:
-    """Reads current manifests and their history by explicit keys."""
+    """Reads current manifests and their history by explicit keys, passing over forged entries.
 
-    def __init__(self, store: ObjectStore) -> None:
+    An entry counts only when the key of the grant of its `fencing_token` signed
+    it, for this partition, at the sequence number it is stored under, and the
+    grant names its node (`signing.GrantKeys`). A forged entry is void: the walk
+    steps over it, and the next genuine entry must follow the last genuine one
+    (parent hash, tokens, sequence number counting the void entries between).
+    The forged entries seen are kept in `forged` (an audit reports them).
+
+    The pointer is a hint, never trusted for more than where to start: a forged
+    pointer is ignored; a genuine one is used only when the entry reached from
+    it belongs to an epoch not yet superseded (its signer is the current owner
+    or the control plane) or this reader checked the chain up to it before.
+    Otherwise the walk restarts from the newest entry this reader checked, or
+    from the first entry. That keeps a former owner, who still holds its old
+    epoch's key, from steering readers past the seal that fenced it.
+    """
+
+    def __init__(self, store: ObjectStore, *, signing_keys: SigningKeys | None = None) -> None:
         self._reads = ReadStore(store)
+        self.grant_keys = GrantKeys(self._reads)
+        self.signing_keys = signing_keys or SigningKeys(self._reads)
+        #: The newest entry of each partition reached link by link from a trusted start (entries never change).
+        self._trusted: dict[int, ManifestVersion] = {}
+        #: Forged objects seen, by key.
+        self.forged: dict[str, ForgedRecord] = {}
 
-    def _chain(self, partition: int) -> VersionedReader[ManifestVersion, ManifestKey]:
+    def _chain(self, partition: int) -> VersionedReader[ManifestVersion | None, ManifestKey]:
         return VersionedReader(
             self._reads,
             entry_key=lambda seq: manifest_key(manifest_history_key(partition, seq)),
             pointer_key=manifest_key(manifest_pointer_key(partition)),
-            decode=lambda _seq, obj: _decode_manifest(obj),
+            decode=lambda seq, obj: self._genuine(partition, seq, obj),
         )
 
+    def _genuine(self, partition: int, seq: int | None, obj: StoredObject) -> ManifestVersion | None:
+        """`obj` as a manifest of `partition` (at `seq`, for a history entry) if genuine; None if forged."""
+        try:
+            version = _decode_manifest(obj)
+        except CorruptLedgerObject as exc:
+            # Anyone with write access to the prefix can store bytes that do not parse: forged too.
+            self._forged(ForgedRecord(PartitionId(partition), obj.key, 0, f"does not parse: {exc.reason}"))
+            return None
+        m = version.manifest
+        reason: str | None
+        if m.partition != partition:
+            reason = f"names partition {m.partition}"
+        elif seq is not None and m.seq != seq:
+            reason = f"names sequence number {m.seq}"
+        else:
+            grant = self.grant_keys.grant(partition, m.fencing_token)
+            if grant is not None and grant.public_key is None:
+                # A grant made before grants carried keys: nothing at its epoch can be verified, and
+                # passing over the whole chain would restore nothing. Stop instead (fail closed).
+                raise ForgedRecord(
+                    PartitionId(partition), obj.key, m.fencing_token, "its epoch's grant carries no public key"
+                )
+            reason = self.grant_keys.problem(m, partition, m.fencing_token, m.node)
+        if reason is not None:
+            self._forged(ForgedRecord(PartitionId(partition), obj.key, m.fencing_token, reason))
+            return None
+        return version
+
+    def _forged(self, record: ForgedRecord) -> None:
+        if record.key not in self.forged:
+            log.warning("%s; passed over", record)
+        if len(self.forged) >= 10_000:
+            self.forged.clear()
+        self.forged[record.key] = record
+
     def entry(self, partition: PartitionId, seq: int) -> ManifestVersion | None:
-        """History entry `seq` as stored (not checked against its neighbours), or None."""
+        """History entry `seq` if it is genuine (not checked against its neighbours); None if absent or forged."""
         entry = self._chain(partition).entry(seq) if seq >= 1 else None
         return entry.value if entry else None
 
     def current(self, partition: PartitionId) -> ManifestVersion | None:
-        """The newest manifest: the pointer, rolled forward over newer history entries."""
-        return self._current_with_etag(partition)[0]
+        """The newest genuine manifest: from the pointer (or a trusted start), rolled forward."""
+        return self.read_chain(partition).version
 
-    def _current_with_etag(self, partition: int) -> tuple[ManifestVersion | None, str | None]:
+    def read_chain(self, partition: int) -> ChainRead:
+        """The chain's newest genuine entry, the pointer's ETag and the next free sequence number."""
         chain = self._chain(partition)
         pointer = chain.pointer()
-        version = _decode_manifest(pointer) if pointer else None
-        for entry in chain.roll_forward(version.manifest.seq + 1 if version else 1):
+        trusted = self._trusted.get(partition)
+        pointed: ManifestVersion | None
+        if pointer is not None and trusted is not None and pointer.data == trusted.raw:
+            pointed = trusted  # checked already (the usual case for the owner: its own last entry)
+        else:
+            pointed = self._genuine(partition, None, pointer) if pointer is not None else None
+        start: ManifestVersion | None
+        if trusted is not None and (pointed is None or pointed.manifest.seq <= trusted.manifest.seq):
+            start, from_trust = trusted, True
+        else:
+            # No pointer (or a forged one) and nothing checked yet: from the first entry, which is trusted.
+            start, from_trust = pointed, pointed is None
+        version, next_seq = self._walk(partition, start)
+        if (
+            not from_trust
+            and version is not None
+            and self.grant_keys.superseded(partition, version.manifest.fencing_token)
+        ):
+            # Reached from a pointer alone, at an epoch a later grant ended: possibly a former
+            # owner's entry after the seal that fenced it. Check the chain from a trusted start.
+            version, next_seq = self._walk(partition, trusted)
+        if version is not None:
+            self._trust(partition, version)
+        return ChainRead(version, pointer.etag if pointer else None, next_seq)
+
+    def _trust(self, partition: int, version: ManifestVersion) -> None:
+        known = self._trusted.get(partition)
+        if known is None or known.manifest.seq < version.manifest.seq:
+            self._trusted[partition] = version
+
+    def _walk(self, partition: int, start: ManifestVersion | None) -> tuple[ManifestVersion | None, int]:
+        """Roll forward from `start` (None: from the first entry) over every entry written, skipping forged ones.
+
+        Each genuine entry must follow the last genuine one (`validate_succession`),
+        else BrokenManifestChain naming it. Returns the newest genuine entry and the
+        sequence number after the last entry written.
+        """
+        version = start
+        seq = start.manifest.seq + 1 if start else 1
+        skipped = 0
+        for entry in self._chain(partition).roll_forward(seq):
+            seq = entry.position + 1
+            if entry.value is None:
+                skipped += 1
+                continue
+            m = entry.value.manifest
             if version is not None:
                 # Succession is enforced here, not only by honest publishers: an entry under a
                 # lower epoch than its predecessor (a write after the seal) is never rolled onto.
                 try:
-                    entry.value.manifest.validate_succession(version.manifest, version.raw_hash)
-                except (SuccessionError, StaleFencingToken) as exc:
+                    m.validate_succession(version.manifest, version.raw_hash, skipped=skipped)
+                except (SuccessionError, ConditionalPutFailed) as exc:
                     raise BrokenManifestChain(PartitionId(partition), entry.key, str(exc)) from exc
-            version = entry.value
-        return version, pointer.etag if pointer else None
+            elif m.parent_hash is not None:
+                raise BrokenManifestChain(PartitionId(partition), entry.key, "the first entry names a parent")
+            version, skipped = entry.value, 0
+        return version, seq
 
     def history(self, partition: PartitionId) -> Iterator[ManifestVersion]:
-        """Every committed manifest from seq 1, in order (an audit path: one GET per entry)."""
+        """Every genuine manifest from seq 1, in order (an audit path: one GET per entry).
+
+        Forged entries are passed over (and kept in `forged`); succession is not checked here.
+        """
         for entry in self._chain(partition).roll_forward(1):
-            yield entry.value
+            if entry.value is not None:
+                yield entry.value
 
 
 class ManifestWrites(Protocol):
@@ -381,13 +532,15 @@ class ManifestWrites(Protocol):
 #: A seal retries on top of each publish that beat it to a sequence number; only a writer
 #: under the old epoch publishing in a tight loop could make it lose this often.
 _SEAL_ATTEMPTS = 50
+#: A publish moves past forged entries that take its sequence number this many times at most.
+_PUBLISH_ATTEMPTS = 50
 
 
 class ChainSealer(ManifestReader):
     """Seals manifest chains: the part of granting an epoch that fences the manifest history."""
 
-    def __init__(self, writer: ManifestWrites, store: ObjectStore) -> None:
-        super().__init__(store)
+    def __init__(self, writer: ManifestWrites, store: ObjectStore, *, signing_keys: SigningKeys | None = None) -> None:
+        super().__init__(store, signing_keys=signing_keys)
         self._committer = writer
 
     def _writable_chain(self, partition: int) -> VersionedObject[ManifestVersion, ManifestKey]:
@@ -401,7 +554,14 @@ class ChainSealer(ManifestReader):
         )
 
     def seal(
-        self, partition: PartitionId, epoch: int, *, node: int, generation: int = 0, reason: str = ""
+        self,
+        partition: PartitionId,
+        epoch: int,
+        *,
+        node: int,
+        generation: int = 0,
+        reason: str = "",
+        signing_key: SigningKey | None = None,
     ) -> ManifestVersion:
         """Make sure the chain's newest entry carries a fencing token >= `epoch`; return that entry.
 
@@ -415,10 +575,13 @@ class ChainSealer(ManifestReader):
         manifest (offset, state, events applied and any other field carry over)
         under `epoch` with no outputs, or an empty first entry. A publish under
         an older epoch that wins a sequence number first is the old owner's last
-        commit; the seal goes on top of it.
+        commit; the seal goes on top of it (and past forged entries).
+        The seal is signed with the key of the grant of `epoch` (`signing_key`,
+        else read for `node`: the grantee's own, or any for the control plane).
         """
         for _ in range(_SEAL_ATTEMPTS):
-            previous, pointer_etag = self._current_with_etag(partition)
+            read = self.read_chain(partition)
+            previous = read.version
             if previous is not None and previous.manifest.fencing_token >= epoch:
                 newer_incarnation = (
                     previous.manifest.fencing_token == epoch
@@ -431,7 +594,7 @@ class ChainSealer(ManifestReader):
             if previous is None:
                 manifest = PartitionManifest(
                     partition=partition,
-                    seq=1,
+                    seq=read.next_seq,
                     fencing_token=epoch,
                     node=node,
                     generation=generation,
@@ -449,7 +612,7 @@ class ChainSealer(ManifestReader):
                 # A copy, so fields added to manifests later carry over without touching this.
                 manifest = prev.model_copy(
                     update={
-                        "seq": prev.seq + 1,
+                        "seq": read.next_seq,
                         "fencing_token": epoch,
                         "node": node,
                         "generation": generation,
@@ -459,16 +622,21 @@ class ChainSealer(ManifestReader):
                         "note": note,
                         "committed_at": now(),
                         "write_id": new_write_id(),
+                        "signature": None,
                     }
                 )
-                manifest.validate_succession(prev, previous.raw_hash)
+                manifest.validate_succession(prev, previous.raw_hash, skipped=read.next_seq - prev.seq - 1)
+            key = signing_key or self.signing_keys.get(node, partition, epoch)
+            manifest = sign_record(manifest, key)
             raw = manifest.model_dump_json().encode()
             try:
                 self._writable_chain(partition).create(manifest.seq, raw)
             except PreconditionFailed:
-                continue  # the old owner's last commit took this seq: seal on top of it
-            self._move_pointer(partition, raw, pointer_etag)
-            return ManifestVersion(manifest, raw)
+                continue  # the old owner's last commit (or a forged entry) took this seq: seal on top of it
+            version = ManifestVersion(manifest, raw)
+            self._trust(partition, version)
+            self._move_pointer(partition, raw, read.pointer_etag)
+            return version
         raise SealContended(partition, epoch, _SEAL_ATTEMPTS)
 
     def _move_pointer(self, partition: int, raw: bytes, pointer_etag: str | None) -> None:
@@ -480,49 +648,64 @@ class ChainSealer(ManifestReader):
 class ManifestPublisher(ChainSealer):
     """Publishes manifests. Holds the `OutputCommitter` capability."""
 
-    def __init__(self, committer: OutputCommitter, store: ObjectStore) -> None:
-        super().__init__(committer, store)
+    def __init__(
+        self, committer: OutputCommitter, store: ObjectStore, *, signing_keys: SigningKeys | None = None
+    ) -> None:
+        super().__init__(committer, store, signing_keys=signing_keys)
 
     def publish(self, token: FencingToken, update: ManifestUpdate) -> ManifestVersion:
-        """Commit `update` for `token.partition`, fenced by `token.epoch`.
+        """Commit `update` for `token.partition`, fenced by `token.epoch`, signed with its grant's key.
 
         Raises StaleFencingToken if the chain was sealed (or published) at a
         newer epoch, and ConditionalPutFailed if that happened concurrently
-        (the seal took our sequence number).
+        (the seal took our sequence number). A forged entry that takes our
+        sequence number is passed over: the commit goes to the next one.
+        SigningKeyUnavailable if this node cannot read its grant's key.
         """
         p = token.partition
-        previous, pointer_etag = self._current_with_etag(p)
-        if previous is not None and token.epoch < previous.manifest.fencing_token:
-            raise StaleFencingToken(p, token.epoch, previous.manifest.fencing_token)
-        manifest = PartitionManifest(
-            partition=p,
-            seq=previous.manifest.seq + 1 if previous else 1,
-            fencing_token=token.epoch,
-            node=token.node,
-            generation=update.generation,
-            commit_ulid=next_ulid(previous.manifest.commit_ulid if previous else None),
-            parent_hash=previous.raw_hash if previous else None,
-            cluster_epoch=update.cluster_epoch,
-            source_offset=update.source_offset,
-            snapshot=update.snapshot,
-            deltas=list(update.deltas),
-            outputs=list(update.outputs),
-            events_applied=update.events_applied,
-            note=update.note,
-            committed_at=now(),
-        )
-        if previous is not None:
-            manifest.validate_succession(previous.manifest, previous.raw_hash)
-        raw = manifest.model_dump_json().encode()
-        try:
-            # The linearization point of a commit: one writer per sequence number.
-            self._writable_chain(p).create(manifest.seq, raw)
-        except PreconditionFailed:
-            winner = self.current(p)
-            actual = winner.manifest.fencing_token if winner else token.epoch
-            raise ConditionalPutFailed(p, token.epoch, actual) from None
-        self._move_pointer(p, raw, pointer_etag)
-        return ManifestVersion(manifest, raw)
+        key = self.signing_keys.get(token.node, p, token.epoch)
+        read = self.read_chain(p)
+        for _ in range(_PUBLISH_ATTEMPTS):
+            previous = read.version
+            if previous is not None and token.epoch < previous.manifest.fencing_token:
+                raise StaleFencingToken(p, token.epoch, previous.manifest.fencing_token)
+            manifest = PartitionManifest(
+                partition=p,
+                seq=read.next_seq,
+                fencing_token=token.epoch,
+                node=token.node,
+                generation=update.generation,
+                commit_ulid=next_ulid(previous.manifest.commit_ulid if previous else None),
+                parent_hash=previous.raw_hash if previous else None,
+                cluster_epoch=update.cluster_epoch,
+                source_offset=update.source_offset,
+                snapshot=update.snapshot,
+                deltas=list(update.deltas),
+                outputs=list(update.outputs),
+                events_applied=update.events_applied,
+                note=update.note,
+                committed_at=now(),
+            )
+            if previous is not None:
+                skipped = read.next_seq - previous.manifest.seq - 1
+                manifest.validate_succession(previous.manifest, previous.raw_hash, skipped=skipped)
+            manifest = sign_record(manifest, key)
+            raw = manifest.model_dump_json().encode()
+            try:
+                # The linearization point of a commit: one writer per sequence number.
+                self._writable_chain(p).create(manifest.seq, raw)
+            except PreconditionFailed:
+                again = self.read_chain(p)
+                if _same(again.version, previous):
+                    read = again  # only a forged entry took the number: no genuine writer moved the chain
+                    continue
+                actual = again.version.manifest.fencing_token if again.version else token.epoch
+                raise ConditionalPutFailed(p, token.epoch, actual) from None
+            version = ManifestVersion(manifest, raw)
+            self._trust(p, version)
+            self._move_pointer(p, raw, read.pointer_etag)
+            return version
+        raise PublishContended(p, token.epoch, _PUBLISH_ATTEMPTS)
 
 
 def artifact_ref(key: str, data: bytes) -> ArtifactRef:

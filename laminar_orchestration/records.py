@@ -7,6 +7,7 @@ so a writer whose response was lost can tell its own write from another's.
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, TypeVar
@@ -65,6 +66,24 @@ class Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+#: An Ed25519 public key or private key (32 bytes), hex.
+KEY_HEX_PATTERN = r"^[0-9a-f]{64}$"
+#: An Ed25519 signature (64 bytes), hex.
+SIGNATURE_HEX_PATTERN = r"^[0-9a-f]{128}$"
+
+
+class SignedRecord(Record):
+    """A record that counts only with a signature by the private key of its epoch's grant (`signing`)."""
+
+    #: Ed25519 signature over `signed_bytes()`; None on a record nobody signed (it counts as forged).
+    signature: str | None = Field(default=None, pattern=SIGNATURE_HEX_PATTERN)
+
+    def signed_bytes(self) -> bytes:
+        """The canonical bytes the signature covers: every field but the signature, keys sorted."""
+        body = self.model_dump(mode="json", exclude={"signature"})
+        return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 class ClusterRecord(Record):
     """Created once by `laminar init`."""
 
@@ -121,10 +140,13 @@ class EpochGrant(Record):
     generation: int | None = None
     reason: str = ""
     granted_at: datetime
+    #: The public half of this grant's signing key: every manifest entry and release at this epoch
+    #: must verify with it. None only on grants made before grants carried keys (nothing verifies).
+    public_key: str | None = Field(default=None, pattern=KEY_HEX_PATTERN)
     write_id: str = Field(default_factory=new_write_id)
 
 
-class ReleaseRecord(Record):
+class ReleaseRecord(SignedRecord):
     """Immutable, create-only: the owner of `epoch` stopped and handed over `commit_ulid`."""
 
     kind: Literal["release"] = "release"

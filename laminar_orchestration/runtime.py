@@ -996,7 +996,7 @@ class Node:
         self.ledger = Ledger(opened)
         self.desired = DesiredStates(self.ledger)
         self.reader = ReadStore(opened)
-        self.publisher = ManifestPublisher(OutputCommitter(opened), opened)
+        self.publisher = ManifestPublisher(OutputCommitter(opened), opened, signing_keys=self.ledger.signing_keys)
         self.outputs = OutputWriter(OutputCommitter(opened))
         self.checkpoints = CheckpointStore(CheckpointWriter(opened))
         self.source = SourceLog(self.reader)

@@ -49,7 +49,7 @@ class AuditIssue:
     """One violation found by an audit."""
 
     partition: int
-    kind: str  # loss | duplicate | chain | artifact | state | lineage | ledger
+    kind: str  # loss | duplicate | chain | forged | artifact | state | lineage | ledger
     detail: str
     start_offset: int | None = None
     end_offset: int | None = None
@@ -195,9 +195,14 @@ def audit_partition(store: ObjectStore, partition: PartitionId, *, ledger: Ledge
     except LedgerError as exc:
         audit.issues.append(AuditIssue(partition, "chain", str(exc)))
     audit.manifests = len(history)
+    # Forged entries (no signature of their epoch's grant key) are no part of the chain: reported,
+    # never counted, and the genuine entry after them follows the last genuine one.
+    for forged in reader.forged.values():
+        audit.issues.append(AuditIssue(partition, "forged", str(forged)))
     for prev, cur in itertools.pairwise(history):
         try:
-            cur.manifest.validate_succession(prev.manifest, prev.raw_hash)
+            skipped = cur.manifest.seq - prev.manifest.seq - 1
+            cur.manifest.validate_succession(prev.manifest, prev.raw_hash, skipped=skipped)
         except (SuccessionError, LedgerError) as exc:
             audit.issues.append(AuditIssue(partition, "chain", f"seq {cur.manifest.seq}: {exc}"))
         except Exception as exc:  # StaleFencingToken is an EpochError

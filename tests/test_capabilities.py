@@ -85,8 +85,17 @@ def test_storage_policies_split_writes_by_role() -> None:
                 out |= {r.split("prefix/", 1)[1] for r in st["Resource"]}
         return out
 
-    # The control plane grants (and seals the chain a grant fences); it never writes output, state or a node's record.
+    def reads(role: str) -> set[str]:
+        out: set[str] = set()
+        for st in policies.roles[role]["Statement"]:
+            if "s3:GetObject" in st["Action"]:
+                out |= {r.split("prefix/", 1)[1] for r in st["Resource"]}
+        return out
+
+    # The control plane grants with their signing keys (and seals the chain a grant fences); it never
+    # writes output, state or a node's record.
     assert writes("control-plane") == {
+        "grant-keys/*",
         "ledger/cluster.json",
         "ledger/membership.json",
         "ledger/partitions/*/head.json",
@@ -100,6 +109,15 @@ def test_storage_policies_split_writes_by_role() -> None:
     # A node writes its own record, never another's, never a grant, a head or the source.
     assert "ledger/nodes/00001.json" in writes("node-1") and "ledger/nodes/00002.json" not in writes("node-1")
     assert not {w for w in writes("node-1") if "grants" in w or "head.json" in w or w.startswith("source/")}
+    # A grant's private key is readable by its grantee and the control plane only.
+    signing_key_reads = {role: {r for r in reads(role) if r.startswith("grant-keys/")} for role in policies.roles}
+    assert signing_key_reads == {
+        "control-plane": {"grant-keys/*"},
+        "node-1": {"grant-keys/n-00001/*"},
+        "node-2": {"grant-keys/n-00002/*"},
+        "producer": set(),
+        "auditor": set(),
+    }
     deletes = {
         role
         for role, doc in policies.roles.items()

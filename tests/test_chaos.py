@@ -44,6 +44,7 @@ from laminar_orchestration.manifest import (
     StaleFencingToken,
 )
 from laminar_orchestration.processing import keyed_aggregation
+from laminar_orchestration.signing import sign_record
 from laminar_orchestration.statestore import PartitionStateStore
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 from laminar_orchestration.ulid import next_ulid
@@ -200,10 +201,11 @@ def test_epoch_history_audit_finds_stale_writes_and_split_brain(store: ObjectSto
     with pytest.raises(StaleFencingToken):
         publisher.publish(second, late_output)
     assert audit_epoch_history(store, P(0), ledger=ledger).stale_writes_accepted == 0
-    # ...but a writer that bypasses the publisher can still store an entry; the audit reports it.
+    # ...but a writer that bypasses the publisher, signing with the key of the epoch it held, can
+    # still store an entry; the audit reports it.
     seal = publisher.current(P(0))
     assert seal is not None and seal.manifest.is_seal and seal.manifest.fencing_token == 3
-    forged = seal.manifest.model_copy(
+    unsigned = seal.manifest.model_copy(
         update={
             "seq": seal.manifest.seq + 1,
             "fencing_token": 2,
@@ -214,6 +216,7 @@ def test_epoch_history_audit_finds_stale_writes_and_split_brain(store: ObjectSto
             "note": "",
         }
     )
+    forged = sign_record(unsigned, ledger.signing_keys.get(2, 0, 2))
     store.put_if_absent(manifest_history_key(0, forged.seq), forged.model_dump_json().encode())
     late = audit_epoch_history(store, P(0), ledger=ledger)
     assert late.stale_writes_accepted == 2  # the manifest, and the output it names

@@ -7,7 +7,14 @@ from collections.abc import Callable
 import pytest
 
 from laminar_orchestration import keys
-from laminar_orchestration.capabilities import checkpoint_key, ledger_key, manifest_key, sink_key, source_key
+from laminar_orchestration.capabilities import (
+    checkpoint_key,
+    grant_keys_key,
+    ledger_key,
+    manifest_key,
+    sink_key,
+    source_key,
+)
 from laminar_orchestration.identity import MAX_PARTITIONS, NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.migration import DesiredStates
@@ -33,6 +40,7 @@ def test_persisted_key_formats_are_unchanged() -> None:
     assert keys.manifest_history_key(42, 9) == "manifests/00042/history/00000000000000000009.json"
     assert keys.segment_key(42, 100) == "source/00042/00000000000000000100.seg"
     assert keys.source_head_key(42) == "source/00042/head.json"
+    assert keys.signing_key_key(3, 42, 7) == "grant-keys/n-00003/p-00042/e-00000000000000000007.json"
     assert keys.delta_key(42, 7, ULID) == f"checkpoints/00042/0000000007-{ULID}.delta.parquet"
     assert keys.snapshot_file_key(42, 7, ULID, "000008.sst") == f"checkpoints/00042/0000000007-{ULID}.snap.000008.sst"
     assert keys.output_object_key(42, 7, 0, 5, ULID) == (
@@ -63,6 +71,7 @@ BUILDERS: list[tuple[str, Callable[[], str], Callable[[str], str]]] = [
     ("delta", lambda: keys.delta_key(3, 2, next_ulid()), checkpoint_key),
     ("snapshot file", lambda: keys.snapshot_file_key(3, 2, next_ulid(), "MANIFEST-000005"), checkpoint_key),
     ("output", lambda: keys.output_object_key(3, 2, 10, 20, next_ulid()), sink_key),
+    ("grant signing key", lambda: keys.signing_key_key(5, 3, 2), grant_keys_key),
 ]
 
 
@@ -73,7 +82,7 @@ def test_every_key_is_inside_exactly_its_capability_prefix(
     key = build()
     assert scope(key) == key
     assert sum(key.startswith(prefix) for prefix in keys.PREFIXES.values()) == 1
-    for other in {ledger_key, manifest_key, source_key, checkpoint_key, sink_key} - {scope}:
+    for other in {ledger_key, manifest_key, source_key, checkpoint_key, sink_key, grant_keys_key} - {scope}:
         with pytest.raises(ValueError, match="outside"):
             other(key)
 
@@ -128,6 +137,7 @@ def test_a_workflow_writes_only_keys_the_layout_builds(store: ObjectStore) -> No
         keys.node_key(1),
         keys.desired_state_key(1),
         keys.grant_key(0, 1),
+        keys.signing_key_key(1, 0, 1),
         keys.release_key(0, 1),
         keys.segment_key(0, 0),
         keys.source_head_key(0),

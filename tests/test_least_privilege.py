@@ -28,6 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +53,11 @@ from laminar_orchestration.capabilities import (
 from laminar_orchestration.checkpoint import OutputWriter
 from laminar_orchestration.fencing import PartitionGuard
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import ManifestReader
+from laminar_orchestration.ledger import Ledger, NotReleased
+from laminar_orchestration.manifest import SHA256_METADATA, ArtifactRef, ManifestReader
 from laminar_orchestration.migration import DesiredStates
+from laminar_orchestration.records import PartitionStatus, ReleaseRecord, now
+from laminar_orchestration.signing import SigningKey, sign_record
 from laminar_orchestration.source import SourceLog, generate_events
 from laminar_orchestration.store import ObjectStore, PreconditionFailed, StoreUnavailable
 from laminar_orchestration.store.s3 import S3ObjectStore
@@ -326,6 +329,13 @@ def _delete(role: str, key: str) -> tuple[Callable[[Roles], object], Callable[[R
     )
 
 
+def _read(role: str, key: str) -> tuple[Callable[[Roles], object], Callable[[Roles], object]]:
+    return (
+        lambda r: r.store(role).get(key),
+        lambda r: r.raw(role).get_object(Bucket=BUCKET, Key=_full(key)),
+    )
+
+
 def _attempt(
     role: str, action: str, how: tuple[Callable[[Roles], object], Callable[[Roles], object]], **kw: Any
 ) -> Attempt:
@@ -379,6 +389,14 @@ def attempts(r: Roles, victim: int) -> list[Attempt]:
         _attempt(node, "delete an output file", _delete(node, output)),
         _attempt(node, "delete a checkpoint object", _delete(node, checkpoint)),
         _attempt(
+            node_role(other),
+            "read another node's grant signing key",
+            _read(node_role(other), keys.signing_key_key(owner, 0, own.epoch)),
+        ),
+        _attempt(
+            node, "read its own grant signing key", _read(node, keys.signing_key_key(owner, 0, own.epoch)), allowed=True
+        ),
+        _attempt(
             node_role(victim),
             "write its own node record",
             _rewrite(node_role(victim), keys.node_key(victim)),
@@ -389,7 +407,7 @@ def attempts(r: Roles, victim: int) -> list[Attempt]:
             "write another partition's checkpoint",
             _create(node, fake_checkpoint),
             allowed=True,
-            note="static policies cannot follow ownership: the manifest chain decides what counts",
+            note="static policies cannot follow ownership: only what a signed manifest names counts",
         ),
         # The control plane: grants and heads, never a node's record, data or the source.
         _attempt(cp, "overwrite a node's heartbeat record", _swap(cp, keys.node_key(owner))),
@@ -412,6 +430,7 @@ def attempts(r: Roles, victim: int) -> list[Attempt]:
         _attempt(producer, "write an output file", _create(producer, fake_output)),
         _attempt(producer, "rewrite the ownership head", _swap(producer, keys.ownership_head_key(0))),
         _attempt(producer, "append to the source log", _create(producer, keys.segment_key(1, 10**12)), allowed=True),
+        _attempt(producer, "read a grant signing key", _read(producer, keys.signing_key_key(owner, 0, own.epoch))),
         # The auditor: reads, lists, deletes unreferenced fenced objects; writes nothing.
         _attempt(auditor, "create a grant", _create(auditor, keys.grant_key(0, future))),
         _attempt(auditor, "write a manifest entry", _create(auditor, keys.manifest_history_key(0, 10**6))),
@@ -420,6 +439,7 @@ def attempts(r: Roles, victim: int) -> list[Attempt]:
         _attempt(auditor, "delete a grant", _delete(auditor, keys.grant_key(0, 1))),
         _attempt(auditor, "delete a manifest entry", _delete(auditor, keys.manifest_history_key(0, 1))),
         _attempt(auditor, "delete a committed segment", _delete(auditor, segment)),
+        _attempt(auditor, "read a grant signing key", _read(auditor, keys.signing_key_key(owner, 0, own.epoch))),
     ]
 
 
@@ -461,6 +481,131 @@ def test_every_forbidden_action_is_denied_with_the_roles_keys(roles: Roles, scen
     assert not wrong, "\n".join(wrong)
     # The ledger still reads cleanly after every attempt.
     assert committed(admin)
+
+
+def _forge(role: str, r: Roles, key: str, body: bytes, **condition: Any) -> None:
+    """A write with `role`'s own keys and raw boto3, the way an attacker holding them would."""
+    r.raw(role).put_object(Bucket=BUCKET, Key=_full(key), Body=body, **condition)
+
+
+def test_another_nodes_keys_forge_nothing_into_a_partitions_chain(roles: Roles, scenario: ScenarioResult) -> None:
+    """Node B's keys may write under partition 0's ``manifests/`` and release keys (static policies
+    cannot follow ownership): forged entries, a forged pointer and a forged release are written
+    there, and none of it counts: the owner keeps committing past them, the control plane sees no
+    release, a new owner restores the genuine chain, and `verify` reports the forgeries and counts
+    nothing they name."""
+    admin = roles.store("admin")
+    ledger = Ledger(admin)
+    own = ledger.ownership(P(0))
+    assert own is not None and own.status == PartitionStatus.ACTIVE
+    owner = int(own.owner)
+    attacker = next(n for n in sorted(alive(admin)) if n != owner)
+    role = node_role(attacker)
+    current = ManifestReader(admin).current(P(0))
+    assert current is not None and current.manifest.fencing_token == own.epoch
+
+    # (3) The owner's grant key cannot be read with the attacker's keys.
+    with pytest.raises(ClientError) as denied:
+        roles.raw(role).get_object(Bucket=BUCKET, Key=_full(keys.signing_key_key(owner, 0, own.epoch)))
+    assert denied.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    # What it can sign with: a key of one of its own grants (genuine, but not partition 0's at this epoch).
+    own_keys = list(admin.list(keys.node_signing_keys_prefix(attacker)))
+    assert own_keys, f"node {attacker} never held a grant"
+    stolen = roles.store(role).get(own_keys[-1])
+    assert stolen is not None
+    signer = SigningKey.model_validate_json(stolen.data)
+
+    # An output file under partition 0 (allowed by the static policy), for the forged entries to name.
+    m = current.manifest
+    fake_key = keys.output_object_key(0, own.epoch + 1, m.source_offset, m.source_offset + 1, next_ulid())
+    fake_body = b"forged output"
+    _forge(role, roles, fake_key, fake_body, IfNoneMatch="*", Metadata={SHA256_METADATA: sha256(fake_body).hexdigest()})
+    fake_ref = ArtifactRef(key=fake_key, size=len(fake_body), sha256=sha256(fake_body).hexdigest())
+
+    def forged_entry(seq: int, token: int, node: int) -> bytes:
+        entry = m.model_copy(
+            update={
+                "seq": seq,
+                "fencing_token": token,
+                "node": node,
+                "commit_ulid": next_ulid(m.commit_ulid),
+                "parent_hash": current.raw_hash,
+                "source_offset": m.source_offset + 10**6,
+                "events_applied": m.events_applied + 10**6,
+                "outputs": [fake_ref],
+                "note": "",
+                "signature": None,
+            }
+        )
+        return sign_record(entry, signer).model_dump_json().encode()
+
+    # (1) An entry claiming a higher token, and one claiming the owner's own epoch; the pointer onto it.
+    # (The owner may commit meanwhile, e.g. a snapshot: then the forgeries go after its entries.)
+    free = m.seq + 1
+    while True:
+        while admin.head(keys.manifest_history_key(0, free)) is not None:
+            free += 1
+        higher, same_epoch = forged_entry(free, own.epoch + 1, attacker), forged_entry(free + 1, own.epoch, owner)
+        try:
+            _forge(role, roles, keys.manifest_history_key(0, free), higher, IfNoneMatch="*")
+            _forge(role, roles, keys.manifest_history_key(0, free + 1), same_epoch, IfNoneMatch="*")
+            break
+        except ClientError as exc:
+            assert exc.response["ResponseMetadata"]["HTTPStatusCode"] == 412, exc
+    pointer = admin.get(keys.manifest_pointer_key(0))
+    assert pointer is not None
+    _forge(role, roles, keys.manifest_pointer_key(0), same_epoch, IfMatch=f'"{pointer.etag}"')
+    # (2) A release of the owner's epoch, as if the owner had handed the partition over.
+    release = ReleaseRecord(
+        partition=0, epoch=own.epoch, node=owner, commit_ulid=m.commit_ulid, source_offset=m.source_offset,
+        released_at=now(),
+    )  # fmt: skip
+    _forge(role, roles, keys.release_key(0, own.epoch), sign_record(release, signer).model_dump_json().encode(),
+           IfNoneMatch="*")  # fmt: skip
+
+    # Readers pass over all of it.
+    reader = ManifestReader(admin)
+    seen = reader.current(P(0))
+    assert seen is not None and (seen.manifest.fencing_token, seen.manifest.node) == (own.epoch, owner)
+    assert seen.manifest.source_offset == m.source_offset and fake_key not in {o.key for o in seen.manifest.outputs}
+    assert {keys.manifest_history_key(0, free), keys.manifest_history_key(0, free + 1)} <= set(reader.forged)
+    # No release: a graceful move cannot be granted, the partition stays active with its owner.
+    control_plane = Ledger(roles.store(CONTROL_PLANE_ROLE))
+    assert control_plane.release_record(P(0), own.epoch) is None
+    still = control_plane.ownership(P(0))
+    assert still is not None and (still.owner, still.epoch, still.status) == (owner, own.epoch, PartitionStatus.ACTIVE)
+    with pytest.raises(NotReleased):
+        control_plane.acquire(P(0), N(attacker), expected_epoch=own.epoch, reason="attack")
+
+    # The owner keeps committing, past the forged sequence numbers.
+    roles.laminar(PRODUCER_ROLE, "produce", "--count", "600", "--keys", "30")
+    wait_until(lambda: committed(admin), 60, "the load after the forgery committed")
+    after = ManifestReader(admin).current(P(0))
+    assert after is not None and after.manifest.seq > free + 1
+    assert (after.manifest.fencing_token, after.manifest.node) == (own.epoch, owner)
+    assert after.manifest.source_offset == SourceLog(admin).end_offset(P(0))
+
+    # A new owner (a forced move: the owner cannot release past the forged release) restores the genuine chain.
+    roles.laminar(CONTROL_PLANE_ROLE, "failover", "--node", str(owner), "--force")
+    moved = ledger.ownership(P(0))
+    assert moved is not None and moved.owner != owner and moved.epoch == own.epoch + 1
+    roles.laminar(PRODUCER_ROLE, "produce", "--count", "600", "--keys", "30")
+    wait_until(lambda: committed(admin), 60, "the load after the forced move committed")
+
+    # The audit reports the forgeries and counts nothing they name: no loss, no duplicate, right state.
+    done = subprocess.run(
+        [sys.executable, "-m", "laminar_orchestration.cli", "verify", "--json", "--store", STORE_URL],
+        env=roles.env(AUDITOR_ROLE), capture_output=True, text=True, timeout=120, cwd=roles.workdir,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr  # issues found: the forgeries
+    audit = json.loads(done.stdout)
+    audits = audit if isinstance(audit, list) else audit.get("partitions", [audit])
+    for a in audits:
+        assert a["duplicates"] == 0 and a["losses"] == 0, a
+        kinds = {i["kind"] for i in a["issues"]}
+        assert kinds == ({"forged"} if a["partition"] == 0 else set()), a
+    history = [v.manifest for v in ManifestReader(admin).history(P(0))]
+    assert all(fake_key not in {o.key for o in h.outputs} for h in history)
 
 
 def write_matrix(workdir: Path, rows: Sequence[tuple[str, str, str, str, str]]) -> None:
@@ -538,6 +683,7 @@ SAMPLES = {
     keys.SOURCE_HEADS_PATTERN: keys.source_head_key(3),
     keys.CHECKPOINT_OBJECTS_PATTERN: keys.delta_key(3, 7, next_ulid()),
     keys.OUTPUT_OBJECTS_PATTERN: keys.output_object_key(3, 7, 0, 10, next_ulid()),
+    keys.SIGNING_KEYS_PATTERN: keys.signing_key_key(2, 3, 7),
 }
 
 
@@ -546,6 +692,12 @@ def test_each_pattern_covers_exactly_its_kind_of_key() -> None:
         matching = [k for k in SAMPLES.values() if _like(pattern, k)]
         assert matching == [sample], (pattern, matching)
     assert _like(keys.node_key(1), keys.node_key(1)) and not _like(keys.node_key(1), keys.node_key(11))
+    # A node's share of the grant signing keys is its own grants' keys, no other node's.
+    mine = keys.node_signing_keys_pattern(1)
+    assert _like(mine, keys.signing_key_key(1, 3, 7))
+    assert _like(keys.SIGNING_KEYS_PATTERN, keys.signing_key_key(1, 3, 7))
+    assert not any(_like(mine, keys.signing_key_key(n, 3, 7)) for n in (0, 2, 10, 11, 10001))
+    assert not any(_like(mine, k) for k in SAMPLES.values())
     # Every write pattern of every role is either create-only or compare-and-swap: the bucket policy covers it.
     for access in role_access(NODES).values():
         for w in access.writes:

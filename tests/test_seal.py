@@ -33,6 +33,7 @@ from laminar_orchestration.ownership import snapshot_cluster
 from laminar_orchestration.records import PartitionProgress
 from laminar_orchestration.replica import CatchUp
 from laminar_orchestration.runtime import NodeConfig, PartitionWorker, WorkerState
+from laminar_orchestration.signing import sign_record
 from laminar_orchestration.source import SourceLog, generate_events
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 from laminar_orchestration.ulid import next_ulid
@@ -118,9 +119,10 @@ def test_readers_reject_an_entry_a_fenced_writer_created_without_the_publisher(s
     assert new is not None
     sealed = ManifestReader(store).current(P(0))
     assert sealed is not None and sealed.manifest.fencing_token == 2
-    # The next entry under the old token, with the right sequence number and parent hash:
-    # the store's create-only write accepts it, only the chain's rules can refuse it.
-    forged = sealed.manifest.model_copy(
+    # The next entry under the old token, with the right sequence number and parent hash, signed
+    # with the old epoch's key (the fenced writer holds it): the store's create-only write accepts
+    # it and its signature verifies, only the chain's rules can refuse it.
+    unsigned = sealed.manifest.model_copy(
         update={
             "seq": sealed.manifest.seq + 1,
             "fencing_token": old.epoch,
@@ -131,6 +133,7 @@ def test_readers_reject_an_entry_a_fenced_writer_created_without_the_publisher(s
             "note": "",
         }
     )
+    forged = sign_record(unsigned, ledger.signing_keys.get(1, 0, old.epoch))
     key = manifest_history_key(0, forged.seq)
     OutputCommitter(store).create_manifest(manifest_key(key), forged.model_dump_json().encode())
     with pytest.raises(manifest.BrokenManifestChain) as info:

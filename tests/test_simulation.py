@@ -154,12 +154,12 @@ def test_without_the_aborted_owner_fix_a_partition_is_never_run_again() -> None:
 
 #: Seeds that found a bug with its fix reverted (the knobs that revert it); each passes on the code as it is.
 REGRESSION_SEEDS: list[tuple[tuple[str, ...], int]] = [
-    (("revert_grant_seal", "skip_successor_probe"), 31),
-    (("revert_grant_seal", "skip_successor_probe"), 54),
-    (("revert_lost_fence_fix",), 18),
-    (("revert_lost_fence_fix",), 33),
-    (("revert_aborted_owner_fix",), 94),
-    (("revert_aborted_owner_fix",), 321),
+    (("revert_grant_seal", "skip_successor_probe"), 87),
+    (("revert_grant_seal", "skip_successor_probe"), 127),
+    (("revert_lost_fence_fix",), 34),
+    (("revert_lost_fence_fix",), 141),
+    (("revert_aborted_owner_fix",), 196),
+    (("revert_aborted_owner_fix",), 287),
 ]
 
 

@@ -13,10 +13,11 @@ from typing import Any
 import pyarrow as pa
 
 from laminar_dev.chaos import ArrowBatchEngine, ArrowNode
-from laminar_orchestration.capabilities import CheckpointWriter, ReadStore
+from laminar_orchestration.capabilities import CheckpointWriter, OutputCommitter, ReadStore, manifest_key
 from laminar_orchestration.checkpoint import CheckpointStore
 from laminar_orchestration.fencing import PartitionGuard
 from laminar_orchestration.identity import NodeId
+from laminar_orchestration.keys import manifest_history_key
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.manifest import ManifestReader
 from laminar_orchestration.migration import MigrationConfig, MigrationCoordinator, MigrationPhase, PhaseReport
@@ -24,9 +25,11 @@ from laminar_orchestration.moves import drive, prepare_failover
 from laminar_orchestration.ownership import warm_copies
 from laminar_orchestration.planner import failover_target
 from laminar_orchestration.replica import StateReplica
+from laminar_orchestration.signing import SigningKey, sign_record
 from laminar_orchestration.source import SourceLog
 from laminar_orchestration.standby import StandbyFollower
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
+from laminar_orchestration.ulid import next_ulid
 from laminar_orchestration.verify import audit_store
 
 from .commits import commit_all
@@ -78,6 +81,31 @@ def test_a_standby_applies_only_what_published_manifests_name(store: ObjectStore
     follower.follow_once()
     state = replica_state(follower.replica)
     assert "zombie" not in state and state == reference_state(store)
+
+    # Nor when a forged manifest entry (signed with a key that is not its grant's) names it.
+    zombie_ref = CheckpointStore(CheckpointWriter(store)).upload_delta(
+        PartitionGuard(lineage.token), zombie, end, end + 2
+    )
+    current = ManifestReader(store).current(P0)
+    assert current is not None
+    m = current.manifest
+    forged = m.model_copy(
+        update={
+            "seq": m.seq + 1,
+            "commit_ulid": next_ulid(m.commit_ulid),
+            "parent_hash": current.raw_hash,
+            "source_offset": end + 2,
+            "deltas": [*m.deltas, zombie_ref],
+            "signature": None,
+        }
+    )
+    forged = sign_record(forged, SigningKey.generate(0, m.fencing_token, m.node))
+    key = manifest_history_key(0, forged.seq)
+    OutputCommitter(store).create_manifest(manifest_key(key), forged.model_dump_json().encode())
+    follower.follow_once()
+    state = replica_state(follower.replica)
+    assert "zombie" not in state and state == reference_state(store)
+    assert follower.replica.source_offset == end and follower.lag == 0 and follower.error is None
 
     # A new commit is applied as its delta only.
     SourceLog(store, segment_events=100).append(0, events(["shared", "late"] * 3))

@@ -201,7 +201,7 @@ class NodeActor(Actor):
         store = self.world.client_store()
         self.ledger = Ledger(store, read_parallelism=1)
         self.coordinator = MigrationCoordinator(self.ledger, self.world.migration_config)
-        self.publisher = ManifestPublisher(OutputCommitter(store), store)
+        self.publisher = ManifestPublisher(OutputCommitter(store), store, signing_keys=self.ledger.signing_keys)
         self.checkpoints = CheckpointWriter(store)
         self.outputs = OutputCommitter(store)
         self.reads = ReadStore(store)

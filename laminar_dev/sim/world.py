@@ -395,6 +395,9 @@ class _NoSeal:
     def seal(self, *args: Any, **kwargs: Any) -> None:
         return None
 
+    def current(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
 
 def _fence_before_fix(self: MigrationCoordinator, task: MigrationTask) -> None:
     """`MigrationCoordinator._fence_old_owner` as it was before a lost fence failed its own record."""
