@@ -59,9 +59,7 @@ class RebalanceConfig(Config):
         default_factory=dict,
         description="Relative capacity per node id, e.g. {'3': 2.0}; nodes not listed weigh 1.",
     )
-    limits: MigrationLimits = Field(
-        default_factory=MigrationLimits, description="Timeouts of each migration."
-    )
+    limits: MigrationLimits = Field(default_factory=MigrationLimits, description="Timeouts of each migration.")
 
 
 @config_mapping

@@ -6,13 +6,14 @@ from .fencing import (
     EpochError,
     FencingToken,
     NotOwned,
+    Ownership,
     PartitionGuard,
     PartitionGuardSet,
     StaleEpoch,
     UnknownPartition,
 )
 from .identity import UNASSIGNED, NodeId, PartitionId
-from .ledger import Ledger, Ownership
+from .ledger import Ledger
 
 __all__ = [
     "UNASSIGNED",

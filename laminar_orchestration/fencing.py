@@ -12,14 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 from .errors import FencedError, LaminarError, NotFoundError
 from .identity import UNASSIGNED, NodeId, PartitionId
-
-if TYPE_CHECKING:
-    from .ledger import Ownership
-
+from .records import PartitionStatus
 
 # --- errors ---------------------------------------------------------------
 
@@ -165,6 +162,18 @@ class ConditionalPut:
     def s3_condition(self) -> str:
         """A stable label of the writer's epoch, used in object names of fenced writes."""
         return f"epoch-{self.epoch}-partition-{self.partition_id}"
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """The authoritative owner of a partition as read from the ledger."""
+
+    partition: PartitionId
+    epoch: int
+    owner: NodeId
+    status: PartitionStatus
+    #: True when the head record lagged the grants and was rolled forward.
+    head_lagged: bool = False
 
 
 class OwnershipSource(Protocol):

@@ -48,7 +48,7 @@ from pydantic import BaseModel
 
 from .capabilities import LedgerKey, LedgerWriter, ManifestSealer, SigningKeyWriter, grant_keys_key, ledger_key
 from .errors import ConflictError, InvalidArgument, NotFoundError
-from .fencing import FencingToken, NotOwned, StaleEpoch, UnknownPartition, _mint_token
+from .fencing import FencingToken, NotOwned, Ownership, StaleEpoch, UnknownPartition, _mint_token
 from .identity import MAX_PARTITIONS, UNASSIGNED, NodeId, PartitionId
 from .keys import (
     CLUSTER_KEY,
@@ -151,18 +151,6 @@ class NodeIdentityConflict(LedgerError, ConflictError):
 
 
 # --- values ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Ownership:
-    """The authoritative owner of a partition as read from the ledger."""
-
-    partition: PartitionId
-    epoch: int
-    owner: NodeId
-    status: PartitionStatus
-    #: True when the head record lagged the grants and was rolled forward.
-    head_lagged: bool = False
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .capabilities import LedgerWriter, ledger_key
 from .errors import ConflictError, OperationFailedError, UnavailableError
+from .fencing import Ownership
 from .identity import UNASSIGNED, NodeId, PartitionId
 from .keys import desired_state_key
-from .ledger import EpochConflict, Ledger, NodeView, NotReleased, Ownership
+from .ledger import EpochConflict, Ledger, NodeView, NotReleased
 from .manifest import ManifestReader
 from .records import LedgerError, PartitionProgress, PartitionStatus, Record, new_write_id, now, parse_record
 from .store import PreconditionFailed

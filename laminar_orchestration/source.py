@@ -568,7 +568,6 @@ class SourceLog:
     def _log(self, partition: int) -> VersionedObject[_Segment, SourceKey]:
         """A partition's log as a versioned object: segments by start offset, the source head as pointer."""
 
-
         def create(key: SourceKey, data: bytes, metadata: Mapping[str, str] | None) -> str:
             return self._append_capability(partition).create_source(key, data, metadata)
 

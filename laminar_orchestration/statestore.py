@@ -287,4 +287,3 @@ class PartitionStateStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-

@@ -143,10 +143,7 @@ def scan_for_failovers(
             task is not None
             and not task.is_terminal
             and task.to_node in live
-            and (
-                task.migration_kind == MigrationKind.FORCED
-                or task.phase.reached(MigrationPhase.DOWNLOADING)
-            )
+            and (task.migration_kind == MigrationKind.FORCED or task.phase.reached(MigrationPhase.DOWNLOADING))
         ):
             scan.skipped.append(f"p{p}: migration {task.migration_id} to node {task.to_node} in flight")
             scan.handled.add(key)

@@ -27,7 +27,6 @@ STORE_KINDS = ["local", "s3"]
 S3_TEST_PREFIX = "laminar-test"
 
 
-
 @pytest.fixture(scope="session")
 def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL of a single-threaded moto S3 server started for this test session.

@@ -14,6 +14,7 @@ from laminar_orchestration.fencing import (
     EpochError,
     FencingToken,
     NotOwned,
+    Ownership,
     PartitionGuard,
     PartitionGuardSet,
     StaleEpoch,
@@ -21,7 +22,6 @@ from laminar_orchestration.fencing import (
     _mint_token,
 )
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
-from laminar_orchestration.ledger import Ownership
 from laminar_orchestration.records import PartitionStatus
 
 P = PartitionId

@@ -158,7 +158,6 @@ def test_etag_changes_on_every_write(store: ObjectStore) -> None:
     assert len(set(etags)) == len(etags)
 
 
-
 def test_a_key_and_a_longer_key_under_it_are_independent(store: ObjectStore) -> None:
     # S3 has no directories: "a/b" and "a/b/c" are two objects, in either creation order.
     e_short = store.put_if_absent("a/b", b"short")
