@@ -27,10 +27,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from laminar_orchestration import antientropy
 from laminar_orchestration import migration as migration_module
+from laminar_orchestration.antientropy import EPOCH_METADATA, PARTITION_METADATA, SweepReport
+from laminar_orchestration.clock import current as current_clock
 from laminar_orchestration.clock import use_clock
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
+from laminar_orchestration.keys import FENCED_OBJECT_PREFIXES, UnparseableObjectKey, parse_fenced_object_key
 from laminar_orchestration.ledger import EpochConflict, Ledger
+from laminar_orchestration.manifest import ManifestReader
 from laminar_orchestration.migration import (
     DesiredStates,
     MigrationConfig,
@@ -40,10 +45,10 @@ from laminar_orchestration.migration import (
     MigrationTask,
 )
 from laminar_orchestration.records import PartitionStatus
-from laminar_orchestration.store import ObjectStore
+from laminar_orchestration.store import ObjectNotFound, ObjectStore, PreconditionFailed
 from laminar_orchestration.store.retry import RetryingStore
 
-from .actors import Actor, ActorStatus, CoordinatorActor, CoordinatorRole, NodeActor, ProducerActor
+from .actors import Actor, ActorStatus, CoordinatorActor, CoordinatorRole, NodeActor, ProducerActor, SweeperActor
 from .invariants import Checker, EventDecoder, InvariantViolation, MigrationWedged, PartitionNotLive
 from .store import MemoryObjectStore, SimStore
 
@@ -67,6 +72,8 @@ class Knobs:
     revert_lost_fence_fix: bool = False
     #: A move that ends unfinished after its target took the epoch leaves the desired owner unchanged.
     revert_aborted_owner_fix: bool = False
+    #: The sweep deletes an unreferenced object once it is older than the grace period, sealed epoch or not.
+    revert_sweep_sealed_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -176,6 +183,8 @@ class World:
             CoordinatorActor(self, CoordinatorRole.OPERATOR),
             ProducerActor(self, "producer"),
         ]
+        self.sweeper = SweeperActor(self, "sweeper")
+        self.actors.append(self.sweeper)
 
     # -- what actors use ----------------------------------------------------------------
 
@@ -352,7 +361,12 @@ class World:
             for _ in range(30):
                 self._tick()
             if self._settled(auditor, calm_start):
-                return
+                break
+        # Garbage does not outlive a sweep: once one runs, no unreachable object of a sealed epoch is left.
+        what = self.sweeper.sweep(grace_s=0.0)
+        self._record(f"{self.steps} {self.clock.seconds:.3f} {self.sweeper.name} : final {what}")
+        epochs = {int(p): own.epoch for p, own in auditor.ownerships(auditor.partitions()).items() if own is not None}
+        self.checker.check_swept(epochs)
 
     def _settled(self, auditor: Ledger, calm_start: float) -> bool:
         """Raise a violation if a promise of the calm phase broke; True once every partition is live."""
@@ -420,6 +434,57 @@ def _fence_before_fix(self: MigrationCoordinator, task: MigrationTask) -> None:
         raise MigrationEpochConflict(p, exc.expected, exc.actual) from None
 
 
+def _sweep_before_fix(
+    store: ObjectStore, *, grace_s: float, dry_run: bool = False, read_parallelism: int | None = None
+) -> SweepReport:
+    """`antientropy.sweep` as it was before it deleted only objects of sealed epochs.
+
+    An unreferenced object went when its epoch was below the chain's latest
+    fencing token, or when it was older than `grace_s` by its name's ULID -
+    whatever its epoch, so an owner stalled between upload and publish lost it.
+    """
+    ledger = Ledger(store, read_parallelism=read_parallelism)
+    reader = ManifestReader(store)
+    referenced: set[str] = set()
+    tokens: dict[int, int] = {}
+    for p in ledger.partitions():
+        for version in reader.history(PartitionId(p)):
+            m = version.manifest
+            referenced.update(ref.key for ref in m.artifacts())
+            tokens[p] = m.fencing_token
+    report = SweepReport()
+    now_ms = current_clock().now().timestamp() * 1000.0
+    for prefix in FENCED_OBJECT_PREFIXES:
+        for key in store.list(prefix):
+            report.scanned += 1
+            if key in referenced:
+                report.referenced += 1
+                continue
+            meta = store.head(key)
+            if meta is None:
+                continue
+            try:
+                partition = int(meta.metadata.get(PARTITION_METADATA, "-1"))
+                epoch = int(meta.metadata.get(EPOCH_METADATA, "-1"))
+            except ValueError:
+                continue
+            superseded = 0 <= epoch < tokens.get(partition, 0)
+            try:
+                expired = now_ms - parse_fenced_object_key(key).created_ms > grace_s * 1000.0
+            except UnparseableObjectKey:
+                expired = False
+            if not (superseded or expired):
+                report.kept_in_grace.append(key)
+                continue
+            report.deleted.append(key)
+            if not dry_run:
+                try:
+                    store.delete_if_match(key, meta.etag)
+                except (PreconditionFailed, ObjectNotFound):
+                    report.deleted.pop()
+    return report
+
+
 @contextlib.contextmanager
 def reverted(knobs: Knobs) -> Iterator[None]:
     """Patch the library back to before the fixes `knobs` revert, for the duration of a run."""
@@ -436,6 +501,8 @@ def reverted(knobs: Knobs) -> Iterator[None]:
         patch(migration_module, "deadline_passed", lambda _task, at=None: False)
     if knobs.revert_aborted_owner_fix:
         patch(migration_module, "_took_epoch", lambda _task, _own: False)
+    if knobs.revert_sweep_sealed_only:
+        patch(antientropy, "sweep", _sweep_before_fix)
     try:
         yield
     finally:
