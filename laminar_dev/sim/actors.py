@@ -142,7 +142,7 @@ class ProducerActor(Actor):
 # --- the auditor ---------------------------------------------------------------------------
 
 #: Simulated seconds between two sweeps.
-SWEEP_INTERVAL_S = (0.5, 2.0)
+SWEEP_INTERVAL_S = (0.25, 1.0)
 #: The sweep's minimum age of an object it deletes: none, or less than a stall (age is never the reason).
 SWEEP_GRACE_S = (0.0, 0.0, 0.25, 1.0)
 
@@ -173,6 +173,7 @@ class SweeperActor(Actor):
             report = antientropy.sweep(self.store, grace_s=grace_s, read_parallelism=1)
         except (StoreError, LedgerError) as exc:
             return f"sweep failed: {type(exc).__name__}"
+        self.world.swept += len(report.deleted)
         return (
             f"swept (grace {grace_s:g}s): {report.scanned} scanned, {report.referenced} referenced, "
             f"deleted {report.deleted}, {len(report.kept_unsealed)} unsealed, {len(report.kept_in_grace)} in grace"

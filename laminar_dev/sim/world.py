@@ -138,6 +138,8 @@ class ScenarioResult:
     preemptions: int
     manifests: int
     unexpected_errors: int
+    #: Objects the sweeps deleted (unreachable objects of sealed epochs).
+    swept: int
     trace_hash: str
     violation: InvariantViolation | None
     trace: tuple[str, ...]
@@ -171,7 +173,7 @@ class World:
         )
         self.faults_on = True
         self.steps = 0
-        self.crashes = self.pauses = self.preemptions = self.unexpected = 0
+        self.crashes = self.pauses = self.preemptions = self.unexpected = self.swept = 0
         self.stack: list[Actor] = []
         self._hash = hashlib.blake2b(digest_size=16)
         self._trace: deque[str] | list[str] = [] if config.full_trace else deque(maxlen=300)
@@ -341,6 +343,7 @@ class World:
             preemptions=self.preemptions,
             manifests=self.checker.manifests_checked,
             unexpected_errors=self.unexpected,
+            swept=self.swept,
             trace_hash=self._hash.hexdigest(),
             violation=violation,
             trace=tuple(self._trace),
