@@ -181,12 +181,12 @@ SWEEP_FAULT_STEPS = 1000
 #: Seeds that found a bug with its fix reverted (the knobs that revert it, the fault phase's steps);
 #: each passes on the code as it is.
 REGRESSION_SEEDS: list[tuple[tuple[str, ...], int, int]] = [
-    (("revert_grant_seal", "skip_successor_probe"), 420, 300),
-    (("revert_grant_seal", "skip_successor_probe"), 505, 300),
+    (("revert_grant_seal", "skip_successor_probe"), 58, 300),
+    (("revert_grant_seal", "skip_successor_probe"), 83, 300),
+    (("revert_lost_fence_fix",), 9, 300),
     (("revert_lost_fence_fix",), 18, 300),
-    (("revert_lost_fence_fix",), 141, 300),
-    (("revert_aborted_owner_fix",), 230, 300),
-    (("revert_aborted_owner_fix",), 307, 300),
+    (("revert_aborted_owner_fix",), 25, 300),
+    (("revert_aborted_owner_fix",), 33, 300),
     (("revert_sweep_sealed_only",), 2, SWEEP_FAULT_STEPS),
     (("revert_sweep_sealed_only",), 3, SWEEP_FAULT_STEPS),
 ]

@@ -141,8 +141,10 @@ class ProducerActor(Actor):
 
 # --- the auditor ---------------------------------------------------------------------------
 
-#: Simulated seconds between two sweeps.
+#: Simulated seconds between two sweeps while faults last, and once they stopped (the races are over;
+#: the scenario's last sweep checks what is left).
 SWEEP_INTERVAL_S = (0.25, 1.0)
+CALM_SWEEP_INTERVAL_S = (2.0, 8.0)
 #: The sweep's minimum age of an object it deletes: none, or less than a stall (age is never the reason).
 SWEEP_GRACE_S = (0.0, 0.0, 0.25, 1.0)
 
@@ -164,7 +166,7 @@ class SweeperActor(Actor):
         self._fresh()
 
     def step(self) -> str:
-        self.idle(*SWEEP_INTERVAL_S)
+        self.idle(*(SWEEP_INTERVAL_S if self.world.faults_on else CALM_SWEEP_INTERVAL_S))
         return self.sweep(self.world.rng.choice(SWEEP_GRACE_S))
 
     def sweep(self, grace_s: float) -> str:
