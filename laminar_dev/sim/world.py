@@ -12,7 +12,8 @@ ones that preempted it finish their step.
 A scenario runs `steps` protocol steps (store calls and decisions) with
 faults, then stops the faults, brings every process back, and runs until
 every partition is active on a live node (the liveness bound) with every
-migration record terminal by its deadline.
+migration record terminal by its deadline; then one last sweep must leave no
+object that no manifest names and whose epoch is sealed.
 """
 
 from __future__ import annotations
