@@ -15,11 +15,11 @@ This lists the store: it is an audit path, never a hot one.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import clock
 from .errors import InvalidInputError
 from .identity import PartitionId
 from .keys import FENCED_OBJECT_PREFIXES, FencedObjectName, UnparseableObjectKey, parse_fenced_object_key
@@ -84,18 +84,25 @@ def _metadata_mismatch(name: FencedObjectName, metadata: Mapping[str, str]) -> s
     return None
 
 
-def sweep(store: ObjectStore, *, grace_s: float = DEFAULT_GRACE_S, dry_run: bool = False) -> SweepReport:
+def sweep(
+    store: ObjectStore,
+    *,
+    grace_s: float = DEFAULT_GRACE_S,
+    dry_run: bool = False,
+    read_parallelism: int | None = None,
+) -> SweepReport:
     """Delete unreferenced `sink/` and `checkpoints/` objects that can never be published.
 
     An object is deleted only when its epoch (from its key, confirmed by its
     metadata) is strictly below the partition's ledger epoch and below the
     latest fencing token of its manifest chain, no manifest names it, and it
     is at least `grace_s` old. Raises InvalidGracePeriod for a negative or NaN
-    `grace_s`.
+    `grace_s`. Ages are measured by the clock in effect (`clock.current()`);
+    `read_parallelism` is the ledger's (None: its default for the store).
     """
     if math.isnan(grace_s) or grace_s < 0:
         raise InvalidGracePeriod(grace_s)
-    ledger = Ledger(store)
+    ledger = Ledger(store, read_parallelism=read_parallelism)
     reader = ManifestReader(store)
     partitions = ledger.partitions()
     # Epochs and tokens only grow and are read before the listing, so a stale
@@ -109,7 +116,7 @@ def sweep(store: ObjectStore, *, grace_s: float = DEFAULT_GRACE_S, dry_run: bool
             referenced.update(ref.key for ref in m.artifacts())
             tokens[int(p)] = max(tokens.get(int(p), 0), m.fencing_token)
     report = SweepReport()
-    now_ms = time.time() * 1000.0
+    now_ms = clock.current().now().timestamp() * 1000.0
     for prefix in FENCED_OBJECT_PREFIXES:
         for key in store.list(prefix):
             report.scanned += 1

@@ -9,6 +9,7 @@ simulate --seed <seed> --trace`` replays it step by step.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import subprocess
@@ -22,10 +23,18 @@ import pytest
 
 import tests.test_store_conformance as conformance
 from laminar_dev.sim import Knobs, SimConfig, run_scenario
-from laminar_dev.sim.invariants import ExactlyOnceViolated, InvariantViolation, MigrationWedged, PartitionNotLive
+from laminar_dev.sim.invariants import (
+    ExactlyOnceViolated,
+    GarbageNotSwept,
+    InvariantViolation,
+    ManifestArtifactDeleted,
+    MigrationWedged,
+    PartitionNotLive,
+)
 from laminar_dev.sim.soak import search, soak
 from laminar_dev.sim.store import MemoryObjectStore
 from laminar_dev.sim.world import ScenarioResult
+from laminar_orchestration import antientropy
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.migration import MigrationCoordinator, MigrationPhase
@@ -114,10 +123,10 @@ def test_a_budget_of_fresh_seeds_violates_no_invariant() -> None:
 # -- reverted fixes are found -------------------------------------------------------------------
 
 
-def _search(knobs: Knobs, wanted: Callable[[InvariantViolation], bool]) -> ScenarioResult:
+def _search(knobs: Knobs, wanted: Callable[[InvariantViolation], bool], *, steps: int = 300) -> ScenarioResult:
     """The first seed from 0 on whose violation `wanted` accepts (bounded)."""
     found = search(
-        SimConfig(seed=0, knobs=knobs),
+        SimConfig(seed=0, steps=steps, knobs=knobs),
         range(SEARCH_LIMIT),
         lambda r: r.violation is not None and wanted(r.violation),
         workers=2,
@@ -152,24 +161,64 @@ def test_without_the_aborted_owner_fix_a_partition_is_never_run_again() -> None:
     assert found.fault_steps >= 200
 
 
-#: Seeds that found a bug with its fix reverted (the knobs that revert it); each passes on the code as it is.
-REGRESSION_SEEDS: list[tuple[tuple[str, ...], int]] = [
-    (("revert_grant_seal", "skip_successor_probe"), 87),
-    (("revert_grant_seal", "skip_successor_probe"), 127),
-    (("revert_lost_fence_fix",), 34),
-    (("revert_lost_fence_fix",), 141),
-    (("revert_aborted_owner_fix",), 196),
-    (("revert_aborted_owner_fix",), 287),
+def test_a_sweep_that_deletes_by_age_alone_deletes_what_a_manifest_names() -> None:
+    # The sweep before it waited for sealed epochs: an unreferenced object went once older than
+    # the grace period, whatever its epoch. An owner stalled between uploading a batch's objects
+    # and publishing the manifest that names them (or a sweep that read the chain before that
+    # publish and listed after it) loses them; a manifest then names a deleted object. Batches
+    # commit under faults only after the start-up's placements: a longer fault phase.
+    found = _search(
+        Knobs(revert_sweep_sealed_only=True),
+        lambda v: isinstance(v, ManifestArtifactDeleted),
+        steps=SWEEP_FAULT_STEPS,
+    )
+    assert found.swept > 0
+
+
+#: Protocol steps with faults of the sweep's scenarios (the default phase ends before batches commit).
+SWEEP_FAULT_STEPS = 1000
+
+#: Seeds that found a bug with its fix reverted (the knobs that revert it, the fault phase's steps);
+#: each passes on the code as it is.
+REGRESSION_SEEDS: list[tuple[tuple[str, ...], int, int]] = [
+    (("revert_grant_seal", "skip_successor_probe"), 58, 300),
+    (("revert_grant_seal", "skip_successor_probe"), 83, 300),
+    (("revert_lost_fence_fix",), 9, 300),
+    (("revert_lost_fence_fix",), 18, 300),
+    (("revert_aborted_owner_fix",), 25, 300),
+    (("revert_aborted_owner_fix",), 33, 300),
+    (("revert_sweep_sealed_only",), 2, SWEEP_FAULT_STEPS),
+    (("revert_sweep_sealed_only",), 3, SWEEP_FAULT_STEPS),
 ]
 
 
-@pytest.mark.parametrize(("knobs", "seed"), REGRESSION_SEEDS, ids=[f"{'+'.join(k)}-{s}" for k, s in REGRESSION_SEEDS])
-def test_regression_seeds_fail_with_the_fix_reverted_and_pass_with_it(knobs: tuple[str, ...], seed: int) -> None:
-    reverted = run_scenario(SimConfig(seed=seed, knobs=Knobs(**dict.fromkeys(knobs, True))))
+@pytest.mark.parametrize(
+    ("knobs", "seed", "steps"), REGRESSION_SEEDS, ids=[f"{'+'.join(k)}-{s}" for k, s, _ in REGRESSION_SEEDS]
+)
+def test_regression_seeds_fail_with_the_fix_reverted_and_pass_with_it(
+    knobs: tuple[str, ...], seed: int, steps: int
+) -> None:
+    reverted = run_scenario(SimConfig(seed=seed, steps=steps, knobs=Knobs(**dict.fromkeys(knobs, True))))
     assert reverted.violation is not None, f"seed {seed} no longer finds the bug {knobs} revert"
 
-    fixed = run_scenario(SimConfig(seed=seed))
+    fixed = run_scenario(SimConfig(seed=seed, steps=steps))
     assert fixed.ok, _failure_text(fixed)
+
+
+#: A scenario whose zombies leave unreachable objects of sealed epochs, which the sweeps delete.
+GARBAGE_SEED = 0
+
+
+def test_garbage_of_sealed_epochs_is_swept_and_left_garbage_is_a_violation(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = SimConfig(seed=GARBAGE_SEED, steps=SWEEP_FAULT_STEPS)
+    swept = run_scenario(config)
+    assert swept.ok, _failure_text(swept)
+    assert swept.swept > 0, "the scenario no longer leaves garbage: pick another seed"
+
+    # Sweeps that only report: the first object they would delete stays, sealed and unnamed.
+    monkeypatch.setattr(antientropy, "sweep", functools.partial(antientropy.sweep, dry_run=True))
+    kept = run_scenario(config)
+    assert isinstance(kept.violation, GarbageNotSwept), kept.violation
 
 
 def test_skipping_the_successor_probe_alone_breaks_nothing() -> None:

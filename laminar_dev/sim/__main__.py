@@ -41,6 +41,7 @@ def _describe(result: ScenarioResult) -> str:
         f"seed {result.seed}: {result.steps} steps ({result.fault_steps} with faults), "
         f"{result.simulated_s:.1f} simulated s, {result.faults} store faults, {result.crashes} crashes, "
         f"{result.pauses} pauses, {result.preemptions} preemptions, {result.manifests} manifests checked, "
+        f"{result.swept} objects swept, "
         f"trace {result.trace_hash}: {'ok' if result.ok else 'VIOLATION'}"
     )
 

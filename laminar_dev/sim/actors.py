@@ -15,6 +15,8 @@ and lose it on a crash. Nothing here reads the wall clock or sleeps.
   over partitions, fails overdue records) or an operator (graceful moves,
   cancels), each driving its migrations phase by phase without blocking.
 * `ProducerActor` - appends events to the source log.
+* `SweeperActor` - the auditor: now and then runs the real anti-entropy sweep,
+  which deletes unreferenced objects of sealed epochs, between the others' steps.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from laminar_orchestration import antientropy
 from laminar_orchestration.capabilities import (
     CheckpointWriter,
     OutputCommitter,
@@ -31,7 +34,7 @@ from laminar_orchestration.capabilities import (
     checkpoint_key,
     sink_key,
 )
-from laminar_orchestration.fencing import EpochError, FencingToken
+from laminar_orchestration.fencing import ConditionalPut, EpochError, FencingToken
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.keys import delta_key, output_object_key
 from laminar_orchestration.ledger import Ledger, NodeHandle, NodeIdentityConflict
@@ -134,6 +137,49 @@ class ProducerActor(Actor):
         except (StoreError, LedgerError) as exc:
             return f"append p{p} failed: {type(exc).__name__}"
         return f"appended p{p} [{result.first_offset}, {result.next_offset})"
+
+
+# --- the auditor ---------------------------------------------------------------------------
+
+#: Simulated seconds between two sweeps while faults last, and once they stopped (the races are over;
+#: the scenario's last sweep checks what is left).
+SWEEP_INTERVAL_S = (0.25, 1.0)
+CALM_SWEEP_INTERVAL_S = (2.0, 8.0)
+#: The sweep's minimum age of an object it deletes: none, or less than a stall (age is never the reason).
+SWEEP_GRACE_S = (0.0, 0.0, 0.25, 1.0)
+
+
+class SweeperActor(Actor):
+    """The auditor role: runs `antientropy.sweep` through its own store client, between everything else."""
+
+    def __init__(self, world: World, name: str) -> None:
+        super().__init__(world, name)
+        self._fresh()
+
+    def _fresh(self) -> None:
+        self.store = self.world.client_store()
+
+    def crash(self) -> None:
+        self._fresh()
+
+    def restart(self) -> None:
+        self._fresh()
+
+    def step(self) -> str:
+        self.idle(*(SWEEP_INTERVAL_S if self.world.faults_on else CALM_SWEEP_INTERVAL_S))
+        return self.sweep(self.world.rng.choice(SWEEP_GRACE_S))
+
+    def sweep(self, grace_s: float) -> str:
+        """One sweep (the module's `sweep`, so a reverted fix applies); what it did, for the trace."""
+        try:
+            report = antientropy.sweep(self.store, grace_s=grace_s, read_parallelism=1)
+        except (StoreError, LedgerError) as exc:
+            return f"sweep failed: {type(exc).__name__}"
+        self.world.swept += len(report.deleted)
+        return (
+            f"swept (grace {grace_s:g}s): {report.scanned} scanned, {report.referenced} referenced, "
+            f"deleted {report.deleted}, {len(report.kept_unsealed)} unsealed, {len(report.kept_in_grace)} in grace"
+        )
 
 
 # --- nodes --------------------------------------------------------------------------------
@@ -452,10 +498,12 @@ class NodeActor(Actor):
         data = encode_delta(touched)
         sha = hashlib.sha256(data).hexdigest()
         ulid = next_ulid(w.commit_ulid)
+        # The fencing identity on every object, as a guard's writes carry it (the sweep confirms the key by it).
+        meta = {**ConditionalPut(p, token.epoch, token.node).as_metadata(), SHA256_METADATA: sha}
         dkey = checkpoint_key(delta_key(p, token.epoch, ulid))
-        self.checkpoints.put_checkpoint(dkey, data, {SHA256_METADATA: sha})
+        self.checkpoints.put_checkpoint(dkey, data, meta)
         okey = sink_key(output_object_key(p, token.epoch, batch.start_offset, batch.end_offset, ulid))
-        self.outputs.put_output(okey, data, {SHA256_METADATA: sha})
+        self.outputs.put_output(okey, data, meta)
         delta = DeltaRef(
             ref=artifact_ref(dkey, data),
             start_offset=batch.start_offset,

@@ -18,11 +18,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from laminar_orchestration.keys import (
+    FENCED_OBJECT_PREFIXES,
     grant_key,
     ledger_partition_prefix,
     manifest_history_key,
     manifest_pointer_key,
     manifest_prefix,
+    parse_fenced_object_key,
 )
 from laminar_orchestration.manifest import PartitionManifest
 from laminar_orchestration.records import EpochGrant, parse_record
@@ -147,13 +149,30 @@ class ChainBroken(InvariantViolation):
 
 @dataclass
 class ManifestArtifactDeleted(InvariantViolation):
-    """An object some manifest names was deleted."""
+    """An object some manifest names was deleted (before or after the manifest was published)."""
 
     invariant: ClassVar[str] = "no named object is deleted"
     key: str
 
     def __str__(self) -> str:
         return f"{self.key} is named by a manifest and was deleted"
+
+
+@dataclass
+class GarbageNotSwept(InvariantViolation):
+    """Once faults stopped and a sweep ran, an object no manifest names, of a sealed epoch, is still there."""
+
+    invariant: ClassVar[str] = "liveness: unreachable objects of sealed epochs are swept"
+    partition: int
+    key: str
+    epoch: int
+    sealed_at: int
+
+    def __str__(self) -> str:
+        return (
+            f"partition {self.partition}: {self.key} (epoch {self.epoch}) is named by no manifest and its epoch "
+            f"is sealed (below {self.sealed_at}), yet a sweep after the faults stopped left it"
+        )
 
 
 @dataclass
@@ -255,6 +274,8 @@ class Checker:
             for p in range(partitions)
         ]
         self._named: set[str] = set()
+        #: Every key a delete removed (the sweep's).
+        self._deleted: set[str] = set()
         self.violation: InvariantViolation | None = None
         self.manifests_checked = 0
         #: Data commits under an epoch made after a later epoch was granted (before its seal: legitimate).
@@ -271,6 +292,7 @@ class Checker:
 
     def _check(self, op: str, key: str, data: bytes | None) -> None:
         if data is None:
+            self._deleted.add(key)
             if key in self._named:
                 raise ManifestArtifactDeleted(key)
             return
@@ -309,6 +331,10 @@ class Checker:
                 raise DoubleGrant(
                     p, m.fencing_token, (f"grant {grant}", f"manifest seq {m.seq} by node {m.node} gen {m.generation}")
                 )
+        for ref in m.artifacts():
+            # Objects are uploaded before the manifest that names them: one gone by now was deleted.
+            if ref.key not in self._named and ref.key in self._deleted and self._memory.head(ref.key) is None:
+                raise ManifestArtifactDeleted(ref.key)
         self._exactly_once(p, part, m)
         part.chain.append(m)
         self._named.update(ref.key for ref in m.artifacts())
@@ -359,3 +385,20 @@ class Checker:
         fold(part.ref_state, part.events[part.ref_offset : offset])
         part.ref_offset = offset
         return part.ref_state
+
+    def check_swept(self, ledger_epochs: Mapping[int, int]) -> None:
+        """Raise GarbageNotSwept for an object left that no manifest names and whose epoch is sealed.
+
+        Sealed: below both the partition's ledger epoch (`ledger_epochs`) and the
+        fencing token of its manifest chain, so no publish can ever name it.
+        """
+        for prefix in FENCED_OBJECT_PREFIXES:
+            for key in self._memory.list(prefix):
+                if key in self._named:
+                    continue
+                name = parse_fenced_object_key(key)
+                part = self._parts[name.partition]
+                token = part.chain[-1].fencing_token if part.chain else 0
+                sealed_at = min(token, ledger_epochs.get(name.partition, 0))
+                if name.epoch < sealed_at:
+                    raise GarbageNotSwept(name.partition, key, name.epoch, sealed_at)

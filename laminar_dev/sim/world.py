@@ -12,7 +12,8 @@ ones that preempted it finish their step.
 A scenario runs `steps` protocol steps (store calls and decisions) with
 faults, then stops the faults, brings every process back, and runs until
 every partition is active on a live node (the liveness bound) with every
-migration record terminal by its deadline.
+migration record terminal by its deadline; then one last sweep must leave no
+object that no manifest names and whose epoch is sealed.
 """
 
 from __future__ import annotations
@@ -27,10 +28,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from laminar_orchestration import antientropy
 from laminar_orchestration import migration as migration_module
+from laminar_orchestration.antientropy import EPOCH_METADATA, PARTITION_METADATA, SweepReport
+from laminar_orchestration.clock import current as current_clock
 from laminar_orchestration.clock import use_clock
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
+from laminar_orchestration.keys import FENCED_OBJECT_PREFIXES, UnparseableObjectKey, parse_fenced_object_key
 from laminar_orchestration.ledger import EpochConflict, Ledger
+from laminar_orchestration.manifest import ManifestReader
 from laminar_orchestration.migration import (
     DesiredStates,
     MigrationConfig,
@@ -40,10 +46,10 @@ from laminar_orchestration.migration import (
     MigrationTask,
 )
 from laminar_orchestration.records import PartitionStatus
-from laminar_orchestration.store import ObjectStore
+from laminar_orchestration.store import ObjectNotFound, ObjectStore, PreconditionFailed
 from laminar_orchestration.store.retry import RetryingStore
 
-from .actors import Actor, ActorStatus, CoordinatorActor, CoordinatorRole, NodeActor, ProducerActor
+from .actors import Actor, ActorStatus, CoordinatorActor, CoordinatorRole, NodeActor, ProducerActor, SweeperActor
 from .invariants import Checker, EventDecoder, InvariantViolation, MigrationWedged, PartitionNotLive
 from .store import MemoryObjectStore, SimStore
 
@@ -67,6 +73,8 @@ class Knobs:
     revert_lost_fence_fix: bool = False
     #: A move that ends unfinished after its target took the epoch leaves the desired owner unchanged.
     revert_aborted_owner_fix: bool = False
+    #: The sweep deletes an unreferenced object once it is older than the grace period, sealed epoch or not.
+    revert_sweep_sealed_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,7 +82,7 @@ class SimConfig:
     """One scenario: its seed and shape, and how hostile its fault phase is."""
 
     seed: int
-    #: Protocol steps (store calls and decisions) with faults, before the calm phase.
+    #: Protocol steps (store calls and decisions) with faults, before the calm phase; the sweeps come on top.
     steps: int = 300
     partitions: int = 2
     nodes: int = 3
@@ -131,6 +139,8 @@ class ScenarioResult:
     preemptions: int
     manifests: int
     unexpected_errors: int
+    #: Objects the sweeps deleted (unreachable objects of sealed epochs).
+    swept: int
     trace_hash: str
     violation: InvariantViolation | None
     trace: tuple[str, ...]
@@ -164,7 +174,7 @@ class World:
         )
         self.faults_on = True
         self.steps = 0
-        self.crashes = self.pauses = self.preemptions = self.unexpected = 0
+        self.crashes = self.pauses = self.preemptions = self.unexpected = self.swept = self.sweep_calls = 0
         self.stack: list[Actor] = []
         self._hash = hashlib.blake2b(digest_size=16)
         self._trace: deque[str] | list[str] = [] if config.full_trace else deque(maxlen=300)
@@ -176,6 +186,11 @@ class World:
             CoordinatorActor(self, CoordinatorRole.OPERATOR),
             ProducerActor(self, "producer"),
         ]
+        #: What the scheduler crashes or pauses between steps. The sweeper keeps nothing between its
+        #: steps, so that would change nothing; it crashes (and stalls) inside a sweep, at a store call.
+        self.processes = list(self.actors)
+        self.sweeper = SweeperActor(self, "sweeper")
+        self.actors.append(self.sweeper)
 
     # -- what actors use ----------------------------------------------------------------
 
@@ -195,6 +210,8 @@ class World:
         self.steps += 1
         self.clock.seconds += rng.uniform(0.001, 0.01) if rng.random() > 0.003 else rng.uniform(0.1, 0.5)
         actor = self.stack[-1] if self.stack else None
+        if actor is self.sweeper:
+            self.sweep_calls += 1
         self._record(f"{self.steps} {self.clock.seconds:.3f} {actor.name if actor else '-'} {op} {key}")
         if self.violation is not None or self.checker.violation is not None:
             raise SimAbort
@@ -238,9 +255,9 @@ class World:
         if self.faults_on:
             r = rng.random()
             if r < self.config.tick_crash_rate:
-                self._crash(rng.choice(self.actors))
+                self._crash(rng.choice(self.processes))
             elif r < self.config.tick_crash_rate + self.config.pause_rate:
-                self._pause(rng.choice(self.actors))
+                self._pause(rng.choice(self.processes))
         ready = [a for a in self.actors if a.status == ActorStatus.UP and not a.busy and a.wake_at <= now]
         if not ready:
             waiting = [a for a in self.actors if not a.busy]
@@ -310,7 +327,8 @@ class World:
             Ledger(self.memory, read_parallelism=1).init_cluster(cfg.partitions)
             self.store.random_faults(cfg.fault_rate, seed=self.rng.getrandbits(32))
             try:
-                while self.steps < cfg.steps:
+                # The sweep's store calls come on top: the protocol gets its steps with faults.
+                while self.steps - self.sweep_calls < cfg.steps:
                     self._tick()
                 fault_steps = self.steps
                 self._calm()
@@ -332,6 +350,7 @@ class World:
             preemptions=self.preemptions,
             manifests=self.checker.manifests_checked,
             unexpected_errors=self.unexpected,
+            swept=self.swept,
             trace_hash=self._hash.hexdigest(),
             violation=violation,
             trace=tuple(self._trace),
@@ -352,7 +371,12 @@ class World:
             for _ in range(30):
                 self._tick()
             if self._settled(auditor, calm_start):
-                return
+                break
+        # Garbage does not outlive a sweep: once one runs, no unreachable object of a sealed epoch is left.
+        what = self.sweeper.sweep(grace_s=0.0)
+        self._record(f"{self.steps} {self.clock.seconds:.3f} {self.sweeper.name} : final {what}")
+        epochs = {int(p): own.epoch for p, own in auditor.ownerships(auditor.partitions()).items() if own is not None}
+        self.checker.check_swept(epochs)
 
     def _settled(self, auditor: Ledger, calm_start: float) -> bool:
         """Raise a violation if a promise of the calm phase broke; True once every partition is live."""
@@ -420,6 +444,57 @@ def _fence_before_fix(self: MigrationCoordinator, task: MigrationTask) -> None:
         raise MigrationEpochConflict(p, exc.expected, exc.actual) from None
 
 
+def _sweep_before_fix(
+    store: ObjectStore, *, grace_s: float, dry_run: bool = False, read_parallelism: int | None = None
+) -> SweepReport:
+    """`antientropy.sweep` as it was before it deleted only objects of sealed epochs.
+
+    An unreferenced object went when its epoch was below the chain's latest
+    fencing token, or when it was older than `grace_s` by its name's ULID -
+    whatever its epoch, so an owner stalled between upload and publish lost it.
+    """
+    ledger = Ledger(store, read_parallelism=read_parallelism)
+    reader = ManifestReader(store)
+    referenced: set[str] = set()
+    tokens: dict[int, int] = {}
+    for p in ledger.partitions():
+        for version in reader.history(PartitionId(p)):
+            m = version.manifest
+            referenced.update(ref.key for ref in m.artifacts())
+            tokens[p] = m.fencing_token
+    report = SweepReport()
+    now_ms = current_clock().now().timestamp() * 1000.0
+    for prefix in FENCED_OBJECT_PREFIXES:
+        for key in store.list(prefix):
+            report.scanned += 1
+            if key in referenced:
+                report.referenced += 1
+                continue
+            meta = store.head(key)
+            if meta is None:
+                continue
+            try:
+                partition = int(meta.metadata.get(PARTITION_METADATA, "-1"))
+                epoch = int(meta.metadata.get(EPOCH_METADATA, "-1"))
+            except ValueError:
+                continue
+            superseded = 0 <= epoch < tokens.get(partition, 0)
+            try:
+                expired = now_ms - parse_fenced_object_key(key).created_ms > grace_s * 1000.0
+            except UnparseableObjectKey:
+                expired = False
+            if not (superseded or expired):
+                report.kept_in_grace.append(key)
+                continue
+            report.deleted.append(key)
+            if not dry_run:
+                try:
+                    store.delete_if_match(key, meta.etag)
+                except (PreconditionFailed, ObjectNotFound):
+                    report.deleted.pop()
+    return report
+
+
 @contextlib.contextmanager
 def reverted(knobs: Knobs) -> Iterator[None]:
     """Patch the library back to before the fixes `knobs` revert, for the duration of a run."""
@@ -436,6 +511,8 @@ def reverted(knobs: Knobs) -> Iterator[None]:
         patch(migration_module, "deadline_passed", lambda _task, at=None: False)
     if knobs.revert_aborted_owner_fix:
         patch(migration_module, "_took_epoch", lambda _task, _own: False)
+    if knobs.revert_sweep_sealed_only:
+        patch(antientropy, "sweep", _sweep_before_fix)
     try:
         yield
     finally:
