@@ -278,7 +278,7 @@ def plan(
         own = coordinator.ledger.ownership(p)
         idle = running is None or running.is_terminal
         arrived = own is not None and own.owner == config.to_node
-        if idle and arrived and own is not None and not stranded(running, own.epoch, own.owner):
+        if idle and arrived and own is not None and not stranded(coordinator.desired.read(p)[0], own):
             context.log.info(f"partition {p} is already on node {config.to_node} (epoch {own.epoch}): nothing to do")
             return
         if not idle and running is not None and running.to_node != config.to_node:

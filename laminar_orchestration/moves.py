@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from .errors import UnavailableError
+from .fencing import Ownership
 from .identity import UNASSIGNED, NodeId, PartitionId
 from .migration import (
+    DesiredState,
     MigrationCoordinator,
     MigrationEpochConflict,
     MigrationError,
@@ -205,7 +207,7 @@ def must_force(coordinator: MigrationCoordinator, partition: int, *, live: Colle
     return (
         own.owner not in live_set
         or own.status == PartitionStatus.RELEASED
-        or stranded(coordinator.current(PartitionId(partition)), own.epoch, own.owner)
+        or stranded(coordinator.desired.read(PartitionId(partition))[0], own)
     )
 
 
@@ -228,20 +230,23 @@ def run_migration(
     return drive(coordinator, task, on_phase)
 
 
-def stranded(task: MigrationTask | None, epoch: int, owner: int) -> bool:
-    """True when `owner` holds `epoch` only through a migration that then failed or was cancelled.
+def stranded(state: DesiredState, own: Ownership) -> bool:
+    """True when the ledger's owner holds its epoch but nobody will run the partition there.
 
-    A forced migration fences (grants the new epoch to its target) before the
-    target restores; if it ends without becoming active after that, the ledger
-    names a live owner that never started. Such a partition still needs a failover.
+    Both cases follow a migration that ended without becoming active (`state.migration`):
+
+    * its target holds the epoch it was to mint: a forced migration fences (grants the
+      new epoch to its target) before the target restores;
+    * another node holds that epoch, and not as the desired owner: a second driver of an
+      earlier move fenced after that move had been ended, and this one lost its fence
+      to it. A node runs only the partitions desired for it.
+
+    Such a partition still needs a failover.
     """
-    return (
-        task is not None
-        and task.phase.is_aborted
-        and task.to_node == owner
-        and task.to_epoch == epoch
-        and owner != UNASSIGNED
-    )
+    task = state.migration
+    if own.owner == UNASSIGNED or task is None or not task.phase.is_aborted or task.to_epoch != own.epoch:
+        return False
+    return task.to_node == own.owner or state.owner != own.owner
 
 
 @dataclass
@@ -313,8 +318,7 @@ def prepare_failover(
         dead = sorted({running.from_node, running.to_node} - live_set - {UNASSIGNED})
         coordinator.fail(p, running.migration_id, f"superseded by a failover: node(s) {dead} not alive")
         superseded.append(running.migration_id)
-    latest = coordinator.current(p)
-    is_stranded = stranded(latest, own.epoch, own.owner)
+    is_stranded = stranded(coordinator.desired.read(p)[0], own)
     if own.owner in live_set and not allow_live_owner and not is_stranded:
         return FailoverDecision(None, f"owner node {own.owner} is alive: nothing to fail over", superseded)
     target = to_node

@@ -78,9 +78,9 @@ def decide_retry(
     lineage = {PARTITION_TAG: str(partition), RETRY_OF_TAG: run_id}
     # A record past its deadline would block the retry: whoever finds it fails it.
     MigrationCoordinator(ledger).expire_overdue(PartitionId(partition))
-    latest = DesiredStates(ledger).read(PartitionId(partition))[0].migration
-    # The owner got its epoch from a migration that then failed: not done yet.
-    is_stranded = stranded(latest, own.epoch, own.owner)
+    state = DesiredStates(ledger).read(PartitionId(partition))[0]
+    # The owner holds an epoch nobody will run there (its migration failed after the fence): not done yet.
+    is_stranded = stranded(state, own)
 
     if job_name == migrate_partition.name:
         if own.owner == to_node and not is_stranded:

@@ -17,6 +17,7 @@ from laminar_orchestration.migration import (
     GRACEFUL_PHASES,
     CheckpointFailed,
     DesiredState,
+    DesiredStates,
     DownloadFailed,
     FenceLost,
     InvalidTransition,
@@ -36,7 +37,7 @@ from laminar_orchestration.migration import (
     UploadFailed,
     check_transition,
 )
-from laminar_orchestration.moves import drive, run_migration
+from laminar_orchestration.moves import drive, prepare_failover, run_migration
 from laminar_orchestration.records import PartitionProgress, ReleaseRecord, now
 from laminar_orchestration.store import ObjectStore, open_store
 
@@ -275,6 +276,46 @@ def test_two_drivers_of_one_forced_migration_both_pass_its_fence(store: ObjectSt
     report_done(handles[2], task)
     final = drive(MigrationCoordinator(ledger), task)
     assert final.phase == MigrationPhase.ACTIVE and final.migration_id == task.migration_id
+
+
+def test_a_fence_that_lands_after_its_migration_ended_is_failed_over_again(store: ObjectStore) -> None:
+    """A second driver of a forced move is held just before its fence while the move is ended (a
+    sensor timed it out) and the sensor plans the next one; the late fence then lands, and the next
+    move loses its own fence. The owner the late fence made is alive but nobody runs the partition
+    there (it is not the desired owner): that stranded grant is failed over again."""
+    ledger, handles = three_nodes(store)
+    coordinator = MigrationCoordinator(ledger, MigrationConfig(checkpoint_transfer_timeout_s=5))
+    first = coordinator.plan(P(0), N(3), forced=True)
+    at_fence, go_on = threading.Event(), threading.Event()
+
+    class PausedLedger(Ledger):
+        def fence(self, *args: Any, **kwargs: Any) -> Any:
+            at_fence.set()
+            go_on.wait(10)
+            return super().fence(*args, **kwargs)
+
+    late = MigrationCoordinator(PausedLedger(store))
+    driver = threading.Thread(target=late.begin_phase, args=(P(0), first.migration_id, MigrationPhase.RELEASED))
+    driver.start()
+    assert at_fence.wait(10)
+    coordinator.fail(P(0), first.migration_id, "timed out by the sensor")
+    second = coordinator.plan(P(0), N(2), forced=True)
+    go_on.set()
+    driver.join(timeout=10)
+    own = ledger.ownership(P(0))
+    assert own is not None and (own.owner, own.epoch) == (3, first.to_epoch)  # the late fence landed
+    with pytest.raises(FenceLost):
+        drive(coordinator, second)
+
+    decision = prepare_failover(coordinator, 0, live={2, 3})
+    assert decision.task is not None, decision.reason
+    assert (decision.task.from_node, decision.task.to_node) == (3, 2)
+    report_done(handles[2], decision.task)
+    final = drive(coordinator, decision.task)
+    assert final.phase == MigrationPhase.ACTIVE
+    own = ledger.ownership(P(0))
+    assert own is not None and own.owner == 2
+    assert DesiredStates(ledger).read(P(0))[0].owner == 2
 
 
 def test_a_conflict_with_another_migrations_record_leaves_that_record_alone(store: ObjectStore) -> None:

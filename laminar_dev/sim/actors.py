@@ -648,13 +648,14 @@ class CoordinatorActor(Actor):
         expired = self.coordinator.expire_overdue(p)
         if expired is not None:
             return f"p{p}: failed overdue migration {expired.migration_id}"
-        task = self.coordinator.current(p)
+        state = self.coordinator.desired.read(p)[0]
+        task = state.migration
         if task is not None and not task.is_terminal:
             return f"p{p}: migration {task.migration_id} in flight"
         own = self.ledger.ownership(p)
         if own is None or not live:
             return f"p{p}: nothing to do"
-        owner_ok = own.owner in live and not stranded(task, own.epoch, own.owner)
+        owner_ok = own.owner in live and not stranded(state, own)
         if own.status != PartitionStatus.UNASSIGNED and owner_ok:
             return f"p{p}: owner {own.owner} alive"
         if own.status == PartitionStatus.RELEASED and owner_ok:
