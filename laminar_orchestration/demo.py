@@ -175,6 +175,8 @@ def _child_setup(parent_pid: int) -> Callable[[], None]:
             libc = ctypes.CDLL(None, use_errno=True)  # loaded here, in the parent: no dlopen after fork
 
     def setup() -> None:
+        # An ignored SIGTERM survives exec: a demo started with it ignored would leave its children behind.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if libc is not None:
             libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
         if os.getppid() != parent_pid:

@@ -7,6 +7,7 @@ tested through the same code path it uses in production.
 
 from __future__ import annotations
 
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,13 @@ if TYPE_CHECKING:
 STORE_KINDS = ["local", "s3"]
 #: Key prefix the S3 fixtures put their store under, to exercise prefix handling.
 S3_TEST_PREFIX = "laminar-test"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A run started in the background inherits SIGINT ignored, and Dagster maps SIGTERM to SIGINT's
+    # handler: every process the tests start would then ignore SIGTERM too.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -93,7 +94,7 @@ def soak(
     seeds = _seeds(base_seed)
     # Not a plain fork: a test process holding other threads' locks (Spark, Dagster) can hang its children.
     ctx = multiprocessing.get_context("forkserver")
-    with ctx.Pool(workers) as pool:
+    with ctx.Pool(workers, initializer=_reset_termination) as pool:
         # A bounded window of scenarios in flight, results taken in seed order.
         pending: deque[AsyncResult[ScenarioResult]] = deque()
         while True:
@@ -112,6 +113,11 @@ def soak(
     return report
 
 
+def _reset_termination() -> None:
+    """A worker ends on SIGTERM (`Pool.terminate`) even if it inherited SIGTERM ignored (a run in the background)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def search(
     template: SimConfig,
     seeds: range,
@@ -123,7 +129,7 @@ def search(
     workers = workers or os.cpu_count() or 1
     # Not a plain fork: a test process holding other threads' locks (Spark, Dagster) can hang its children.
     ctx = multiprocessing.get_context("forkserver")
-    with ctx.Pool(workers) as pool:
+    with ctx.Pool(workers, initializer=_reset_termination) as pool:
         for result in pool.imap(run_scenario, (replace(template, seed=s) for s in seeds), chunksize=2):
             if wanted(result):
                 pool.terminate()
