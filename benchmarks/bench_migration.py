@@ -75,6 +75,11 @@ from .common import Row, format_table, median, progress, verdict, write_result
 
 MB = 1_000_000
 HEARTBEAT_INTERVAL_S = 1.0  # NodeConfig default; `laminar node run` has no flag for it
+#: The load on each measured partition, (events, every seconds): a steady stream of small appends.
+#: Arriving in bursts a batch interval apart would put that interval into every unavailability
+#: figure (the new owner's first commit cannot come before the next burst), whatever the handoff.
+SMALL_LOAD = (100, 0.025)
+BIG_LOAD = (200, 0.05)
 NODE_ARGS = ("--refresh-interval", "0.5", "--checkpoint-every-batches", "3", "--log-level", "debug")
 SPARK_MASTER = "local[1]"
 DRIVER_MEMORY = "2g"
@@ -883,8 +888,8 @@ def run(p: Params, report: Report, keep: str | None) -> None:
             )
             report.add(f"0. seeding the ~100 MB partition: {p.big_keys:,} keys produced once -> committed", s(big_s))
             sources = SourceLog(cluster.store, segment_events=20_000)
-            producers.append(partition_load(sources, SMALL, "a", p.small_keys, 1_000, 0.25, seed=11))
-            producers.append(partition_load(sources, BIG, "b", p.big_keys, 2_000, 0.5, seed=13))
+            producers.append(partition_load(sources, SMALL, "a", p.small_keys, *SMALL_LOAD, seed=11))
+            producers.append(partition_load(sources, BIG, "b", p.big_keys, *BIG_LOAD, seed=13))
 
             small, big = History(cluster.store, SMALL), History(cluster.store, BIG)
             # The ~1 MB partition ends its runs on a standby node, so killing a plain node (the cold
@@ -911,8 +916,9 @@ def run(p: Params, report: Report, keep: str | None) -> None:
             report_failover(report, "~100 MB", COLD, fail_cold)
             report_failover(report, "~100 MB", WARM, fail_warm)
             report.note(
-                "load during the runs: 1,000 events every 0.25 s on the ~1 MB partition's keys and 2,000 events "
-                "every 0.5 s on the ~100 MB partition's keys, both all the time"
+                f"load during the runs: {SMALL_LOAD[0]:,} events every {SMALL_LOAD[1]} s on the ~1 MB partition's "
+                f"keys and {BIG_LOAD[0]:,} events every {BIG_LOAD[1]} s on the ~100 MB partition's keys "
+                f"({SMALL_LOAD[0] / SMALL_LOAD[1]:,.0f} events/s each), both all the time"
             )
             for prod in producers:
                 prod.stop()

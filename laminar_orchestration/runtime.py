@@ -54,7 +54,7 @@ from .migration import (
     MigrationPhase,
     MigrationTask,
 )
-from .processing import BatchEngine, BatchFold, KeyedProcessor, SparkBatchEngine, build_spark_session
+from .processing import WARM_UP_BATCHES, BatchEngine, BatchFold, KeyedProcessor, SparkBatchEngine, build_spark_session
 from .records import NodeStatus, PartitionProgress, PartitionStatus, now
 from .replica import CatchUp, StateReplica
 from .source import SourceBatch, SourceLog
@@ -80,7 +80,7 @@ class NodeConfig(BaseModel):
     spark_ui: bool = False
     #: Synthetic batches Spark runs in the background at start, until the node's first real batch:
     #: a target or standby that owned nothing yet is then as fast as a busy node at a handoff.
-    spark_warm_up_batches: int = Field(default=30, ge=0)
+    spark_warm_up_batches: int = Field(default=WARM_UP_BATCHES, ge=0)
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     heartbeat_timeout_s: float = Field(default=6.0, gt=0)
     reconcile_interval_s: float = Field(default=0.05, gt=0)

@@ -7,6 +7,7 @@ import logging
 import sys
 
 from ..errors import InvalidArgument
+from ..processing import WARM_UP_BATCHES
 from .base import (
     STORE_HELP,
     Command,
@@ -46,7 +47,7 @@ class NodeRun(Command):
         parser.add_argument(
             "--spark-warm-up-batches",
             type=int,
-            default=30,
+            default=WARM_UP_BATCHES,
             help="synthetic batches Spark runs at start while the node has no real batch (0: none)",
         )
         parser.add_argument(
