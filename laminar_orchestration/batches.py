@@ -10,6 +10,7 @@ offset and carries its epoch.
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
@@ -20,6 +21,9 @@ import pyarrow as pa
 
 from .processing import BatchEngine
 from .source import SourceBatch
+
+#: How long the files of a failed or cancelled batch stay, so its tasks wind down before they go.
+ABANDONED_FILES_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -69,8 +73,15 @@ def start_aggregate(
 
     future = executor.submit(aggregate)
 
-    def finished(_: Future[tuple[pa.Table, float]]) -> None:
-        shutil.rmtree(directory, ignore_errors=True)
+    def finished(done: Future[tuple[pa.Table, float]]) -> None:
+        if done.cancelled() or done.exception() is not None:
+            # A cancelled job's tasks may still be reading the files for a moment: removing them
+            # at once makes Spark log a missing-file error for a batch nobody wants any more.
+            remover = threading.Timer(ABANDONED_FILES_GRACE_S, shutil.rmtree, (directory,), {"ignore_errors": True})
+            remover.daemon = True
+            remover.start()
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
         if on_done is not None:
             on_done()
 

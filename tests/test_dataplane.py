@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from laminar_dev.chaos import ArrowBatchEngine, ArrowNode
-from laminar_orchestration import cli
+from laminar_orchestration import batches, cli
 from laminar_orchestration.capabilities import ReadStore
 from laminar_orchestration.checkpoint import CheckpointCorrupt
 from laminar_orchestration.errors import CorruptDataError, exit_code
@@ -832,6 +833,55 @@ def test_an_abandoned_batch_is_dropped_at_once_and_the_same_events_commit_once(
         assert worker.progress().error is None and not worker.finished
     audit = audit_partition(store, P0)
     assert audit.ok and audit.duplicates == 0 and audit.losses == 0, audit.issues
+
+
+class _FailsWhenReleased(ArrowBatchEngine):
+    """Every aggregate blocks until released, then fails (a cancelled Spark job)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def aggregate(
+        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
+    ) -> pa.Table:
+        assert self.release.wait(30)
+        raise RuntimeError(f"job group {job_group} cancelled")
+
+
+def test_a_cancelled_batch_keeps_its_files_while_its_tasks_wind_down(
+    local_store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark's cancelled tasks may still read the batch's files: removing them at once makes Spark log
+    missing-file errors for a batch nobody wants. A committed batch's files go at once."""
+    monkeypatch.setattr(batches, "ABANDONED_FILES_GRACE_S", 1.5)
+    source = SourceLog(local_store, partitions=1)
+    source.append(0, events([f"k{i % 7}" for i in range(50)]))
+    batch = source.read(P0, 0, 1_000)
+    assert batch is not None
+    engine = _FailsWhenReleased()
+    with ThreadPoolExecutor(1) as pool:
+        failed = batches.start_aggregate(
+            engine, pool, batch, tmp_path / "cancelled", epoch=1, generation=0, group="g1", cluster_epoch=1, read_at=0
+        )
+        engine.release.set()
+        with pytest.raises(RuntimeError):
+            failed.future.result(10)
+        time.sleep(0.2)  # the future's callbacks run just after its result is set
+        assert (tmp_path / "cancelled").exists(), "removed while the cancelled job may still read it"
+        wait_until(lambda: not (tmp_path / "cancelled").exists(), 10, "the cancelled batch's files to go")
+        done = batches.start_aggregate(
+            ArrowBatchEngine(),
+            pool,
+            batch,
+            tmp_path / "done",
+            epoch=1,
+            generation=0,
+            group="g2",
+            cluster_epoch=1,
+            read_at=0,
+        )
+        assert done.future.result(10)[0].num_rows == 7
+        wait_until(lambda: not (tmp_path / "done").exists(), 1, "the committed batch's files to go at once")
 
 
 def test_a_partition_store_is_safe_to_use_from_several_threads(tmp_path: Path) -> None:
