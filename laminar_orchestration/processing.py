@@ -24,6 +24,7 @@ last value (by offset).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -281,7 +282,9 @@ class SparkBatchEngine:
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="laminar-spark-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._schema = _spark_event_schema()
-        self._real_work = threading.Event()
+        #: Set by the first real batch, or by `stop_warming`: the warm-up ends.
+        self._warming_over = threading.Event()
+        self._warming: threading.Thread | None = None
 
     def warm_up(self) -> float:
         """Run two tiny batches, Spark's half and the node's, so the node's first real batch does
@@ -313,7 +316,7 @@ class SparkBatchEngine:
         def run() -> None:
             started, done = time.monotonic(), 0
             for _ in range(batches):
-                if self._real_work.is_set():
+                if self._warming_over.is_set():
                     break
                 began = time.monotonic()
                 try:
@@ -321,13 +324,25 @@ class SparkBatchEngine:
                 except Exception:  # cancelled by a real batch, or Spark is stopping
                     break
                 done += 1
-                if done >= WARM_UP_BURST and self._real_work.wait(time.monotonic() - began):
+                if done >= WARM_UP_BURST and self._warming_over.wait(time.monotonic() - began):
                     break
             log.info("spark warm-up: %d batches in %.1fs", done, time.monotonic() - started)
 
         thread = threading.Thread(target=run, name="spark-warm-up", daemon=True)
+        self._warming = thread
         thread.start()
         return thread
+
+    def stop_warming(self, timeout_s: float = 10.0) -> None:
+        """End the warm-up and wait for its thread: a thread still inside a Spark call when the
+        process exits makes the interpreter abort during finalization."""
+        self._warming_over.set()
+        thread = self._warming
+        if thread is None or not thread.is_alive():
+            return
+        with contextlib.suppress(Exception):  # Spark already stopping: the job goes with it
+            self.spark.sparkContext.cancelJobGroup(WARM_UP_JOB_GROUP)
+        thread.join(timeout_s)
 
     def _warm_up_events(self, n: int) -> Path:
         keys = max(1, n // 4)
@@ -347,8 +362,8 @@ class SparkBatchEngine:
         self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
     ) -> pa.Table:
         """The processor's per-key aggregate of one batch. Jobs run in `job_group` so `cancel` can abandon them."""
-        if job_group != WARM_UP_JOB_GROUP and not self._real_work.is_set():
-            self._real_work.set()
+        if job_group != WARM_UP_JOB_GROUP and not self._warming_over.is_set():
+            self._warming_over.set()
             self.spark.sparkContext.cancelJobGroup(WARM_UP_JOB_GROUP)
         if job_group is not None:
             # Thread-local in PySpark's pinned-thread mode: only this batch's jobs join the group.

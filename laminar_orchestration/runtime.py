@@ -1007,6 +1007,8 @@ class Node:
         self._processor = processor
         self._spark = spark
         self.engine: BatchEngine
+        #: The Spark engine this node built (None when another engine was given): its warm-up ends with the node.
+        self._spark_engine: SparkBatchEngine | None = None
         #: Snapshot uploads run here, off the batch loops.
         self.snapshot_pool = ThreadPoolExecutor(2, thread_name_prefix=f"node{config.node_id}-snapshot")
         self.handle: NodeHandle | None = None
@@ -1097,7 +1099,7 @@ class Node:
                 self.config.spark_master, f"laminar-node-{self.id}", ui=self.config.spark_ui
             )
         engine = SparkBatchEngine(self._spark, self._processor, str(self.workdir / "spark"))
-        self.engine = engine
+        self.engine = self._spark_engine = engine
         warm = engine.warm_up()
         log.info("node %s: spark ready in %.1fs (warm-up %.1fs)", self.id, time.monotonic() - started, warm)
         if self.config.spark_warm_up_batches:
@@ -1132,6 +1134,8 @@ class Node:
             self._drain_all()
             self.snapshot_pool.shutdown(wait=False, cancel_futures=True)
             self.speculation.shutdown()
+            if self._spark_engine is not None:
+                self._spark_engine.stop_warming()
             for t in threads:
                 t.join(timeout=5)
             if self.handle is not None:

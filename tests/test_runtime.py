@@ -13,12 +13,14 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from laminar_dev.localcluster import HEARTBEAT_TIMEOUT_S, Cluster, wait_until
 from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.migration import (
     MigrationConfig,
     MigrationCoordinator,
@@ -27,6 +29,7 @@ from laminar_orchestration.migration import (
     MigrationTimeout,
 )
 from laminar_orchestration.replica import committed_state
+from laminar_orchestration.store import open_store
 
 pytestmark = pytest.mark.spark
 
@@ -370,3 +373,32 @@ def test_daemon_failure_sensor_fails_over_a_killed_node(cluster: Cluster, tmp_pa
         daemon_log.close()
     cluster.start_node(victim)
     cluster.wait_alive(victim, timeout=180)
+
+
+def _logged(path: Path, text: bytes) -> bool:
+    return text in path.read_bytes()
+
+
+def test_sigterm_during_the_spark_warm_up_exits_cleanly(tmp_path: Path) -> None:
+    """A node stopped while its background warm-up is inside a Spark call exits 0: the warm-up is
+    ended and waited for before the process exits (a thread left in a Spark call makes the
+    interpreter abort while it finalizes). Three rounds: the abort hit about two stops in three."""
+    url = (tmp_path / "store").as_uri()
+    Ledger(open_store(url)).init_cluster(1)
+    for round_ in range(3):
+        log_path = tmp_path / f"node-{round_}.log"
+        with open(log_path, "wb") as fh:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "laminar_orchestration.cli", "node", "run", "--store", url, "--node-id", "1"],
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            wait_until(partial(_logged, log_path, b"spark ready"), 120, "the node's Spark to start")
+            time.sleep(1.0)  # inside the back-to-back part of the warm-up
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert code == 0, f"round {round_}: exit {code}\n{log_path.read_text()[-3000:]}"
