@@ -22,8 +22,11 @@ write that lands before the seal is the old owner's last commit, and the seal
 
 Readers enforce the same rule: rolling forward from the pointer, every entry
 must follow its predecessor (sequence, parent hash, fencing token never
-decreasing), so an entry made by a writer that skipped the client-side check
-is rejected with `BrokenManifestChain`, naming the object.
+decreasing). An entry signed by a writer the chain had already moved past (a
+former owner with its old epoch's key after the seal, or a restarted node's
+earlier incarnation) is void (`SupersededEntry`): readers pass over it, so a
+fenced writer can neither be restored from nor stop its successor's readers.
+Any other break is rejected with `BrokenManifestChain`, naming the object.
 
 ``manifests/p/current.json`` is a CAS pointer to the newest entry; readers roll
 forward over history entries it has not caught up with, so no listing is needed
@@ -258,6 +261,28 @@ class SourceOffsetRegression(SuccessionError):
 
 
 @dataclass
+class SupersededEntry(LedgerError, ConflictError):
+    """A genuinely signed entry written after the chain moved past its writer: under an epoch lower
+    than the entry before it (a former owner, with its old epoch's key, after the seal that fenced
+    it), or by an earlier incarnation of the same node at its epoch.
+
+    It is void, like a forged entry: readers pass over it and nothing it names counts.
+    """
+
+    partition: PartitionId
+    key: str
+    epoch: int
+    node: int
+    reason: str
+
+    def __str__(self) -> str:
+        return (
+            f"superseded entry {self.key!r} of partition {self.partition} "
+            f"(node {self.node}, epoch {self.epoch}): {self.reason}"
+        )
+
+
+@dataclass
 class BrokenManifestChain(SuccessionError):
     """A stored history entry that may not follow its predecessor: readers refuse to roll past it.
 
@@ -396,6 +421,8 @@ class ManifestReader:
         self._trusted: dict[int, ManifestVersion] = {}
         #: Forged objects seen, by key.
         self.forged: dict[str, ForgedRecord] = {}
+        #: Genuine entries of writers the chain had already moved past, by key (void like forged ones).
+        self.superseded: dict[str, SupersededEntry] = {}
 
     def _chain(self, partition: int) -> VersionedReader[ManifestVersion | None, ManifestKey]:
         return VersionedReader(
@@ -502,23 +529,61 @@ class ManifestReader:
             if version is not None:
                 # Succession is enforced here, not only by honest publishers: an entry under a
                 # lower epoch than its predecessor (a write after the seal) is never rolled onto.
-                try:
-                    m.validate_succession(version.manifest, version.raw_hash, skipped=skipped)
-                except (SuccessionError, ConditionalPutFailed) as exc:
-                    raise BrokenManifestChain(PartitionId(partition), entry.key, str(exc)) from exc
+                if not self._follows(partition, entry.key, entry.value, version, skipped, strict=True):
+                    skipped += 1
+                    continue
             elif m.parent_hash is not None:
                 raise BrokenManifestChain(PartitionId(partition), entry.key, "the first entry names a parent")
             version, skipped = entry.value, 0
         return version, seq
 
+    def _follows(
+        self,
+        partition: int,
+        key: str,
+        entry: ManifestVersion,
+        previous: ManifestVersion,
+        skipped: int,
+        *,
+        strict: bool,
+    ) -> bool:
+        """Whether `entry` may follow `previous`; False for a superseded writer's entry (void, recorded).
+
+        A former owner keeps its old epoch's key, and a restarted node's earlier incarnation its
+        generation: what they sign after the chain moved past them is void, so it cannot stop
+        readers. Any other break is BrokenManifestChain when `strict` (an audit reports it itself).
+        """
+        try:
+            entry.manifest.validate_succession(previous.manifest, previous.raw_hash, skipped=skipped)
+        except (StaleFencingToken, StaleGeneration) as exc:
+            m = entry.manifest
+            found = SupersededEntry(PartitionId(partition), key, m.fencing_token, m.node, str(exc))
+            if key not in self.superseded:
+                log.warning("%s; passed over", found)
+            self.superseded[key] = found
+            return False
+        except (SuccessionError, ConditionalPutFailed) as exc:
+            if strict:
+                raise BrokenManifestChain(PartitionId(partition), key, str(exc)) from exc
+        return True
+
     def history(self, partition: PartitionId) -> Iterator[ManifestVersion]:
         """Every genuine manifest from seq 1, in order (an audit path: one GET per entry).
 
-        Forged entries are passed over (and kept in `forged`); succession is not checked here.
+        Forged entries and superseded writers' entries are passed over (kept in `forged` and
+        `superseded`); other breaks of succession are left for the caller to check.
         """
+        previous: ManifestVersion | None = None
+        skipped = 0
         for entry in self._chain(partition).roll_forward(1):
-            if entry.value is not None:
-                yield entry.value
+            if entry.value is None or (
+                previous is not None
+                and not self._follows(partition, entry.key, entry.value, previous, skipped, strict=False)
+            ):
+                skipped += 1
+                continue
+            yield entry.value
+            previous, skipped = entry.value, 0
 
 
 class ManifestWrites(Protocol):

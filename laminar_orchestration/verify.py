@@ -49,7 +49,7 @@ class AuditIssue:
     """One violation found by an audit."""
 
     partition: int
-    kind: str  # loss | duplicate | chain | forged | artifact | state | lineage | ledger
+    kind: str  # loss | duplicate | chain | forged | superseded | artifact | state | lineage | ledger
     detail: str
     start_offset: int | None = None
     end_offset: int | None = None
@@ -195,10 +195,12 @@ def audit_partition(store: ObjectStore, partition: PartitionId, *, ledger: Ledge
     except LedgerError as exc:
         audit.issues.append(AuditIssue(partition, "chain", str(exc)))
     audit.manifests = len(history)
-    # Forged entries (no signature of their epoch's grant key) are no part of the chain: reported,
-    # never counted, and the genuine entry after them follows the last genuine one.
+    # Forged entries (no signature of their epoch's grant key) and superseded writers' entries are
+    # no part of the chain: reported, never counted; the genuine entry after them follows the last one.
     for forged in reader.forged.values():
         audit.issues.append(AuditIssue(partition, "forged", str(forged)))
+    for superseded in reader.superseded.values():
+        audit.issues.append(AuditIssue(partition, "superseded", str(superseded)))
     for prev, cur in itertools.pairwise(history):
         try:
             skipped = cur.manifest.seq - prev.manifest.seq - 1
@@ -389,7 +391,12 @@ def audit_epoch_history(
         elif at + tolerance < grant.granted_at:
             result.issues.append(AuditIssue(partition, "ledger", f"{what} written before epoch {epoch} was granted"))
 
-    history = list(ManifestReader(store).history(partition))
+    reader = ManifestReader(store)
+    history = list(reader.history(partition))
+    for void in reader.superseded.values():
+        # Written after the chain moved past its writer, and passed over by every reader: not accepted.
+        result.stale_writes += 1
+        result.issues.append(AuditIssue(partition, "superseded", str(void)))
     # epoch -> when the chain was fenced above it (the first entry under a later epoch).
     fenced_at: dict[int, datetime] = {}
     named: set[str] = set()

@@ -45,6 +45,7 @@ from laminar_orchestration.capabilities import (
     CREATE_ONLY_PATTERNS,
     PRODUCER_ROLE,
     OutputCommitter,
+    manifest_key,
     node_role,
     partition_session_policy,
     role_access,
@@ -54,7 +55,13 @@ from laminar_orchestration.checkpoint import OutputWriter
 from laminar_orchestration.fencing import PartitionGuard
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger, NotReleased
-from laminar_orchestration.manifest import SHA256_METADATA, ArtifactRef, ManifestReader
+from laminar_orchestration.manifest import (
+    SHA256_METADATA,
+    ArtifactRef,
+    ManifestReader,
+    ManifestVersion,
+    PartitionManifest,
+)
 from laminar_orchestration.migration import DesiredStates
 from laminar_orchestration.records import PartitionStatus, ReleaseRecord, now
 from laminar_orchestration.signing import SigningKey, sign_record
@@ -606,6 +613,92 @@ def test_another_nodes_keys_forge_nothing_into_a_partitions_chain(roles: Roles, 
         assert kinds == ({"forged"} if a["partition"] == 0 else set()), a
     history = [v.manifest for v in ManifestReader(admin).history(P(0))]
     assert all(fake_key not in {o.key for o in h.outputs} for h in history)
+
+
+def test_a_former_owners_signed_entries_after_the_seal_stop_no_reader(roles: Roles, scenario: ScenarioResult) -> None:
+    """The failed-over node still holds its keys and its old epoch's signing key (its own grant keys
+    stay readable to it): entries it signs after the seal, through the project's store code and with
+    raw boto3, are void. The new owner keeps committing past them, a fresh reader and the new owner's
+    restore find the genuine chain, and `verify` reports them (`superseded`) and counts nothing."""
+    admin = roles.store("admin")
+    ledger = Ledger(admin)
+    zombie = scenario.victim
+    role = node_role(zombie)
+    own = ledger.ownership(P(1))
+    assert own is not None and own.owner != zombie
+    old_grants = [g for g in ledger.grants(P(1)) if g.node == zombie]
+    assert old_grants, f"node {zombie} never held partition 1"
+    old_epoch = old_grants[-1].epoch
+    key_object = roles.store(role).get(keys.signing_key_key(zombie, 1, old_epoch))
+    assert key_object is not None
+    signer = SigningKey.model_validate_json(key_object.data)
+
+    def stale_after(version: ManifestVersion) -> PartitionManifest:
+        m = version.manifest
+        entry = m.model_copy(
+            update={
+                "seq": m.seq + 1,
+                "fencing_token": old_epoch,
+                "node": zombie,
+                "generation": 1,
+                "commit_ulid": next_ulid(m.commit_ulid),
+                "parent_hash": version.raw_hash,
+                "source_offset": m.source_offset + 10**6,
+                "events_applied": m.events_applied + 10**6,
+                "note": "",
+                "signature": None,
+            }
+        )
+        return sign_record(entry, signer)
+
+    planted: list[str] = []
+    for how in ("project store code", "raw boto3"):
+        while True:
+            head = ManifestReader(admin).current(P(1))
+            assert head is not None and head.manifest.fencing_token == own.epoch
+            stale = stale_after(head)
+            key = keys.manifest_history_key(1, stale.seq)
+            body = stale.model_dump_json().encode()
+            try:
+                if how == "raw boto3":
+                    _forge(role, roles, key, body, IfNoneMatch="*")
+                else:
+                    OutputCommitter(roles.store(role)).create_manifest(manifest_key(key), body)
+                break
+            except (ClientError, PreconditionFailed):
+                continue  # the owner committed meanwhile: after its newest entry, then
+        planted.append(key)
+        pointer = admin.get(keys.manifest_pointer_key(1))
+        assert pointer is not None
+        _forge(role, roles, keys.manifest_pointer_key(1), body, IfMatch=f'"{pointer.etag}"')
+
+        reader = ManifestReader(admin)
+        seen = reader.current(P(1))
+        assert seen is not None and seen.manifest.fencing_token == own.epoch and key in reader.superseded
+
+    # The owner keeps committing, past the stale entries.
+    roles.laminar(PRODUCER_ROLE, "produce", "--count", "600", "--keys", "30")
+    wait_until(lambda: committed(admin), 60, "the load after the stale entries committed")
+    after = ManifestReader(admin).current(P(1))
+    assert after is not None and after.manifest.fencing_token == own.epoch
+    assert after.manifest.source_offset == SourceLog(admin).end_offset(P(1))
+
+    # A restore of the chain by a new owner (a forced move) finds the genuine state.
+    roles.laminar(CONTROL_PLANE_ROLE, "failover", "--node", str(own.owner), "--force")
+    roles.laminar(PRODUCER_ROLE, "produce", "--count", "600", "--keys", "30")
+    wait_until(lambda: committed(admin), 60, "the load after the forced move committed")
+
+    done = subprocess.run(
+        [sys.executable, "-m", "laminar_orchestration.cli", "verify", "--json", "--store", STORE_URL],
+        env=roles.env(AUDITOR_ROLE), capture_output=True, text=True, timeout=120, cwd=roles.workdir,
+    )  # fmt: skip
+    audit = json.loads(done.stdout)
+    audits = audit if isinstance(audit, list) else audit.get("partitions", [audit])
+    for a in audits:
+        assert a["duplicates"] == 0 and a["losses"] == 0, a
+        if a["partition"] == 1:
+            superseded = [i for i in a["issues"] if i["kind"] == "superseded"]
+            assert {i["kind"] for i in a["issues"]} == {"superseded"} and len(superseded) == len(planted), a
 
 
 def write_matrix(workdir: Path, rows: Sequence[tuple[str, str, str, str, str]]) -> None:

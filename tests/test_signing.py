@@ -8,24 +8,25 @@ the partition. The same attacks with another node's IAM keys are in test_least_p
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
 
 from laminar_orchestration import keys
-from laminar_orchestration.capabilities import LedgerWriter, OutputCommitter, ledger_key, manifest_key
+from laminar_orchestration.capabilities import LedgerWriter, ManifestKey, OutputCommitter, ledger_key, manifest_key
 from laminar_orchestration.fencing import FencingToken
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger, NotReleased
 from laminar_orchestration.manifest import (
     ArtifactRef,
-    BrokenManifestChain,
     ManifestPublisher,
     ManifestReader,
     ManifestUpdate,
     ManifestVersion,
     PartitionManifest,
+    SupersededEntry,
 )
 from laminar_orchestration.records import EpochGrant, PartitionStatus, ReleaseRecord, now
 from laminar_orchestration.signing import ForgedRecord, SigningKey, SigningKeyUnavailable, sign_record
@@ -134,21 +135,104 @@ def test_a_forged_pointer_is_ignored_in_favour_of_the_verified_chain(store: Loca
     assert store.get(pointer).data == second.raw
 
 
-def test_a_former_owners_entry_after_the_seal_is_never_current(store: LocalObjectStore) -> None:
-    """The fenced owner still holds its epoch's key: a signed entry under it after the seal, with the
-    pointer moved onto it, stops readers (fail closed) instead of being restored from."""
-    node, old, _, _ = _owned(store)
+def _failed_over(store: ObjectStore) -> tuple[Ledger, FencingToken, ManifestPublisher, FencingToken, ManifestVersion]:
+    """Node 1 owned partition 0 at epoch 1; the control plane fenced it for node 2, which adopted epoch 2.
+
+    Returns node 1's ledger (it still holds epoch 1's key) and token, node 2's publisher and
+    token, and the seal at epoch 2."""
+    node1, old, _, _ = _owned(store)
     Ledger(store).fence(P(0), N(2), expected_epoch=old.epoch, reason="node 1 unresponsive")
+    node2 = Ledger(store)
+    new = node2.adopt(P(0), N(2))
+    publisher = ManifestPublisher(OutputCommitter(store), store, signing_keys=node2.signing_keys)
     sealed = ManifestReader(store).current(P(0))
-    assert sealed is not None and sealed.manifest.fencing_token == 2
-    stale = sign_record(_next(sealed, fencing_token=old.epoch, node=1), node.signing_keys.get(1, 0, old.epoch))
-    raw = stale.model_dump_json().encode()
-    _plant(store, stale)
-    pointer = keys.manifest_pointer_key(0)
-    OutputCommitter(store).swap_manifest(manifest_key(pointer), raw, store.get(pointer).etag)
-    with pytest.raises(BrokenManifestChain) as info:
-        ManifestReader(store).current(P(0))
-    assert info.value.key == keys.manifest_history_key(0, stale.seq)
+    assert sealed is not None and sealed.manifest.fencing_token == new.epoch
+    return node1, old, publisher, new, sealed
+
+
+def _stale_entry(node1: Ledger, old: FencingToken, after: ManifestVersion) -> PartitionManifest:
+    """What the fenced node 1 can write: a successor of `after`, signed with epoch 1's genuine key."""
+    return sign_record(_next(after, fencing_token=old.epoch, node=1), node1.signing_keys.get(1, 0, old.epoch))
+
+
+@pytest.mark.parametrize("move_pointer", [False, True], ids=["entry", "entry and pointer"])
+def test_a_former_owners_signed_entry_after_the_seal_is_void(store: LocalObjectStore, move_pointer: bool) -> None:
+    """The fenced owner still holds its epoch's key: what it signs after the seal is passed over by every
+    reader (it neither becomes current nor stops them), the new owner publishes past it, and the audit
+    reports it and counts nothing it names."""
+    node1, old, publisher, new, sealed = _failed_over(store)
+    stale = _stale_entry(node1, old, sealed)
+    stale_key = _plant(store, stale)
+    if move_pointer:
+        pointer = keys.manifest_pointer_key(0)
+        OutputCommitter(store).swap_manifest(
+            manifest_key(pointer), stale.model_dump_json().encode(), store.get(pointer).etag
+        )
+
+    reader = ManifestReader(store)
+    assert reader.current(P(0)) == sealed
+    void = reader.superseded[stale_key]
+    assert isinstance(void, SupersededEntry) and void.epoch == old.epoch and void.node == 1
+
+    commit = publisher.publish(new, ManifestUpdate(source_offset=0, note="the new owner's first commit"))
+    assert commit.manifest.seq == sealed.manifest.seq + 2 and commit.manifest.parent_hash == sealed.raw_hash
+    assert ManifestReader(store).current(P(0)) == commit
+    stale_seq = sealed.manifest.seq + 1
+    assert [v.manifest.seq for v in ManifestReader(store).history(P(0))] == [1, 2, stale_seq - 1, stale_seq + 1]
+
+    audit = audit_partition(store, P(0), ledger=node1)
+    assert [i.kind for i in audit.issues] == ["superseded"], audit.issues
+    assert audit.committed_offset == 0  # the stale entry claimed offset 1000
+
+
+def test_a_former_owner_racing_the_new_owners_publish_never_lands(store: LocalObjectStore) -> None:
+    """Threads: the new owner's publish is held (by an injected hook) between reading the chain and
+    creating its entry while the fenced owner appends its signed entry at that very sequence number.
+    The publish moves past it, and readers see only the new owner's chain."""
+    node1, old, publisher, new, sealed = _failed_over(store)
+    read_done, planted = threading.Event(), threading.Event()
+    original = OutputCommitter.create_manifest
+    errors: list[BaseException] = []
+
+    def held_create(
+        self: OutputCommitter, key: ManifestKey, data: bytes, metadata: Mapping[str, str] | None = None
+    ) -> str:
+        if threading.current_thread().name == "new-owner" and not read_done.is_set():
+            read_done.set()
+            assert planted.wait(10), "the former owner never wrote"
+        return original(self, key, data, metadata)
+
+    def former_owner() -> None:
+        try:
+            assert read_done.wait(10)
+            _plant(store, _stale_entry(node1, old, sealed))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            planted.set()
+
+    results: list[ManifestVersion] = []
+
+    def new_owner() -> None:
+        try:
+            results.append(publisher.publish(new, ManifestUpdate(source_offset=0, note="racing")))
+        except BaseException as exc:
+            errors.append(exc)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(OutputCommitter, "create_manifest", held_create)
+        threads = [threading.Thread(target=former_owner), threading.Thread(target=new_owner, name="new-owner")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert errors == [], errors
+    (commit,) = results
+    assert commit.manifest.seq == sealed.manifest.seq + 2 and commit.manifest.fencing_token == new.epoch
+    reader = ManifestReader(store)
+    assert reader.current(P(0)) == commit
+    assert all(v.manifest.fencing_token == new.epoch for v in reader.history(P(0)) if v.manifest.seq > 2)
+    assert list(reader.superseded) == [keys.manifest_history_key(0, sealed.manifest.seq + 1)]
 
 
 def test_a_forged_release_is_no_release(store: LocalObjectStore) -> None:
