@@ -201,8 +201,9 @@ def test_epoch_history_audit_finds_stale_writes_and_split_brain(store: ObjectSto
     with pytest.raises(StaleFencingToken):
         publisher.publish(second, late_output)
     assert audit_epoch_history(store, P(0), ledger=ledger).stale_writes_accepted == 0
-    # ...but a writer that bypasses the publisher, signing with the key of the epoch it held, can
-    # still store an entry; the audit reports it.
+    # ...and a writer that bypasses the publisher, signing with the key of the epoch it held, can
+    # still store an entry, but it is void: passed over by every reader, so neither it nor the
+    # output it names is accepted; the audit reports it.
     seal = publisher.current(P(0))
     assert seal is not None and seal.manifest.is_seal and seal.manifest.fencing_token == 3
     unsigned = seal.manifest.model_copy(
@@ -219,8 +220,9 @@ def test_epoch_history_audit_finds_stale_writes_and_split_brain(store: ObjectSto
     forged = sign_record(unsigned, ledger.signing_keys.get(2, 0, 2))
     store.put_if_absent(manifest_history_key(0, forged.seq), forged.model_dump_json().encode())
     late = audit_epoch_history(store, P(0), ledger=ledger)
-    assert late.stale_writes_accepted == 2  # the manifest, and the output it names
-    assert {i.kind for i in late.issues} == {"stale-write"}
+    assert late.stale_writes_accepted == 0
+    assert late.stale_writes == 3  # the earlier late output, this one, and the void entry
+    assert {i.kind for i in late.issues} == {"superseded"}
 
     # An object written under epoch 3 by a node that does not hold it: two owners of one epoch.
     key = output_object_key(0, 3, 0, 1, next_ulid())
