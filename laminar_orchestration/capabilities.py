@@ -182,9 +182,10 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
       mints grants with their signing keys (and seals the chain a grant fences, signed with the
       grant's key), moves ownership heads, records desired state and membership; reads the source
       heads for lag; lists node records to find new nodes.
-    * node N: its own node record, release records, the manifest chain it publishes, checkpoints
-      and output; reads the signing keys of its own grants and no other node's. No grant, head,
-      desired state, membership or source write; deletes nothing.
+    * node N: its own node record, release records, the manifest chain it publishes, and the
+      checkpoints and output under its own node (any partition's, no other node's); reads the
+      signing keys of its own grants and no other node's. No grant, head, desired state,
+      membership or source write; deletes nothing.
     * producer: source segments and source heads; reads the cluster record, the manifests
       (backpressure: lag = written - committed) and the grants (whose public keys verify them).
     * auditor (`verify`, `sweep`, `status`, `query`, `report`): reads and lists everything but
@@ -227,8 +228,9 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
                 keys.RELEASES_PATTERN,
                 keys.MANIFEST_HISTORY_PATTERN,
                 keys.MANIFEST_POINTERS_PATTERN,
-                keys.CHECKPOINT_OBJECTS_PATTERN,
-                keys.OUTPUT_OBJECTS_PATTERN,
+                # Under its own node only: another node's checkpoints and output are not its to write.
+                keys.node_checkpoint_objects_pattern(n),
+                keys.node_output_objects_pattern(n),
             ),
         )
     return access
@@ -378,7 +380,7 @@ def partition_session_policy(bucket: str, prefix: str, node: int, partitions: Se
     the role's policy, so it can only take away.
     """
     base = _base(prefix)
-    writes = [keys.node_key(node), *(pattern for p in partitions for pattern in keys.partition_write_patterns(p))]
+    writes = [keys.node_key(node), *(pattern for p in partitions for pattern in keys.partition_write_patterns(p, node))]
     reads = (
         keys.LEDGER_PREFIX,
         keys.MANIFESTS_PREFIX,

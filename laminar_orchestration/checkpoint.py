@@ -94,7 +94,7 @@ class CheckpointStore:
 
     def upload_delta(self, guard: PartitionGuard, delta: pa.Table, start: int, end: int) -> DeltaRef:
         """One commit's delta: the touched keys with their full new values."""
-        key = delta_key(guard.partition_id, guard.epoch, next_ulid())
+        key = delta_key(guard.partition_id, guard.node_id, guard.epoch, next_ulid())
         ref = self._put(
             guard,
             key,
@@ -130,7 +130,7 @@ class CheckpointStore:
                 and _file_sha256(path) == previous.ref.sha256
             ):
                 return previous
-            key = snapshot_file_key(guard.partition_id, guard.epoch, ulid, path.name)
+            key = snapshot_file_key(guard.partition_id, guard.node_id, guard.epoch, ulid, path.name)
             return SnapshotFile(name=path.name, ref=self._put(guard, key, path.read_bytes()))
 
         paths = sorted(files)
@@ -200,7 +200,7 @@ class OutputWriter:
     def write(self, guard: PartitionGuard, output: pa.Table, start: int, end: int) -> ArtifactRef:
         guard.check()
         data = table_to_parquet_bytes(output)
-        key = output_object_key(guard.partition_id, guard.epoch, start, end, next_ulid())
+        key = output_object_key(guard.partition_id, guard.node_id, guard.epoch, start, end, next_ulid())
         meta = _fenced_metadata(guard, _sha256(data))
         meta[BATCH_START_METADATA] = str(start)
         meta[BATCH_END_METADATA] = str(end)

@@ -12,15 +12,17 @@ in numeric order)::
     ledger/partitions/{p}/desired.json                 desired owner + migration in flight (CAS)
     manifests/{p}/current.json                         manifest pointer (CAS, may lag)
     manifests/{p}/history/{seq:020d}.json             manifest chain entry (create-only)
-    checkpoints/{p}/{epoch:010d}-{ulid}.delta.parquet  a commit's delta (create-only, fenced)
-    checkpoints/{p}/{epoch:010d}-{ulid}.snap.{file}    a snapshot's file (create-only, fenced)
-    sink/{p}/{epoch:010d}-{start:020d}-{end:020d}-{ulid}.parquet   output file (create-only, fenced)
+    checkpoints/{p}/n-{node:05d}/{epoch:010d}-{ulid}.delta.parquet  a commit's delta (create-only, fenced)
+    checkpoints/{p}/n-{node:05d}/{epoch:010d}-{ulid}.snap.{file}    a snapshot's file (create-only, fenced)
+    sink/{p}/n-{node:05d}/{epoch:010d}-{start:020d}-{end:020d}-{ulid}.parquet   output (create-only, fenced)
     source/{p}/{start_offset:020d}.seg                 input log segment (create-only)
     source/{p}/head.json                               producers' source head (CAS, may lag)
     grant-keys/n-{node:05d}/p-{p}/e-{epoch:020d}.json  a grant's private signing key (create-only;
                                                        readable by the grantee and the control plane only)
 
 These formats are persisted: changing one orphans every existing store.
+Fenced objects sit under their writer's node, so a node's storage policy can
+allow it to write its own objects only (`node_checkpoint_objects_pattern`).
 Write capabilities (`capabilities`) are split by the top-level prefixes in
 `PREFIXES`; the S3 policies are rendered from the key patterns at the end of
 this module (one per kind of object).
@@ -182,24 +184,28 @@ def fenced_object_prefixes(partition: int) -> tuple[str, str]:
     return sink_partition_prefix(partition), checkpoint_partition_prefix(partition)
 
 
-def delta_key(partition: int, epoch: int, ulid: str) -> str:
-    """One commit's delta (the touched keys' new values), written under `epoch`."""
-    return f"{checkpoint_partition_prefix(partition)}{epoch:010d}-{ulid}.delta.parquet"
+def _node(node: int) -> str:
+    return f"n-{node:05d}/"
 
 
-def snapshot_file_key(partition: int, epoch: int, ulid: str, file_name: str) -> str:
-    """One file of a snapshot written under `epoch`; the files of one snapshot share `ulid`."""
+def delta_key(partition: int, node: int, epoch: int, ulid: str) -> str:
+    """One commit's delta (the touched keys' new values), written by `node` under `epoch`."""
+    return f"{checkpoint_partition_prefix(partition)}{_node(node)}{epoch:010d}-{ulid}.delta.parquet"
+
+
+def snapshot_file_key(partition: int, node: int, epoch: int, ulid: str, file_name: str) -> str:
+    """One file of a snapshot written by `node` under `epoch`; the files of one snapshot share `ulid`."""
     # One flat name per file, so the sweep parses epoch and ULID from it like any other.
-    return f"{checkpoint_partition_prefix(partition)}{epoch:010d}-{ulid}.snap.{file_name}"
+    return f"{checkpoint_partition_prefix(partition)}{_node(node)}{epoch:010d}-{ulid}.snap.{file_name}"
 
 
-def output_object_key(partition: int, epoch: int, start: int, end: int, ulid: str) -> str:
-    """The output file of source offsets [start, end) written under `epoch`."""
-    return f"{sink_partition_prefix(partition)}{epoch:010d}-{start:020d}-{end:020d}-{ulid}.parquet"
+def output_object_key(partition: int, node: int, epoch: int, start: int, end: int, ulid: str) -> str:
+    """The output file of source offsets [start, end), written by `node` under `epoch`."""
+    return f"{sink_partition_prefix(partition)}{_node(node)}{epoch:010d}-{start:020d}-{end:020d}-{ulid}.parquet"
 
 
-# `{sink|checkpoints}/{partition:05d}/{epoch:010d}-<rest>`; the rest ends in (or contains) a ULID.
-_FENCED_RE = re.compile(r"^(sink|checkpoints)/(\d{5,})/(\d{10})-([^/]+)$")
+# `{sink|checkpoints}/{partition:05d}/n-{node:05d}/{epoch:010d}-<rest>`; the rest ends in (or contains) a ULID.
+_FENCED_RE = re.compile(r"^(sink|checkpoints)/(\d{5,})/n-(\d{5,})/(\d{10})-([^/]+)$")
 
 
 @dataclass
@@ -219,6 +225,8 @@ class FencedObjectName:
 
     key: str
     partition: int
+    #: The node that wrote it (the grantee of `epoch`, unless written with another node's keys).
+    node: int
     epoch: int
     ulid: str
 
@@ -232,13 +240,13 @@ def parse_fenced_object_key(key: str) -> FencedObjectName:
     """The one parser of ``sink/`` and ``checkpoints/`` object names; UnparseableObjectKey if `key` is not one."""
     match = _FENCED_RE.match(key)
     if match is None:
-        raise UnparseableObjectKey(key, "not {sink|checkpoints}/{partition}/{epoch:010d}-...")
-    _, partition, epoch, rest = match.groups()
+        raise UnparseableObjectKey(key, "not {sink|checkpoints}/{partition}/n-{node}/{epoch:010d}-...")
+    _, partition, node, epoch, rest = match.groups()
     # The ULID is the last 26-character Crockford segment of the name before its extension.
     ulids = [s for s in rest.split(".", 1)[0].split("-") if ULID_PATTERN.match(s)]
     if not ulids:
         raise UnparseableObjectKey(key, "no ULID in the name")
-    return FencedObjectName(key, int(partition), int(epoch), ulids[-1])
+    return FencedObjectName(key, int(partition), int(node), int(epoch), ulids[-1])
 
 
 # --- key patterns for storage policies ------------------------------------------------------
@@ -260,16 +268,26 @@ OUTPUT_OBJECTS_PATTERN = f"{SINK_PREFIX}*"
 SIGNING_KEYS_PATTERN = f"{GRANT_KEYS_PREFIX}*"
 
 
+def node_checkpoint_objects_pattern(node: int) -> str:
+    """The checkpoint objects `node` writes, of any partition (and no other node's)."""
+    return f"{CHECKPOINTS_PREFIX}*/{_node(node)}*"
+
+
+def node_output_objects_pattern(node: int) -> str:
+    """The output files `node` writes, of any partition (and no other node's)."""
+    return f"{SINK_PREFIX}*/{_node(node)}*"
+
+
 def node_signing_keys_pattern(node: int) -> str:
     """The signing keys of `node`'s grants: what that node (and no other) may read of them."""
     return f"{node_signing_keys_prefix(node)}*"
 
 
-def partition_write_patterns(partition: int) -> tuple[str, ...]:
-    """What the owner of `partition` writes for it: its release records, manifest chain, checkpoints, output."""
+def partition_write_patterns(partition: int, node: int) -> tuple[str, ...]:
+    """What `node`, owning `partition`, writes for it: its release records, manifest chain, checkpoints, output."""
     return (
         f"{ledger_partition_prefix(partition)}/releases/*",
         f"{manifest_prefix(partition)}/*",
-        f"{checkpoint_partition_prefix(partition)}*",
-        f"{sink_partition_prefix(partition)}*",
+        f"{checkpoint_partition_prefix(partition)}{_node(node)}*",
+        f"{sink_partition_prefix(partition)}{_node(node)}*",
     )

@@ -158,12 +158,18 @@ def test_sweep_keeps_objects_whose_key_and_metadata_disagree(store: ObjectStore)
     assert store.head(lying) is not None and store.head(foreign) is not None
 
 
-def test_parse_object_key_reads_partition_epoch_and_ulid() -> None:
-    name = parse_fenced_object_key("checkpoints/00003/0000000007-01J0000000000000000000000A.parquet")
-    assert (name.partition, name.epoch) == (3, 7)
-    sink = parse_fenced_object_key(f"sink/00001/0000000002-{0:020d}-{5:020d}-01J0000000000000000000000A.parquet")
-    assert (sink.partition, sink.epoch, sink.created_ms) == (1, 2, name.created_ms)
-    for bad in ("sink/00001/2-01J0000000000000000000000A.parquet", "checkpoints/00001/0000000002-nothing.parquet"):
+def test_parse_object_key_reads_partition_node_epoch_and_ulid() -> None:
+    name = parse_fenced_object_key("checkpoints/00003/n-00004/0000000007-01J0000000000000000000000A.parquet")
+    assert (name.partition, name.node, name.epoch) == (3, 4, 7)
+    sink = parse_fenced_object_key(
+        f"sink/00001/n-00002/0000000002-{0:020d}-{5:020d}-01J0000000000000000000000A.parquet"
+    )
+    assert (sink.partition, sink.node, sink.epoch, sink.created_ms) == (1, 2, 2, name.created_ms)
+    for bad in (
+        "sink/00001/n-00001/2-01J0000000000000000000000A.parquet",
+        "checkpoints/00001/n-00001/0000000002-nothing.parquet",
+        "checkpoints/00001/0000000002-01J0000000000000000000000A.parquet",
+    ):
         with pytest.raises(UnparseableObjectKey):
             parse_fenced_object_key(bad)
 

@@ -225,7 +225,7 @@ def test_epoch_history_audit_finds_stale_writes_and_split_brain(store: ObjectSto
     assert {i.kind for i in late.issues} == {"superseded"}
 
     # An object written under epoch 3 by a node that does not hold it: two owners of one epoch.
-    key = output_object_key(0, 3, 0, 1, next_ulid())
+    key = output_object_key(0, 9, 3, 0, 1, next_ulid())
     store.put_if_absent(key, b"x", {"x-laminar-partition": "0", "x-laminar-epoch": "3", "x-laminar-node": "9"})
     split = audit_epoch_history(store, P(0), ledger=ledger)
     assert split.max_owners_per_epoch == 2 and split.owners[3] == {3, 9} and split.double_grants == 1

@@ -41,10 +41,12 @@ def test_persisted_key_formats_are_unchanged() -> None:
     assert keys.segment_key(42, 100) == "source/00042/00000000000000000100.seg"
     assert keys.source_head_key(42) == "source/00042/head.json"
     assert keys.signing_key_key(3, 42, 7) == "grant-keys/n-00003/p-00042/e-00000000000000000007.json"
-    assert keys.delta_key(42, 7, ULID) == f"checkpoints/00042/0000000007-{ULID}.delta.parquet"
-    assert keys.snapshot_file_key(42, 7, ULID, "000008.sst") == f"checkpoints/00042/0000000007-{ULID}.snap.000008.sst"
-    assert keys.output_object_key(42, 7, 0, 5, ULID) == (
-        f"sink/00042/0000000007-00000000000000000000-00000000000000000005-{ULID}.parquet"
+    assert keys.delta_key(42, 3, 7, ULID) == f"checkpoints/00042/n-00003/0000000007-{ULID}.delta.parquet"
+    assert keys.snapshot_file_key(42, 3, 7, ULID, "000008.sst") == (
+        f"checkpoints/00042/n-00003/0000000007-{ULID}.snap.000008.sst"
+    )
+    assert keys.output_object_key(42, 3, 7, 0, 5, ULID) == (
+        f"sink/00042/n-00003/0000000007-00000000000000000000-00000000000000000005-{ULID}.parquet"
     )
 
 
@@ -68,9 +70,9 @@ BUILDERS: list[tuple[str, Callable[[], str], Callable[[str], str]]] = [
     ("manifest entry", lambda: keys.manifest_history_key(3, 4), manifest_key),
     ("segment", lambda: keys.segment_key(3, 0), source_key),
     ("source head", lambda: keys.source_head_key(3), source_key),
-    ("delta", lambda: keys.delta_key(3, 2, next_ulid()), checkpoint_key),
-    ("snapshot file", lambda: keys.snapshot_file_key(3, 2, next_ulid(), "MANIFEST-000005"), checkpoint_key),
-    ("output", lambda: keys.output_object_key(3, 2, 10, 20, next_ulid()), sink_key),
+    ("delta", lambda: keys.delta_key(3, 5, 2, next_ulid()), checkpoint_key),
+    ("snapshot file", lambda: keys.snapshot_file_key(3, 5, 2, next_ulid(), "MANIFEST-000005"), checkpoint_key),
+    ("output", lambda: keys.output_object_key(3, 5, 2, 10, 20, next_ulid()), sink_key),
     ("grant signing key", lambda: keys.signing_key_key(5, 3, 2), grant_keys_key),
 ]
 
@@ -91,14 +93,14 @@ def test_every_key_is_inside_exactly_its_capability_prefix(
 def test_fenced_object_keys_parse_back(partition: int) -> None:
     ulid = next_ulid()
     built = [
-        keys.delta_key(partition, 12, ulid),
-        keys.snapshot_file_key(partition, 12, ulid, "000123.sst"),
-        keys.snapshot_file_key(partition, 12, ulid, "OPTIONS-000007"),
-        keys.output_object_key(partition, 12, 100, 250, ulid),
+        keys.delta_key(partition, 4, 12, ulid),
+        keys.snapshot_file_key(partition, 4, 12, ulid, "000123.sst"),
+        keys.snapshot_file_key(partition, 4, 12, ulid, "OPTIONS-000007"),
+        keys.output_object_key(partition, 4, 12, 100, 250, ulid),
     ]
     for key in built:
         name = keys.parse_fenced_object_key(key)
-        assert (name.key, name.partition, name.epoch, name.ulid) == (key, partition, 12, ulid)
+        assert (name.key, name.partition, name.node, name.epoch, name.ulid) == (key, partition, 4, 12, ulid)
         assert name.created_ms == ulid_time_ms(ulid)
         assert any(key.startswith(p) for p in keys.fenced_object_prefixes(partition))
         assert key.startswith(keys.FENCED_OBJECT_PREFIXES)
@@ -107,8 +109,10 @@ def test_fenced_object_keys_parse_back(partition: int) -> None:
 @pytest.mark.parametrize(
     "bad",
     [
-        "sink/00001/2-01J0000000000000000000000A.parquet",  # epoch not 10 digits
-        "checkpoints/00001/0000000002-nothing.parquet",  # no ULID
+        "sink/00001/n-00001/2-01J0000000000000000000000A.parquet",  # epoch not 10 digits
+        "checkpoints/00001/n-00001/0000000002-nothing.parquet",  # no ULID
+        "checkpoints/00001/0000000002-01J0000000000000000000000A.parquet",  # no writer's node
+        "sink/00001/n-x/0000000002-01J0000000000000000000000A.parquet",  # not a node number
         "manifests/00001/history/00000000000000000001.json",  # not a fenced object
     ],
 )
@@ -151,4 +155,4 @@ def test_a_workflow_writes_only_keys_the_layout_builds(store: ObjectStore) -> No
     assert fenced, "the commit wrote output and checkpoint objects"
     for key in fenced:
         name = keys.parse_fenced_object_key(key)  # raises for a key spelled outside the layout
-        assert (name.partition, name.epoch) == (0, token.epoch)
+        assert (name.partition, name.node, name.epoch) == (0, token.node, token.epoch)

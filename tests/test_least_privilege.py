@@ -353,6 +353,11 @@ def _some_key(admin: ObjectStore, prefix: str) -> str:
     return next(iter(admin.list(prefix)))
 
 
+def _written_by_another_node(admin: ObjectStore, prefix: str, node: int) -> str:
+    """A stored data object (output or checkpoint) that a node other than `node` wrote."""
+    return next(k for k in admin.list(prefix) if keys.parse_fenced_object_key(k).node != node)
+
+
 def attempts(r: Roles, victim: int) -> list[Attempt]:
     admin = r.store("admin")
     ledger = Ledger(admin)
@@ -366,8 +371,12 @@ def attempts(r: Roles, victim: int) -> list[Attempt]:
     checkpoint = _some_key(admin, keys.checkpoint_partition_prefix(1))
     segment = keys.segment_key(0, 0)
     ulid = next_ulid()
-    fake_output = keys.output_object_key(1, future, 0, 1, ulid)
-    fake_checkpoint = keys.delta_key(1, future, ulid)
+    fake_output = keys.output_object_key(1, owner, future, 0, 1, ulid)
+    fake_checkpoint = keys.delta_key(1, owner, future, ulid)
+    # Data objects another node wrote, and new ones under that node's keys.
+    others_checkpoint = _written_by_another_node(admin, keys.CHECKPOINTS_PREFIX, owner)
+    others_output = _written_by_another_node(admin, keys.SINK_PREFIX, owner)
+    as_other = keys.parse_fenced_object_key(others_checkpoint).node
     cp, producer, auditor = CONTROL_PLANE_ROLE, PRODUCER_ROLE, AUDITOR_ROLE
     return [
         # A node: takes nothing it was not granted, rewrites no ledger record but its own.
@@ -411,10 +420,22 @@ def attempts(r: Roles, victim: int) -> list[Attempt]:
         ),
         _attempt(
             node,
-            "write another partition's checkpoint",
+            "write another partition's checkpoint under its own node",
             _create(node, fake_checkpoint),
             allowed=True,
             note="static policies cannot follow ownership: only what a signed manifest names counts",
+        ),
+        _attempt(node, "overwrite another node's checkpoint object", _swap(node, others_checkpoint)),
+        _attempt(node, "overwrite another node's output file", _swap(node, others_output)),
+        _attempt(
+            node,
+            "create a checkpoint object under another node",
+            _create(node, keys.delta_key(0, as_other, own.epoch, ulid)),
+        ),
+        _attempt(
+            node,
+            "create an output file under another node",
+            _create(node, keys.output_object_key(0, as_other, own.epoch, 0, 1, ulid)),
         ),
         # The control plane: grants and heads, never a node's record, data or the source.
         _attempt(cp, "overwrite a node's heartbeat record", _swap(cp, keys.node_key(owner))),
@@ -524,7 +545,7 @@ def test_another_nodes_keys_forge_nothing_into_a_partitions_chain(roles: Roles, 
 
     # An output file under partition 0 (allowed by the static policy), for the forged entries to name.
     m = current.manifest
-    fake_key = keys.output_object_key(0, own.epoch + 1, m.source_offset, m.source_offset + 1, next_ulid())
+    fake_key = keys.output_object_key(0, attacker, own.epoch + 1, m.source_offset, m.source_offset + 1, next_ulid())
     fake_body = b"forged output"
     _forge(role, roles, fake_key, fake_body, IfNoneMatch="*", Metadata={SHA256_METADATA: sha256(fake_body).hexdigest()})
     fake_ref = ArtifactRef(key=fake_key, size=len(fake_body), sha256=sha256(fake_body).hexdigest())
@@ -774,8 +795,8 @@ SAMPLES = {
     keys.MANIFEST_POINTERS_PATTERN: keys.manifest_pointer_key(3),
     keys.SEGMENTS_PATTERN: keys.segment_key(3, 100),
     keys.SOURCE_HEADS_PATTERN: keys.source_head_key(3),
-    keys.CHECKPOINT_OBJECTS_PATTERN: keys.delta_key(3, 7, next_ulid()),
-    keys.OUTPUT_OBJECTS_PATTERN: keys.output_object_key(3, 7, 0, 10, next_ulid()),
+    keys.CHECKPOINT_OBJECTS_PATTERN: keys.delta_key(3, 2, 7, next_ulid()),
+    keys.OUTPUT_OBJECTS_PATTERN: keys.output_object_key(3, 2, 7, 0, 10, next_ulid()),
     keys.SIGNING_KEYS_PATTERN: keys.signing_key_key(2, 3, 7),
 }
 
@@ -836,9 +857,17 @@ def test_what_only_s3_can_deny_is_denied_by_the_documents() -> None:
         assert not can(role, "s3:ListBucket", "", {}), role  # nor the whole bucket
     assert can(AUDITOR_ROLE, "s3:ListBucket", "", {"s3:prefix": f"{PREFIX}/sink/"})
     assert not can(PRODUCER_ROLE, "s3:ListBucket", "", {"s3:prefix": f"{PREFIX}/ledger/nodes/"})
-    # Per node: its own record only.
+    # Per node: its own record only, and data objects under its own node only.
     assert can(node_role(1), "s3:PutObject", keys.node_key(1), IF_MATCH)
     assert not can(node_role(1), "s3:PutObject", keys.node_key(2), IF_MATCH)
+    ulid = next_ulid()
+    for mine, other in (
+        (keys.delta_key(0, 1, 3, ulid), keys.delta_key(0, 2, 3, ulid)),
+        (keys.snapshot_file_key(0, 1, 3, ulid, "000001.sst"), keys.snapshot_file_key(0, 11, 3, ulid, "000001.sst")),
+        (keys.output_object_key(0, 1, 3, 0, 1, ulid), keys.output_object_key(0, 2, 3, 0, 1, ulid)),
+    ):
+        assert can(node_role(1), "s3:PutObject", mine, IF_NONE_MATCH), mine
+        assert not can(node_role(1), "s3:PutObject", other, IF_NONE_MATCH), other
 
 
 def test_a_partition_session_policy_narrows_a_node_to_its_partitions() -> None:
@@ -854,12 +883,13 @@ def test_a_partition_session_policy_narrows_a_node_to_its_partitions() -> None:
         )
 
     assert effective(keys.manifest_history_key(0, 5), IF_NONE_MATCH)
-    assert effective(keys.delta_key(0, 3, next_ulid()), IF_NONE_MATCH)
+    assert effective(keys.delta_key(0, 1, 3, next_ulid()), IF_NONE_MATCH)
+    assert not effective(keys.delta_key(0, 2, 3, next_ulid()), IF_NONE_MATCH)  # another node's
     assert effective(keys.release_key(0, 3), IF_NONE_MATCH)
     assert effective(keys.node_key(1), IF_MATCH)
     assert not effective(keys.manifest_history_key(1, 5), IF_NONE_MATCH)
-    assert not effective(keys.delta_key(1, 3, next_ulid()), IF_NONE_MATCH)
-    assert not effective(keys.output_object_key(1, 3, 0, 1, next_ulid()), IF_NONE_MATCH)
+    assert not effective(keys.delta_key(1, 1, 3, next_ulid()), IF_NONE_MATCH)
+    assert not effective(keys.output_object_key(1, 1, 3, 0, 1, next_ulid()), IF_NONE_MATCH)
     assert not effective(keys.release_key(1, 3), IF_NONE_MATCH)
 
 

@@ -500,9 +500,9 @@ class NodeActor(Actor):
         ulid = next_ulid(w.commit_ulid)
         # The fencing identity on every object, as a guard's writes carry it (the sweep confirms the key by it).
         meta = {**ConditionalPut(p, token.epoch, token.node).as_metadata(), SHA256_METADATA: sha}
-        dkey = checkpoint_key(delta_key(p, token.epoch, ulid))
+        dkey = checkpoint_key(delta_key(p, token.node, token.epoch, ulid))
         self.checkpoints.put_checkpoint(dkey, data, meta)
-        okey = sink_key(output_object_key(p, token.epoch, batch.start_offset, batch.end_offset, ulid))
+        okey = sink_key(output_object_key(p, token.node, token.epoch, batch.start_offset, batch.end_offset, ulid))
         self.outputs.put_output(okey, data, meta)
         delta = DeltaRef(
             ref=artifact_ref(dkey, data),
