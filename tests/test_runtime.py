@@ -382,23 +382,31 @@ def _logged(path: Path, text: bytes) -> bool:
 def test_sigterm_during_the_spark_warm_up_exits_cleanly(tmp_path: Path) -> None:
     """A node stopped while its background warm-up is inside a Spark call exits 0: the warm-up is
     ended and waited for before the process exits (a thread left in a Spark call makes the
-    interpreter abort while it finalizes). Three rounds: the abort hit about two stops in three."""
+    interpreter abort while it finalizes). Three nodes at once: the abort hit about two stops in three."""
     url = (tmp_path / "store").as_uri()
     Ledger(open_store(url)).init_cluster(1)
-    for round_ in range(3):
-        log_path = tmp_path / f"node-{round_}.log"
-        with open(log_path, "wb") as fh:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "laminar_orchestration.cli", "node", "run", "--store", url, "--node-id", "1"],
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-            )
-        try:
-            wait_until(partial(_logged, log_path, b"spark ready"), 120, "the node's Spark to start")
-            time.sleep(1.0)  # inside the back-to-back part of the warm-up
+    logs = [tmp_path / f"node-{n}.log" for n in (1, 2, 3)]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for n, log_path in zip((1, 2, 3), logs, strict=True):
+            with open(log_path, "wb") as fh:
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "laminar_orchestration.cli", "node", "run", "--store", url,
+                         "--node-id", str(n)],
+                        stdout=fh,
+                        stderr=subprocess.STDOUT,
+                    )
+                )  # fmt: skip
+        for log_path in logs:
+            wait_until(partial(_logged, log_path, b"spark ready"), 120, f"{log_path.name}: Spark to start")
+        time.sleep(1.0)  # inside the back-to-back part of the warm-up
+        for proc in procs:
             proc.send_signal(signal.SIGTERM)
-            code = proc.wait(60)
-        finally:
+        codes = [proc.wait(60) for proc in procs]
+    finally:
+        for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-        assert code == 0, f"round {round_}: exit {code}\n{log_path.read_text()[-3000:]}"
+    for code, log_path in zip(codes, logs, strict=True):
+        assert code == 0, f"{log_path.name}: exit {code}\n{log_path.read_text()[-3000:]}"
