@@ -511,6 +511,17 @@ def test_every_forbidden_action_is_denied_with_the_roles_keys(roles: Roles, scen
     assert committed(admin)
 
 
+def _verify_as_auditor(roles: Roles) -> tuple[int, list[dict[str, Any]]]:
+    """`laminar verify --json` with the auditor's keys: its exit code and the per-partition audits."""
+    done = subprocess.run(
+        [sys.executable, "-m", "laminar_orchestration.cli", "verify", "--json", "--store", STORE_URL],
+        env=roles.env(AUDITOR_ROLE), capture_output=True, text=True, timeout=120, cwd=roles.workdir,
+    )  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr
+    audit = json.loads(done.stdout)
+    return done.returncode, audit if isinstance(audit, list) else audit.get("partitions", [audit])
+
+
 def _forge(role: str, r: Roles, key: str, body: bytes, **condition: Any) -> None:
     """A write with `role`'s own keys and raw boto3, the way an attacker holding them would."""
     r.raw(role).put_object(Bucket=BUCKET, Key=_full(key), Body=body, **condition)
@@ -621,13 +632,8 @@ def test_another_nodes_keys_forge_nothing_into_a_partitions_chain(roles: Roles, 
     wait_until(lambda: committed(admin), 60, "the load after the forced move committed")
 
     # The audit reports the forgeries and counts nothing they name: no loss, no duplicate, right state.
-    done = subprocess.run(
-        [sys.executable, "-m", "laminar_orchestration.cli", "verify", "--json", "--store", STORE_URL],
-        env=roles.env(AUDITOR_ROLE), capture_output=True, text=True, timeout=120, cwd=roles.workdir,
-    )  # fmt: skip
-    assert done.returncode == 1, done.stderr  # issues found: the forgeries
-    audit = json.loads(done.stdout)
-    audits = audit if isinstance(audit, list) else audit.get("partitions", [audit])
+    code, audits = _verify_as_auditor(roles)
+    assert code == 1  # issues found: the forgeries
     for a in audits:
         assert a["duplicates"] == 0 and a["losses"] == 0, a
         kinds = {i["kind"] for i in a["issues"]}
@@ -709,12 +715,7 @@ def test_a_former_owners_signed_entries_after_the_seal_stop_no_reader(roles: Rol
     roles.laminar(PRODUCER_ROLE, "produce", "--count", "600", "--keys", "30")
     wait_until(lambda: committed(admin), 60, "the load after the forced move committed")
 
-    done = subprocess.run(
-        [sys.executable, "-m", "laminar_orchestration.cli", "verify", "--json", "--store", STORE_URL],
-        env=roles.env(AUDITOR_ROLE), capture_output=True, text=True, timeout=120, cwd=roles.workdir,
-    )  # fmt: skip
-    audit = json.loads(done.stdout)
-    audits = audit if isinstance(audit, list) else audit.get("partitions", [audit])
+    _, audits = _verify_as_auditor(roles)
     for a in audits:
         assert a["duplicates"] == 0 and a["losses"] == 0, a
         if a["partition"] == 1:
