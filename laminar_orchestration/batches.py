@@ -75,11 +75,7 @@ def start_aggregate(
 
     def finished(done: Future[tuple[pa.Table, float]]) -> None:
         if done.cancelled() or done.exception() is not None:
-            # A cancelled job's tasks may still be reading the files for a moment: removing them
-            # at once makes Spark log a missing-file error for a batch nobody wants any more.
-            remover = threading.Timer(ABANDONED_FILES_GRACE_S, shutil.rmtree, (directory,), {"ignore_errors": True})
-            remover.daemon = True
-            remover.start()
+            remove_after_grace(directory)
         else:
             shutil.rmtree(directory, ignore_errors=True)
         if on_done is not None:
@@ -87,6 +83,17 @@ def start_aggregate(
 
     future.add_done_callback(finished)
     return InFlightBatch(batch, future, epoch, group, cluster_epoch, read_at, staged_at)
+
+
+def remove_after_grace(directory: Path) -> None:
+    """Remove `directory` (batch files) once a cancelled job's tasks have wound down.
+
+    They may still be reading the files for a moment: removing them at once makes Spark
+    log a missing-file error for a batch nobody wants any more.
+    """
+    remover = threading.Timer(ABANDONED_FILES_GRACE_S, shutil.rmtree, (directory,), {"ignore_errors": True})
+    remover.daemon = True
+    remover.start()
 
 
 def cancel(engine: BatchEngine, inflight: InFlightBatch) -> None:

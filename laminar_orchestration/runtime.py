@@ -38,7 +38,7 @@ from typing import Any
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-from .batches import InFlightBatch, cancel, start_aggregate
+from .batches import InFlightBatch, cancel, remove_after_grace, start_aggregate
 from .capabilities import CheckpointWriter, OutputCommitter, ReadStore
 from .checkpoint import CheckpointStore, OutputWriter
 from .cluster_epoch import ClusterEpochWindow, StaleClusterEpoch
@@ -223,7 +223,7 @@ class PartitionWorker(threading.Thread):
         self._done_for: str | None = None
         self._bytes_moved = 0
         self._error: str | None = None
-        self._workdir = Path(tempfile.mkdtemp(prefix=f"p{partition}-", dir=node.workdir))
+        self._workdir = Path(tempfile.mkdtemp(prefix=f"p{partition}-", dir=node.scratch))
         self._batch_group: str | None = None
         self._batch_seq = 0
         self._abandoned = threading.Event()
@@ -355,7 +355,8 @@ class PartitionWorker(threading.Thread):
                     self.replica.destroy()
             else:
                 self.replica.close()  # a restart here checks it against the manifest before use
-            shutil.rmtree(self._workdir, ignore_errors=True)
+            # A batch abandoned by the drain or the fence may still have Spark tasks reading its files.
+            remove_after_grace(self._workdir)
 
     def _drop_guard(self) -> None:
         if self.guard is not None:
@@ -1004,6 +1005,11 @@ class Node:
         self._owns_workdir = config.workdir is None
         self.workdir = Path(config.workdir or tempfile.mkdtemp(prefix=f"laminar-node{config.node_id}-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
+        #: The workers' batch files. An earlier run's are left over only when it exited within the
+        #: grace of an abandoned batch (`remove_after_grace`); nothing in them outlives a run.
+        self.scratch = self.workdir / "batches"
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        self.scratch.mkdir()
         self._processor = processor
         self._spark = spark
         self.engine: BatchEngine
@@ -1033,7 +1039,7 @@ class Node:
             generation=lambda: self.generation,
             cluster_epoch=lambda: self.cluster_epoch,
             batch_max_events=config.batch_max_events,
-            workdir=self.workdir,
+            workdir=self.scratch,
         )
 
     @property
