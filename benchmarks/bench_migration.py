@@ -893,7 +893,7 @@ def run(p: Params, report: Report, keep: str | None) -> None:
 
             small, big = History(cluster.store, SMALL), History(cluster.store, BIG)
             # The ~1 MB partition ends its runs on a standby node, so killing a plain node (the cold
-            # failovers) strands nothing there; it goes back to a plain node before the warm failovers.
+            # failovers) strands nothing there; it goes back to a plain node before the warm moves.
             progress("1. graceful, ~1 MB, cold (nodes 1 <-> 2)")
             small_cold = graceful_series(cluster, small, COLD, p.graceful_runs, warm_commits=3, timeout=180)
             progress("1. graceful, ~1 MB, warm (to nodes 3, 4)")
@@ -902,10 +902,12 @@ def run(p: Params, report: Report, keep: str | None) -> None:
             big_cold = graceful_series(cluster, big, COLD, p.graceful_runs, warm_commits=2, timeout=300)
             progress("2. failover, ~100 MB, cold (nodes 1 <-> 2)")
             fail_cold = failover_series(cluster, big, COLD, p.failover_runs, timeout=300)
+            # The small partition goes back to a plain node: the warm moves' targets then run nothing
+            # else, like the cold moves' (whose small partition is on a standby node), and a killed
+            # standby node strands nothing.
+            cluster.coordinator.run(PartitionId(SMALL), NodeId(COLD_NODES[0]))
             progress("1. graceful, ~100 MB, warm (to nodes 3, 4)")
             big_warm = graceful_series(cluster, big, WARM, p.graceful_runs, warm_commits=2, timeout=300)
-            # The small partition goes back to a plain node, so a killed standby node strands nothing.
-            cluster.coordinator.run(PartitionId(SMALL), NodeId(COLD_NODES[0]))
             progress("2. failover, ~100 MB, warm (nodes 3 <-> 4)")
             fail_warm = failover_series(cluster, big, WARM, p.failover_runs, timeout=300)
 
