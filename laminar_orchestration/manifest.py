@@ -394,6 +394,10 @@ def _same(a: ManifestVersion | None, b: ManifestVersion | None) -> bool:
     return (a.raw if a else None) == (b.raw if b else None)
 
 
+#: How many void (forged or superseded) entries a reader keeps for an audit to report.
+_VOID_KEPT = 10_000
+
+
 class ManifestReader:
     """Reads current manifests and their history by explicit keys, passing over forged entries.
 
@@ -463,7 +467,7 @@ class ManifestReader:
     def _forged(self, record: ForgedRecord) -> None:
         if record.key not in self.forged:
             log.warning("%s; passed over", record)
-        if len(self.forged) >= 10_000:
+        if len(self.forged) >= _VOID_KEPT:
             self.forged.clear()
         self.forged[record.key] = record
 
@@ -560,6 +564,8 @@ class ManifestReader:
             found = SupersededEntry(PartitionId(partition), key, m.fencing_token, m.node, str(exc))
             if key not in self.superseded:
                 log.warning("%s; passed over", found)
+                if len(self.superseded) >= _VOID_KEPT:
+                    self.superseded.clear()  # kept for audits; a long-lived reader must not grow without bound
             self.superseded[key] = found
             return False
         except (SuccessionError, ConditionalPutFailed) as exc:
