@@ -233,20 +233,26 @@ def run_migration(
 def stranded(state: DesiredState, own: Ownership) -> bool:
     """True when the ledger's owner holds its epoch but nobody will run the partition there.
 
-    Both cases follow a migration that ended without becoming active (`state.migration`):
+    * The last migration ended without becoming active and its target holds the epoch it
+      was to mint: a forced migration fences (grants the new epoch to its target) before
+      the target restores.
+    * No migration is in flight and the owner is not the desired owner: a node runs only
+      the partitions desired for it, so nothing else ever moves it. That follows a grant
+      that outlived its migration (a driver that fenced after the move was ended, found
+      by later moves or not), whichever moves ended since.
 
-    * its target holds the epoch it was to mint: a forced migration fences (grants the
-      new epoch to its target) before the target restores;
-    * another node holds that epoch, and not as the desired owner: a second driver of an
-      earlier move fenced after that move had been ended, and this one lost its fence
-      to it. A node runs only the partitions desired for it.
-
-    Such a partition still needs a failover.
+    Such a partition still needs a failover. A released partition is not stranded: the
+    control plane grants it back (`MigrationCoordinator.reinstate`).
     """
     task = state.migration
-    if own.owner == UNASSIGNED or task is None or not task.phase.is_aborted or task.to_epoch != own.epoch:
+    if own.owner == UNASSIGNED or own.status == PartitionStatus.RELEASED:
         return False
-    return task.to_node == own.owner or state.owner != own.owner
+    if task is None or not task.is_terminal:
+        # No move ever recorded (nothing says where it should run), or one in flight that decides.
+        return False
+    if task.phase.is_aborted and (task.to_node, task.to_epoch) == (own.owner, own.epoch):
+        return True
+    return state.owner != own.owner
 
 
 @dataclass

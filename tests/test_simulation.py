@@ -38,6 +38,7 @@ from laminar_orchestration import antientropy
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.migration import MigrationCoordinator, MigrationPhase
+from laminar_orchestration.moves import stranded
 from laminar_orchestration.store import ObjectStore
 
 REPO = Path(__file__).resolve().parent.parent
@@ -250,3 +251,40 @@ def test_a_move_that_ends_after_its_target_took_the_epoch_leaves_the_target_the_
     move = coordinator.plan(p, NodeId(2), forced=True)
     coordinator.cancel(p, move.migration_id)
     assert coordinator.desired.read(p)[0].owner == 1
+
+
+#: Found by a CI run's fresh seeds: a placement was cancelled after its fence had landed (the cancel
+#: read the ledger before the grant), then later moves of the partition were cancelled and timed out.
+#: The grant's holder was live but not the desired owner, so nothing ran or moved the partition.
+OUTLIVED_GRANT_SEED = 43262856
+
+
+def test_a_live_owner_that_is_not_the_desired_owner_is_failed_over_whatever_moves_ended_since() -> None:
+    result = run_scenario(SimConfig(seed=OUTLIVED_GRANT_SEED, steps=300))
+    assert result.ok, _failure_text(result)
+
+
+def test_stranded_is_decided_by_the_desired_owner_once_no_move_is_in_flight() -> None:
+    store = MemoryObjectStore()
+    ledger = Ledger(store, read_parallelism=1)
+    ledger.init_cluster(1)
+    for node in (1, 2, 3):
+        ledger.register_node(NodeId(node), heartbeat_timeout_s=3600)
+    coordinator = MigrationCoordinator(ledger)
+    p = PartitionId(0)
+    ledger.fence(p, NodeId(2), expected_epoch=0, reason="a placement whose record was cancelled meanwhile")
+    own = ledger.ownership(p)
+    assert own is not None and (own.owner, own.epoch) == (2, 1)
+    # A later graceful move to node 3 planned from epoch 1, then ended unfinished: its to_epoch (2)
+    # was never minted, so only the desired owner (still unassigned) says node 2 will not run it.
+    task = coordinator.plan(p, NodeId(3))
+    assert task.to_epoch == 2
+    coordinator.fail(p, task.migration_id, "timed out at draining")
+    state = coordinator.desired.read(p)[0]
+    assert state.owner != own.owner
+    assert stranded(state, own)
+    # While a move is in flight, it decides; with none ever recorded, nothing says where it runs.
+    assert not stranded(state.model_copy(update={"migration": task}), own)
+    assert not stranded(state.model_copy(update={"migration": None}), own)
+    # The desired owner holding its epoch is not stranded.
+    assert not stranded(state.model_copy(update={"owner": own.owner}), own)

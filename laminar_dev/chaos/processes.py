@@ -108,7 +108,7 @@ class ProcessChaos:
         return total
 
     def _batch_dirs(self, n: int) -> set[Path]:
-        return set(self.tmp.glob(f"laminar-node{n}-*/p*-*/batch-*"))
+        return set(self.tmp.glob(f"laminar-node{n}-*/batches/p*-*/batch-*"))
 
     def _wait_mid_batch(self, n: int, before: set[Path], timeout: float = 30.0) -> tuple[int, int] | None:
         """Wait until node `n` is running a batch it was not running before; (partition, batch start)."""

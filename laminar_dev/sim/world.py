@@ -30,14 +30,17 @@ from typing import Any
 
 from laminar_orchestration import antientropy
 from laminar_orchestration import migration as migration_module
+from laminar_orchestration import moves as moves_module
 from laminar_orchestration.antientropy import EPOCH_METADATA, PARTITION_METADATA, SweepReport
 from laminar_orchestration.clock import current as current_clock
 from laminar_orchestration.clock import use_clock
+from laminar_orchestration.fencing import Ownership
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.keys import FENCED_OBJECT_PREFIXES, UnparseableObjectKey, parse_fenced_object_key
 from laminar_orchestration.ledger import EpochConflict, Ledger
 from laminar_orchestration.manifest import ManifestReader
 from laminar_orchestration.migration import (
+    DesiredState,
     DesiredStates,
     MigrationConfig,
     MigrationCoordinator,
@@ -49,6 +52,7 @@ from laminar_orchestration.records import PartitionStatus
 from laminar_orchestration.store import ObjectNotFound, ObjectStore, PreconditionFailed
 from laminar_orchestration.store.retry import RetryingStore
 
+from . import actors as actors_module
 from .actors import Actor, ActorStatus, CoordinatorActor, CoordinatorRole, NodeActor, ProducerActor, SweeperActor
 from .invariants import Checker, EventDecoder, InvariantViolation, MigrationWedged, PartitionNotLive
 from .store import MemoryObjectStore, SimStore
@@ -71,7 +75,8 @@ class Knobs:
     revert_grant_seal: bool = False
     #: A forced fence that finds the epoch moved leaves its record as is, and deadlines are not enforced.
     revert_lost_fence_fix: bool = False
-    #: A move that ends unfinished after its target took the epoch leaves the desired owner unchanged.
+    #: A move that ends unfinished after its target took the epoch leaves the desired owner unchanged,
+    #: and only the last migration record can tell that the ledger's owner is stranded.
     revert_aborted_owner_fix: bool = False
     #: The sweep deletes an unreferenced object once it is older than the grace period, sealed epoch or not.
     revert_sweep_sealed_only: bool = False
@@ -423,6 +428,14 @@ class _NoSeal:
         return None
 
 
+def _stranded_before_fix(state: DesiredState, own: Ownership) -> bool:
+    """`moves.stranded` before it looked past the last record: only a just-ended move's grant counted."""
+    task = state.migration
+    if own.owner == UNASSIGNED or task is None or not task.phase.is_aborted or task.to_epoch != own.epoch:
+        return False
+    return task.to_node == own.owner or state.owner != own.owner
+
+
 def _fence_before_fix(self: MigrationCoordinator, task: MigrationTask) -> None:
     """`MigrationCoordinator._fence_old_owner` as it was before a lost fence failed its own record."""
     p = PartitionId(task.partition)
@@ -511,6 +524,9 @@ def reverted(knobs: Knobs) -> Iterator[None]:
         patch(migration_module, "deadline_passed", lambda _task, at=None: False)
     if knobs.revert_aborted_owner_fix:
         patch(migration_module, "_took_epoch", lambda _task, _own: False)
+        # Both repair a desired owner the ledger's owner is not: reverting one, revert the other.
+        patch(moves_module, "stranded", _stranded_before_fix)
+        patch(actors_module, "stranded", _stranded_before_fix)
     if knobs.revert_sweep_sealed_only:
         patch(antientropy, "sweep", _sweep_before_fix)
     try:
