@@ -34,8 +34,9 @@ Figures (each printed next to its target, with whether it was met; nothing asser
    `assignment.failover_target` picks: the live warm copy); "cold": the owner is
    node 1 or 2 and the target is explicitly the other plain node (no copy: it
    downloads the snapshot and applies the deltas). The victim is restarted after
-   each run (with its standby flags) and, when it is a standby node, waited for
-   until its copy has caught up again.
+   each run (with its standby flags) and waited for until its background Spark
+   warm-up has ended and, when it is a standby node, until its copy has caught
+   up again.
 
 The table is also written to ``benchmarks/results/migration.txt``.
 """
@@ -74,6 +75,8 @@ from laminar_orchestration.store import ObjectStore
 from .common import Row, format_table, median, progress, verdict, write_result
 
 MB = 1_000_000
+#: What a node logs when its background Spark warm-up has ended (`SparkBatchEngine.keep_warming`).
+WARM_UP_ENDED = "spark warm-up: "
 HEARTBEAT_INTERVAL_S = 1.0  # NodeConfig default; `laminar node run` has no flag for it
 #: The load on each measured partition, (events, every seconds): a steady stream of small appends.
 #: Arriving in bursts a batch interval apart would put that interval into every unavailability
@@ -383,7 +386,7 @@ class Restore:
 
 _COMMITTED = re.compile(
     r"partition (\d+) committed \[(\d+), (\d+)\): \d+ events: stage (\d+) ms, spark (\d+) ms \(waited (\d+)\), "
-    r"merge (\d+) ms, output (\d+) ms, delta (\d+) ms, publish (\d+) ms, apply (\d+) ms"
+    r"merge (\d+) ms \(read (\d+)\), output (\d+) ms, delta (\d+) ms, publish (\d+) ms, apply (\d+) ms"
 )
 
 
@@ -394,8 +397,10 @@ class BatchLine:
     events: int
     spark_ms: int
     waited_ms: int
-    #: The node's own work after Spark: merge, output, delta, publish and local apply.
+    #: The node's own work after Spark: merge (of which the local store's read), output, delta,
+    #: publish and local apply.
     merge_ms: int
+    read_ms: int
     output_ms: int
     delta_ms: int
     publish_ms: int
@@ -411,7 +416,7 @@ def committed_batches(cluster: Cluster, node: int, mark: int, partition: int) ->
     for m in _COMMITTED.finditer(cluster.nodes[node].log()[mark:]):
         if int(m.group(1)) == partition:
             g = [int(x) for x in m.groups()]
-            out.append(BatchLine(g[2] - g[1], g[4], g[5], *g[6:11]))
+            out.append(BatchLine(g[2] - g[1], g[4], g[5], *g[6:12]))
     return out
 
 
@@ -629,8 +634,9 @@ def failover_run(
     )
 
 
-def revive(cluster: Cluster, node: int) -> None:
-    """Restart a killed node (with its standby flags) and wait until it took back what it was left owning."""
+def revive(cluster: Cluster, node: int, *, settle: bool = True) -> None:
+    """Restart a killed node (with its standby flags) and wait until it took back what it was left owning
+    and (`settle`) its Spark warm-up ended."""
     stranded = {q: cluster.epoch(q) for q in cluster.partitions_of(node)}
     cluster.start_node(node)
     cluster.wait_alive(node, timeout=300)
@@ -640,6 +646,17 @@ def revive(cluster: Cluster, node: int) -> None:
         180,
         f"node {node} to take back partitions {sorted(stranded)}",
     )
+    if settle:
+        wait_warmed_up(cluster, node)
+
+
+def wait_warmed_up(cluster: Cluster, node: int) -> None:
+    """Wait until `node`'s background Spark warm-up has ended.
+
+    A node that owns nothing warms its Spark up for its first ~40 s (up to half a core): a run
+    beside it would measure that warm-up's load on 2 cores, not the move.
+    """
+    wait_until(lambda: WARM_UP_ENDED in cluster.nodes[node].log(), 300, f"node {node}'s Spark warm-up to end", 0.5)
 
 
 # --- the report ----------------------------------------------------------------------------------------
@@ -686,10 +703,10 @@ def report_first_batch(report: Report, prefix: str, lines: Sequence[BatchLine | 
         f"{median([b.commit_ms for b in found]):.0f} ms",
     )
     report.add(
-        f"{prefix}: new owner's first batch: merge / output / delta / publish / local apply (medians)",
-        " / ".join(
-            f"{median([getattr(b, f) for b in found]):.0f}"
-            for f in ("merge_ms", "output_ms", "delta_ms", "publish_ms", "apply_ms")
+        f"{prefix}: new owner's first batch: merge (state read) / output / delta / publish / local apply (medians)",
+        f"{median([b.merge_ms for b in found]):.0f} ({median([b.read_ms for b in found]):.0f}) / "
+        + " / ".join(
+            f"{median([getattr(b, f) for b in found]):.0f}" for f in ("output_ms", "delta_ms", "publish_ms", "apply_ms")
         )
         + " ms",
     )
@@ -828,7 +845,11 @@ def graceful_series(
     return out
 
 
-def failover_series(cluster: Cluster, hist: History, kind: str, runs: int, *, timeout: float) -> list[FailoverRun]:
+def failover_series(
+    cluster: Cluster, hist: History, kind: str, runs: int, *, timeout: float, last: bool = False
+) -> list[FailoverRun]:
+    """Kill the partition's owner `runs` times; `last`: no run follows this series (the final restart
+    need not settle)."""
     p = hist.partition
     group = WARM_NODES if kind == WARM else COLD_NODES
     out: list[FailoverRun] = []
@@ -849,7 +870,7 @@ def failover_series(cluster: Cluster, hist: History, kind: str, runs: int, *, ti
             f"total {f.total_s:.2f} s, downloaded {size(f.download_bytes)}; {restore_summary([f.restores])}"
         )
         progress(f"  restarting node {victim}")
-        revive(cluster, victim)
+        revive(cluster, victim, settle=not (last and i == runs - 1))
     return out
 
 
@@ -881,6 +902,8 @@ def run(p: Params, report: Report, keep: str | None) -> None:
             for n in WARM_NODES:
                 wait_standby(cluster, n, BIG, 600)
             standby_s = time.perf_counter() - t1
+            for n in nodes:
+                wait_warmed_up(cluster, n)
             report.note(
                 f"seeding (every key produced once, committed by the owner in batches of <= 1M events): "
                 f"{p.small_keys:,} keys in {small_s:.1f} s, {p.big_keys:,} keys in {big_s:.1f} s; the standbys "
@@ -909,7 +932,7 @@ def run(p: Params, report: Report, keep: str | None) -> None:
             progress("1. graceful, ~100 MB, warm (to nodes 3, 4)")
             big_warm = graceful_series(cluster, big, WARM, p.graceful_runs, warm_commits=2, timeout=300)
             progress("2. failover, ~100 MB, warm (nodes 3 <-> 4)")
-            fail_warm = failover_series(cluster, big, WARM, p.failover_runs, timeout=300)
+            fail_warm = failover_series(cluster, big, WARM, p.failover_runs, timeout=300, last=True)
 
             report_graceful(report, "~1 MB", COLD, small_cold)
             report_graceful(report, "~1 MB", WARM, small_warm)
@@ -953,7 +976,9 @@ def main(argv: list[str] | None = None) -> None:
         f"{HEARTBEAT_TIMEOUT_S:.0f} s / interval {HEARTBEAT_INTERVAL_S:.0f} s, {' '.join(NODE_ARGS)}; "
         "coordinator polls node records every 20 ms; timelines use wall-clock time.time() and the manifests' "
         "committed_at (same machine); each launch/kill happens at a uniformly random point (fixed seed) of the "
-        "partition's commit interval, after >= 2-3 data commits under load"
+        "partition's commit interval, after >= 2-3 data commits under load; no run starts while a node runs its "
+        "background Spark warm-up (up to 200 batches after it starts, at most half a core): the bench waits for "
+        "it to end after the start and after each restart"
     )
     report.note(
         "a data commit = a manifest that names output; the seal (the new owner's takeover entry, no output) "

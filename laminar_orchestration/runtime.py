@@ -44,6 +44,7 @@ from .checkpoint import CheckpointStore, OutputWriter
 from .cluster_epoch import ClusterEpochWindow, StaleClusterEpoch
 from .errors import CorruptDataError, FencedError, OperationFailedError
 from .fencing import EpochError, FencingToken, NotOwned, PartitionGuard, PartitionGuardSet, StaleEpoch
+from .handoff import NewOwnerAction, OldOwnerAction, asks_old_owner, new_owner_step, old_owner_step
 from .identity import NodeId, PartitionId
 from .ledger import Ledger, NodeHandle, NodeIdentityConflict
 from .manifest import DeltaRef, ManifestPublisher, ManifestUpdate, ManifestVersion, SnapshotRef, StaleFencingToken
@@ -118,6 +119,7 @@ class _Steps:
     stage_ms: float
     spark_ms: float
     wait_ms: float
+    read_ms: float
     merge_ms: float
 
 
@@ -129,7 +131,8 @@ class BatchTimings:
     stage_ms: float  # source batch written as Spark's input files
     spark_ms: float  # Spark's aggregate of the batch
     wait_ms: float  # how long the worker blocked on Spark (0 when a prefetch had finished)
-    merge_ms: float  # multi-get of the touched keys + the processor's fold
+    read_ms: float  # multi-get of the touched keys' previous values from the local store
+    merge_ms: float  # that read + the processor's fold
     output_ms: float
     delta_ms: float
     publish_ms: float  # the manifest naming output, delta and offset
@@ -138,8 +141,9 @@ class BatchTimings:
     def __str__(self) -> str:
         return (
             f"{self.events} events: stage {self.stage_ms:.0f} ms, spark {self.spark_ms:.0f} ms "
-            f"(waited {self.wait_ms:.0f}), merge {self.merge_ms:.0f} ms, output {self.output_ms:.0f} ms, "
-            f"delta {self.delta_ms:.0f} ms, publish {self.publish_ms:.0f} ms, apply {self.apply_ms:.0f} ms"
+            f"(waited {self.wait_ms:.0f}), merge {self.merge_ms:.0f} ms (read {self.read_ms:.0f}), "
+            f"output {self.output_ms:.0f} ms, delta {self.delta_ms:.0f} ms, publish {self.publish_ms:.0f} ms, "
+            f"apply {self.apply_ms:.0f} ms"
         )
 
 
@@ -456,15 +460,21 @@ class PartitionWorker(threading.Thread):
                     self.node.report_now()
 
     def _draining_requested(self) -> bool:
-        task = self._task
         # A forced move never asks the old owner for anything: it is fenced, and revoked by the fence.
-        return (
-            task is not None
-            and task.migration_kind == MigrationKind.GRACEFUL
-            and task.phase.needs_old_owner
-            and task.from_node == self.node.id
-            and task.from_epoch == self.epoch
-        )
+        return asks_old_owner(self._task, node=self.node.id, epoch=self.epoch)
+
+    def _await_task_change(self, seen: MigrationTask | None) -> None:
+        """Block until the control plane hands over a task record other than `seen` (at most 0.5 s).
+
+        PhaseAborted when the worker is asked to stop; Fenced when the partition is lost.
+        """
+        with self._task_changed:
+            if self._stop_requested.is_set():
+                raise PhaseAborted()
+            if self.tracker.is_fenced:
+                raise Fenced(self.tracker.reason or "fenced")
+            if self._task is seen:
+                self._task_changed.wait(0.5)
 
     # -- recovering and rising ----------------------------------------------------
 
@@ -501,13 +511,66 @@ class PartitionWorker(threading.Thread):
         )
 
     def _rise(self) -> None:
-        """The new owner's side of a migration: download → restore → seek → active."""
-        task = self._warm_up()
-        ledger = self.node.ledger
+        """The new owner's side of a migration, one `handoff.new_owner_step` at a time: warm up, then
+        download → restore → seek → active."""
+        first = self._task
+        assert first is not None
+        mid = first.migration_id
+        restored: ManifestVersion | None = None
+        released: str | None = None
+        downloaded = False
+        while True:
+            task = self._task
+            step = new_owner_step(
+                task,
+                migration_id=mid,
+                reported=self._phase_done if self._done_for == mid else None,
+                restored=downloaded,
+                took_over=self.token is not None,
+            )
+            match step.action:
+                case NewOwnerAction.DROP:
+                    raise PhaseAborted()
+                case NewOwnerAction.WARM:
+                    self._warm_up()  # returns once Downloading is recorded
+                case NewOwnerAction.RESTORE:
+                    assert task is not None
+                    restored, released = self._download(task)
+                    downloaded = True
+                case NewOwnerAction.REPORT:
+                    assert step.phase is not None
+                    self._report(step.phase)
+                case NewOwnerAction.TAKE_OVER:
+                    assert task is not None
+                    # The control plane grants the new epoch once Seeking is recorded (after the old
+                    # owner's release, or with the fence of a forced move); this node only adopts it.
+                    token = self._await_grant(task)
+                    self._install(token)
+                    self._takeover(restored, released=released)
+                    self._report(MigrationPhase.SEEKING)
+                    self._prefetch(token.epoch, self._committed_offset)
+                case NewOwnerAction.WAIT:
+                    self._await_task_change(task)
+                case NewOwnerAction.RUN:
+                    assert task is not None
+                    log.info(
+                        "node %s: partition %s acquired at epoch %s (%s migration %s, offset %s)",
+                        self.node.id,
+                        self.partition,
+                        self.epoch,
+                        task.migration_kind,
+                        mid,
+                        self._committed_offset,
+                    )
+                    return
+
+    def _download(self, task: MigrationTask) -> tuple[ManifestVersion | None, str | None]:
+        """Restore from the chain (a graceful move: it must end at the released commit), report
+        Downloading and start the first batch. Returns what was restored and the released commit."""
         manifest = self._publisher.current(self.partition)
         released: str | None = None
         if task.migration_kind == MigrationKind.GRACEFUL:
-            release = ledger.release_record(self.partition, task.from_epoch)
+            release = self.node.ledger.release_record(self.partition, task.from_epoch)
             if release is None:
                 raise RuntimeError(f"epoch {task.from_epoch} of partition {self.partition} was not released")
             released = release.commit_ulid
@@ -518,27 +581,7 @@ class PartitionWorker(threading.Thread):
         stats = self._restore(manifest)
         self._report(MigrationPhase.DOWNLOADING, self._bytes_moved + stats.bytes_downloaded)
         self._prefetch(task.to_epoch, self._committed_offset)
-        self._phase(MigrationPhase.RESTORING)
-        self._report(MigrationPhase.RESTORING)
-        task = self._phase(MigrationPhase.SEEKING)
-        # The control plane grants the new epoch once Seeking is recorded (after the old owner's
-        # release, or with the fence of a forced move); this node only adopts it.
-        token = self._await_grant(task)
-        self._install(token)
-        self._takeover(manifest, released=released)
-        self._report(MigrationPhase.SEEKING)
-        self._prefetch(token.epoch, self._committed_offset)
-        self._phase(MigrationPhase.ACTIVE)
-        log.info(
-            "node %s: partition %s acquired at epoch %s (%s migration %s, offset %s)",
-            self.node.id,
-            self.partition,
-            token.epoch,
-            task.migration_kind,
-            task.migration_id,
-            self._committed_offset,
-        )
-        self._report(MigrationPhase.ACTIVE)
+        return manifest, released
 
     def _await_grant(self, task: MigrationTask) -> FencingToken:
         """Adopt the epoch the control plane grants this node for `task`; PhaseAborted if the task ends first."""
@@ -686,6 +729,7 @@ class PartitionWorker(threading.Thread):
             engine = self.node.engine
             previous = self.replica.store.get_many(aggregate["key"].to_pylist()) if self.replica.store else None
             assert previous is not None, "restored before processing"
+            state_read_at = time.monotonic()
             fold = engine.processor.fold(aggregate, previous, epoch=self.epoch, generation=self.node.generation)
             start, end, cluster_epoch = inflight.batch.start_offset, inflight.batch.end_offset, inflight.cluster_epoch
             steps = _Steps(
@@ -693,6 +737,7 @@ class PartitionWorker(threading.Thread):
                 stage_ms=_ms(inflight.read_at, inflight.staged_at),
                 spark_ms=_ms(inflight.staged_at, spark_done_at),
                 wait_ms=_ms(waited_from, merging_at),
+                read_ms=_ms(merging_at, state_read_at),
                 merge_ms=_ms(merging_at, time.monotonic()),
             )
             try:
@@ -913,36 +958,50 @@ class PartitionWorker(threading.Thread):
     # -- setting (the old owner's side of a migration) -------------------------------
 
     def _set(self) -> None:
-        """drain → checkpoint → upload → release, each only once the task record allows it.
+        """drain → checkpoint → upload → release, one `handoff.old_owner_step` at a time, each only
+        once the task record allows it. PhaseAborted when the move ends without the release.
 
         Every commit already holds its delta, so the checkpoint the new owner needs
         (snapshot + deltas) is committed the moment the last batch is: the old owner
         only publishes a snapshot that finished uploading, never takes a new one.
         """
         assert self.token is not None
-        task = self._task
-        assert task is not None
-        self._report(MigrationPhase.DRAINING)
-        self._phase(MigrationPhase.CHECKPOINTING)
-        self._report(MigrationPhase.CHECKPOINTING)
-        self._phase(MigrationPhase.UPLOADING)
+        while True:
+            task = self._task
+            step = old_owner_step(
+                task, node=self.node.id, epoch=self.epoch, reported=self._phase_done, reported_for=self._done_for
+            )
+            match step.action:
+                case OldOwnerAction.RUN:
+                    raise PhaseAborted()  # the move that asked for the drain ended: run again
+                case OldOwnerAction.REPORT:
+                    assert step.phase is not None
+                    uploaded = self._finish_upload() if step.phase == MigrationPhase.UPLOADING else None
+                    self._report(step.phase, uploaded)
+                case OldOwnerAction.RELEASE:
+                    assert task is not None
+                    self._release()
+                    log.info(
+                        "node %s: partition %s released at epoch %s (migration %s, offset %s)",
+                        self.node.id,
+                        self.partition,
+                        self.epoch,
+                        task.migration_id,
+                        self._committed_offset,
+                    )
+                    self._report(MigrationPhase.RELEASED)
+                    return
+                case OldOwnerAction.WAIT:
+                    self._await_task_change(task)
+
+    def _finish_upload(self) -> int:
+        """Publish the snapshot whose upload has finished (its bytes), drop one still uploading."""
         uploaded = 0
         if self._snapshot_upload is not None and self._snapshot_upload.done():
             self._snapshot_step(idle=True)
             uploaded = self._snapshot.size if self._snapshot else 0
         self._abandon_snapshot()
-        self._report(MigrationPhase.UPLOADING, uploaded)
-        self._phase(MigrationPhase.RELEASED)
-        self._release()
-        log.info(
-            "node %s: partition %s released at epoch %s (migration %s, offset %s)",
-            self.node.id,
-            self.partition,
-            self.token.epoch,
-            task.migration_id,
-            self._committed_offset,
-        )
-        self._report(MigrationPhase.RELEASED)
+        return uploaded
 
     def _release(self) -> None:
         assert self.token is not None

@@ -7,10 +7,11 @@ keep their memory across steps (a paused actor resumes as a zombie with it)
 and lose it on a crash. Nothing here reads the wall clock or sleeps.
 
 * `NodeActor` - a worker node: registers, heartbeats with its partitions'
-  progress, and per partition runs the owner's state machine (`WorkerState`):
-  recover or adopt, process a batch (an in-process keyed fold published as a
-  fenced manifest), drain and release for a graceful move, rise (restore,
-  acquire or adopt, take over at the seal) for an incoming one.
+  progress, and per partition: recovers or adopts, processes a batch (an
+  in-process keyed fold published as a fenced manifest), and carries out the
+  production worker's two handoff machines (`laminar_orchestration.handoff`):
+  drain and release for a graceful move away, restore, adopt the granted epoch
+  and take over at the seal for an incoming one.
 * `CoordinatorActor` - the control plane: a failover sensor (places and fails
   over partitions, fails overdue records) or an operator (graceful moves,
   cancels), each driving its migrations phase by phase without blocking.
@@ -35,6 +36,7 @@ from laminar_orchestration.capabilities import (
     sink_key,
 )
 from laminar_orchestration.fencing import ConditionalPut, EpochError, FencingToken
+from laminar_orchestration.handoff import NewOwnerAction, OldOwnerAction, OldOwnerStep, new_owner_step, old_owner_step
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.keys import delta_key, output_object_key
 from laminar_orchestration.ledger import Ledger, NodeHandle, NodeIdentityConflict
@@ -322,33 +324,21 @@ class NodeActor(Actor):
         task = self.coordinator.current(p)
         if w.state == WorkerState.RUNNING:
             assert w.token is not None
-            if (
-                task is not None
-                and not task.is_terminal
-                and task.migration_kind == MigrationKind.GRACEFUL
-                and task.phase.needs_old_owner
-                and task.from_node == self.node
-                and task.from_epoch == w.token.epoch
-            ):
-                return self._set(w, task)
-            if (
-                task is not None
-                and task.phase == MigrationPhase.ACTIVE
-                and task.to_epoch == w.token.epoch
-                and w.phase_done != MigrationPhase.ACTIVE
-                and w.migration is not None
-            ):
-                self._report(w, MigrationPhase.ACTIVE)
-                return "reported active"
+            step = old_owner_step(
+                task,
+                node=self.node,
+                epoch=w.token.epoch,
+                reported=w.phase_done,
+                reported_for=w.migration.migration_id if w.migration else None,
+            )
+            if step.action != OldOwnerAction.RUN:
+                assert task is not None
+                return self._set(w, task, step)
             if self.world.rng.random() < 0.2:
                 return self._refresh(w)
             return self._batch(w)
-        if w.state == WorkerState.RISING:
+        if w.state == WorkerState.RISING or (task is not None and not task.is_terminal and task.to_node == self.node):
             return self._rise(w, task)
-        if task is not None and not task.is_terminal and task.to_node == self.node:
-            if task.phase in (MigrationPhase.DOWNLOADING, MigrationPhase.RESTORING, MigrationPhase.SEEKING):
-                return self._download(w, task)
-            return f"waiting for migration {task.migration_id} at {task.phase}"
         return self._recover(w, task)
 
     def _restore(self, w: Worker, version: ManifestVersion | None) -> None:
@@ -378,8 +368,10 @@ class NodeActor(Actor):
         )
         return None if version.manifest.fencing_token > token.epoch else version
 
-    def _take_over(self, w: Worker, token: FencingToken) -> str:
-        """Install `token` once the chain is sealed at it; restore again if the chain moved past our read."""
+    def _take_over(self, w: Worker, token: FencingToken, *, then: WorkerState = WorkerState.RUNNING) -> str:
+        """Install `token` once the chain is sealed at it; restore again if the chain moved past our read.
+
+        `then`: the state the worker is in afterwards (a migration's target runs only once Active)."""
         sealed = self._sealed(w, token)
         if sealed is None and not self.world.config.knobs.revert_grant_seal:
             w.reset()
@@ -391,7 +383,7 @@ class NodeActor(Actor):
             same = restored is not None and restored.raw_hash in (sealed.raw_hash, m.parent_hash if m.is_seal else None)
             if not same and not (restored is None and m.is_seal and m.parent_hash is None):
                 self._restore(w, sealed)
-        w.token, w.state = token, WorkerState.RUNNING
+        w.token, w.state = token, then
         return f"took over at epoch {token.epoch} (offset {w.offset})"
 
     def _recover(self, w: Worker, task: MigrationTask | None) -> str:
@@ -427,6 +419,43 @@ class NodeActor(Actor):
         w.migration, w.phase_done = None, None
         return "recovered: " + self._take_over(w, token)
 
+    def _rise(self, w: Worker, task: MigrationTask | None) -> str:
+        """A migration's target, one step of the new owner's machine (`handoff.new_owner_step`)."""
+        rising = w.state == WorkerState.RISING
+        if rising:
+            assert w.migration is not None
+            mid = w.migration.migration_id
+        else:
+            assert task is not None
+            mid = task.migration_id
+        step = new_owner_step(
+            task,
+            migration_id=mid,
+            reported=w.phase_done if rising else None,
+            restored=rising,
+            took_over=w.token is not None,
+        )
+        match step.action:
+            case NewOwnerAction.DROP:
+                w.reset()
+                return "migration ended: dropped the restored copy"
+            case NewOwnerAction.WARM | NewOwnerAction.WAIT:
+                assert task is not None
+                return f"rising: waiting at {task.phase}"
+            case NewOwnerAction.RESTORE:
+                assert task is not None
+                return self._download(w, task)
+            case NewOwnerAction.REPORT:
+                assert step.phase is not None
+                self._report(w, step.phase)
+                return f"reported {step.phase}"
+            case NewOwnerAction.TAKE_OVER:
+                assert task is not None
+                return self._adopt_grant(w, task)
+            case NewOwnerAction.RUN:
+                w.state = WorkerState.RUNNING
+                return f"active at epoch {w.token.epoch if w.token else 0}"
+
     def _download(self, w: Worker, task: MigrationTask) -> str:
         """The new owner's download + restore: from the chain (a graceful move: the released commit)."""
         p = PartitionId(w.partition)
@@ -437,37 +466,30 @@ class NodeActor(Actor):
         self._report(w, MigrationPhase.DOWNLOADING)
         return f"downloaded for migration {task.migration_id} (offset {w.offset})"
 
-    def _rise(self, w: Worker, task: MigrationTask | None) -> str:
-        assert w.migration is not None
-        if task is None or task.migration_id != w.migration.migration_id or task.phase.is_aborted:
-            w.reset()
-            return "migration ended: dropped the restored copy"
-        if task.phase == MigrationPhase.RESTORING and w.phase_done != MigrationPhase.RESTORING:
-            self._report(w, MigrationPhase.RESTORING)
-            return "reported restored"
-        if not task.phase.reached(MigrationPhase.SEEKING):
-            return f"rising: waiting at {task.phase}"
+    def _adopt_grant(self, w: Worker, task: MigrationTask) -> str:
+        """Adopt the epoch the control plane granted when it recorded Seeking, take over, report Seeking."""
         p = PartitionId(w.partition)
-        gen = self.generation
-        if task.migration_kind == MigrationKind.GRACEFUL:
-            token = self.ledger.acquire(
-                p, self.node, expected_epoch=task.from_epoch, reason=f"migration {task.migration_id}", generation=gen
-            )
-        else:
-            token = self.ledger.adopt(p, self.node, generation=gen)
-        text = self._take_over(w, token)
-        if w.state == WorkerState.RUNNING:
+        own = self.ledger.ownership(p)
+        if own is None or own.epoch < task.to_epoch:
+            return "rising: waiting for the grant"
+        # Adopting a grant made to another node (or a later one) raises NotOwned: the move is lost.
+        token = self.ledger.adopt(p, self.node, generation=self.generation)
+        text = self._take_over(w, token, then=WorkerState.RISING)
+        if w.state == WorkerState.RISING:
             self._report(w, MigrationPhase.SEEKING)
         return text
 
-    def _set(self, w: Worker, task: MigrationTask) -> str:
-        """The old owner's side of a graceful move: drain, checkpoint, upload (all committed), release."""
+    def _set(self, w: Worker, task: MigrationTask, step: OldOwnerStep) -> str:
+        """The old owner's side of a graceful move (`handoff.old_owner_step`): drain, checkpoint and
+        upload are all committed already, then release."""
         assert w.token is not None
         w.migration = task
-        if task.phase != MigrationPhase.RELEASED:
-            if w.phase_done != task.phase:
-                self._report(w, task.phase)
-            return f"drained: reported {task.phase}"
+        if step.action == OldOwnerAction.REPORT:
+            assert step.phase is not None
+            self._report(w, step.phase)
+            return f"drained: reported {step.phase}"
+        if step.action == OldOwnerAction.WAIT:
+            return f"handing over: waiting at {task.phase}"
         self.ledger.release(w.token, commit_ulid=w.commit_ulid, source_offset=w.offset)
         self._report(w, MigrationPhase.RELEASED)
         epoch = w.token.epoch
