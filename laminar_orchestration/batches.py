@@ -16,11 +16,15 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from .processing import BatchEngine
 from .source import SourceBatch
+
+if TYPE_CHECKING:
+    from .replica import StateReplica
 
 #: How long the files of a failed or cancelled batch stay, so its tasks wind down before they go.
 ABANDONED_FILES_GRACE_S = 5.0
@@ -44,6 +48,38 @@ class InFlightBatch:
     def matches(self, offset: int, epoch: int) -> bool:
         """Whether a worker at committed `offset` holding `epoch` may commit this batch."""
         return self.batch.start_offset == offset and self.epoch == epoch
+
+
+@dataclass(frozen=True)
+class ReadAhead:
+    """The previous values of a started batch's touched keys, read from the local copy before the
+    batch is committed (while a standby waits for a failover, or a target for its grant).
+
+    Valid only for the batch in Spark job group `group`, and only while the copy holds the state
+    at `offset`: a copy only ever moves forward, so the same offset means the same values.
+    """
+
+    group: str
+    offset: int
+    previous: pa.Table
+
+    def serves(self, inflight: InFlightBatch, offset: int) -> bool:
+        """Whether these values may stand in for the read of `inflight` at committed `offset`."""
+        return self.group == inflight.group and self.offset == offset == inflight.batch.start_offset
+
+
+def read_ahead(inflight: InFlightBatch | None, replica: StateReplica) -> ReadAhead | None:
+    """Read the touched keys' values of `inflight` once its aggregate is done, if the copy holds the
+    state the batch starts from; None otherwise (not done, failed, or the copy is elsewhere)."""
+    if inflight is None or not inflight.future.done() or inflight.future.cancelled():
+        return None
+    if inflight.future.exception() is not None:
+        return None
+    store = replica.store
+    if store is None or replica.source_offset != inflight.batch.start_offset:
+        return None
+    aggregate, _ = inflight.future.result()
+    return ReadAhead(inflight.group, inflight.batch.start_offset, store.get_many(aggregate["key"].to_pylist()))
 
 
 def start_aggregate(

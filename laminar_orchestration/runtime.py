@@ -38,7 +38,7 @@ from typing import Any
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-from .batches import InFlightBatch, cancel, remove_after_grace, start_aggregate
+from .batches import InFlightBatch, ReadAhead, cancel, read_ahead, remove_after_grace, start_aggregate
 from .capabilities import CheckpointWriter, OutputCommitter, ReadStore
 from .checkpoint import CheckpointStore, OutputWriter
 from .cluster_epoch import ClusterEpochWindow, StaleClusterEpoch
@@ -203,7 +203,7 @@ class PartitionWorker(threading.Thread):
         self._task_changed = threading.Condition()
         self._rising = rising is not None
         self._stop_requested = threading.Event()
-        self.replica, speculative = node.take_over_copy(partition)
+        self.replica, speculative, ahead = node.take_over_copy(partition)
         self._committed_offset = 0
         self._events_applied = 0
         self._manifest: ManifestVersion | None = None
@@ -236,6 +236,8 @@ class PartitionWorker(threading.Thread):
         if speculative is not None:
             self._prefetched = speculative
             speculative.future.add_done_callback(lambda _: self._wake())
+        #: The prefetched batch's keys' values, read while the worker waited on the handoff.
+        self._read_ahead: ReadAhead | None = ahead
         #: Runs the batch's Spark job, so the worker can drop it without waiting for it.
         self._batch_thread = ThreadPoolExecutor(1, thread_name_prefix=f"partition-{partition}-batch")
         #: Why the thread ended in FAILED (the node logs it with the restart delay).
@@ -550,6 +552,7 @@ class PartitionWorker(threading.Thread):
                     self._report(MigrationPhase.SEEKING)
                     self._prefetch(token.epoch, self._committed_offset)
                 case NewOwnerAction.WAIT:
+                    self._read_ahead_of_prefetch()
                     self._await_task_change(task)
                 case NewOwnerAction.RUN:
                     assert task is not None
@@ -727,7 +730,11 @@ class PartitionWorker(threading.Thread):
             aggregate, spark_done_at = done
             merging_at = time.monotonic()
             engine = self.node.engine
-            previous = self.replica.store.get_many(aggregate["key"].to_pylist()) if self.replica.store else None
+            ahead, self._read_ahead = self._read_ahead, None
+            if ahead is not None and ahead.serves(inflight, self._committed_offset):
+                previous: pa.Table | None = ahead.previous
+            else:
+                previous = self.replica.store.get_many(aggregate["key"].to_pylist()) if self.replica.store else None
             assert previous is not None, "restored before processing"
             state_read_at = time.monotonic()
             fold = engine.processor.fold(aggregate, previous, epoch=self.epoch, generation=self.node.generation)
@@ -765,6 +772,12 @@ class PartitionWorker(threading.Thread):
         batch = self.node.source.read(self.partition, offset, self.node.config.batch_max_events)
         if batch is not None:
             self._prefetched = self._start_batch(batch, read_at=read_at, epoch=epoch)
+
+    def _read_ahead_of_prefetch(self) -> None:
+        """Read the prefetched batch's keys' values if its aggregate is done (the commit only merges)."""
+        current, ahead = self._prefetched, self._read_ahead
+        if current is not None and (ahead is None or not ahead.serves(current, self.replica.source_offset)):
+            self._read_ahead = read_ahead(current, self.replica)
 
     def _cancel(self, inflight: InFlightBatch) -> None:
         cancel(self.node.engine, inflight)
@@ -1105,9 +1118,9 @@ class Node:
     def generation(self) -> int:
         return self.handle.generation if self.handle else 0
 
-    def take_over_copy(self, partition: PartitionId) -> tuple[StateReplica, InFlightBatch | None]:
-        """The local copy of `partition` for a worker (the standby's, warm, if there is one) and the
-        takeover batch that standby started, if any.
+    def take_over_copy(self, partition: PartitionId) -> tuple[StateReplica, InFlightBatch | None, ReadAhead | None]:
+        """The local copy of `partition` for a worker (the standby's, warm, if there is one), the
+        takeover batch that standby started, if any, and that batch's keys' values if it read them.
 
         Whatever the copy holds is checked against the manifest before use, and the batch is
         committed only if it starts at the restored offset with the granted epoch.
@@ -1115,8 +1128,8 @@ class Node:
         with self._lock:
             follower = self.standbys.pop(partition, None)
         if follower is not None:
-            return follower.stop(), follower.speculative
-        return self._new_replica(partition), None
+            return follower.stop(), follower.speculative, follower.read_ahead
+        return self._new_replica(partition), None, None
 
     def _new_replica(self, partition: PartitionId) -> StateReplica:
         root = self.workdir / "state" / f"p{int(partition):05d}"

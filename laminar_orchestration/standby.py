@@ -26,7 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .batches import InFlightBatch, cancel, start_aggregate
+from .batches import InFlightBatch, ReadAhead, cancel, read_ahead, start_aggregate
 from .errors import LaminarError
 from .identity import NodeId, PartitionId
 from .ledger import Ledger, NodeView
@@ -158,8 +158,10 @@ class StandbyFollower(threading.Thread):
         #: The newest committed offset seen in the chain, and the one the replica reflects.
         self.committed_offset = 0
         self.error: str | None = None
-        #: A forced takeover's first batch, started while the owner looks dead.
+        #: A forced takeover's first batch, started while the owner looks dead, and its keys'
+        #: values read from the copy once its aggregate is done (the takeover only merges).
         self.speculative: InFlightBatch | None = None
+        self.read_ahead: ReadAhead | None = None
 
     @property
     def partition(self) -> int:
@@ -187,6 +189,7 @@ class StandbyFollower(threading.Thread):
             if self.replica.store is None or self.replica.source_offset != self.committed_offset:
                 self.replica.catch_up(version.manifest)
             self._speculate()
+            self._read_ahead()
             self.error = None
         except (LaminarError, StoreError) as exc:
             # A standby is an optimisation: it reports the problem and tries again next poll.
@@ -220,6 +223,13 @@ class StandbyFollower(threading.Thread):
             speculation.cancel(current)
         self.speculative = speculation.start(PartitionId(self.partition), offset, epoch)
 
+    def _read_ahead(self) -> None:
+        current, ahead = self.speculative, self.read_ahead
+        if current is None or (ahead is not None and ahead.serves(current, self.replica.source_offset)):
+            return
+        # On this thread, the only one that writes the copy: nothing moves it during the read.
+        self.read_ahead = read_ahead(current, self.replica)
+
     def stop(self) -> StateReplica:
         """Stop following (after the step in progress) and hand the replica over."""
         self._stop_requested.set()
@@ -231,4 +241,4 @@ class StandbyFollower(threading.Thread):
         """Cancel the takeover batch nobody will commit (the follower is not taken over)."""
         if self.speculative is not None and self._speculation is not None:
             self._speculation.cancel(self.speculative)
-        self.speculative = None
+        self.speculative, self.read_ahead = None, None

@@ -7,12 +7,14 @@ import re
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from laminar_dev.chaos import ArrowBatchEngine, ArrowNode
+from laminar_orchestration.batches import InFlightBatch, ReadAhead
 from laminar_orchestration.capabilities import CheckpointWriter, OutputCommitter, ReadStore, manifest_key
 from laminar_orchestration.checkpoint import CheckpointStore
 from laminar_orchestration.fencing import PartitionGuard
@@ -26,7 +28,7 @@ from laminar_orchestration.ownership import warm_copies
 from laminar_orchestration.planner import failover_target
 from laminar_orchestration.replica import StateReplica
 from laminar_orchestration.signing import SigningKey, sign_record
-from laminar_orchestration.source import SourceLog
+from laminar_orchestration.source import SourceBatch, SourceLog
 from laminar_orchestration.standby import StandbyFollower
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 from laminar_orchestration.ulid import next_ulid
@@ -415,6 +417,69 @@ def test_a_standby_starts_the_takeover_batch_while_the_owner_looks_dead_and_it_c
         wait_until(lambda: owner.workers.get(P0) is None or owner.workers[P0].finished, 30, "node 1 to be fenced")
         assert committed_offset(store) == source.end_offset(0)
     assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
+
+
+def test_the_takeover_batch_reads_its_keys_from_the_standby_copy_before_the_failover(tmp_path: Path) -> None:
+    """While the owner looks dead, the standby also reads the takeover batch's keys from its copy
+    once the aggregate is done: the failover's first commit only merges (no read of the local store),
+    and the committed state is still exactly the fold of every event."""
+    store = LocalObjectStore(tmp_path / "store")
+    lineage = build_lineage(store)
+    fence_writer(store, lineage)
+    assign(store, 0, 1)
+    owner, hung, owner_engine, standby, _ = _hung_owner_and_standby(store, tmp_path)
+    source = SourceLog(store, segment_events=100)
+    with running(owner), running(standby):
+        wait_until(lambda: P0 in owner.workers and owner.workers[P0].token is not None, 30, "node 1 to run p0")
+        source.append(0, events([f"k{i % 17}" for i in range(300)]))
+        wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 1 to commit")
+        wait_until(lambda: _caught_up(store, 2), 30, "node 2's standby to catch up")
+        owner_engine.hang.set()
+        hung.set()
+        source.append(0, events([f"k{i % 5}" for i in range(50)]))
+        follower = standby.standbys[P0]
+        wait_until(lambda: follower.read_ahead is not None, 30, "node 2 to read the takeover batch's keys")
+        ahead = follower.read_ahead
+        assert ahead is not None and follower.speculative is not None
+        assert ahead.group == follower.speculative.group and ahead.previous.num_rows == 5
+
+        copy = follower.replica.store
+        assert copy is not None
+        reads: list[int] = []
+        read = copy.get_many
+
+        def counted(keys: Sequence[str]) -> pa.Table:
+            reads.append(len(keys))
+            return read(keys)
+
+        copy.get_many = counted  # type: ignore[method-assign]
+        coordinator = MigrationCoordinator(Ledger(store), MigrationConfig(migration_timeout_s=60))
+        decision = prepare_failover(coordinator, 0, live={2}, allow_live_owner=True)
+        assert decision.task is not None
+        drive(coordinator, decision.task)
+        wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 2 to commit")
+        assert reads == [], f"the takeover's first commit read {reads} keys from the store"
+        assert replica_state(standby.workers[P0].replica) == reference_state(store)
+        owner_engine.release.set()
+        wait_until(lambda: owner.workers.get(P0) is None or owner.workers[P0].finished, 30, "node 1 to be fenced")
+    assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
+
+
+def test_values_read_ahead_serve_only_their_batch_at_the_offset_they_were_read_at() -> None:
+    """A copy that moved on (the owner committed after the read) holds other values for those keys:
+    the read-ahead no longer stands in for the read, nor does it for another batch."""
+    done: Future[tuple[pa.Table, float]] = Future()
+    done.set_result((pa.table({"key": pa.array(["a"])}), 0.0))
+
+    def batch(start: int, group: str) -> InFlightBatch:
+        events = SourceBatch(0, start, start + 10, (), ())
+        return InFlightBatch(events, done, epoch=3, group=group, cluster_epoch=1, read_at=0.0, staged_at=0.0)
+
+    ahead = ReadAhead("g1", 100, pa.table({"count": pa.array([1])}))
+    assert ahead.serves(batch(100, "g1"), 100)
+    assert not ahead.serves(batch(100, "g1"), 110), "the copy moved past the read"
+    assert not ahead.serves(batch(110, "g1"), 110)
+    assert not ahead.serves(batch(100, "g2"), 100), "another batch's keys"
 
 
 def test_a_takeover_batch_is_dropped_when_the_owner_turns_out_alive(tmp_path: Path) -> None:
