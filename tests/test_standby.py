@@ -372,6 +372,22 @@ def _hung_owner_and_standby(
     return owner, hung, owner_engine, standby, standby_engine
 
 
+def _commit_then_hang(
+    store: ObjectStore, owner: ArrowNode, hung: threading.Event, owner_engine: _HangingEngine, source: SourceLog
+) -> tuple[int, int]:
+    """Node 1 commits 300 events over 17 keys and node 2's standby catches up; then node 1 hangs in
+    its batch of 50 more events over 5 keys. Returns the committed offset and epoch before the hang."""
+    wait_until(lambda: P0 in owner.workers and owner.workers[P0].token is not None, 30, "node 1 to run p0")
+    source.append(0, events([f"k{i % 17}" for i in range(300)]))
+    wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 1 to commit")
+    wait_until(lambda: _caught_up(store, 2), 30, "node 2's standby to catch up")
+    committed, epoch = committed_offset(store), Ledger(store).ownership(P0).epoch  # type: ignore[union-attr]
+    owner_engine.hang.set()
+    hung.set()
+    source.append(0, events([f"k{i % 5}" for i in range(50)]))
+    return committed, epoch
+
+
 def test_a_standby_starts_the_takeover_batch_while_the_owner_looks_dead_and_it_commits_once(
     tmp_path: Path,
 ) -> None:
@@ -385,16 +401,7 @@ def test_a_standby_starts_the_takeover_batch_while_the_owner_looks_dead_and_it_c
     owner, hung, owner_engine, standby, standby_engine = _hung_owner_and_standby(store, tmp_path)
     source = SourceLog(store, segment_events=100)
     with running(owner), running(standby):
-        wait_until(lambda: P0 in owner.workers and owner.workers[P0].token is not None, 30, "node 1 to run p0")
-        source.append(0, events([f"k{i % 17}" for i in range(300)]))
-        wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 1 to commit")
-        wait_until(lambda: _caught_up(store, 2), 30, "node 2's standby to catch up")
-        final_offset = committed_offset(store)
-        epoch = Ledger(store).ownership(P0).epoch  # type: ignore[union-attr]
-
-        owner_engine.hang.set()
-        hung.set()
-        source.append(0, events([f"k{i % 5}" for i in range(50)]))
+        final_offset, epoch = _commit_then_hang(store, owner, hung, owner_engine, source)
         assert owner_engine.blocked.wait(30), "node 1 never started the batch it hangs in"
         wait_until(lambda: bool(standby_engine.speculative()), 30, "node 2 to start the takeover batch")
         assert standby_engine.speculative()[0][0] == epoch + 1
@@ -430,13 +437,7 @@ def test_the_takeover_batch_reads_its_keys_from_the_standby_copy_before_the_fail
     owner, hung, owner_engine, standby, _ = _hung_owner_and_standby(store, tmp_path)
     source = SourceLog(store, segment_events=100)
     with running(owner), running(standby):
-        wait_until(lambda: P0 in owner.workers and owner.workers[P0].token is not None, 30, "node 1 to run p0")
-        source.append(0, events([f"k{i % 17}" for i in range(300)]))
-        wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 1 to commit")
-        wait_until(lambda: _caught_up(store, 2), 30, "node 2's standby to catch up")
-        owner_engine.hang.set()
-        hung.set()
-        source.append(0, events([f"k{i % 5}" for i in range(50)]))
+        _commit_then_hang(store, owner, hung, owner_engine, source)
         follower = standby.standbys[P0]
         wait_until(lambda: follower.read_ahead is not None, 30, "node 2 to read the takeover batch's keys")
         ahead = follower.read_ahead
