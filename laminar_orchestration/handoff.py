@@ -9,7 +9,12 @@ node has already done, so it is decided here, by pure functions, once:
 * `old_owner_step` - the owner of the partition (what `PartitionWorker` runs
   between its batches);
 * `new_owner_step` - a migration's target (what `PartitionWorker` runs before
-  its first batch).
+  its first batch);
+* `partition_duty` - what a node starts for a partition it runs nothing for:
+  rise as a migration's target, recover its own grant, or nothing;
+* `seal_at` and `take_over` - how a new owner (a target, or a restarted node
+  recovering its grant) holds the chain at its epoch before its first batch,
+  and whether what it restored is still the state to run from.
 
 The production worker is a threaded loop around these functions (it blocks on
 the task record between steps); the simulator steps them one decision at a
@@ -19,10 +24,15 @@ time under a seeded scheduler. Both carry out the same decisions.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from .identity import NodeId
-from .migration import MigrationKind, MigrationPhase, MigrationTask
+from .errors import CorruptDataError
+from .fencing import FencingToken, Ownership
+from .identity import NodeId, PartitionId
+from .manifest import ManifestPublisher, ManifestVersion, StaleFencingToken
+from .migration import DesiredState, MigrationKind, MigrationPhase, MigrationTask
+from .records import PartitionStatus
 
 
 class OldOwnerAction(enum.StrEnum):
@@ -144,3 +154,106 @@ def new_owner_step(
     if reported != MigrationPhase.ACTIVE:
         return NewOwnerStep(NewOwnerAction.REPORT, MigrationPhase.ACTIVE)
     return NewOwnerStep(NewOwnerAction.RUN)
+
+
+class PartitionDuty(enum.StrEnum):
+    """What a node starts for a partition it runs no worker for."""
+
+    #: Nothing: the partition is someone else's, or waits for the control plane to grant it.
+    NONE = "none"
+    #: The target of the migration in flight: restore, take over at the granted epoch, go active.
+    RISE = "rise"
+    #: Its own grant (a restart, or a grant back): adopt it, seal the chain at this process's
+    #: generation, restore, run.
+    RECOVER = "recover"
+
+
+def partition_duty(
+    state: DesiredState,
+    *,
+    node: NodeId,
+    finished_migration: str | None,
+    ownership: Callable[[], Ownership | None],
+) -> PartitionDuty:
+    """Decide what `node` starts for a partition it runs nothing for, from the desired state.
+
+    `finished_migration` is the migration its last worker for the partition ended in (a node
+    does not rise again for a move it already gave up). `ownership` reads the ledger's owner;
+    it is called only when the answer depends on it. A node never grants itself anything: a
+    released or unassigned partition waits for the control plane (`MigrationCoordinator.reinstate`).
+    """
+    task = state.migration
+    if task is not None and not task.is_terminal:
+        if task.to_node == node and finished_migration != task.migration_id:
+            return PartitionDuty.RISE
+        return PartitionDuty.NONE
+    if state.owner != node:
+        return PartitionDuty.NONE
+    own = ownership()
+    if own is not None and own.owner == node and own.status != PartitionStatus.RELEASED:
+        return PartitionDuty.RECOVER
+    return PartitionDuty.NONE
+
+
+@dataclass
+class HandoffMismatch(CorruptDataError):
+    """A graceful handoff whose manifest chain does not continue from the commit the old owner released."""
+
+    partition: PartitionId
+    released_commit: str
+    found_commit: str | None
+
+    def __str__(self) -> str:
+        return (
+            f"partition {self.partition}: the old owner released commit {self.released_commit}, "
+            f"but the manifest chain continues from {self.found_commit or 'nothing'}"
+        )
+
+
+def seal_at(publisher: ManifestPublisher, token: FencingToken, *, generation: int) -> ManifestVersion:
+    """The chain sealed at `token.epoch` by this process (`generation`): sealed here if the granter
+    died before it could, sealed again if an earlier incarnation of this node sealed it.
+
+    Writes nothing when it already is. StaleFencingToken when a newer epoch sealed it: the
+    token's holder was superseded.
+    """
+    version = publisher.seal(token.partition, token.epoch, node=token.node, generation=generation, reason="grantee")
+    if version.manifest.fencing_token > token.epoch:
+        raise StaleFencingToken(token.partition, token.epoch, version.manifest.fencing_token)
+    return version
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """The chain held at the new owner's epoch, and whether its restore must be redone from it."""
+
+    sealed: ManifestVersion
+    #: The chain moved past what was restored before the seal (a forced move: the old owner's
+    #: last commit landed after the read). The seal carries that commit's offset and state.
+    restore_again: bool
+
+
+def take_over(
+    publisher: ManifestPublisher,
+    token: FencingToken,
+    *,
+    generation: int,
+    restored: ManifestVersion | None,
+    released: str | None = None,
+) -> Takeover:
+    """Hold the chain at `token.epoch` before the first batch: its seal is the takeover entry.
+
+    `restored` is what the new owner restored from (None: the chain was empty). `released` is
+    the commit a graceful handoff released: the entry below the seal must be it
+    (HandoffMismatch otherwise). StaleFencingToken when a newer epoch sealed the chain.
+    """
+    sealed = seal_at(publisher, token, generation=generation)
+    m = sealed.manifest
+    if released is not None:
+        below = publisher.entry(token.partition, m.seq - 1) if m.is_seal else sealed
+        found = below.manifest.commit_ulid if below is not None else None
+        if found != released:
+            raise HandoffMismatch(token.partition, released, found)
+    same = restored is not None and restored.raw_hash in (sealed.raw_hash, m.parent_hash if m.is_seal else None)
+    empty = restored is None and m.is_seal and m.parent_hash is None
+    return Takeover(sealed, restore_again=not (same or empty))

@@ -778,6 +778,22 @@ class ManifestPublisher(ChainSealer):
             return version
         raise PublishContended(p, token.epoch, _PUBLISH_ATTEMPTS)
 
+    def landed(self, token: FencingToken, update: ManifestUpdate) -> ManifestVersion | None:
+        """After a publish whose outcome is unknown (its response was lost): the commit if it landed.
+
+        It landed iff the chain's newest entry is ours: our epoch, our source offset, our outputs.
+        Outputs are named per commit, so no other commit carries the same ones.
+        """
+        current = self.current(token.partition)
+        if (
+            current is not None
+            and current.manifest.fencing_token == token.epoch
+            and current.manifest.source_offset == update.source_offset
+            and [o.key for o in current.manifest.outputs] == [o.key for o in update.outputs]
+        ):
+            return current
+        return None
+
 
 def artifact_ref(key: str, data: bytes) -> ArtifactRef:
     return ArtifactRef(key=key, size=len(data), sha256=hashlib.sha256(data).hexdigest())

@@ -121,6 +121,13 @@ class MigrationKind(enum.StrEnum):
     GRACEFUL = "graceful"
     FORCED = "forced"
 
+    @property
+    def grant_phase(self) -> MigrationPhase:
+        """The phase whose record lets the coordinator grant the new epoch to the target: the fence
+        (Released) of a forced move, Seeking of a graceful one (after the old owner released).
+        Once it is recorded the grant is decided: a move that ends unfinished completes it first."""
+        return MigrationPhase.SEEKING if self == MigrationKind.GRACEFUL else MigrationPhase.RELEASED
+
 
 def phase_sequence(kind: MigrationKind) -> tuple[MigrationPhase, ...]:
     return GRACEFUL_PHASES if kind == MigrationKind.GRACEFUL else FORCED_PHASES
@@ -131,10 +138,10 @@ def check_transition(kind: MigrationKind, current: MigrationPhase, target: Migra
 
     Linear and non-reversible: only the next phase of the kind's sequence,
     Failed from any non-terminal phase, Cancelled before Seeking. Up to
-    Restoring the new owner has taken no epoch (it acquires or adopts only once
-    Seeking is recorded), so a cancel leaves either the old owner holding the
-    partition (it resumes) or its released/fenced epoch for the normal
-    recovery path to take (see `assignment.stranded`).
+    Restoring the new owner has taken no epoch (it adopts only once Seeking is
+    recorded). A move that ends at or after its kind's `grant_phase` has its
+    grant completed first, so the target it names always holds the new epoch
+    and becomes the desired owner.
     """
     if current.is_terminal:
         raise InvalidTransition(kind, current, target)
@@ -478,6 +485,19 @@ def _deadline_reason(task: MigrationTask) -> str:
     return f"deadline exceeded: not finished within {task.timeout_s:g}s of {task.started_at.isoformat()}"
 
 
+def _grant_decided(task: MigrationTask) -> bool:
+    """Whether `task`'s record reached the phase at which its grant is made (see `grant_phase`)."""
+    return task.phase.reached(task.migration_kind.grant_phase)
+
+
+class _GrantPhaseRecorded(Exception):
+    """Raised inside an abort's CAS: the record reached its grant phase since the abort read it."""
+
+
+#: Rounds of an abort racing a driver that records its grant phase (one is the norm, two the race).
+_ABORT_ATTEMPTS = 4
+
+
 def _took_epoch(task: MigrationTask, own: Ownership | None) -> bool:
     """True when the ledger shows `task`'s target holding the epoch `task` moves the partition to."""
     return own is not None and own.owner != UNASSIGNED and (own.owner, own.epoch) == (task.to_node, task.to_epoch)
@@ -574,10 +594,41 @@ class MigrationCoordinator:
     def _transition(
         self, partition: PartitionId, migration_id: str, target: MigrationPhase, **fields: object
     ) -> MigrationTask:
-        # A move that ends unfinished after its target took the epoch (a forced fence, an acquire)
-        # leaves that target the owner: it becomes the desired owner too, so its node takes the
-        # partition up. Otherwise only the last record could tell, and any later record hides it.
-        own = self.ledger.ownership(partition) if target.is_aborted else None
+        if target.is_aborted:
+            return self._abort(partition, migration_id, target, **fields)
+        return self._record(partition, migration_id, target, fields)
+
+    def _abort(
+        self, partition: PartitionId, migration_id: str, target: MigrationPhase, **fields: object
+    ) -> MigrationTask:
+        """Record a move Failed or Cancelled. At or after its grant phase the grant is completed first
+        (the driver may be about to make it), so no grant can land after the outcome is recorded."""
+        for _ in range(_ABORT_ATTEMPTS):
+            task = self.current(partition)
+            granting = task is not None and task.migration_id == migration_id and _grant_decided(task)
+            if task is not None and granting:
+                self._complete_grant(task)
+            # A move that ends unfinished after its target took the epoch leaves that target the
+            # owner: it becomes the desired owner too, so its node takes the partition up.
+            own = self.ledger.ownership(partition)
+            try:
+                return self._record(partition, migration_id, target, fields, own=own, granted=granting)
+            except _GrantPhaseRecorded:
+                continue  # the driver recorded the grant phase meanwhile: complete the grant, then retry
+        raise MigrationEpochConflict(partition, -1, -1, migration_id)
+
+    def _record(
+        self,
+        partition: PartitionId,
+        migration_id: str,
+        target: MigrationPhase,
+        fields: dict[str, object],
+        *,
+        own: Ownership | None = None,
+        granted: bool = False,
+    ) -> MigrationTask:
+        """CAS `target` (with `fields`) onto the record. An abort passes `own`, the ledger read after
+        it completed any grant (`granted`)."""
 
         def change(state: DesiredState) -> DesiredState | None:
             task = state.migration
@@ -586,6 +637,8 @@ class MigrationCoordinator:
             if task.phase == target:
                 return None  # already recorded (a resumed orchestrator)
             check_transition(task.migration_kind, task.phase, target)
+            if target.is_aborted and _grant_decided(task) and not granted:
+                raise _GrantPhaseRecorded()
             update: dict[str, object] = {"phase": target, "updated_at": now(), **fields}
             owner = state.owner
             if target == MigrationPhase.ACTIVE:
@@ -593,29 +646,42 @@ class MigrationCoordinator:
                 owner = task.to_node
             if target == MigrationPhase.FAILED:
                 update["completed_at"] = now()
-            if target.is_aborted and _took_epoch(task, own):
-                owner = task.to_node
+            if target.is_aborted:
+                update["failed_phase"] = task.phase  # the phase the record was at when it ended
+                if _took_epoch(task, own):
+                    owner = task.to_node
             return state.model_copy(update={"migration": task.model_copy(update=update), "owner": owner})
 
         state = self.desired.update(partition, change)
         assert state.migration is not None
         return state.migration
 
+    def _complete_grant(self, task: MigrationTask) -> None:
+        """Make the grant `task` decided, as its driver would; nothing if the epoch moved otherwise."""
+        p = PartitionId(task.partition)
+        target = self.ledger.node(NodeId(task.to_node))
+        generation = target.generation if target else None
+        reason = f"migration {task.migration_id} ended after its grant was decided: grant completed"
+        try:
+            if task.migration_kind == MigrationKind.FORCED:
+                self.ledger.fence(
+                    p, NodeId(task.to_node), expected_epoch=task.from_epoch, reason=reason, generation=generation
+                )
+            else:
+                self.ledger.acquire(
+                    p, NodeId(task.to_node), expected_epoch=task.from_epoch, reason=reason, generation=generation
+                )
+        except (EpochConflict, NotReleased):
+            pass  # made already (by the driver), or someone else moved the epoch: their grant stands
+
     def fail(self, partition: PartitionId, migration_id: str, error: str) -> MigrationTask:
         """Record migration `migration_id` Failed with `error` (and the phase it failed in)."""
-        task = self.current(partition)
-        failed_phase = task.phase if task else None
-        return self._transition(partition, migration_id, MigrationPhase.FAILED, failed_phase=failed_phase, error=error)
+        return self._transition(partition, migration_id, MigrationPhase.FAILED, error=error)
 
     def cancel(self, partition: PartitionId, migration_id: str) -> MigrationTask:
         """Record migration `migration_id` Cancelled; InvalidTransition once that is no longer safe."""
-        task = self.current(partition)
         cancelled = self._transition(
-            partition,
-            migration_id,
-            MigrationPhase.CANCELLED,
-            failed_phase=task.phase if task else None,
-            error="cancelled by an operator",
+            partition, migration_id, MigrationPhase.CANCELLED, error="cancelled by an operator"
         )
         # Cancelled after the old owner released: grant the partition back to it.
         self.reinstate(partition)
@@ -662,11 +728,11 @@ class MigrationCoordinator:
             raise MigrationFailed(partition, task.failed_phase or task.phase, task.error or str(task.phase))
         if not task.is_terminal and deadline_passed(task):
             raise self._expire(task)
-        if task.migration_kind == MigrationKind.GRACEFUL and phase == MigrationPhase.SEEKING:
-            # Granted before Seeking is recorded, so a target that sees Seeking finds its grant at once.
-            self._grant_target(task)
         if not task.phase.reached(phase):
             task = self._transition(partition, migration_id, phase)
+        # The grant follows the record of its phase: a move that ends from then on completes it.
+        if task.migration_kind == MigrationKind.GRACEFUL and phase == MigrationPhase.SEEKING:
+            self._grant_target(task)
         if task.migration_kind == MigrationKind.FORCED and phase == MigrationPhase.RELEASED:
             self._fence_old_owner(task)
         return task

@@ -44,6 +44,7 @@ __all__ = [
     "MoveOutcome",
     "NoFailoverTarget",
     "drive",
+    "moves_on_without_old_owner",
     "must_force",
     "prepare_failover",
     "record_failure",
@@ -230,6 +231,17 @@ def run_migration(
     return drive(coordinator, task, on_phase)
 
 
+def moves_on_without_old_owner(task: MigrationTask | None, live: Collection[int]) -> bool:
+    """True when `task` is a move in flight that needs nothing more from the old owner, towards a
+    live node: a forced move, or a graceful one past the release. A failover leaves it to finish."""
+    return (
+        task is not None
+        and not task.is_terminal
+        and task.to_node in live
+        and (task.migration_kind == MigrationKind.FORCED or task.phase.reached(MigrationPhase.DOWNLOADING))
+    )
+
+
 def stranded(state: DesiredState, own: Ownership) -> bool:
     """True when the ledger's owner holds its epoch but nobody will run the partition there.
 
@@ -309,10 +321,7 @@ def prepare_failover(
     coordinator.expire_overdue(p)  # a record past its deadline never blocks a failover
     running = coordinator.current(p)
     if running is not None and not running.is_terminal:
-        rising = running.phase.reached(MigrationPhase.DOWNLOADING)
-        # Needs no old owner any more: a forced move, or a graceful one past the release.
-        resumable = running.to_node in live_set and (running.migration_kind == MigrationKind.FORCED or rising)
-        if resumable:
+        if moves_on_without_old_owner(running, live_set):
             if to_node is None or to_node == running.to_node:
                 return FailoverDecision(running, f"resuming migration {running.migration_id} to node {running.to_node}")
             raise MigrationEpochConflict(p, own.epoch, running.from_epoch, running.migration_id)

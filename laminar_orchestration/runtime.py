@@ -42,9 +42,20 @@ from .batches import InFlightBatch, ReadAhead, cancel, read_ahead, remove_after_
 from .capabilities import CheckpointWriter, OutputCommitter, ReadStore
 from .checkpoint import CheckpointStore, OutputWriter
 from .cluster_epoch import ClusterEpochWindow, StaleClusterEpoch
-from .errors import CorruptDataError, FencedError, OperationFailedError
+from .errors import FencedError, OperationFailedError
 from .fencing import EpochError, FencingToken, NotOwned, PartitionGuard, PartitionGuardSet, StaleEpoch
-from .handoff import NewOwnerAction, OldOwnerAction, asks_old_owner, new_owner_step, old_owner_step
+from .handoff import (
+    HandoffMismatch,
+    NewOwnerAction,
+    OldOwnerAction,
+    PartitionDuty,
+    asks_old_owner,
+    new_owner_step,
+    old_owner_step,
+    partition_duty,
+    seal_at,
+    take_over,
+)
 from .identity import NodeId, PartitionId
 from .ledger import Ledger, NodeHandle, NodeIdentityConflict
 from .manifest import DeltaRef, ManifestPublisher, ManifestUpdate, ManifestVersion, SnapshotRef, StaleFencingToken
@@ -171,21 +182,6 @@ class Fenced(FencedError):
 
 class PhaseAborted(OperationFailedError):
     """The migration this worker was carrying out was cancelled or failed."""
-
-
-@dataclass
-class HandoffMismatch(CorruptDataError):
-    """A graceful handoff whose manifest chain does not continue from the commit the old owner released."""
-
-    partition: PartitionId
-    released_commit: str
-    found_commit: str | None
-
-    def __str__(self) -> str:
-        return (
-            f"partition {self.partition}: the old owner released commit {self.released_commit}, "
-            f"but the manifest chain continues from {self.found_commit or 'nothing'}"
-        )
 
 
 class PartitionWorker(threading.Thread):
@@ -638,47 +634,35 @@ class PartitionWorker(threading.Thread):
         )
 
     def _sealed(self, token: FencingToken) -> ManifestVersion:
-        """The chain sealed at `token.epoch`: sealed here if the granter died before it could.
-
-        Writes nothing when it already is (a restart at the same epoch publishes no
-        manifest). StaleFencingToken when a newer epoch sealed it: we were superseded.
-        """
-        version = self._publisher.seal(
-            token.partition, token.epoch, node=token.node, generation=self.node.generation, reason="grantee"
-        )
-        if version.manifest.fencing_token > token.epoch:
+        """The chain sealed at `token.epoch` (`handoff.seal_at`); a newer epoch's seal fences the guard."""
+        try:
+            return seal_at(self._publisher, token, generation=self.node.generation)
+        except StaleFencingToken as exc:
             if self.guard is not None:
-                self.guard.observe_epoch(version.manifest.fencing_token)
-            raise StaleFencingToken(token.partition, token.epoch, version.manifest.fencing_token)
-        return version
+                self.guard.observe_epoch(exc.actual_epoch)
+            raise
 
     def _takeover(self, restored: ManifestVersion | None, *, released: str | None = None) -> None:
-        """Hold the chain at our epoch before the first batch: its seal is our takeover entry.
-
-        `restored` is what we restored from. If the chain moved on before it was
-        sealed at our epoch (forced path: the old owner's last commit landed after
-        our read), restore again from the seal, which carries that commit's
-        offset and state. `released` is the commit a graceful handoff released:
-        the entry below our seal must be it.
-        """
+        """Hold the chain at our epoch before the first batch (`handoff.take_over`), and restore again
+        from its seal if the chain moved past what was restored."""
         assert self.token is not None
-        sealed = self._sealed(self.token)
-        m = sealed.manifest
-        if released is not None:
-            below = self._publisher.entry(self.partition, m.seq - 1) if m.is_seal else sealed
-            found = below.manifest.commit_ulid if below is not None else None
-            if found != released:
-                raise HandoffMismatch(self.partition, released, found)
-        same = restored is not None and restored.raw_hash in (sealed.raw_hash, m.parent_hash if m.is_seal else None)
-        if not same and not (restored is None and m.is_seal and m.parent_hash is None):
+        try:
+            takeover = take_over(
+                self._publisher, self.token, generation=self.node.generation, restored=restored, released=released
+            )
+        except StaleFencingToken as exc:
+            if self.guard is not None:
+                self.guard.observe_epoch(exc.actual_epoch)
+            raise
+        if takeover.restore_again:
             log.warning(
                 "node %s: partition %s: the chain moved past what was restored (seq %s); re-restoring",
                 self.node.id,
                 self.partition,
                 restored.manifest.seq if restored else 0,
             )
-            self._restore(sealed)
-        self._manifest = sealed
+            self._restore(takeover.sealed)
+        self._manifest = takeover.sealed
 
     def _update(self, **changes: Any) -> ManifestUpdate:
         """The manifest of the committed state as it stands, with `changes`."""
@@ -957,16 +941,10 @@ class PartitionWorker(threading.Thread):
             self.tracker.fence(str(exc))
             raise
         except StoreError:
-            # The outcome is unknown: it landed iff the current manifest carries our outputs.
-            current = self._publisher.current(self.partition)
-            if (
-                current is not None
-                and current.manifest.fencing_token == self.token.epoch
-                and current.manifest.source_offset == update.source_offset
-                and [o.key for o in current.manifest.outputs] == [o.key for o in update.outputs]
-            ):
-                return current
-            raise
+            landed = self._publisher.landed(self.token, update)
+            if landed is None:
+                raise
+            return landed
 
     # -- setting (the old owner's side of a migration) -------------------------------
 
@@ -1351,17 +1329,16 @@ class Node:
             return
         if self._stop.is_set() or self._backing_off(p):
             return
-        if task is not None and not task.is_terminal:
-            done = self._finished.get(p)
-            if task.to_node == self.id and (done is None or done.migration_id != task.migration_id):
-                self._start(PartitionWorker(self, p, rising=task))
-            return
-        if state.owner != self.id:
-            return
-        own = self.ledger.ownership(p)
-        # Only a grant the control plane made to this node is taken up: a released or unassigned
-        # partition waits for the control plane to grant it.
-        if own is not None and own.owner == self.id and own.status != PartitionStatus.RELEASED:
+        done = self._finished.get(p)
+        duty = partition_duty(
+            state,
+            node=self.id,
+            finished_migration=done.migration_id if done else None,
+            ownership=lambda: self.ledger.ownership(p),
+        )
+        if duty == PartitionDuty.RISE:
+            self._start(PartitionWorker(self, p, rising=task))
+        elif duty == PartitionDuty.RECOVER:
             self._start(PartitionWorker(self, p))
 
     def _note_failure(self, p: PartitionId, worker: PartitionWorker) -> None:

@@ -53,13 +53,12 @@ from laminar_orchestration.migration import (
     MigrationConfig,
     MigrationCoordinator,
     MigrationError,
-    MigrationKind,
     MigrationPhase,
     MigrationTimeout,
     PhaseReport,
     phase_sequence,
 )
-from laminar_orchestration.moves import prepare_failover, record_failure, reinstate_all
+from laminar_orchestration.moves import moves_on_without_old_owner, prepare_failover, record_failure, reinstate_all
 from laminar_orchestration.ownership import live_node_ids, warm_copies
 from laminar_orchestration.planner import failover_target, node_loads
 from resources import LaminarResource
@@ -139,12 +138,7 @@ def scan_for_failovers(
             continue
         key = (int(p), own.epoch)
         task = desired.read(PartitionId(p))[0].migration
-        if (
-            task is not None
-            and not task.is_terminal
-            and task.to_node in live
-            and (task.migration_kind == MigrationKind.FORCED or task.phase.reached(MigrationPhase.DOWNLOADING))
-        ):
+        if task is not None and moves_on_without_old_owner(task, live):
             scan.skipped.append(f"p{p}: migration {task.migration_id} to node {task.to_node} in flight")
             scan.handled.add(key)
             continue

@@ -11,17 +11,36 @@ from datetime import UTC, datetime
 
 import pytest
 
+from laminar_dev.faults import FaultInjectingStore
+from laminar_orchestration.capabilities import OutputCommitter
+from laminar_orchestration.fencing import Ownership
 from laminar_orchestration.handoff import (
+    HandoffMismatch,
     NewOwnerAction,
     NewOwnerStep,
     OldOwnerAction,
     OldOwnerStep,
+    PartitionDuty,
     asks_old_owner,
     new_owner_step,
     old_owner_step,
+    partition_duty,
+    seal_at,
+    take_over,
 )
-from laminar_orchestration.identity import NodeId
-from laminar_orchestration.migration import FORCED_PHASES, GRACEFUL_PHASES, MigrationKind, MigrationPhase, MigrationTask
+from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
+from laminar_orchestration.ledger import Ledger
+from laminar_orchestration.manifest import ManifestPublisher, ManifestUpdate, StaleFencingToken, StaleGeneration
+from laminar_orchestration.migration import (
+    FORCED_PHASES,
+    GRACEFUL_PHASES,
+    DesiredState,
+    MigrationKind,
+    MigrationPhase,
+    MigrationTask,
+)
+from laminar_orchestration.records import PartitionStatus
+from laminar_orchestration.store import ObjectStore, StoreError
 
 OLD, NEW = NodeId(1), NodeId(2)
 EPOCH = 4
@@ -180,3 +199,167 @@ def test_a_target_that_finds_its_move_past_downloading_restores_first() -> None:
     """A target restarted mid-move (nothing restored) restores before anything else, at any later phase."""
     for phase in (MigrationPhase.RESTORING, MigrationPhase.SEEKING, MigrationPhase.ACTIVE):
         assert new_step(task(phase)).action == NewOwnerAction.RESTORE
+
+
+# --- what a node starts for a partition it runs nothing for ------------------------------------
+
+
+def desired(owner: NodeId, migration: MigrationTask | None = None) -> DesiredState:
+    return DesiredState(partition=0, owner=owner, migration=migration, updated_at=datetime(2026, 1, 1, tzinfo=UTC))
+
+
+def owned(owner: NodeId, status: PartitionStatus = PartitionStatus.ACTIVE) -> Ownership:
+    return Ownership(partition=PartitionId(0), epoch=EPOCH, owner=owner, status=status)
+
+
+def duty(state: DesiredState, node: NodeId, own: Ownership | None, *, finished: str | None = None) -> PartitionDuty:
+    return partition_duty(state, node=node, finished_migration=finished, ownership=lambda: own)
+
+
+def test_the_target_of_a_move_in_flight_rises_unless_it_already_gave_that_move_up() -> None:
+    moving = desired(OLD, task(MigrationPhase.DRAINING))
+    assert duty(moving, NEW, owned(OLD)) == PartitionDuty.RISE
+    assert duty(moving, NEW, owned(OLD), finished=MID) == PartitionDuty.NONE
+    assert duty(moving, NEW, owned(OLD), finished="an-earlier-move") == PartitionDuty.RISE
+    # The old owner, the desired owner while the move runs, starts nothing: the move decides.
+    assert duty(moving, OLD, owned(OLD)) == PartitionDuty.NONE
+
+
+def test_a_node_recovers_only_its_own_grant_of_a_partition_desired_on_it() -> None:
+    mine = desired(OLD)
+    assert duty(mine, OLD, owned(OLD)) == PartitionDuty.RECOVER
+    # A finished move leaves its record: it is no move in flight.
+    assert duty(desired(OLD, task(MigrationPhase.ACTIVE)), OLD, owned(OLD)) == PartitionDuty.RECOVER
+    # Released, unassigned or granted elsewhere: the node never grants itself anything.
+    assert duty(mine, OLD, owned(OLD, PartitionStatus.RELEASED)) == PartitionDuty.NONE
+    assert duty(mine, OLD, owned(UNASSIGNED, PartitionStatus.UNASSIGNED)) == PartitionDuty.NONE
+    assert duty(mine, OLD, owned(NEW)) == PartitionDuty.NONE
+    assert duty(mine, OLD, None) == PartitionDuty.NONE
+    # Its own grant of a partition desired elsewhere (stranded) is the control plane's to move.
+    assert duty(desired(NEW), OLD, owned(OLD)) == PartitionDuty.NONE
+
+
+def test_the_ledger_is_read_only_when_the_desired_state_leaves_the_question_open() -> None:
+    reads: list[int] = []
+
+    def ownership() -> Ownership | None:
+        reads.append(1)
+        return owned(OLD)
+
+    for state in (desired(NEW), desired(OLD, task(MigrationPhase.DRAINING))):
+        partition_duty(state, node=OLD, finished_migration=None, ownership=ownership)
+    assert reads == []
+    assert partition_duty(desired(OLD), node=OLD, finished_migration=None, ownership=ownership) == PartitionDuty.RECOVER
+    assert reads == [1]
+
+
+# --- taking over: the seal at the new owner's epoch ------------------------------------------------
+
+
+def _publisher(store: ObjectStore) -> ManifestPublisher:
+    return ManifestPublisher(OutputCommitter(store), store)
+
+
+def _old_owner_with_a_commit(store: ObjectStore) -> tuple[Ledger, ManifestPublisher]:
+    """Partition 0 held by node 1 at epoch 1, which committed offset 10."""
+    ledger = Ledger(store)
+    ledger.init_cluster(1)
+    token = ledger.acquire(PartitionId(0), OLD, expected_epoch=0)
+    publisher = _publisher(store)
+    publisher.publish(token, ManifestUpdate(source_offset=10))
+    return ledger, publisher
+
+
+def test_a_takeover_keeps_what_was_restored_when_the_seal_sits_right_on_it(store: ObjectStore) -> None:
+    ledger, publisher = _old_owner_with_a_commit(store)
+    restored = publisher.current(PartitionId(0))
+    ledger.fence(PartitionId(0), NEW, expected_epoch=1, reason="failover")
+    token = ledger.adopt(PartitionId(0), NEW)
+
+    result = take_over(publisher, token, generation=0, restored=restored)
+
+    assert not result.restore_again
+    assert result.sealed.manifest.is_seal and result.sealed.manifest.fencing_token == 2
+    assert restored is not None and result.sealed.manifest.parent_hash == restored.raw_hash
+
+
+def test_a_takeover_restores_again_when_the_old_owner_committed_after_the_read(store: ObjectStore) -> None:
+    ledger, publisher = _old_owner_with_a_commit(store)
+    restored = publisher.current(PartitionId(0))
+    # The old owner's last commit lands after the new owner's read and before the grant's seal.
+    old = ledger.adopt(PartitionId(0), OLD)
+    publisher.publish(old, ManifestUpdate(source_offset=20))
+    ledger.fence(PartitionId(0), NEW, expected_epoch=1, reason="failover")
+    token = ledger.adopt(PartitionId(0), NEW)
+
+    result = take_over(publisher, token, generation=0, restored=restored)
+
+    assert result.restore_again
+    assert result.sealed.manifest.source_offset == 20 and result.sealed.manifest.fencing_token == 2
+
+
+def test_a_graceful_takeover_refuses_a_chain_that_does_not_continue_from_the_released_commit(
+    store: ObjectStore,
+) -> None:
+    ledger, publisher = _old_owner_with_a_commit(store)
+    released = publisher.current(PartitionId(0))
+    assert released is not None
+    ledger.fence(PartitionId(0), NEW, expected_epoch=1, reason="handoff")
+    token = ledger.adopt(PartitionId(0), NEW)
+
+    ok = take_over(publisher, token, generation=0, restored=released, released=released.manifest.commit_ulid)
+    assert not ok.restore_again
+    with pytest.raises(HandoffMismatch) as err:
+        take_over(publisher, token, generation=0, restored=released, released="01SOMEOTHERCOMMIT")
+    assert err.value.found_commit == released.manifest.commit_ulid
+
+
+def test_a_new_owner_superseded_before_its_takeover_gets_a_stale_fencing_token(store: ObjectStore) -> None:
+    ledger, publisher = _old_owner_with_a_commit(store)
+    ledger.fence(PartitionId(0), NEW, expected_epoch=1, reason="failover")
+    superseded = ledger.adopt(PartitionId(0), NEW)
+    ledger.fence(PartitionId(0), OLD, expected_epoch=2, reason="failover again")
+
+    with pytest.raises(StaleFencingToken) as err:
+        take_over(publisher, superseded, generation=0, restored=None)
+    assert (err.value.expected_epoch, err.value.actual_epoch) == (2, 3)
+
+
+def test_a_restarted_process_seals_its_own_grant_again_and_its_earlier_incarnation_publishes_nothing(
+    store: ObjectStore,
+) -> None:
+    ledger, publisher = _old_owner_with_a_commit(store)
+    token = ledger.adopt(PartitionId(0), OLD)
+    earlier = publisher.current(PartitionId(0))
+
+    again = seal_at(publisher, token, generation=2)
+
+    assert earlier is not None and again.raw_hash != earlier.raw_hash
+    assert again.manifest.is_seal and again.manifest.generation == 2
+    assert seal_at(publisher, token, generation=2).raw == again.raw  # idempotent
+    with pytest.raises(StaleGeneration):
+        publisher.publish(token, ManifestUpdate(source_offset=30, generation=0))
+    publisher.publish(token, ManifestUpdate(source_offset=30, generation=2))
+
+
+# --- a commit whose response was lost ---------------------------------------------------------------
+
+
+def test_a_publish_whose_response_was_lost_is_found_on_the_chain_only_if_it_landed(store: ObjectStore) -> None:
+    ledger, _ = _old_owner_with_a_commit(store)
+    token = ledger.adopt(PartitionId(0), OLD)
+    faulty = FaultInjectingStore(store)
+    publisher = _publisher(faulty)
+
+    landed_update = ManifestUpdate(source_offset=20)
+    faulty.lose_response_next(op="put_if_absent")
+    with pytest.raises(StoreError):
+        publisher.publish(token, landed_update)
+    landed = publisher.landed(token, landed_update)
+    assert landed is not None and landed.manifest.source_offset == 20
+
+    lost_update = ManifestUpdate(source_offset=30)
+    faulty.fail_next(op="put_if_absent")
+    with pytest.raises(StoreError):
+        publisher.publish(token, lost_update)
+    assert publisher.landed(token, lost_update) is None

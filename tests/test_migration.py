@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from laminar_orchestration import cli
+from laminar_orchestration.handoff import PartitionDuty, partition_duty
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger, NodeHandle
 from laminar_orchestration.migration import (
@@ -37,7 +38,7 @@ from laminar_orchestration.migration import (
     UploadFailed,
     check_transition,
 )
-from laminar_orchestration.moves import drive, prepare_failover, run_migration
+from laminar_orchestration.moves import drive, run_migration
 from laminar_orchestration.records import PartitionProgress, ReleaseRecord, now
 from laminar_orchestration.store import ObjectStore, open_store
 
@@ -278,44 +279,120 @@ def test_two_drivers_of_one_forced_migration_both_pass_its_fence(store: ObjectSt
     assert final.phase == MigrationPhase.ACTIVE and final.migration_id == task.migration_id
 
 
-def test_a_fence_that_lands_after_its_migration_ended_is_failed_over_again(store: ObjectStore) -> None:
-    """A second driver of a forced move is held just before its fence while the move is ended (a
-    sensor timed it out) and the sensor plans the next one; the late fence then lands, and the next
-    move loses its own fence. The owner the late fence made is alive but nobody runs the partition
-    there (it is not the desired owner): that stranded grant is failed over again."""
+def held_in(store: ObjectStore, method: str) -> tuple[Ledger, threading.Event, threading.Event]:
+    """A ledger whose calls of `method` signal the first event, then wait for the second: a driver
+    held just before its grant."""
+    reached, go_on = threading.Event(), threading.Event()
+    ledger = Ledger(store)
+    real = getattr(ledger, method)
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        reached.set()
+        go_on.wait(10)
+        return real(*args, **kwargs)
+
+    setattr(ledger, method, held)
+    return ledger, reached, go_on
+
+
+def test_a_move_ended_while_its_driver_is_about_to_fence_completes_the_grant_first(store: ObjectStore) -> None:
+    """A second driver of a forced move recorded Released, checked the record and is held just
+    before its fence while the move is ended (a sensor timed it out). The end completes the grant
+    itself before recording the outcome, so the grant and the record agree: the target holds the
+    epoch and is the desired owner (its node takes the partition up), and the late fence creates
+    nothing. Without that, the late grant would land after the outcome and strand the partition."""
     ledger, handles = three_nodes(store)
     coordinator = MigrationCoordinator(ledger, MigrationConfig(checkpoint_transfer_timeout_s=5))
     first = coordinator.plan(P(0), N(3), forced=True)
-    at_fence, go_on = threading.Event(), threading.Event()
-
-    class PausedLedger(Ledger):
-        def fence(self, *args: Any, **kwargs: Any) -> Any:
-            at_fence.set()
-            go_on.wait(10)
-            return super().fence(*args, **kwargs)
-
-    late = MigrationCoordinator(PausedLedger(store))
-    driver = threading.Thread(target=late.begin_phase, args=(P(0), first.migration_id, MigrationPhase.RELEASED))
+    held, at_fence, go_on = held_in(store, "fence")
+    late = MigrationCoordinator(held)
+    outcome: list[object] = []
+    driver = threading.Thread(
+        target=lambda: outcome.append(late.begin_phase(P(0), first.migration_id, MigrationPhase.RELEASED).phase)
+    )
     driver.start()
     assert at_fence.wait(10)
-    coordinator.fail(P(0), first.migration_id, "timed out by the sensor")
+    failed = coordinator.fail(P(0), first.migration_id, "timed out by the sensor")
+    assert failed.phase == MigrationPhase.FAILED
+    own = ledger.ownership(P(0))
+    assert own is not None and (own.owner, own.epoch) == (3, first.to_epoch)
+    state = DesiredStates(ledger).read(P(0))[0]
+    assert state.owner == 3
+    assert partition_duty(state, node=N(3), finished_migration=None, ownership=lambda: own) == PartitionDuty.RECOVER
+
     second = coordinator.plan(P(0), N(2), forced=True)
+    assert (second.from_node, second.from_epoch) == (3, first.to_epoch)
     go_on.set()
     driver.join(timeout=10)
-    own = ledger.ownership(P(0))
-    assert own is not None and (own.owner, own.epoch) == (3, first.to_epoch)  # the late fence landed
-    with pytest.raises(FenceLost):
-        drive(coordinator, second)
-
-    decision = prepare_failover(coordinator, 0, live={2, 3})
-    assert decision.task is not None, decision.reason
-    assert (decision.task.from_node, decision.task.to_node) == (3, 2)
-    report_done(handles[2], decision.task)
-    final = drive(coordinator, decision.task)
+    # The late fence found this very migration's grant: it created nothing and did not fail.
+    assert outcome == [MigrationPhase.RELEASED]
+    assert [(g.epoch, g.node) for g in ledger.grants(P(0))] == [(1, 1), (first.to_epoch, 3)]
+    report_done(handles[2], second)
+    final = drive(coordinator, second)
     assert final.phase == MigrationPhase.ACTIVE
     own = ledger.ownership(P(0))
-    assert own is not None and own.owner == 2
+    assert own is not None and (own.owner, own.epoch) == (2, second.to_epoch)
     assert DesiredStates(ledger).read(P(0))[0].owner == 2
+
+
+def test_a_graceful_move_failed_while_its_grant_is_in_flight_leaves_the_target_the_owner(store: ObjectStore) -> None:
+    """Seeking is recorded before the target's grant; a move failed from then on completes the grant
+    first. Staged: the driver is held inside its grant while the move's deadline is enforced."""
+    ledger, _ = three_nodes(store)
+    coordinator = MigrationCoordinator(ledger, MigrationConfig(checkpoint_transfer_timeout_s=5))
+    task = coordinator.plan(P(0), N(2))
+    assert task.migration_kind == MigrationKind.GRACEFUL
+    for phase in GRACEFUL_PHASES[: GRACEFUL_PHASES.index(MigrationPhase.SEEKING)]:
+        coordinator.begin_phase(P(0), task.migration_id, phase)
+    ledger.release(ledger.adopt(P(0), N(1)), commit_ulid=None, source_offset=0)
+    held, in_grant, go_on = held_in(store, "acquire")
+    driver = threading.Thread(
+        target=MigrationCoordinator(held).begin_phase,
+        args=(P(0), task.migration_id, MigrationPhase.SEEKING),
+    )
+    driver.start()
+    assert in_grant.wait(10)
+    seeking = coordinator.current(P(0))
+    assert seeking is not None and seeking.phase == MigrationPhase.SEEKING  # recorded before the grant
+    coordinator.fail(P(0), task.migration_id, "deadline exceeded")
+    go_on.set()
+    driver.join(timeout=10)
+
+    own = ledger.ownership(P(0))
+    assert own is not None and (own.owner, own.epoch) == (2, task.to_epoch)
+    assert DesiredStates(ledger).read(P(0))[0].owner == 2
+    assert [(g.epoch, g.node) for g in ledger.grants(P(0))] == [(1, 1), (task.to_epoch, 2)]
+
+
+def test_an_abort_that_reads_the_record_before_the_grant_phase_completes_the_grant_once_it_is_recorded(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The abort read the record at Planned; the driver records Released (and is about to fence)
+    before the abort's write. The abort's write finds the grant phase recorded, completes the
+    grant, and records the outcome with the target as the desired owner."""
+    ledger, _ = three_nodes(store)
+    coordinator = MigrationCoordinator(ledger)
+    task = coordinator.plan(P(0), N(3), forced=True)
+    driver = MigrationCoordinator(ledger)
+    real_ownership = ledger.ownership
+    calls = 0
+
+    def ownership_then_the_driver_records_released(partition: PartitionId) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            # The driver records Released in the abort's read-to-write window (its fence comes later).
+            driver._transition(P(0), task.migration_id, MigrationPhase.RELEASED)
+        return real_ownership(partition)
+
+    monkeypatch.setattr(ledger, "ownership", ownership_then_the_driver_records_released)
+    failed = coordinator.fail(P(0), task.migration_id, "timed out")
+    monkeypatch.setattr(ledger, "ownership", real_ownership)
+
+    assert failed.phase == MigrationPhase.FAILED and failed.failed_phase == MigrationPhase.RELEASED
+    own = ledger.ownership(P(0))
+    assert own is not None and (own.owner, own.epoch) == (3, task.to_epoch)
+    assert DesiredStates(ledger).read(P(0))[0].owner == 3
 
 
 def test_a_conflict_with_another_migrations_record_leaves_that_record_alone(store: ObjectStore) -> None:

@@ -181,33 +181,35 @@ SWEEP_FAULT_STEPS = 1000
 
 #: Seeds that found a bug with its fix reverted (the knobs that revert it, the fault phase's steps);
 #: each passes on the code as it is.
-REGRESSION_SEEDS: list[tuple[tuple[str, ...], int, int]] = [
-    (("revert_grant_seal", "skip_successor_probe"), 107, 300),
-    (("revert_grant_seal", "skip_successor_probe"), 185, 300),
-    (("revert_lost_fence_fix",), 9, 300),
-    (("revert_lost_fence_fix",), 18, 300),
-    (("revert_aborted_owner_fix",), 25, 300),
-    (("revert_aborted_owner_fix",), 33, 300),
-    (("revert_sweep_sealed_only",), 7, SWEEP_FAULT_STEPS),
-    (("revert_sweep_sealed_only",), 14, SWEEP_FAULT_STEPS),
+REGRESSION_SEEDS: list[tuple[tuple[str, ...], int, int, type[InvariantViolation]]] = [
+    (("revert_grant_seal", "skip_successor_probe"), 32, 300, ExactlyOnceViolated),
+    (("revert_grant_seal", "skip_successor_probe"), 340, 300, ExactlyOnceViolated),
+    (("revert_lost_fence_fix",), 78, 300, MigrationWedged),
+    (("revert_lost_fence_fix",), 82, 300, MigrationWedged),
+    (("revert_aborted_owner_fix",), 40, 300, PartitionNotLive),
+    (("revert_aborted_owner_fix",), 42, 300, PartitionNotLive),
+    (("revert_sweep_sealed_only",), 11, SWEEP_FAULT_STEPS, ManifestArtifactDeleted),
+    (("revert_sweep_sealed_only",), 16, SWEEP_FAULT_STEPS, ManifestArtifactDeleted),
 ]
 
 
 @pytest.mark.parametrize(
-    ("knobs", "seed", "steps"), REGRESSION_SEEDS, ids=[f"{'+'.join(k)}-{s}" for k, s, _ in REGRESSION_SEEDS]
+    ("knobs", "seed", "steps", "violation"),
+    REGRESSION_SEEDS,
+    ids=[f"{'+'.join(k)}-{s}" for k, s, _, _ in REGRESSION_SEEDS],
 )
 def test_regression_seeds_fail_with_the_fix_reverted_and_pass_with_it(
-    knobs: tuple[str, ...], seed: int, steps: int
+    knobs: tuple[str, ...], seed: int, steps: int, violation: type[InvariantViolation]
 ) -> None:
     reverted = run_scenario(SimConfig(seed=seed, steps=steps, knobs=Knobs(**dict.fromkeys(knobs, True))))
-    assert reverted.violation is not None, f"seed {seed} no longer finds the bug {knobs} revert"
+    assert isinstance(reverted.violation, violation), f"seed {seed} no longer finds the bug {knobs} revert"
 
     fixed = run_scenario(SimConfig(seed=seed, steps=steps))
     assert fixed.ok, _failure_text(fixed)
 
 
 #: A scenario whose zombies leave unreachable objects of sealed epochs, which the sweeps delete.
-GARBAGE_SEED = 4
+GARBAGE_SEED = 1
 
 
 def test_garbage_of_sealed_epochs_is_swept_and_left_garbage_is_a_violation(monkeypatch: pytest.MonkeyPatch) -> None:

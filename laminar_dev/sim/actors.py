@@ -36,7 +36,17 @@ from laminar_orchestration.capabilities import (
     sink_key,
 )
 from laminar_orchestration.fencing import ConditionalPut, EpochError, FencingToken
-from laminar_orchestration.handoff import NewOwnerAction, OldOwnerAction, OldOwnerStep, new_owner_step, old_owner_step
+from laminar_orchestration.handoff import (
+    NewOwnerAction,
+    OldOwnerAction,
+    OldOwnerStep,
+    PartitionDuty,
+    new_owner_step,
+    old_owner_step,
+    partition_duty,
+    seal_at,
+    take_over,
+)
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.keys import delta_key, output_object_key
 from laminar_orchestration.ledger import Ledger, NodeHandle, NodeIdentityConflict
@@ -59,8 +69,14 @@ from laminar_orchestration.migration import (
     MigrationTimeout,
     phase_sequence,
 )
-from laminar_orchestration.moves import must_force, record_failure, stranded
-from laminar_orchestration.records import LedgerError, NodeStatus, PartitionProgress, PartitionStatus
+from laminar_orchestration.moves import (
+    moves_on_without_old_owner,
+    must_force,
+    prepare_failover,
+    record_failure,
+    stranded,
+)
+from laminar_orchestration.records import LedgerError, NodeStatus, PartitionProgress
 from laminar_orchestration.source import SourceEvent, SourceLog
 from laminar_orchestration.store import StoreError
 from laminar_orchestration.ulid import next_ulid
@@ -212,9 +228,12 @@ class Worker:
     migration: MigrationTask | None = None
     phase_done: MigrationPhase | None = None
     error: str | None = None
+    #: The migration the last worker for this partition ended in: not risen for again.
+    finished_migration: str | None = None
 
     def reset(self) -> None:
         """Forget the partition (fenced, released, or given up)."""
+        self.finished_migration = self.migration.migration_id if self.migration else None
         self.state, self.token, self.restored, self.migration, self.phase_done = (
             WorkerState.IDLE,
             None,
@@ -321,7 +340,8 @@ class NodeActor(Actor):
 
     def _work(self, w: Worker) -> str:
         p = PartitionId(w.partition)
-        task = self.coordinator.current(p)
+        state = self.coordinator.desired.read(p)[0]
+        task = state.migration
         if w.state == WorkerState.RUNNING:
             assert w.token is not None
             step = old_owner_step(
@@ -337,9 +357,22 @@ class NodeActor(Actor):
             if self.world.rng.random() < 0.2:
                 return self._refresh(w)
             return self._batch(w)
-        if w.state == WorkerState.RISING or (task is not None and not task.is_terminal and task.to_node == self.node):
+        if w.state == WorkerState.RISING:
             return self._rise(w, task)
-        return self._recover(w, task)
+        # As the node's reconcile loop decides for a partition it runs no worker for.
+        duty = partition_duty(
+            state,
+            node=self.node,
+            finished_migration=w.finished_migration,
+            ownership=lambda: self.ledger.ownership(p),
+        )
+        match duty:
+            case PartitionDuty.RISE:
+                return self._rise(w, task)
+            case PartitionDuty.RECOVER:
+                return self._recover(w)
+            case PartitionDuty.NONE:
+                return "idle"
 
     def _restore(self, w: Worker, version: ManifestVersion | None) -> None:
         """Local state = the manifest's deltas (downloaded once per node)."""
@@ -359,63 +392,32 @@ class NodeActor(Actor):
         w.events_applied = m.events_applied if m else 0
         w.commit_ulid = m.commit_ulid if m else None
 
-    def _sealed(self, w: Worker, token: FencingToken) -> ManifestVersion | None:
-        """The chain sealed at our epoch (sealed here if the granter died first); None: superseded."""
+    def _seal(self, token: FencingToken) -> ManifestVersion | None:
+        """The chain sealed at our epoch (`handoff.seal_at`); before the fix, read as it stands."""
         if self.world.config.knobs.revert_grant_seal:
             return self.publisher.current(token.partition)
-        version = self.publisher.seal(
-            token.partition, token.epoch, node=token.node, generation=self.generation, reason="grantee"
-        )
-        return None if version.manifest.fencing_token > token.epoch else version
+        return seal_at(self.publisher, token, generation=self.generation)
 
     def _take_over(self, w: Worker, token: FencingToken, *, then: WorkerState = WorkerState.RUNNING) -> str:
-        """Install `token` once the chain is sealed at it; restore again if the chain moved past our read.
+        """Install `token` once the chain is sealed at it (`handoff.take_over`); restore again if the
+        chain moved past our read. A newer epoch's seal raises StaleFencingToken: superseded.
 
         `then`: the state the worker is in afterwards (a migration's target runs only once Active)."""
-        sealed = self._sealed(w, token)
-        if sealed is None and not self.world.config.knobs.revert_grant_seal:
-            w.reset()
-            return "superseded at takeover"
         if not self.world.config.knobs.revert_grant_seal:
-            assert sealed is not None
-            m = sealed.manifest
-            restored = w.restored
-            same = restored is not None and restored.raw_hash in (sealed.raw_hash, m.parent_hash if m.is_seal else None)
-            if not same and not (restored is None and m.is_seal and m.parent_hash is None):
-                self._restore(w, sealed)
+            takeover = take_over(self.publisher, token, generation=self.generation, restored=w.restored)
+            if takeover.restore_again:
+                self._restore(w, takeover.sealed)
         w.token, w.state = token, then
         return f"took over at epoch {token.epoch} (offset {w.offset})"
 
-    def _recover(self, w: Worker, task: MigrationTask | None) -> str:
-        """Take back (or up) a partition this node is meant to run: adopt, re-fence after a restart, acquire."""
-        if task is not None and not task.is_terminal:
-            return "idle: a migration is in flight"
+    def _recover(self, w: Worker) -> str:
+        """Take up this node's own grant (`PartitionDuty.RECOVER`): adopt it, seal the chain at this
+        process's generation (an earlier incarnation of the node, maybe a zombie, can publish nothing
+        more), restore from the seal."""
         p = PartitionId(w.partition)
-        # As the node's reconcile loop: only the desired owner recovers, and only its own or a free partition.
-        if self.coordinator.desired.read(p)[0].owner != self.node:
-            return "idle"
-        own = self.ledger.ownership(p)
-        if own is None:
-            return "idle"
-        mine = own.owner == self.node
-        free = own.owner == UNASSIGNED or (own.status == PartitionStatus.RELEASED and mine)
-        if not (mine or free):
-            return "idle: another node holds it"
-        gen = self.generation
-        if own.owner == self.node and own.status != PartitionStatus.RELEASED:
-            grant = self.ledger.grant(p, own.epoch)
-            if grant is not None and grant.generation == gen:
-                token = self.ledger.adopt(p, self.node, generation=gen)
-            else:
-                # Our previous incarnation held it and may be a zombie: never reuse its epoch.
-                fenced = self.ledger.fence(
-                    p, self.node, expected_epoch=own.epoch, reason=f"node restarted (generation {gen})", generation=gen
-                )
-                assert fenced is not None
-                token = fenced
-        else:
-            token = self.ledger.acquire(p, self.node, expected_epoch=own.epoch, reason="recover", generation=gen)
-        self._restore(w, self.publisher.current(p))
+        token = self.ledger.adopt(p, self.node)
+        w.finished_migration = None
+        self._restore(w, self._seal(token))
         w.migration, w.phase_done = None, None
         return "recovered: " + self._take_over(w, token)
 
@@ -462,7 +464,7 @@ class NodeActor(Actor):
         if task.migration_kind == MigrationKind.GRACEFUL and self.ledger.release_record(p, task.from_epoch) is None:
             return "waiting for the release"
         self._restore(w, self.publisher.current(p))
-        w.state, w.migration = WorkerState.RISING, task
+        w.state, w.migration, w.finished_migration = WorkerState.RISING, task, None
         self._report(w, MigrationPhase.DOWNLOADING)
         return f"downloaded for migration {task.migration_id} (offset {w.offset})"
 
@@ -473,7 +475,7 @@ class NodeActor(Actor):
         if own is None or own.epoch < task.to_epoch:
             return "rising: waiting for the grant"
         # Adopting a grant made to another node (or a later one) raises NotOwned: the move is lost.
-        token = self.ledger.adopt(p, self.node, generation=self.generation)
+        token = self.ledger.adopt(p, self.node)
         text = self._take_over(w, token, then=WorkerState.RISING)
         if w.state == WorkerState.RISING:
             self._report(w, MigrationPhase.SEEKING)
@@ -558,16 +560,7 @@ class NodeActor(Actor):
         try:
             return self.publisher.publish(token, update)
         except StoreError:
-            # Unknown outcome: it landed iff the current manifest carries our outputs.
-            current = self.publisher.current(token.partition)
-            if (
-                current is not None
-                and current.manifest.fencing_token == token.epoch
-                and current.manifest.source_offset == update.source_offset
-                and [o.key for o in current.manifest.outputs] == [o.key for o in update.outputs]
-            ):
-                return current
-            return None
+            return self.publisher.landed(token, update)
 
 
 @dataclass
@@ -663,6 +656,9 @@ class CoordinatorActor(Actor):
         return sorted(v.record.node for v in self.ledger.nodes() if v.alive)
 
     def _sense(self) -> str:
+        """One partition, as the node-failure sensor judges it: fail overdue records, grant released
+        partitions back (`reinstate`), place unassigned ones, and fail over a dead or stranded owner
+        through the production decision (`prepare_failover`)."""
         live = self._live()
         rng = self.world.rng
         p = PartitionId(rng.randrange(self.world.config.partitions))
@@ -670,25 +666,42 @@ class CoordinatorActor(Actor):
         expired = self.coordinator.expire_overdue(p)
         if expired is not None:
             return f"p{p}: failed overdue migration {expired.migration_id}"
-        state = self.coordinator.desired.read(p)[0]
-        task = state.migration
-        if task is not None and not task.is_terminal:
-            return f"p{p}: migration {task.migration_id} in flight"
+        # Only the control plane grants: a released partition goes back to its (live) desired owner.
+        epoch = self.coordinator.reinstate(p)
+        if epoch is not None:
+            return f"p{p}: granted back to its desired owner at epoch {epoch}"
         own = self.ledger.ownership(p)
         if own is None or not live:
             return f"p{p}: nothing to do"
-        owner_ok = own.owner in live and not stranded(state, own)
-        if own.status != PartitionStatus.UNASSIGNED and owner_ok:
+        state = self.coordinator.desired.read(p)[0]
+        task = state.migration
+        in_flight = task is not None and not task.is_terminal
+        if own.owner == UNASSIGNED:
+            if in_flight:
+                return f"p{p}: placement in flight"
+            return self._plan_failover(p, NodeId(rng.choice(live)))
+        if own.owner in live and not stranded(state, own):
             return f"p{p}: owner {own.owner} alive"
-        if own.status == PartitionStatus.RELEASED and owner_ok:
-            return f"p{p}: released by live node {own.owner}"
-        target = NodeId(rng.choice(live))
+        if p in self.driving or moves_on_without_old_owner(task, live):
+            return f"p{p}: a move that needs no old owner is in flight"
+        others = [n for n in live if n != own.owner]
+        target = NodeId(rng.choice(others or live))
+        try:
+            decision = prepare_failover(self.coordinator, p, target, live=live)
+        except MigrationError as exc:
+            return f"p{p}: no failover planned ({type(exc).__name__})"
+        if decision.task is None:
+            return f"p{p}: {decision.reason}"
+        self._start(decision.task)
+        return f"p{p}: {decision.reason}"
+
+    def _plan_failover(self, p: PartitionId, target: NodeId) -> str:
         try:
             task = self.coordinator.plan(p, target, forced=True)
         except MigrationError as exc:
-            return f"p{p}: no failover planned ({type(exc).__name__})"
+            return f"p{p}: no placement planned ({type(exc).__name__})"
         self._start(task)
-        return f"p{p}: planned failover {task.migration_id} to node {target}"
+        return f"p{p}: planned placement {task.migration_id} on node {target}"
 
     def _operate(self) -> str:
         rng = self.world.rng

@@ -255,6 +255,9 @@ class _Partition:
     chain: list[PartitionManifest] = field(default_factory=list)
     #: epoch -> (node, generation) of its grant.
     grants: dict[int, tuple[int, int | None]] = field(default_factory=dict)
+    #: epoch -> the newest generation of the grant's node that sealed the chain at it: a restarted
+    #: process re-adopts its node's grant and seals again, and only it may publish from then on.
+    sealed_generation: dict[int, int] = field(default_factory=dict)
     events: list[tuple[str, float]] = field(default_factory=list)
     ref_offset: int = 0
     ref_state: FoldState = field(default_factory=dict)
@@ -323,13 +326,22 @@ class Checker:
                 raise StaleManifestAccepted(p, m.seq, m.fencing_token, prev.fencing_token, m.node)
             if m.source_offset < prev.source_offset:
                 raise OffsetRegression(p, m.seq, prev.source_offset, m.source_offset)
+        grant = part.grants.get(m.fencing_token)
+        if m.is_seal and grant is not None and grant[0] == m.node:
+            known = part.sealed_generation.get(m.fencing_token, -1)
+            part.sealed_generation[m.fencing_token] = max(known, m.generation)
         if not m.is_seal and m.node != 0:
             if max(part.grants, default=0) > m.fencing_token:
                 self.late_commits += 1
-            grant = part.grants.get(m.fencing_token)
-            if grant is None or grant[0] != m.node or (grant[1] is not None and grant[1] != m.generation):
+            holder = part.sealed_generation.get(m.fencing_token, grant[1] if grant else None)
+            if grant is None or grant[0] != m.node or (holder is not None and holder != m.generation):
                 raise DoubleGrant(
-                    p, m.fencing_token, (f"grant {grant}", f"manifest seq {m.seq} by node {m.node} gen {m.generation}")
+                    p,
+                    m.fencing_token,
+                    (
+                        f"grant {grant} (sealed by gen {holder})",
+                        f"manifest seq {m.seq} by node {m.node} gen {m.generation}",
+                    ),
                 )
         for ref in m.artifacts():
             # Objects are uploaded before the manifest that names them: one gone by now was deleted.
