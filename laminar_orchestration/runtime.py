@@ -42,6 +42,7 @@ from .batches import InFlightBatch, ReadAhead, cancel, read_ahead, remove_after_
 from .capabilities import CheckpointWriter, OutputCommitter, ReadStore
 from .checkpoint import CheckpointStore, OutputWriter
 from .cluster_epoch import ClusterEpochWindow, StaleClusterEpoch
+from .commit import commit
 from .errors import FencedError, OperationFailedError
 from .fencing import EpochError, FencingToken, NotOwned, PartitionGuard, PartitionGuardSet, StaleEpoch
 from .handoff import (
@@ -927,24 +928,16 @@ class PartitionWorker(threading.Thread):
         self._remove_snapshot_dir()
 
     def _publish(self, update: ManifestUpdate) -> ManifestVersion:
+        """The fenced commit (`commit.commit`); a refused one fences this worker's tracker."""
         assert self.token is not None and self.guard is not None
         try:
-            # Not the fence (the seal a grant puts on the chain is): an early exit that spares a
-            # doomed write when a successor's grant is already visible (one GET by key).
-            successor = self.node.ledger.grant(self.partition, self.token.epoch + 1)
-            if successor is not None:
-                self.guard.observe_epoch(successor.epoch)
-                raise StaleEpoch(self.partition, self.token.epoch, successor.epoch)
-            return self._publisher.publish(self.token, update)
+            return commit(self.node.ledger, self._publisher, self.token, update)
         except EpochError as exc:
+            if isinstance(exc, StaleEpoch):
+                self.guard.observe_epoch(exc.current_epoch)
             # Every failed commit checks the guard: the partition is gone, fence it.
             self.tracker.fence(str(exc))
             raise
-        except StoreError:
-            landed = self._publisher.landed(self.token, update)
-            if landed is None:
-                raise
-            return landed
 
     # -- setting (the old owner's side of a migration) -------------------------------
 

@@ -7,11 +7,12 @@ keep their memory across steps (a paused actor resumes as a zombie with it)
 and lose it on a crash. Nothing here reads the wall clock or sleeps.
 
 * `NodeActor` - a worker node: registers, heartbeats with its partitions'
-  progress, and per partition: recovers or adopts, processes a batch (an
-  in-process keyed fold published as a fenced manifest), and carries out the
-  production worker's two handoff machines (`laminar_orchestration.handoff`):
-  drain and release for a graceful move away, restore, adopt the granted epoch
-  and take over at the seal for an incoming one.
+  progress, and per partition takes the production worker's decisions
+  (`laminar_orchestration.handoff`): what to start for a partition it runs
+  nothing for (`partition_duty`), recover its own grant, drain and release for
+  a graceful move away, restore, adopt the granted epoch and take over at the
+  seal for an incoming one; it processes a batch as an in-process keyed fold
+  and commits it as the worker does (`laminar_orchestration.commit`).
 * `CoordinatorActor` - the control plane: a failover sensor (places and fails
   over partitions, fails overdue records) or an operator (graceful moves,
   cancels), each driving its migrations phase by phase without blocking.
@@ -35,6 +36,7 @@ from laminar_orchestration.capabilities import (
     checkpoint_key,
     sink_key,
 )
+from laminar_orchestration.commit import commit
 from laminar_orchestration.fencing import ConditionalPut, EpochError, FencingToken
 from laminar_orchestration.handoff import (
     NewOwnerAction,
@@ -541,26 +543,13 @@ class NodeActor(Actor):
             events_applied=w.events_applied + batch.events,
             generation=self.generation,
         )
-        if not self.world.config.knobs.skip_successor_probe:
-            # An early exit, not the fence: a successor's grant is visible before its seal.
-            successor = self.ledger.grant(p, token.epoch + 1)
-            if successor is not None:
-                w.reset()
-                return f"fenced: epoch {successor.epoch} granted to node {successor.node}"
-        version = self._publish(token, update)
-        if version is None:
-            return f"publish of [{batch.start_offset}, {batch.end_offset}) failed, will retry"
+        # StaleEpoch (a successor's grant), a refused publish, or a lost one that did not land: raised.
+        version = commit(self.ledger, self.publisher, token, update)
         w.values.update(touched)
         w.offset, w.deltas, w.events_applied = batch.end_offset, list(update.deltas), update.events_applied
         w.commit_ulid, w.restored = version.manifest.commit_ulid, version
         self.delta_cache[dkey] = touched
         return f"committed [{batch.start_offset}, {batch.end_offset}) as seq {version.manifest.seq}"
-
-    def _publish(self, token: FencingToken, update: ManifestUpdate) -> ManifestVersion | None:
-        try:
-            return self.publisher.publish(token, update)
-        except StoreError:
-            return self.publisher.landed(token, update)
 
 
 @dataclass

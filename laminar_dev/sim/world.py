@@ -29,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from laminar_orchestration import antientropy
+from laminar_orchestration import commit as commit_module
 from laminar_orchestration import migration as migration_module
 from laminar_orchestration import moves as moves_module
 from laminar_orchestration.antientropy import EPOCH_METADATA, PARTITION_METADATA, SweepReport
@@ -517,6 +518,8 @@ def reverted(knobs: Knobs) -> Iterator[None]:
         saved.append((owner, name, getattr(owner, name)))
         setattr(owner, name, value)
 
+    if knobs.skip_successor_probe:
+        patch(commit_module, "successor_grant", lambda _ledger, _token: None)
     if knobs.revert_grant_seal:
         patch(Ledger, "sealer", property(lambda _self: _NoSeal()))
     if knobs.revert_lost_fence_fix:
