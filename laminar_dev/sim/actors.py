@@ -37,7 +37,7 @@ from laminar_orchestration.capabilities import (
     sink_key,
 )
 from laminar_orchestration.commit import commit
-from laminar_orchestration.fencing import ConditionalPut, EpochError, FencingToken
+from laminar_orchestration.fencing import ConditionalPut, EpochError, FencingToken, PartitionGuard
 from laminar_orchestration.handoff import (
     NewOwnerAction,
     OldOwnerAction,
@@ -501,10 +501,9 @@ class NodeActor(Actor):
         return f"released epoch {epoch} at offset {w.offset}"
 
     def _refresh(self, w: Worker) -> str:
-        """The kill-switch: validate the token against the ledger."""
+        """The kill-switch, as the node's refresh loop runs it: the guard refreshed from the ledger."""
         assert w.token is not None
-        own = self.ledger.ownership(PartitionId(w.partition))
-        if own is None or own.epoch != w.token.epoch or own.owner != self.node:
+        if not PartitionGuard(w.token).refresh(self.ledger):
             epoch = w.token.epoch
             w.reset()
             return f"revoked at epoch {epoch}"
@@ -585,6 +584,9 @@ class Driving:
     phase_started: float = 0.0
 
 
+#: How often a restarted driver resumes the records it was driving (a retried Dagster run).
+DRIVER_RETRY_RATE = 0.5
+
 #: Phases the coordinator completes itself: nothing to wait for from a node.
 _NO_REPORT = (MigrationPhase.PLANNED,)
 
@@ -597,18 +599,20 @@ class CoordinatorActor(Actor):
         self.role = role
         self._fresh()
 
-    def _fresh(self) -> None:
+    def _fresh(self, *, resume: bool = True) -> None:
         self.ledger = Ledger(self.world.client_store(), read_parallelism=1)
         self.coordinator = MigrationCoordinator(self.ledger, self.world.migration_config)
         self.driving: dict[int, Driving] = {}
         #: A restarted driver first resumes every unfinished record (a retried Dagster run).
-        self.resume_pending = True
+        self.resume_pending = resume
 
     def crash(self) -> None:
         self._fresh()
 
     def restart(self) -> None:
-        self._fresh()
+        # Not every dead run is retried (retries run out; a killed run worker is not seen failing):
+        # its records then wait for their deadline, which whoever reads them next enforces.
+        self._fresh(resume=self.world.rng.random() < DRIVER_RETRY_RATE)
 
     def step(self) -> str:
         self.idle(0.04, 0.2)
@@ -702,6 +706,10 @@ class CoordinatorActor(Actor):
                 return f"p{p}: nothing cancelled ({type(exc).__name__})"
             self.driving.pop(p, None)
             return f"p{p}: cancelled {task.migration_id} at {task.failed_phase}"
+        if rng.random() < 0.1:
+            # A rebalance first grants released partitions back (`laminar rebalance`, the schedule).
+            epoch = self.coordinator.reinstate(p)
+            return f"p{p}: rebalance granted it back at epoch {epoch}" if epoch else f"p{p}: nothing to grant back"
         live = self._live()
         own = self.ledger.ownership(p)
         targets = [n for n in live if own is None or n != own.owner]

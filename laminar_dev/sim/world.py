@@ -60,7 +60,8 @@ from .store import MemoryObjectStore, SimStore
 
 #: How deep preemption nests (an actor preempted by one that is preempted by another...).
 MAX_DEPTH = 3
-#: Slack after a migration's deadline before an unfinished record counts as wedged.
+#: Slack after a migration's deadline (or after the faults stopped, if later) before an unfinished
+#: record counts as wedged.
 WEDGE_GRACE_S = 5.0
 #: Simulated time is counted from here (any fixed instant would do).
 EPOCH_START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -394,7 +395,9 @@ class World:
             task = desired.read(PartitionId(p))[0].migration
             if task is not None and not task.is_terminal:
                 overdue = (now - task.started_at).total_seconds() - task.timeout_s
-                if overdue > WEDGE_GRACE_S:
+                # Bounded once faults stopped: a deadline that passed while a stalled driver could not
+                # act counts from the calm phase's start.
+                if min(overdue, waited) > WEDGE_GRACE_S:
                     raise MigrationWedged(p, task.migration_id, str(task.phase), overdue)
             own = auditor.ownership(PartitionId(p))
             if own is None:
