@@ -19,7 +19,7 @@ import hashlib
 import os
 import secrets
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +57,19 @@ class SnapshotCancelled(ConflictError):
 
     def __str__(self) -> str:
         return f"snapshot upload of partition {self.partition} cancelled"
+
+
+def next_checkpoint(
+    snapshot: SnapshotRef | None, deltas: Sequence[DeltaRef], delta: DeltaRef | None = None
+) -> tuple[SnapshotRef | None, list[DeltaRef]]:
+    """The checkpoint the next manifest names: `snapshot`, the `deltas` it does not cover, then `delta`.
+
+    A snapshot is taken at a commit's boundary, so it covers exactly the deltas
+    that start below its offset; the rest still apply on top of it.
+    """
+    base = snapshot.source_offset if snapshot else 0
+    kept = [d for d in deltas if d.start_offset >= base]
+    return snapshot, kept + ([delta] if delta else [])
 
 
 def _fenced_metadata(guard: PartitionGuard, sha256: str) -> dict[str, str]:

@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .batches import InFlightBatch, ReadAhead, cancel, read_ahead, remove_after_grace, start_aggregate
 from .capabilities import CheckpointWriter, OutputCommitter, ReadStore
-from .checkpoint import CheckpointStore, OutputWriter
+from .checkpoint import CheckpointStore, OutputWriter, next_checkpoint
 from .cluster_epoch import ClusterEpochWindow, StaleClusterEpoch
 from .commit import commit
 from .errors import FencedError, OperationFailedError
@@ -849,10 +849,7 @@ class PartitionWorker(threading.Thread):
 
     def _checkpoint_with(self, delta: DeltaRef | None) -> tuple[SnapshotRef | None, list[DeltaRef]]:
         """The checkpoint the next manifest names: an uploaded snapshot replaces the deltas it covers."""
-        snapshot = self._snapshot_ready or self._snapshot
-        base = snapshot.source_offset if snapshot else 0
-        deltas = [d for d in self._deltas if d.start_offset >= base]
-        return snapshot, deltas + ([delta] if delta else [])
+        return next_checkpoint(self._snapshot_ready or self._snapshot, self._deltas, delta)
 
     def _committed(self, version: ManifestVersion) -> None:
         m = version.manifest

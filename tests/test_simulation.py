@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import tests.test_store_conformance as conformance
-from laminar_dev.sim import Knobs, SimConfig, run_scenario
+from laminar_dev.sim import Knobs, SimConfig, actors, run_scenario
 from laminar_dev.sim.invariants import (
     ExactlyOnceViolated,
     GarbageNotSwept,
@@ -30,6 +30,7 @@ from laminar_dev.sim.invariants import (
     ManifestArtifactDeleted,
     MigrationWedged,
     PartitionNotLive,
+    StateMismatch,
 )
 from laminar_dev.sim.soak import search, soak
 from laminar_dev.sim.store import MemoryObjectStore
@@ -167,7 +168,8 @@ def test_a_sweep_that_deletes_by_age_alone_deletes_what_a_manifest_names() -> No
     # The sweep before it waited for sealed epochs: an unreferenced object went once older than
     # the grace period, whatever its epoch. An owner stalled between uploading a batch's objects
     # and publishing the manifest that names them (or a sweep that read the chain before that
-    # publish and listed after it) loses them; a manifest then names a deleted object. Batches
+    # publish and listed after it) loses them; a manifest then names a deleted object. A snapshot
+    # waits longest for its manifest (the next commit names it), so it is lost the same way. Batches
     # commit under faults only after the start-up's placements: a longer fault phase.
     found = _search(
         Knobs(revert_sweep_sealed_only=True),
@@ -183,14 +185,14 @@ SWEEP_FAULT_STEPS = 1000
 #: Seeds that found a bug with its fix reverted (the knobs that revert it, the fault phase's steps);
 #: each passes on the code as it is.
 REGRESSION_SEEDS: list[tuple[tuple[str, ...], int, int, type[InvariantViolation]]] = [
-    (("revert_grant_seal", "skip_successor_probe"), 11, 300, ExactlyOnceViolated),
-    (("revert_grant_seal", "skip_successor_probe"), 191, 300, ExactlyOnceViolated),
+    (("revert_grant_seal", "skip_successor_probe"), 46, 300, ExactlyOnceViolated),
+    (("revert_grant_seal", "skip_successor_probe"), 216, 300, ExactlyOnceViolated),
     (("revert_lost_fence_fix",), 13, 300, MigrationWedged),
     (("revert_lost_fence_fix",), 32, 300, MigrationWedged),
     (("revert_aborted_owner_fix",), 20, 300, PartitionNotLive),
     (("revert_aborted_owner_fix",), 62, 300, PartitionNotLive),
+    (("revert_sweep_sealed_only",), 4, SWEEP_FAULT_STEPS, ManifestArtifactDeleted),
     (("revert_sweep_sealed_only",), 5, SWEEP_FAULT_STEPS, ManifestArtifactDeleted),
-    (("revert_sweep_sealed_only",), 16, SWEEP_FAULT_STEPS, ManifestArtifactDeleted),
 ]
 
 
@@ -254,6 +256,37 @@ def test_a_move_that_ends_after_its_target_took_the_epoch_leaves_the_target_the_
     move = coordinator.plan(p, NodeId(2), forced=True)
     coordinator.cancel(p, move.migration_id)
     assert coordinator.desired.read(p)[0].owner == 1
+
+
+def test_owners_snapshot_their_state_and_later_commits_name_it() -> None:
+    # Snapshots are uploaded off the batch's path and named by the next commit (with the deltas
+    # after it) or by a manifest of their own; restores start from them.
+    found = search(SimConfig(seed=0), range(60), lambda r: r.snapshots >= 2, workers=2)
+    assert found is not None, "no scenario named two snapshots"
+    assert found.ok, _failure_text(found)
+
+
+def test_a_snapshot_that_lost_its_rows_is_a_state_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The checker folds snapshot + deltas against the source: a snapshot that lost rows is caught
+    # when a manifest names it, unless later deltas rewrote every key. Only the upload loses them;
+    # the owner's own state stays whole.
+    take = actors.NodeActor._take_snapshot
+
+    def lossy(self: actors.NodeActor, w: actors.Worker) -> str:
+        kept = dict(w.values)
+        w.values.clear()
+        try:
+            return take(self, w)
+        finally:
+            w.values.update(kept)
+
+    monkeypatch.setattr(actors.NodeActor, "_take_snapshot", lossy)
+    for seed in range(60):
+        result = run_scenario(SimConfig(seed=seed))
+        if result.violation is not None:
+            assert isinstance(result.violation, StateMismatch), _failure_text(result)
+            return
+    pytest.fail("no scenario caught a snapshot that lost its rows")
 
 
 #: Found by a CI run's fresh seeds: a placement was cancelled after its fence had landed (the cancel

@@ -40,7 +40,8 @@ def _describe(result: ScenarioResult) -> str:
     return (
         f"seed {result.seed}: {result.steps} steps ({result.fault_steps} with faults), "
         f"{result.simulated_s:.1f} simulated s, {result.faults} store faults, {result.crashes} crashes, "
-        f"{result.pauses} pauses, {result.preemptions} preemptions, {result.manifests} manifests checked, "
+        f"{result.pauses} pauses, {result.preemptions} preemptions, {result.manifests} manifests checked "
+        f"({result.snapshots} naming a new snapshot), "
         f"{result.swept} objects swept, "
         f"trace {result.trace_hash}: {'ok' if result.ok else 'VIOLATION'}"
     )

@@ -36,6 +36,7 @@ from laminar_orchestration.capabilities import (
     checkpoint_key,
     sink_key,
 )
+from laminar_orchestration.checkpoint import next_checkpoint
 from laminar_orchestration.commit import commit
 from laminar_orchestration.fencing import ConditionalPut, EpochError, FencingToken, PartitionGuard
 from laminar_orchestration.handoff import (
@@ -50,7 +51,7 @@ from laminar_orchestration.handoff import (
     take_over,
 )
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
-from laminar_orchestration.keys import delta_key, output_object_key
+from laminar_orchestration.keys import delta_key, output_object_key, snapshot_file_key
 from laminar_orchestration.ledger import Ledger, NodeHandle, NodeIdentityConflict
 from laminar_orchestration.manifest import (
     SHA256_METADATA,
@@ -58,6 +59,8 @@ from laminar_orchestration.manifest import (
     ManifestPublisher,
     ManifestUpdate,
     ManifestVersion,
+    SnapshotFile,
+    SnapshotRef,
     SuccessionError,
     artifact_ref,
 )
@@ -205,6 +208,10 @@ class SweeperActor(Actor):
 # --- nodes --------------------------------------------------------------------------------
 
 
+#: Deltas since the last snapshot after which an owner may snapshot its state.
+SNAPSHOT_EVERY_DELTAS = 2
+
+
 class WorkerState(enum.Enum):
     """A node's relation to one partition."""
 
@@ -224,7 +231,11 @@ class Worker:
     restored: ManifestVersion | None = None
     values: FoldState = field(default_factory=dict)
     offset: int = 0
+    #: The checkpoint the last commit named: a snapshot and the deltas since it.
+    snapshot: SnapshotRef | None = None
     deltas: list[DeltaRef] = field(default_factory=list)
+    #: A snapshot uploaded but not named by a manifest yet (the next commit names it).
+    snapshot_ready: SnapshotRef | None = None
     events_applied: int = 0
     commit_ulid: str | None = None
     migration: MigrationTask | None = None
@@ -244,6 +255,7 @@ class Worker:
             None,
         )
         self.values, self.deltas, self.error = {}, [], None
+        self.snapshot = self.snapshot_ready = None
 
     def progress(self) -> PartitionProgress:
         """What the node's heartbeat reports about this partition."""
@@ -356,8 +368,11 @@ class NodeActor(Actor):
             if step.action != OldOwnerAction.RUN:
                 assert task is not None
                 return self._set(w, task, step)
-            if self.world.rng.random() < 0.2:
+            roll = self.world.rng.random()
+            if roll < 0.2:
                 return self._refresh(w)
+            if roll < 0.35 and w.snapshot_ready is None and len(w.deltas) >= SNAPSHOT_EVERY_DELTAS:
+                return self._take_snapshot(w)
             return self._batch(w)
         if w.state == WorkerState.RISING:
             return self._rise(w, task)
@@ -377,22 +392,29 @@ class NodeActor(Actor):
                 return "idle"
 
     def _restore(self, w: Worker, version: ManifestVersion | None) -> None:
-        """Local state = the manifest's deltas (downloaded once per node)."""
+        """Local state = the manifest's snapshot, then its deltas (each object downloaded once per node)."""
         values: FoldState = {}
-        deltas = list(version.manifest.deltas) if version else []
-        for d in deltas:
-            cached = self.delta_cache.get(d.ref.key)
-            if cached is None:
-                obj = self.reads.get(d.ref.key)
-                if obj is None:
-                    raise _RestoreFailed(w.partition, d.ref.key)
-                cached = self.delta_cache[d.ref.key] = decode_delta(obj.data)
-            values.update(cached)
         m = version.manifest if version else None
-        w.restored, w.values, w.deltas = version, values, deltas
+        snapshot = m.snapshot if m else None
+        deltas = list(m.deltas) if m else []
+        for ref in [f.ref for f in snapshot.files] if snapshot else []:
+            values.update(self._download_object(w, ref.key))
+        for d in deltas:
+            values.update(self._download_object(w, d.ref.key))
+        w.restored, w.values, w.snapshot, w.deltas, w.snapshot_ready = version, values, snapshot, deltas, None
         w.offset = m.source_offset if m else 0
         w.events_applied = m.events_applied if m else 0
         w.commit_ulid = m.commit_ulid if m else None
+
+    def _download_object(self, w: Worker, key: str) -> FoldState:
+        """The rows of one snapshot file or delta (immutable objects: the node's disk keeps them)."""
+        cached = self.delta_cache.get(key)
+        if cached is None:
+            obj = self.reads.get(key)
+            if obj is None:
+                raise _RestoreFailed(w.partition, key)
+            cached = self.delta_cache[key] = decode_delta(obj.data)
+        return cached
 
     def _seal(self, token: FencingToken) -> ManifestVersion | None:
         """The chain sealed at our epoch (`handoff.seal_at`); before the fix, read as it stands."""
@@ -515,16 +537,16 @@ class NodeActor(Actor):
         token, p = w.token, PartitionId(w.partition)
         batch = self.source.read(p, w.offset, self.world.rng.randint(1, 12))
         if batch is None:
+            if w.snapshot_ready is not None:
+                return self._publish_snapshot(w)
             return "caught up"
         touched: FoldState = {}
         for key, value in self.world.decoder.events(batch):
             count, total = touched.get(key, w.values.get(key, (0, 0.0)))
             touched[key] = (count + 1, total + value)
         data = encode_delta(touched)
-        sha = hashlib.sha256(data).hexdigest()
         ulid = next_ulid(w.commit_ulid)
-        # The fencing identity on every object, as a guard's writes carry it (the sweep confirms the key by it).
-        meta = {**ConditionalPut(p, token.epoch, token.node).as_metadata(), SHA256_METADATA: sha}
+        meta = _fenced_metadata(token, data)
         dkey = checkpoint_key(delta_key(p, token.node, token.epoch, ulid))
         self.checkpoints.put_checkpoint(dkey, data, meta)
         okey = sink_key(output_object_key(p, token.node, token.epoch, batch.start_offset, batch.end_offset, ulid))
@@ -535,9 +557,11 @@ class NodeActor(Actor):
             end_offset=batch.end_offset,
             rows=len(touched),
         )
+        snapshot, deltas = next_checkpoint(w.snapshot_ready or w.snapshot, w.deltas, delta)
         update = ManifestUpdate(
             source_offset=batch.end_offset,
-            deltas=[*w.deltas, delta],
+            snapshot=snapshot,
+            deltas=deltas,
             outputs=[artifact_ref(okey, data)],
             events_applied=w.events_applied + batch.events,
             generation=self.generation,
@@ -545,10 +569,56 @@ class NodeActor(Actor):
         # StaleEpoch (a successor's grant), a refused publish, or a lost one that did not land: raised.
         version = commit(self.ledger, self.publisher, token, update)
         w.values.update(touched)
-        w.offset, w.deltas, w.events_applied = batch.end_offset, list(update.deltas), update.events_applied
-        w.commit_ulid, w.restored = version.manifest.commit_ulid, version
+        w.offset = batch.end_offset
         self.delta_cache[dkey] = touched
+        self._committed(w, version)
         return f"committed [{batch.start_offset}, {batch.end_offset}) as seq {version.manifest.seq}"
+
+    def _committed(self, w: Worker, version: ManifestVersion) -> None:
+        """The checkpoint and offsets a published manifest names become the worker's."""
+        m = version.manifest
+        if m.snapshot == w.snapshot_ready:
+            w.snapshot_ready = None
+        w.snapshot, w.deltas, w.events_applied = m.snapshot, list(m.deltas), m.events_applied
+        w.commit_ulid, w.restored = m.commit_ulid, version
+
+    def _take_snapshot(self, w: Worker) -> str:
+        """Upload the committed state as a snapshot. Off the batch's path, as the node's snapshot
+        upload is: batches may commit before a manifest names it."""
+        assert w.token is not None
+        token, p = w.token, PartitionId(w.partition)
+        data = encode_delta(w.values)
+        key = checkpoint_key(snapshot_file_key(p, token.node, token.epoch, next_ulid(), "state"))
+        offset = w.offset
+        self.checkpoints.put_checkpoint(key, data, _fenced_metadata(token, data))
+        self.delta_cache[key] = decode_delta(data)
+        w.snapshot_ready = SnapshotRef(
+            source_offset=offset, files=[SnapshotFile(name="state", ref=artifact_ref(key, data))]
+        )
+        return f"uploaded a snapshot at offset {offset}"
+
+    def _publish_snapshot(self, w: Worker) -> str:
+        """Name the uploaded snapshot in a manifest of its own (the node does so when it has no batch)."""
+        assert w.token is not None
+        snapshot, deltas = next_checkpoint(w.snapshot_ready, w.deltas)
+        update = ManifestUpdate(
+            source_offset=w.offset,
+            snapshot=snapshot,
+            deltas=deltas,
+            events_applied=w.events_applied,
+            generation=self.generation,
+            note="snapshot",
+        )
+        version = commit(self.ledger, self.publisher, w.token, update)
+        self._committed(w, version)
+        return f"published the snapshot at offset {version.manifest.state_offset} as seq {version.manifest.seq}"
+
+
+def _fenced_metadata(token: FencingToken, data: bytes) -> dict[str, str]:
+    """The fencing identity and checksum on every object, as a guard's writes carry them (the sweep
+    confirms a key by them)."""
+    put = ConditionalPut(PartitionId(token.partition), token.epoch, token.node)
+    return {**put.as_metadata(), SHA256_METADATA: hashlib.sha256(data).hexdigest()}
 
 
 @dataclass

@@ -3,7 +3,7 @@
 `Checker` watches the simulated store's writes (lost responses included: they
 landed) and keeps, per partition, what it needs to decide each promise
 incrementally: the grants, the manifest chain as created, the source events
-and the fold of them, the state the chain's deltas add up to.
+and the fold of them, the state the chain's snapshot and deltas add up to.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class OffsetRegression(InvariantViolation):
 
 @dataclass
 class ExactlyOnceViolated(InvariantViolation):
-    """The committed deltas do not tile [0, committed offset): events lost or applied twice."""
+    """The committed deltas do not tile [snapshot offset, committed offset): events lost or applied twice."""
 
     invariant: ClassVar[str] = "exactly once"
     partition: int
@@ -281,6 +281,8 @@ class Checker:
         self._deleted: set[str] = set()
         self.violation: InvariantViolation | None = None
         self.manifests_checked = 0
+        #: Manifests that named a newer snapshot than the entry before them.
+        self.snapshots_named = 0
         #: Data commits under an epoch made after a later epoch was granted (before its seal: legitimate).
         self.late_commits = 0
 
@@ -348,6 +350,8 @@ class Checker:
             if ref.key not in self._named and ref.key in self._deleted and self._memory.head(ref.key) is None:
                 raise ManifestArtifactDeleted(ref.key)
         self._exactly_once(p, part, m)
+        if m.snapshot is not None and (not part.chain or part.chain[-1].snapshot != m.snapshot):
+            self.snapshots_named += 1
         part.chain.append(m)
         self._named.update(ref.key for ref in m.artifacts())
 
@@ -361,7 +365,8 @@ class Checker:
                 got = last.start_offset if last is not None else m.source_offset
                 kind = "duplicate" if got < start else "loss"
                 raise ExactlyOnceViolated(p, m.seq, kind, min(got, start), max(got, start))
-        expected = 0
+        # The snapshot holds the state at its offset; the deltas must tile the rest up to the commit's.
+        expected = m.state_offset
         for d in m.deltas:
             if d.start_offset != expected:
                 kind = "duplicate" if d.start_offset < expected else "loss"
@@ -371,13 +376,14 @@ class Checker:
             kind = "duplicate" if expected > m.source_offset else "loss"
             lo, hi = sorted((expected, m.source_offset))
             raise ExactlyOnceViolated(p, m.seq, kind, lo, hi)
-        keys = [d.ref.key for d in m.deltas]
+        keys = [f.ref.key for f in m.snapshot.files] if m.snapshot else []
+        keys += [d.ref.key for d in m.deltas]
         if keys[: len(part.overlay_keys)] != part.overlay_keys:
             part.overlay_keys, part.overlay = [], {}
         for k in keys[len(part.overlay_keys) :]:
             obj = self._memory.get_or_none(k)
             if obj is None:
-                raise ChainBroken(p, k, "a delta the manifest names does not exist")
+                raise ChainBroken(p, k, "a snapshot file or delta the manifest names does not exist")
             part.overlay.update(decode_delta(obj.data))
             part.overlay_keys.append(k)
         reference = self._reference(p, part, m.source_offset, m.seq)

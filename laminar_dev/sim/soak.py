@@ -26,6 +26,7 @@ class SoakReport:
     crashes: int = 0
     pauses: int = 0
     manifests: int = 0
+    snapshots: int = 0
     swept: int = 0
     cpu_s: float = 0.0
     elapsed_s: float = 0.0
@@ -40,6 +41,7 @@ class SoakReport:
         self.crashes += result.crashes
         self.pauses += result.pauses
         self.manifests += result.manifests
+        self.snapshots += result.snapshots
         self.swept += result.swept
         self.cpu_s += result.cpu_s
         if not result.ok:
@@ -59,7 +61,8 @@ class SoakReport:
             f"({self.per_minute:.0f}/min; {self.cpu_s / n * 1000:.0f} ms CPU each, "
             f"{60 * n / max(self.cpu_s, 1e-9):.0f}/min per idle core), {self.steps / n:.0f} steps/scenario "
             f"({self.fault_steps / n:.0f} with faults), {self.faults} store faults, {self.crashes} crashes, "
-            f"{self.pauses} pauses, {self.manifests} manifests checked, {self.swept} objects swept, "
+            f"{self.pauses} pauses, {self.manifests} manifests checked ({self.snapshots} naming a new snapshot), "
+            f"{self.swept} objects swept, "
             f"{len(self.failures)} failed; "
             f"load average {load}"
         )

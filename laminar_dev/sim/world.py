@@ -145,6 +145,8 @@ class ScenarioResult:
     pauses: int
     preemptions: int
     manifests: int
+    #: Manifests that named a new snapshot.
+    snapshots: int
     unexpected_errors: int
     #: Objects the sweeps deleted (unreachable objects of sealed epochs).
     swept: int
@@ -356,6 +358,7 @@ class World:
             pauses=self.pauses,
             preemptions=self.preemptions,
             manifests=self.checker.manifests_checked,
+            snapshots=self.checker.snapshots_named,
             unexpected_errors=self.unexpected,
             swept=self.swept,
             trace_hash=self._hash.hexdigest(),
