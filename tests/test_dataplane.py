@@ -31,12 +31,12 @@ import pytest
 from laminar_dev.chaos import ArrowBatchEngine, ArrowNode
 from laminar_orchestration import batches, cli
 from laminar_orchestration.capabilities import ReadStore
-from laminar_orchestration.checkpoint import CheckpointCorrupt
+from laminar_orchestration.checkpoint import CheckpointCorrupt, next_checkpoint
 from laminar_orchestration.errors import CorruptDataError, exit_code
 from laminar_orchestration.fencing import FencingToken
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import ManifestReader, PartitionManifest
+from laminar_orchestration.manifest import ArtifactRef, DeltaRef, ManifestReader, PartitionManifest, SnapshotRef
 from laminar_orchestration.migration import DesiredState, DesiredStates
 from laminar_orchestration.processing import (
     SPARK_JAVA_OPTIONS,
@@ -279,6 +279,23 @@ def spy_data_plane(monkeypatch: pytest.MonkeyPatch) -> Calls:
 
 
 # --- 1. a batch costs O(batch) ------------------------------------------------------------------------
+
+
+def _delta(start: int, end: int) -> DeltaRef:
+    ref = ArtifactRef(key=f"checkpoints/00000/d-{start}-{end}", size=1, sha256="0" * 64)
+    return DeltaRef(ref=ref, start_offset=start, end_offset=end, rows=1)
+
+
+def test_a_snapshot_replaces_exactly_the_deltas_below_its_offset() -> None:
+    deltas = [_delta(0, 10), _delta(10, 20), _delta(20, 30)]
+    new = _delta(30, 40)
+    snapshot = SnapshotRef(source_offset=20, files=[])
+    assert next_checkpoint(snapshot, deltas, new) == (snapshot, [deltas[2], new])
+    # No snapshot: every delta stays; no new delta (a snapshot's own manifest): nothing is added.
+    assert next_checkpoint(None, deltas, new) == (None, [*deltas, new])
+    assert next_checkpoint(snapshot, deltas) == (snapshot, [deltas[2]])
+    # A snapshot at the newest commit covers every delta.
+    assert next_checkpoint(SnapshotRef(source_offset=30, files=[]), deltas)[1] == []
 
 
 def test_batch_touches_only_its_keys_in_the_local_store(

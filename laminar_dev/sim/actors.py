@@ -38,7 +38,7 @@ from laminar_orchestration.capabilities import (
 )
 from laminar_orchestration.checkpoint import next_checkpoint
 from laminar_orchestration.commit import commit
-from laminar_orchestration.fencing import ConditionalPut, EpochError, FencingToken, PartitionGuard
+from laminar_orchestration.fencing import EpochError, FencingToken, PartitionGuard
 from laminar_orchestration.handoff import (
     NewOwnerAction,
     OldOwnerAction,
@@ -397,8 +397,8 @@ class NodeActor(Actor):
         m = version.manifest if version else None
         snapshot = m.snapshot if m else None
         deltas = list(m.deltas) if m else []
-        for ref in [f.ref for f in snapshot.files] if snapshot else []:
-            values.update(self._download_object(w, ref.key))
+        for f in snapshot.files if snapshot else []:
+            values.update(self._download_object(w, f.ref.key))
         for d in deltas:
             values.update(self._download_object(w, d.ref.key))
         w.restored, w.values, w.snapshot, w.deltas, w.snapshot_ready = version, values, snapshot, deltas, None
@@ -617,7 +617,7 @@ class NodeActor(Actor):
 def _fenced_metadata(token: FencingToken, data: bytes) -> dict[str, str]:
     """The fencing identity and checksum on every object, as a guard's writes carry them (the sweep
     confirms a key by them)."""
-    put = ConditionalPut(PartitionId(token.partition), token.epoch, token.node)
+    put = PartitionGuard(token).conditional_put_precondition()
     return {**put.as_metadata(), SHA256_METADATA: hashlib.sha256(data).hexdigest()}
 
 
