@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .processing import BatchEngine
 from .source import SourceBatch
@@ -52,34 +53,45 @@ class InFlightBatch:
 
 @dataclass(frozen=True)
 class ReadAhead:
-    """The previous values of a started batch's touched keys, read from the local copy before the
-    batch is committed (while a standby waits for a failover, or a target for its grant).
+    """The previous values of a started batch's keys, read from the local copy before the batch is
+    merged: while Spark aggregates it, while a standby waits for a failover, or a target for its
+    grant. The commit then only merges.
 
-    Valid only for the batch in Spark job group `group`, and only while the copy holds the state
-    at `offset`: a copy only ever moves forward, so the same offset means the same values.
+    Read for the batch's event keys, so it needs nothing of the aggregate. Valid only for the batch
+    in Spark job group `group`, and only while the copy holds the state at `offset`: a copy only
+    ever moves forward, so the same offset means the same values.
     """
 
     group: str
     offset: int
-    previous: pa.Table
+    #: The distinct keys read, and their values (null for keys the state does not hold), row-aligned.
+    keys: pa.Array
+    values: pa.Table
 
     def serves(self, inflight: InFlightBatch, offset: int) -> bool:
         """Whether these values may stand in for the read of `inflight` at committed `offset`."""
         return self.group == inflight.group and self.offset == offset == inflight.batch.start_offset
 
+    def previous(self, keys: pa.Array | pa.ChunkedArray) -> pa.Table | None:
+        """The values of `keys` (an aggregate's ``key`` column), row-aligned; None when a key was not
+        read (a processor whose aggregate makes keys of its own): the caller reads them all."""
+        positions = pc.index_in(keys, value_set=self.keys)
+        if positions.null_count:
+            return None
+        return self.values.take(positions)
+
 
 def read_ahead(inflight: InFlightBatch | None, replica: StateReplica) -> ReadAhead | None:
-    """Read the touched keys' values of `inflight` once its aggregate is done, if the copy holds the
-    state the batch starts from; None otherwise (not done, failed, or the copy is elsewhere)."""
-    if inflight is None or not inflight.future.done() or inflight.future.cancelled():
-        return None
-    if inflight.future.exception() is not None:
+    """Read the values of `inflight`'s event keys from the local copy, if the copy holds the state the
+    batch starts from; None otherwise (no batch, or the copy is elsewhere). Runs on the thread that
+    writes the copy (or while nothing does): the offset must not move during the read."""
+    if inflight is None:
         return None
     store = replica.store
     if store is None or replica.source_offset != inflight.batch.start_offset:
         return None
-    aggregate, _ = inflight.future.result()
-    return ReadAhead(inflight.group, inflight.batch.start_offset, store.get_many(aggregate["key"].to_pylist()))
+    keys = inflight.batch.keys()
+    return ReadAhead(inflight.group, inflight.batch.start_offset, keys, store.get_many(keys.to_pylist()))
 
 
 def start_aggregate(

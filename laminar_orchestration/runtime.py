@@ -577,6 +577,8 @@ class PartitionWorker(threading.Thread):
             if released and (manifest is None or manifest.manifest.commit_ulid != released):
                 raise HandoffMismatch(self.partition, released, manifest.manifest.commit_ulid if manifest else None)
         self.state_name = WorkerState.RESTORING
+        # The batch needs the events, not the state: its Spark work overlaps the download.
+        self._prefetch(task.to_epoch, manifest.manifest.source_offset if manifest else 0)
         # Snapshot (files this node does not hold yet) + deltas: the restore is done with the download.
         stats = self._restore(manifest)
         self._report(MigrationPhase.DOWNLOADING, self._bytes_moved + stats.bytes_downloaded)
@@ -703,6 +705,10 @@ class PartitionWorker(threading.Thread):
                             self._task_changed.wait(cfg.idle_poll_s)
                     continue
                 inflight = self._start_batch(batch, read_at=read_at)
+            ahead = self._read_ahead
+            if ahead is None or not ahead.serves(inflight, self._committed_offset):
+                # The touched keys' values are read while Spark aggregates the batch.
+                self._read_ahead = read_ahead(inflight, self.replica)
             waited_from = time.monotonic()
             done = self._await_batch(inflight)
             if done is None:
@@ -716,10 +722,11 @@ class PartitionWorker(threading.Thread):
             merging_at = time.monotonic()
             engine = self.node.engine
             ahead, self._read_ahead = self._read_ahead, None
+            previous: pa.Table | None = None
             if ahead is not None and ahead.serves(inflight, self._committed_offset):
-                previous: pa.Table | None = ahead.previous
-            else:
-                previous = self.replica.store.get_many(aggregate["key"].to_pylist()) if self.replica.store else None
+                previous = ahead.previous(aggregate["key"])
+            if previous is None and self.replica.store is not None:
+                previous = self.replica.store.get_many(aggregate["key"].to_pylist())
             assert previous is not None, "restored before processing"
             state_read_at = time.monotonic()
             fold = engine.processor.fold(aggregate, previous, epoch=self.epoch, generation=self.node.generation)
@@ -759,7 +766,7 @@ class PartitionWorker(threading.Thread):
             self._prefetched = self._start_batch(batch, read_at=read_at, epoch=epoch)
 
     def _read_ahead_of_prefetch(self) -> None:
-        """Read the prefetched batch's keys' values if its aggregate is done (the commit only merges)."""
+        """Read the prefetched batch's keys' values once the copy holds its start (the commit only merges)."""
         current, ahead = self._prefetched, self._read_ahead
         if current is not None and (ahead is None or not ahead.serves(current, self.replica.source_offset)):
             self._read_ahead = read_ahead(current, self.replica)

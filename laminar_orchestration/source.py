@@ -102,6 +102,9 @@ INT64_MAX = 2**63 - 1
 MAX_KEY_BYTES = 1024
 #: Longest JSONL input line, in bytes (newline excluded); lines are read with this bound.
 MAX_LINE_BYTES = 1024 * 1024
+#: Events per Parquet row group of a segment. Spark splits a file only between row groups: a
+#: large segment in several groups is scanned by every core, not by one task.
+ROW_GROUP_EVENTS = 131_072
 
 
 # --- errors -------------------------------------------------------------------
@@ -330,6 +333,13 @@ class SourceBatch:
             paths.append(final)
         return paths
 
+    def keys(self) -> pa.Array:
+        """The distinct keys of the batch's events (only the ``key`` column is decoded)."""
+        columns = [pq.read_table(pa.BufferReader(p), columns=["key"])["key"] for p in self.payloads]
+        if not columns:
+            return pa.array([], pa.string())
+        return pc.unique(pa.chunked_array([c for column in columns for c in column.chunks], pa.string()))
+
     def to_table(self) -> pa.Table:
         """All events of the batch as one pyarrow Table with `EVENT_SCHEMA`."""
         tables = [pq.read_table(pa.BufferReader(p)).replace_schema_metadata(None) for p in self.payloads]
@@ -453,7 +463,7 @@ def encode_segment(
     parts: list[bytes | pa.Buffer] = []
     for lo in range(0, n, step):
         sink = pa.BufferOutputStream()
-        pq.write_table(full.slice(lo, step).replace_schema_metadata(meta), sink)
+        pq.write_table(full.slice(lo, step).replace_schema_metadata(meta), sink, row_group_size=ROW_GROUP_EVENTS)
         payload = sink.getvalue()
         header = FrameHeader(
             length=payload.size,

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ from laminar_orchestration.processing import (
 )
 from laminar_orchestration.replica import CatchUp, StateReplica, committed_state
 from laminar_orchestration.runtime import Node, NodeConfig
-from laminar_orchestration.source import SourceBatch, SourceLog
+from laminar_orchestration.source import ROW_GROUP_EVENTS, SourceBatch, SourceLog
 from laminar_orchestration.statestore import InvalidStateSchema, LocalStateWriteFailed, PartitionStateStore
 from laminar_orchestration.store import ObjectStore, open_store
 from laminar_orchestration.verify import audit_partition, audit_store, reference_fold
@@ -361,6 +362,64 @@ def test_batch_touches_only_its_keys_in_the_local_store(
     assert any("committed [50000, 50120): 120 events: stage" in r.getMessage() for r in caplog.records)
 
 
+def _committed_at(store: ObjectStore, offset: int) -> bool:
+    return committed_offset(store) == offset
+
+
+class _AggregateAwaitsRead(ArrowBatchEngine):
+    """Each aggregate returns only once a multi-get of the local store has happened after it began
+    (or after 10 s)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.read = threading.Condition()
+        self.read_before_done: list[bool] = []
+
+    def note_read(self) -> None:
+        with self.read:
+            self.reads += 1
+            self.read.notify_all()
+
+    def aggregate(
+        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
+    ) -> pa.Table:
+        with self.read:
+            before = self.reads
+            self.read_before_done.append(self.read.wait_for(lambda: self.reads > before, 10))
+        return super().aggregate(event_files, epoch=epoch, generation=generation, job_group=job_group)
+
+
+def test_touched_keys_are_read_while_the_batch_is_aggregated(
+    local_store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The previous values of a batch's keys come from the local store while Spark aggregates the
+    batch, not after: the commit only merges. One multi-get per batch, and the state stays exact."""
+    store = local_store
+    Ledger(store).init_cluster(1)
+    source = SourceLog(store, partitions=1)
+    engine = _AggregateAwaitsRead()
+    get_many = PartitionStateStore.get_many
+
+    def spy_get_many(self: PartitionStateStore, keys: Sequence[str]) -> pa.Table:
+        engine.note_read()
+        return get_many(self, keys)
+
+    monkeypatch.setattr(PartitionStateStore, "get_many", spy_get_many)
+
+    class ReadingNode(ArrowNode):
+        def start_spark(self) -> None:
+            self.engine = engine
+
+    assign(store, 0, 1)
+    with running(ReadingNode(node_config(store, 1, tmp_path / "n1"), store=store)):
+        for end in (40, 90, 150):
+            source.append(0, events([f"k{i % 9}" for i in range(end - source.end_offset(0))]))
+            wait_until(partial(_committed_at, store, end), 30, f"offset {end} to be committed")
+    assert engine.read_before_done == [True, True, True]
+    state, offset = committed_state(store, 0)
+    assert offset == 150 and as_dict(state) == reference_state(store)
+
+
 # --- 2. restore = snapshot + deltas, no replay --------------------------------------------------------
 
 
@@ -452,6 +511,34 @@ def test_custom_processor_runs_on_a_spark_node(spark: Any, local_store: ObjectSt
     assert state.column_names == ["key", "max"]
     assert as_dict(state, ["max"]) == {"w": (-4.0,), "x": (7.0,), "y": (2.0,), "z": (0.5,)}
     assert len(current_manifest(store).deltas) == 2
+
+
+@pytest.mark.spark
+def test_spark_scans_a_large_segment_with_several_tasks(spark: Any, local_store: ObjectStore, tmp_path: Path) -> None:
+    """A segment holds row groups of `ROW_GROUP_EVENTS`, so Spark's file splits (here: two, as two
+    cores would make) each read a share of the events; a segment of one row group is read by one."""
+    n = 3 * ROW_GROUP_EVENTS
+    SourceLog(local_store, segment_events=n).append(0, events([f"k{i % 11}" for i in range(n)]))
+    batch = SourceLog(local_store).read(0, 0, n)
+    assert batch is not None
+    (path,) = batch.write_parquet(tmp_path / "batch")
+    one_group = tmp_path / "one-group.parquet"
+    pq.write_table(batch.to_table(), one_group, row_group_size=n)
+
+    from pyspark.sql import functions as F
+
+    def rows_per_task(file: Path) -> list[int]:
+        frame = spark.read.parquet(str(file)).groupBy(F.spark_partition_id().alias("task")).count()
+        return sorted(row["count"] for row in frame.collect())
+
+    spark.conf.set("spark.sql.files.maxPartitionBytes", str(path.stat().st_size // 2 + 1))
+    try:
+        split = rows_per_task(path)
+        whole = rows_per_task(one_group)
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    assert len(split) == 2 and sum(split) == n and min(split) >= ROW_GROUP_EVENTS, split
+    assert whole == [n]
 
 
 @pytest.mark.spark

@@ -20,6 +20,7 @@ from laminar_orchestration.framing import BadMagic, FrameMismatch, encode_frame
 from laminar_orchestration.keys import segment_key, source_head_key
 from laminar_orchestration.source import (
     EVENT_SCHEMA,
+    ROW_GROUP_EVENTS,
     BadInputLine,
     CorruptSourceHead,
     InvalidEvents,
@@ -163,6 +164,20 @@ def test_batch_writes_parquet_files_for_spark(local_store: LocalObjectStore, tmp
     from_disk = pq.read_table(tmp_path / "batch").sort_by("offset")
     assert from_disk.column("offset").to_pylist() == list(range(10))
     assert from_disk.column("key").to_pylist() == batch.to_table().column("key").to_pylist()
+
+
+def test_a_large_segment_is_split_into_row_groups_and_still_checked(local_store: LocalObjectStore) -> None:
+    """Spark splits a file only between row groups: a large segment holds several, so a large batch is
+    scanned by every core; the read still checks each group's offsets and returns every event once."""
+    n = 2 * ROW_GROUP_EVENTS + 10
+    log = SourceLog(local_store, segment_events=n)
+    keys = [f"k{i % 7}" for i in range(n)]
+    log.append(0, pa.table({"key": keys, "value": [float(i) for i in range(n)]}))
+    batch = log.read(0, 0, n)
+    assert batch is not None and len(batch.payloads) == 1
+    assert pq.ParquetFile(pa.BufferReader(batch.payloads[0])).metadata.num_row_groups == 3
+    assert batch.to_table().column("offset").to_pylist() == list(range(n))
+    assert sorted(batch.keys().to_pylist()) == [f"k{i}" for i in range(7)]
 
 
 def test_append_of_nothing_writes_nothing(store: ObjectStore) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 
 from laminar_dev.chaos import ArrowBatchEngine, ArrowNode
 from laminar_orchestration.batches import InFlightBatch, ReadAhead
@@ -26,7 +27,7 @@ from laminar_orchestration.migration import MigrationConfig, MigrationCoordinato
 from laminar_orchestration.moves import drive, prepare_failover
 from laminar_orchestration.ownership import warm_copies
 from laminar_orchestration.planner import failover_target
-from laminar_orchestration.replica import StateReplica
+from laminar_orchestration.replica import StateReplica, committed_state
 from laminar_orchestration.signing import SigningKey, sign_record
 from laminar_orchestration.source import SourceBatch, SourceLog
 from laminar_orchestration.standby import StandbyFollower
@@ -38,6 +39,7 @@ from .commits import commit_all
 from .test_dataplane import (
     P0,
     SCHEMA,
+    as_dict,
     assign,
     build_lineage,
     committed_offset,
@@ -143,6 +145,46 @@ def test_a_failover_goes_to_the_standby_and_applies_only_the_missing_deltas(tmp_
         assert restore is not None and not restore.full_restore and restore.bytes_downloaded < 10_000
         source.append(0, events([f"k{i % 5}" for i in range(100)]))
         wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 2 to commit")
+    assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
+
+
+def test_a_forced_move_to_a_node_without_a_copy_starts_its_first_batch_before_the_download(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first batch needs the events, not the state: its aggregate runs while the target downloads
+    the snapshot and deltas, and it commits exactly once on top of them."""
+    store = LocalObjectStore(tmp_path / "store")
+    lineage = build_lineage(store)
+    committed = lineage.delta_ends[-1]
+    fence_writer(store, lineage)
+    assign(store, 0, 1)  # node 1 never runs: the owner is dead
+    source = SourceLog(store, segment_events=100)
+    source.append(0, events([f"k{i % 13}" for i in range(200)]))
+    reads: list[int] = []
+    reads_at_restore: list[list[int]] = []
+    read, catch_up = SourceLog.read, StateReplica.catch_up
+
+    def spy_read(self: SourceLog, partition: int, from_offset: int, max_events: int) -> SourceBatch | None:
+        reads.append(from_offset)
+        return read(self, partition, from_offset, max_events)
+
+    def spy_catch_up(self: StateReplica, manifest: Any) -> Any:
+        reads_at_restore.append(list(reads))
+        return catch_up(self, manifest)
+
+    monkeypatch.setattr(SourceLog, "read", spy_read)
+    monkeypatch.setattr(StateReplica, "catch_up", spy_catch_up)
+    with running(ArrowNode(node_config(store, 2, tmp_path / "n2"), store=store)):
+        coordinator = MigrationCoordinator(Ledger(store), MigrationConfig(migration_timeout_s=60))
+        decision = prepare_failover(coordinator, 0, live={2}, allow_live_owner=True)
+        assert decision.task is not None and decision.task.to_node == 2
+        drive(coordinator, decision.task)
+        wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 2 to commit")
+    monkeypatch.undo()
+    assert reads_at_restore and committed in reads_at_restore[0], (
+        f"the restore began before the first batch was read from offset {committed}: reads {reads_at_restore[0]}"
+    )
+    assert as_dict(committed_state(store, 0)[0]) == reference_state(store)
     assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
 
 
@@ -442,7 +484,7 @@ def test_the_takeover_batch_reads_its_keys_from_the_standby_copy_before_the_fail
         wait_until(lambda: follower.read_ahead is not None, 30, "node 2 to read the takeover batch's keys")
         ahead = follower.read_ahead
         assert ahead is not None and follower.speculative is not None
-        assert ahead.group == follower.speculative.group and ahead.previous.num_rows == 5
+        assert ahead.group == follower.speculative.group and ahead.values.num_rows == 5
 
         copy = follower.replica.store
         assert copy is not None
@@ -476,11 +518,25 @@ def test_values_read_ahead_serve_only_their_batch_at_the_offset_they_were_read_a
         events = SourceBatch(0, start, start + 10, (), ())
         return InFlightBatch(events, done, epoch=3, group=group, cluster_epoch=1, read_at=0.0, staged_at=0.0)
 
-    ahead = ReadAhead("g1", 100, pa.table({"count": pa.array([1])}))
+    ahead = ReadAhead("g1", 100, pa.array(["a"]), pa.table({"count": pa.array([1])}))
     assert ahead.serves(batch(100, "g1"), 100)
     assert not ahead.serves(batch(100, "g1"), 110), "the copy moved past the read"
     assert not ahead.serves(batch(110, "g1"), 110)
     assert not ahead.serves(batch(100, "g2"), 100), "another batch's keys"
+
+
+def test_values_read_ahead_line_up_with_the_aggregate_and_give_way_to_keys_they_lack() -> None:
+    """Read for the batch's event keys, the values are taken in the aggregate's row order; a key the
+    aggregate made up (not an event key) means the read-ahead cannot stand in for the read."""
+    ahead = ReadAhead(
+        "g1",
+        100,
+        pa.array(["a", "b", "c"]),
+        pa.table({"count": pa.array([1, None, 3], pa.int64())}),
+    )
+    previous = ahead.previous(pa.chunked_array([["c", "a"], ["b"]]))
+    assert previous is not None and previous["count"].to_pylist() == [3, 1, None]
+    assert ahead.previous(pa.array(["a", "z"])) is None
 
 
 def test_a_takeover_batch_is_dropped_when_the_owner_turns_out_alive(tmp_path: Path) -> None:
