@@ -105,6 +105,7 @@ MAX_LINE_BYTES = 1024 * 1024
 #: Events per Parquet row group of a segment. Spark splits a file only between row groups: a
 #: large segment in several groups is scanned by every core, not by one task.
 ROW_GROUP_EVENTS = 131_072
+SEGMENT_DICTIONARY_COLUMNS = ["key", "ts"]
 
 
 # --- errors -------------------------------------------------------------------
@@ -463,7 +464,14 @@ def encode_segment(
     parts: list[bytes | pa.Buffer] = []
     for lo in range(0, n, step):
         sink = pa.BufferOutputStream()
-        pq.write_table(full.slice(lo, step).replace_schema_metadata(meta), sink, row_group_size=ROW_GROUP_EVENTS)
+        pq.write_table(
+            full.slice(lo, step).replace_schema_metadata(meta),
+            sink,
+            row_group_size=ROW_GROUP_EVENTS,
+            # Keys and timestamps repeat; offsets and values rarely do, and a dictionary tried on them
+            # in every row group triples the time to encode a large segment.
+            use_dictionary=SEGMENT_DICTIONARY_COLUMNS,
+        )
         payload = sink.getvalue()
         header = FrameHeader(
             length=payload.size,
