@@ -175,7 +175,9 @@ def test_a_forced_move_to_a_node_without_a_copy_starts_its_first_batch_before_th
     monkeypatch.setattr(SourceLog, "read", spy_read)
     monkeypatch.setattr(StateReplica, "catch_up", spy_catch_up)
     with running(ArrowNode(node_config(store, 2, tmp_path / "n2"), store=store)):
-        coordinator = MigrationCoordinator(Ledger(store), MigrationConfig(migration_timeout_s=60))
+        ledger = Ledger(store)
+        wait_until(lambda: any(v.alive and v.record.node == 2 for v in ledger.nodes()), 30, "node 2 to join")
+        coordinator = MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=60))
         decision = prepare_failover(coordinator, 0, live={2}, allow_live_owner=True)
         assert decision.task is not None and decision.task.to_node == 2
         drive(coordinator, decision.task)
