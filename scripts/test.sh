@@ -6,4 +6,6 @@ scripts/setup.sh dev
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-.venv/bin/pytest -q --durations=15 "$@"
+# Two workers, one test file each at a time: most tests wait on real processes (heartbeat
+# timeouts, Spark, Dagster), so two files side by side take about half the time of one after the other.
+.venv/bin/pytest -q -n 2 --dist loadfile --durations=15 "$@"

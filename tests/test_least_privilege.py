@@ -660,11 +660,11 @@ def test_a_former_owners_signed_entries_after_the_seal_stop_no_reader(roles: Rol
     assert key_object is not None
     signer = SigningKey.model_validate_json(key_object.data)
 
-    def stale_after(version: ManifestVersion) -> PartitionManifest:
+    def stale_after(version: ManifestVersion, seq: int) -> PartitionManifest:
         m = version.manifest
         entry = m.model_copy(
             update={
-                "seq": m.seq + 1,
+                "seq": seq,
                 "fencing_token": old_epoch,
                 "node": zombie,
                 "generation": 1,
@@ -681,9 +681,11 @@ def test_a_former_owners_signed_entries_after_the_seal_stop_no_reader(roles: Rol
     planted: list[str] = []
     for how in ("project store code", "raw boto3"):
         while True:
-            head = ManifestReader(admin).current(P(1))
+            chain = ManifestReader(admin).read_chain(P(1))
+            head = chain.version
             assert head is not None and head.manifest.fencing_token == own.epoch
-            stale = stale_after(head)
+            # Past every entry written: the one planted before is void, but it holds its number.
+            stale = stale_after(head, chain.next_seq)
             key = keys.manifest_history_key(1, stale.seq)
             body = stale.model_dump_json().encode()
             try:
