@@ -94,6 +94,15 @@ def read_ahead(inflight: InFlightBatch | None, replica: StateReplica) -> ReadAhe
     return ReadAhead(inflight.group, inflight.batch.start_offset, keys, store.get_many(keys.to_pylist()))
 
 
+def refresh_read_ahead(
+    inflight: InFlightBatch | None, ahead: ReadAhead | None, replica: StateReplica, offset: int
+) -> ReadAhead | None:
+    """`ahead` while it still serves `inflight` at committed `offset`; else a new read (`read_ahead`)."""
+    if inflight is not None and ahead is not None and ahead.serves(inflight, offset):
+        return ahead
+    return read_ahead(inflight, replica)
+
+
 def start_aggregate(
     engine: BatchEngine,
     executor: Executor,

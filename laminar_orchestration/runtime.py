@@ -38,7 +38,7 @@ from typing import Any
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-from .batches import InFlightBatch, ReadAhead, cancel, read_ahead, remove_after_grace, start_aggregate
+from .batches import InFlightBatch, ReadAhead, cancel, refresh_read_ahead, remove_after_grace, start_aggregate
 from .capabilities import CheckpointWriter, OutputCommitter, ReadStore
 from .checkpoint import CheckpointStore, OutputWriter, next_checkpoint
 from .cluster_epoch import ClusterEpochWindow, StaleClusterEpoch
@@ -705,10 +705,8 @@ class PartitionWorker(threading.Thread):
                             self._task_changed.wait(cfg.idle_poll_s)
                     continue
                 inflight = self._start_batch(batch, read_at=read_at)
-            ahead = self._read_ahead
-            if ahead is None or not ahead.serves(inflight, self._committed_offset):
-                # The touched keys' values are read while Spark aggregates the batch.
-                self._read_ahead = read_ahead(inflight, self.replica)
+            # The touched keys' values are read while Spark aggregates the batch.
+            self._read_ahead = refresh_read_ahead(inflight, self._read_ahead, self.replica, self._committed_offset)
             waited_from = time.monotonic()
             done = self._await_batch(inflight)
             if done is None:
@@ -767,9 +765,10 @@ class PartitionWorker(threading.Thread):
 
     def _read_ahead_of_prefetch(self) -> None:
         """Read the prefetched batch's keys' values once the copy holds its start (the commit only merges)."""
-        current, ahead = self._prefetched, self._read_ahead
-        if current is not None and (ahead is None or not ahead.serves(current, self.replica.source_offset)):
-            self._read_ahead = read_ahead(current, self.replica)
+        if self._prefetched is not None:
+            self._read_ahead = refresh_read_ahead(
+                self._prefetched, self._read_ahead, self.replica, self.replica.source_offset
+            )
 
     def _cancel(self, inflight: InFlightBatch) -> None:
         cancel(self.node.engine, inflight)

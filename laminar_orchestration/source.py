@@ -105,6 +105,7 @@ MAX_LINE_BYTES = 1024 * 1024
 #: Events per Parquet row group of a segment. Spark splits a file only between row groups: a
 #: large segment in several groups is scanned by every core, not by one task.
 ROW_GROUP_EVENTS = 131_072
+#: Columns a segment dictionary-encodes: keys and timestamps repeat, offsets and values rarely do.
 SEGMENT_DICTIONARY_COLUMNS = ["key", "ts"]
 
 
@@ -468,8 +469,7 @@ def encode_segment(
             full.slice(lo, step).replace_schema_metadata(meta),
             sink,
             row_group_size=ROW_GROUP_EVENTS,
-            # Keys and timestamps repeat; offsets and values rarely do, and a dictionary tried on them
-            # in every row group triples the time to encode a large segment.
+            # A dictionary tried on every column in every row group triples a large segment's encoding.
             use_dictionary=SEGMENT_DICTIONARY_COLUMNS,
         )
         payload = sink.getvalue()

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .batches import InFlightBatch, ReadAhead, cancel, read_ahead, start_aggregate
+from .batches import InFlightBatch, ReadAhead, cancel, refresh_read_ahead, start_aggregate
 from .errors import LaminarError
 from .identity import NodeId, PartitionId
 from .ledger import Ledger, NodeView
@@ -224,11 +224,10 @@ class StandbyFollower(threading.Thread):
         self.speculative = speculation.start(PartitionId(self.partition), offset, epoch)
 
     def _read_ahead(self) -> None:
-        current, ahead = self.speculative, self.read_ahead
-        if current is None or (ahead is not None and ahead.serves(current, self.replica.source_offset)):
-            return
         # On this thread, the only one that writes the copy: nothing moves it during the read.
-        self.read_ahead = read_ahead(current, self.replica)
+        self.read_ahead = refresh_read_ahead(
+            self.speculative, self.read_ahead, self.replica, self.replica.source_offset
+        )
 
     def stop(self) -> StateReplica:
         """Stop following (after the step in progress) and hand the replica over."""

@@ -504,7 +504,10 @@ def test_the_takeover_batch_reads_its_keys_from_the_standby_copy_before_the_fail
         drive(coordinator, decision.task)
         wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 2 to commit")
         assert reads == [], f"the takeover's first commit read {reads} keys from the store"
-        assert replica_state(standby.workers[P0].replica) == reference_state(store)
+        # The local store is written right after the publish: compare once it holds that commit.
+        copy_at = standby.workers[P0].replica
+        wait_until(lambda: copy_at.source_offset == source.end_offset(0), 10, "node 2 to apply its commit locally")
+        assert replica_state(copy_at) == reference_state(store)
         owner_engine.release.set()
         wait_until(lambda: owner.workers.get(P0) is None or owner.workers[P0].finished, 30, "node 1 to be fenced")
     assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
