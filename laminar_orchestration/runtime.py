@@ -78,9 +78,6 @@ from .worker_state import check_transition
 
 log = logging.getLogger("laminar.node")
 
-#: How often a node re-reads the record of a migration it takes part in (the full reconcile is slower).
-MIGRATION_POLL_S = 0.01
-
 
 class NodeConfig(BaseModel):
     """Configuration of one worker node (``laminar node run``)."""
@@ -101,6 +98,9 @@ class NodeConfig(BaseModel):
     refresh_interval_s: float = Field(default=1.5, gt=0)
     batch_max_events: int = Field(default=1_000_000, ge=1)
     idle_poll_s: float = Field(default=0.05, gt=0)
+    #: How often a node re-reads the records of a migration it takes part in (the full reconcile is
+    #: slower): each phase waits up to this long for the node to see it. Every poll is a GET.
+    migration_poll_s: float = Field(default=0.01, gt=0)
     #: A snapshot of the local store is uploaded once this many deltas follow the last one ...
     checkpoint_every_batches: int = Field(default=10, ge=1)
     #: ... or the deltas since it reach this fraction of its size (and at least `checkpoint_min_delta_bytes`) ...
@@ -598,7 +598,7 @@ class PartitionWorker(threading.Thread):
             current = self._task
             if current is None or current.migration_id != task.migration_id:
                 raise PhaseAborted()
-            time.sleep(MIGRATION_POLL_S)
+            time.sleep(self.node.config.migration_poll_s)
 
     def _install(self, token: FencingToken) -> None:
         self.token = token
@@ -1111,10 +1111,10 @@ class Node:
 
     def _follow_moves(self, *, until: float) -> None:
         """A move waits on this node at every phase: until the next full pass, re-read only the
-        records of the partitions this node is moving, every `MIGRATION_POLL_S`."""
+        records of the partitions this node is moving, every `migration_poll_s`."""
         while time.monotonic() < until and not self._stop.is_set():
             moving = [p for p, w in list(self.workers.items()) if w.migrating]
-            if not moving or self._stop.wait(MIGRATION_POLL_S):
+            if not moving or self._stop.wait(self.config.migration_poll_s):
                 return
             for p in moving:
                 self._reconcile_partition(p, self.desired.read(p)[0])

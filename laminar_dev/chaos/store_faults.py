@@ -135,10 +135,15 @@ def run_store_faults(
         say(f"store-faults [{backend}]: {msg}")
         result.notes.append(msg)
 
-    # In-process handoffs take milliseconds: a phase that waits long is stuck, not slow.
-    config = MigrationConfig(migration_timeout_s=10.0, release_wait_timeout_s=10.0, checkpoint_transfer_timeout_s=10.0)
-    workdir.mkdir(parents=True, exist_ok=True)
     remote = backend != "local"
+    # In-process handoffs take milliseconds: a phase that waits long is stuck, not slow. Against
+    # the single-threaded moto server every request queues behind the others' (tens of ms each
+    # when the machine is busy), so a phase takes seconds there.
+    limit = 30.0 if remote else 10.0
+    config = MigrationConfig(
+        migration_timeout_s=limit, release_wait_timeout_s=limit, checkpoint_transfer_timeout_s=limit
+    )
+    workdir.mkdir(parents=True, exist_ok=True)
     faulty = FaultInjectingStore(inner)
     # More attempts than the default: bursts of 3 plus the random rate must not exhaust them.
     store = RetryingStore(faulty, RetryPolicy(max_attempts=10, base_delay_s=0.01, max_delay_s=0.25), seed=7)
@@ -159,8 +164,9 @@ def run_store_faults(
             node_id=n,
             heartbeat_interval_s=1.0,
             heartbeat_timeout_s=10.0,
-            reconcile_interval_s=0.25 if remote else 0.05,
-            idle_poll_s=0.25 if remote else 0.05,
+            reconcile_interval_s=0.5 if remote else 0.05,
+            idle_poll_s=0.5 if remote else 0.05,
+            migration_poll_s=0.1 if remote else 0.01,
             refresh_interval_s=1.5,  # the default; the kill-switch is not what is under test here
             batch_max_events=4_000,
             checkpoint_every_batches=3,
