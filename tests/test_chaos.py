@@ -256,13 +256,16 @@ def test_store_fault_scenario_keeps_every_promise(store: ObjectStore, tmp_path: 
 
 @pytest.mark.spark
 def test_short_profile(tmp_path: Path) -> None:
+    # The store faults on both backends are the test above: here only the node-process scenarios,
+    # so no moto server shares the CPU with the node processes.
     started = time.monotonic()
-    results = run_chaos(PROFILES["short"], workdir=tmp_path, say=lambda msg: print(msg, file=sys.stderr))
+    process_scenarios = SCENARIOS[1:]
+    results = run_chaos(
+        PROFILES["short"], names=process_scenarios, workdir=tmp_path, say=lambda msg: print(msg, file=sys.stderr)
+    )
     print(format_table(results, title=f"short profile in {time.monotonic() - started:.0f}s"))
     rows = {(r.name, r.backend): r for r in results}
-    assert set(rows) == {("store-faults", "local"), ("store-faults", "s3/moto")} | {
-        (name, "local") for name in SCENARIOS[1:]
-    }
+    assert set(rows) == {(name, "local") for name in process_scenarios}
     for r in results:
         where = f"{r.name} [{r.backend}]: {r.error or r.skipped or ''} {r.issues}"
         assert r.skipped is None and r.error is None, where
@@ -270,10 +273,6 @@ def test_short_profile(tmp_path: Path) -> None:
         assert r.max_owners_per_epoch == 1 and r.double_grants == 0, where
         assert r.stale_writes_accepted == 0 and r.wedged_migrations == 0, where
         assert r.events_committed == r.events_produced > 0, where
-        if r.name == "store-faults":
-            assert r.stale_writes_attempted >= 2 and r.stale_writes_rejected >= 2, where
-            assert unexpected(r.issues) == [], where
-        else:
-            assert r.issues == [], where
+        assert r.issues == [], where
     # The paused node's kill-switch always fires once it resumes (whether it got as far as a write is a race).
     assert rows[("zombie", "local")].revoked >= 1

@@ -262,7 +262,8 @@ def test_paused_zombie_cannot_commit_after_failover(cluster: Cluster) -> None:
 
 
 def test_rolling_restart_loses_no_partition(cluster: Cluster) -> None:
-    for n in (1, 2, 3):
+    # Two nodes, one after the other: each takes its partitions back before the next one stops.
+    for n in (1, 2):
         owned = cluster.partitions_of(n)
         epochs = {p: cluster.epoch(p) for p in owned}
         cluster.produce(20_000)
