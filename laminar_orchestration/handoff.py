@@ -40,8 +40,9 @@ class OldOwnerAction(enum.StrEnum):
 
     #: No move asks anything of this owner: process batches (again, if a drain was aborted).
     RUN = "run"
-    #: Report `phase` done. Drain, checkpoint and upload have no work left by then: every
-    #: commit already holds its delta, and the drain is the end of the batch loop.
+    #: Report `phase` done: Uploading, for drain, checkpoint and upload at once. The drain is the
+    #: end of the batch loop, and every commit already holds its delta, so the checkpoint and the
+    #: upload have no work left: one report spares the move two rounds of record and report.
     REPORT = "report"
     #: Release the epoch at the last commit, then report Released.
     RELEASE = "release"
@@ -55,7 +56,7 @@ class NewOwnerAction(enum.StrEnum):
     #: Before Downloading: follow the chain like a standby and report how far behind it is.
     WARM = "warm"
     #: Download and restore from the chain (a graceful move: up to the released commit), then
-    #: report Downloading.
+    #: report `phase` (Restoring: the restore is done with the download).
     RESTORE = "restore"
     #: Report `phase` done.
     REPORT = "report"
@@ -79,7 +80,7 @@ class OldOwnerStep:
 @dataclass(frozen=True)
 class NewOwnerStep:
     action: NewOwnerAction
-    #: The phase to report (REPORT only).
+    #: The phase to report (REPORT, and RESTORE once it is done).
     phase: MigrationPhase | None = None
 
 
@@ -105,18 +106,20 @@ def old_owner_step(
     reported_for: str | None,
 ) -> OldOwnerStep:
     """The owner's next step. `reported` is the last phase it reported, for migration `reported_for`
-    (a report for an earlier move counts for nothing in this one)."""
+    (a report for an earlier move counts for nothing in this one).
+
+    It reports once for Draining, Checkpointing and Uploading (as Uploading: all three are done
+    when the batch loop has stopped), releases only once Released is recorded, and then waits.
+    """
     if task is None or not asks_old_owner(task, node=node, epoch=epoch):
         return OldOwnerStep(OldOwnerAction.RUN)
     if reported_for != task.migration_id:
         reported = None
+    if reported is not None and reported.reached(task.phase):
+        return OldOwnerStep(OldOwnerAction.WAIT)
     if task.phase == MigrationPhase.RELEASED:
-        if reported == MigrationPhase.RELEASED:
-            return OldOwnerStep(OldOwnerAction.WAIT)
         return OldOwnerStep(OldOwnerAction.RELEASE)
-    if reported != task.phase:
-        return OldOwnerStep(OldOwnerAction.REPORT, task.phase)
-    return OldOwnerStep(OldOwnerAction.WAIT)
+    return OldOwnerStep(OldOwnerAction.REPORT, MigrationPhase.UPLOADING)
 
 
 def new_owner_step(
@@ -137,11 +140,9 @@ def new_owner_step(
     if not task.phase.reached(MigrationPhase.DOWNLOADING):
         return NewOwnerStep(NewOwnerAction.WARM)
     if not restored:
-        return NewOwnerStep(NewOwnerAction.RESTORE)
-    if task.phase == MigrationPhase.DOWNLOADING:
-        return NewOwnerStep(NewOwnerAction.WAIT)
-    if task.phase == MigrationPhase.RESTORING:
-        if reported != MigrationPhase.RESTORING:
+        return NewOwnerStep(NewOwnerAction.RESTORE, MigrationPhase.RESTORING)
+    if not task.phase.reached(MigrationPhase.SEEKING):
+        if reported is None or not reported.reached(MigrationPhase.RESTORING):
             return NewOwnerStep(NewOwnerAction.REPORT, MigrationPhase.RESTORING)
         return NewOwnerStep(NewOwnerAction.WAIT)
     if not took_over:

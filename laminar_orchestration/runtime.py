@@ -533,8 +533,8 @@ class PartitionWorker(threading.Thread):
                 case NewOwnerAction.WARM:
                     self._warm_up()  # returns once Downloading is recorded
                 case NewOwnerAction.RESTORE:
-                    assert task is not None
-                    restored, released = self._download(task)
+                    assert task is not None and step.phase is not None
+                    restored, released = self._download(task, step.phase)
                     downloaded = True
                 case NewOwnerAction.REPORT:
                     assert step.phase is not None
@@ -564,9 +564,9 @@ class PartitionWorker(threading.Thread):
                     )
                     return
 
-    def _download(self, task: MigrationTask) -> tuple[ManifestVersion | None, str | None]:
+    def _download(self, task: MigrationTask, done: MigrationPhase) -> tuple[ManifestVersion | None, str | None]:
         """Restore from the chain (a graceful move: it must end at the released commit), report
-        Downloading and start the first batch. Returns what was restored and the released commit."""
+        `done` and start the first batch. Returns what was restored and the released commit."""
         manifest = self._publisher.current(self.partition)
         released: str | None = None
         if task.migration_kind == MigrationKind.GRACEFUL:
@@ -581,7 +581,7 @@ class PartitionWorker(threading.Thread):
         self._prefetch(task.to_epoch, manifest.manifest.source_offset if manifest else 0)
         # Snapshot (files this node does not hold yet) + deltas: the restore is done with the download.
         stats = self._restore(manifest)
-        self._report(MigrationPhase.DOWNLOADING, self._bytes_moved + stats.bytes_downloaded)
+        self._report(done, self._bytes_moved + stats.bytes_downloaded)
         self._prefetch(task.to_epoch, self._committed_offset)
         return manifest, released
 

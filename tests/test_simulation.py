@@ -185,13 +185,13 @@ SWEEP_FAULT_STEPS = 1000
 #: Seeds that found a bug with its fix reverted (the knobs that revert it, the fault phase's steps);
 #: each passes on the code as it is.
 REGRESSION_SEEDS: list[tuple[tuple[str, ...], int, int, type[InvariantViolation]]] = [
-    (("revert_grant_seal", "skip_successor_probe"), 46, 300, ExactlyOnceViolated),
-    (("revert_grant_seal", "skip_successor_probe"), 216, 300, ExactlyOnceViolated),
+    (("revert_grant_seal", "skip_successor_probe"), 55, 300, ExactlyOnceViolated),
+    (("revert_grant_seal", "skip_successor_probe"), 151, 300, ExactlyOnceViolated),
     (("revert_lost_fence_fix",), 13, 300, MigrationWedged),
     (("revert_lost_fence_fix",), 32, 300, MigrationWedged),
-    (("revert_aborted_owner_fix",), 20, 300, PartitionNotLive),
+    (("revert_aborted_owner_fix",), 29, 300, PartitionNotLive),
     (("revert_aborted_owner_fix",), 62, 300, PartitionNotLive),
-    (("revert_sweep_sealed_only",), 4, SWEEP_FAULT_STEPS, ManifestArtifactDeleted),
+    (("revert_sweep_sealed_only",), 12, SWEEP_FAULT_STEPS, ManifestArtifactDeleted),
     (("revert_sweep_sealed_only",), 5, SWEEP_FAULT_STEPS, ManifestArtifactDeleted),
 ]
 
@@ -212,7 +212,7 @@ def test_regression_seeds_fail_with_the_fix_reverted_and_pass_with_it(
 
 
 #: A scenario whose zombies leave unreachable objects of sealed epochs, which the sweeps delete.
-GARBAGE_SEED = 3
+GARBAGE_SEED = 4
 
 
 def test_garbage_of_sealed_epochs_is_swept_and_left_garbage_is_a_violation(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -469,8 +469,8 @@ class NodeActor(Actor):
                 assert task is not None
                 return f"rising: waiting at {task.phase}"
             case NewOwnerAction.RESTORE:
-                assert task is not None
-                return self._download(w, task)
+                assert task is not None and step.phase is not None
+                return self._download(w, task, step.phase)
             case NewOwnerAction.REPORT:
                 assert step.phase is not None
                 self._report(w, step.phase)
@@ -482,14 +482,14 @@ class NodeActor(Actor):
                 w.state = WorkerState.RUNNING
                 return f"active at epoch {w.token.epoch if w.token else 0}"
 
-    def _download(self, w: Worker, task: MigrationTask) -> str:
+    def _download(self, w: Worker, task: MigrationTask, done: MigrationPhase) -> str:
         """The new owner's download + restore: from the chain (a graceful move: the released commit)."""
         p = PartitionId(w.partition)
         if task.migration_kind == MigrationKind.GRACEFUL and self.ledger.release_record(p, task.from_epoch) is None:
             return "waiting for the release"
         self._restore(w, self.publisher.current(p))
         w.state, w.migration, w.finished_migration = WorkerState.RISING, task, None
-        self._report(w, MigrationPhase.DOWNLOADING)
+        self._report(w, done)
         return f"downloaded for migration {task.migration_id} (offset {w.offset})"
 
     def _adopt_grant(self, w: Worker, task: MigrationTask) -> str:
