@@ -820,9 +820,11 @@ class MigrationCoordinator:
         if len(commits) < 2:
             return "drain asked at once (no recent commits)"
         interval = (commits[0].committed_at - commits[1].committed_at).total_seconds()
-        deadline = commits[0].committed_at + timedelta(seconds=min(limit, max(3 * interval, 0.25)))
+        # Three intervals after the last commit: a commit later than that is not coming soon. The wait
+        # itself is bounded from now: a last commit older than `limit` still gets its successor waited for.
+        due = commits[0].committed_at + timedelta(seconds=max(3 * interval, 0.25))
         stop = time.monotonic() + limit  # the commit times come from the node's clock: bounded here too
-        while now() < deadline and time.monotonic() < stop:
+        while now() < due and time.monotonic() < stop:
             current = reader.current(p)
             if current is not None and current.manifest.seq > last.manifest.seq and current.manifest.outputs:
                 return f"drain asked right after the old owner's commit at offset {current.manifest.source_offset}"

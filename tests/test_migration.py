@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,7 +41,10 @@ from laminar_orchestration.migration import (
 )
 from laminar_orchestration.moves import drive, run_migration
 from laminar_orchestration.records import PartitionProgress, ReleaseRecord, now
-from laminar_orchestration.store import ObjectStore, open_store
+from laminar_orchestration.source import SourceLog, generate_events
+from laminar_orchestration.store import LocalObjectStore, ObjectStore, open_store
+
+from .commits import commit_all
 
 P, N = PartitionId, NodeId
 G, F = MigrationKind.GRACEFUL, MigrationKind.FORCED
@@ -487,3 +491,37 @@ def test_cli_migrate_cancel_refuses_once_the_new_owner_may_hold_the_epoch(
     assert current is not None and current.phase == MigrationPhase.SEEKING
     assert cli.main(["migrate", "--store", store_url, "--partition", "0"]) == 2
     assert "--to: give the node to move the partition to" in capsys.readouterr().err
+
+
+# --- the drain's alignment with the old owner's commits ---------------------------------------------
+
+
+def test_the_drain_waits_for_the_old_owners_next_commit_when_the_last_is_older_than_the_limit(
+    tmp_path: Path,
+) -> None:
+    """The drain is asked right after the old owner's next data commit. The wait is bounded from when
+    it starts (and by three commit intervals after the last commit), so a commit due 0.6 s later is
+    waited for although the last one is 1.2 s old with a 1.5 s limit. Bounding it from the last
+    commit asked the drain at once, abandoning the batch about to commit."""
+    store = LocalObjectStore(tmp_path / "store")  # the coordinator's timing, not the store, is under test
+    ledger, _ = three_nodes(store)
+    token = ledger.adopt(P(0), N(1))
+    source = SourceLog(store, partitions=1)
+
+    def commit_one(seed: int) -> None:
+        source.append(0, generate_events(100, 10, seed, 1)[0])
+        commit_all(store, token, snapshot_every=None)
+
+    commit_one(1)
+    time.sleep(1.0)
+    commit_one(2)  # a commit every second: the next one is due within three seconds of this one
+    time.sleep(1.2)
+    coordinator = MigrationCoordinator(ledger, MigrationConfig(drain_alignment_s=1.5, warmup_timeout_s=0.0))
+    task = coordinator.plan(P(0), N(2))
+    committer = threading.Timer(0.6, commit_one, args=(3,))
+    committer.start()
+    try:
+        report = coordinator.run_phase(P(0), task.migration_id, MigrationPhase.PLANNED)
+    finally:
+        committer.join()
+    assert "right after the old owner's commit" in report.detail, report.detail
