@@ -800,8 +800,9 @@ class MigrationCoordinator:
     def _align_drain(self, task: MigrationTask) -> str:
         """Wait for the old owner's next data commit, so the drain follows it at once.
 
-        Bounded by `drain_alignment_s` and by three times the interval between its last two
-        commits: a partition that stopped committing (no traffic) drains at once.
+        Bounded by `drain_alignment_s` from now and by three times the interval between its last
+        two commits after the last one: a partition that stopped committing (no traffic), or whose
+        next commit is not expected within the limit, drains at once.
         """
         p = PartitionId(task.partition)
         reader = ManifestReader(self.ledger.store)
@@ -820,6 +821,8 @@ class MigrationCoordinator:
         if len(commits) < 2:
             return "drain asked at once (no recent commits)"
         interval = (commits[0].committed_at - commits[1].committed_at).total_seconds()
+        if commits[0].committed_at + timedelta(seconds=interval) > now() + timedelta(seconds=limit):
+            return f"drain asked at once (next commit not expected within {limit:.1f}s)"
         # Three intervals after the last commit: a commit later than that is not coming soon. The wait
         # itself is bounded from now: a last commit older than `limit` still gets its successor waited for.
         due = commits[0].committed_at + timedelta(seconds=max(3 * interval, 0.25))

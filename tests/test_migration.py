@@ -525,3 +525,10 @@ def test_the_drain_waits_for_the_old_owners_next_commit_when_the_last_is_older_t
     finally:
         committer.join()
     assert "right after the old owner's commit" in report.detail, report.detail
+
+    # Right after a commit, with a limit shorter than the cadence, no commit is waited for.
+    coordinator.cancel(P(0), task.migration_id)
+    impatient = MigrationCoordinator(ledger, MigrationConfig(drain_alignment_s=0.3, warmup_timeout_s=0.0))
+    task = impatient.plan(P(0), N(2))
+    report = impatient.run_phase(P(0), task.migration_id, MigrationPhase.PLANNED)
+    assert "next commit not expected within 0.3s" in report.detail, report.detail
