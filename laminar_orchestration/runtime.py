@@ -963,8 +963,8 @@ class PartitionWorker(threading.Thread):
                     raise PhaseAborted()  # the move that asked for the drain ended: run again
                 case OldOwnerAction.REPORT:
                     assert step.phase is not None
-                    uploaded = self._finish_upload() if step.phase == MigrationPhase.UPLOADING else None
-                    self._report(step.phase, uploaded)
+                    # The one report of the drain covers the upload: publish a snapshot that finished.
+                    self._report(step.phase, self._finish_upload())
                 case OldOwnerAction.RELEASE:
                     assert task is not None
                     self._release()
