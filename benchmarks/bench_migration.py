@@ -53,7 +53,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -114,6 +114,15 @@ class Params:
 
 
 FULL = Params(graceful_runs=3, failover_runs=2)
+#: The bench's sections, in the order they run: (state size, target kind), for `--only`.
+SECTIONS: dict[str, tuple[str, str]] = {
+    "small-cold": ("~1 MB", COLD),
+    "small-warm": ("~1 MB", WARM),
+    "big-cold": ("~100 MB", COLD),
+    "failover-cold": ("~100 MB", COLD),
+    "big-warm": ("~100 MB", WARM),
+    "failover-warm": ("~100 MB", WARM),
+}
 QUICK = Params(graceful_runs=1, failover_runs=1, big_keys=500_000)
 
 
@@ -874,7 +883,7 @@ def failover_series(
     return out
 
 
-def run(p: Params, report: Report, keep: str | None) -> None:
+def run(p: Params, report: Report, keep: str | None, only: Collection[str] = tuple(SECTIONS)) -> None:
     with contextlib.ExitStack() as stack:
         if keep:
             workdir = Path(keep)
@@ -915,31 +924,44 @@ def run(p: Params, report: Report, keep: str | None) -> None:
             producers.append(partition_load(sources, BIG, "b", p.big_keys, *BIG_LOAD, seed=13))
 
             small, big = History(cluster.store, SMALL), History(cluster.store, BIG)
+            graceful: dict[str, list[MigrationRun]] = {}
+            failover: dict[str, list[FailoverRun]] = {}
             # The ~1 MB partition ends its runs on a standby node, so killing a plain node (the cold
             # failovers) strands nothing there; it goes back to a plain node before the warm moves.
-            progress("1. graceful, ~1 MB, cold (nodes 1 <-> 2)")
-            small_cold = graceful_series(cluster, small, COLD, p.graceful_runs, warm_commits=3, timeout=180)
-            progress("1. graceful, ~1 MB, warm (to nodes 3, 4)")
-            small_warm = graceful_series(cluster, small, WARM, p.graceful_runs, warm_commits=3, timeout=180)
-            progress("1. graceful, ~100 MB, cold (nodes 1 <-> 2)")
-            big_cold = graceful_series(cluster, big, COLD, p.graceful_runs, warm_commits=2, timeout=300)
-            progress("2. failover, ~100 MB, cold (nodes 1 <-> 2)")
-            fail_cold = failover_series(cluster, big, COLD, p.failover_runs, timeout=300)
+            if "small-cold" in only:
+                progress("1. graceful, ~1 MB, cold (nodes 1 <-> 2)")
+                graceful["small-cold"] = graceful_series(
+                    cluster, small, COLD, p.graceful_runs, warm_commits=3, timeout=180
+                )
+            if "small-warm" in only:
+                progress("1. graceful, ~1 MB, warm (to nodes 3, 4)")
+                graceful["small-warm"] = graceful_series(
+                    cluster, small, WARM, p.graceful_runs, warm_commits=3, timeout=180
+                )
+            if "big-cold" in only:
+                progress("1. graceful, ~100 MB, cold (nodes 1 <-> 2)")
+                graceful["big-cold"] = graceful_series(cluster, big, COLD, p.graceful_runs, warm_commits=2, timeout=300)
+            if "failover-cold" in only:
+                progress("2. failover, ~100 MB, cold (nodes 1 <-> 2)")
+                failover["failover-cold"] = failover_series(cluster, big, COLD, p.failover_runs, timeout=300)
             # The small partition goes back to a plain node: the warm moves' targets then run nothing
             # else, like the cold moves' (whose small partition is on a standby node), and a killed
             # standby node strands nothing.
-            cluster.coordinator.run(PartitionId(SMALL), NodeId(COLD_NODES[0]))
-            progress("1. graceful, ~100 MB, warm (to nodes 3, 4)")
-            big_warm = graceful_series(cluster, big, WARM, p.graceful_runs, warm_commits=2, timeout=300)
-            progress("2. failover, ~100 MB, warm (nodes 3 <-> 4)")
-            fail_warm = failover_series(cluster, big, WARM, p.failover_runs, timeout=300, last=True)
+            if cluster.owner(SMALL) != COLD_NODES[0]:
+                cluster.coordinator.run(PartitionId(SMALL), NodeId(COLD_NODES[0]))
+            if "big-warm" in only:
+                progress("1. graceful, ~100 MB, warm (to nodes 3, 4)")
+                graceful["big-warm"] = graceful_series(cluster, big, WARM, p.graceful_runs, warm_commits=2, timeout=300)
+            if "failover-warm" in only:
+                progress("2. failover, ~100 MB, warm (nodes 3 <-> 4)")
+                failover["failover-warm"] = failover_series(cluster, big, WARM, p.failover_runs, timeout=300, last=True)
 
-            report_graceful(report, "~1 MB", COLD, small_cold)
-            report_graceful(report, "~1 MB", WARM, small_warm)
-            report_graceful(report, "~100 MB", COLD, big_cold)
-            report_graceful(report, "~100 MB", WARM, big_warm)
-            report_failover(report, "~100 MB", COLD, fail_cold)
-            report_failover(report, "~100 MB", WARM, fail_warm)
+            for name, runs in graceful.items():
+                size_label, kind = SECTIONS[name]
+                report_graceful(report, size_label, kind, runs)
+            for name, fails in failover.items():
+                size_label, kind = SECTIONS[name]
+                report_failover(report, size_label, kind, fails)
             report.note(
                 f"load during the runs: {SMALL_LOAD[0]:,} events every {SMALL_LOAD[1]} s on the ~1 MB partition's "
                 f"keys and {BIG_LOAD[0]:,} events every {BIG_LOAD[1]} s on the ~100 MB partition's keys "
@@ -962,14 +984,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="one run per figure, 500k keys as the big state")
     parser.add_argument("--big-keys", type=int, help="keys of the big partition (default 2.7M; quick 500k)")
     parser.add_argument("--keep", metavar="DIR", help="keep the work directory (store, node logs) here")
+    parser.add_argument(
+        "--only",
+        type=lambda text: text.split(","),
+        default=list(SECTIONS),
+        metavar="SECTION[,SECTION]",
+        help=f"run only these sections (default: all): {', '.join(SECTIONS)}",
+    )
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.only) - set(SECTIONS))
+    if unknown:
+        parser.error(f"--only: unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}")
     p = QUICK if args.quick else FULL
     if args.big_keys:
         p = Params(p.graceful_runs, p.failover_runs, p.small_keys, args.big_keys)
     load_before = os.getloadavg()
     started = time.perf_counter()
     report = Report()
-    run(p, report, args.keep)
+    run(p, report, args.keep, args.only)
     elapsed = time.perf_counter() - started
     report.note(
         f"setup: local file store (fsync on), nodes = `laminar node run` processes, heartbeat timeout "

@@ -496,18 +496,29 @@ class ManifestReader:
         else:
             # No pointer (or a forged one) and nothing checked yet: from the first entry, which is trusted.
             start, from_trust = pointed, pointed is None
-        version, next_seq = self._walk(partition, start)
-        if (
-            not from_trust
-            and version is not None
-            and self.grant_keys.superseded(partition, version.manifest.fencing_token)
-        ):
-            # Reached from a pointer alone, at an epoch a later grant ended: possibly a former
-            # owner's entry after the seal that fenced it. Check the chain from a trusted start.
-            version, next_seq = self._walk(partition, trusted)
+        if from_trust:
+            version, next_seq = self._walk(partition, start)
+        else:
+            version, next_seq = self._walk_from_pointer(partition, start, trusted)
         if version is not None:
             self._trust(partition, version)
         return ChainRead(version, pointer.etag if pointer else None, next_seq)
+
+    def _walk_from_pointer(
+        self, partition: int, pointed: ManifestVersion | None, trusted: ManifestVersion | None
+    ) -> tuple[ManifestVersion | None, int]:
+        """`_walk` from an entry reached through the pointer alone, which is only a hint: a former
+        owner still holds its old epoch's key, so it can sign an entry after the seal that fenced it
+        and point the pointer there. The walk then ends on that entry (at a superseded epoch), or
+        the genuine entries after it do not follow it (BrokenManifestChain): either way the chain is
+        walked again from a trusted start (or the first entry), so a forged pointer stops no reader."""
+        try:
+            version, next_seq = self._walk(partition, pointed)
+        except BrokenManifestChain:
+            return self._walk(partition, trusted)
+        if version is not None and self.grant_keys.superseded(partition, version.manifest.fencing_token):
+            return self._walk(partition, trusted)
+        return version, next_seq
 
     def _trust(self, partition: int, version: ManifestVersion) -> None:
         known = self._trusted.get(partition)

@@ -518,6 +518,8 @@ class PartitionWorker(threading.Thread):
         restored: ManifestVersion | None = None
         released: str | None = None
         downloaded = False
+        #: Seconds spent per step (e.g. "wait", "report seeking"): where this node's share of a handoff went.
+        spent: dict[str, float] = {}
         while True:
             task = self._task
             step = new_owner_step(
@@ -527,6 +529,8 @@ class PartitionWorker(threading.Thread):
                 restored=downloaded,
                 took_over=self.token is not None,
             )
+            label = step.action.value if step.phase is None else f"{step.action.value} {step.phase.value}"
+            began = time.monotonic()
             match step.action:
                 case NewOwnerAction.DROP:
                     raise PhaseAborted()
@@ -544,6 +548,7 @@ class PartitionWorker(threading.Thread):
                     # The control plane grants the new epoch once Seeking is recorded (after the old
                     # owner's release, or with the fence of a forced move); this node only adopts it.
                     token = self._await_grant(task)
+                    spent["grant"] = time.monotonic() - began
                     self._install(token)
                     self._takeover(restored, released=released)
                     self._report(MigrationPhase.SEEKING)
@@ -562,7 +567,15 @@ class PartitionWorker(threading.Thread):
                         mid,
                         self._committed_offset,
                     )
+                    log.debug(
+                        "node %s: partition %s: migration %s on this node: %s",
+                        self.node.id,
+                        self.partition,
+                        mid,
+                        ", ".join(f"{name} {seconds * 1000:.0f} ms" for name, seconds in spent.items()),
+                    )
                     return
+            spent[label] = spent.get(label, 0.0) + time.monotonic() - began
 
     def _download(self, task: MigrationTask, done: MigrationPhase) -> tuple[ManifestVersion | None, str | None]:
         """Restore from the chain (a graceful move: it must end at the released commit), report

@@ -367,8 +367,9 @@ def _committed_at(store: ObjectStore, offset: int) -> bool:
 
 
 class _AggregateAwaitsRead(ArrowBatchEngine):
-    """Each aggregate returns only once a multi-get of the local store has happened after it began
-    (or after 10 s)."""
+    """The n-th aggregate returns only once the local store has served n multi-gets (or after 10 s):
+    a node that reads a batch's keys only after its aggregate never gets there. The read may come
+    before the aggregate starts: the batch thread stages the batch's files first."""
 
     def __init__(self) -> None:
         self.reads = 0
@@ -384,8 +385,8 @@ class _AggregateAwaitsRead(ArrowBatchEngine):
         self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
     ) -> pa.Table:
         with self.read:
-            before = self.reads
-            self.read_before_done.append(self.read.wait_for(lambda: self.reads > before, 10))
+            nth = len(self.read_before_done) + 1
+            self.read_before_done.append(self.read.wait_for(lambda: self.reads >= nth, 10))
         return super().aggregate(event_files, epoch=epoch, generation=generation, job_group=job_group)
 
 
@@ -416,6 +417,7 @@ def test_touched_keys_are_read_while_the_batch_is_aggregated(
             source.append(0, events([f"k{i % 9}" for i in range(end - source.end_offset(0))]))
             wait_until(partial(_committed_at, store, end), 30, f"offset {end} to be committed")
     assert engine.read_before_done == [True, True, True]
+    assert engine.reads == 3  # one multi-get per batch: the commit reads nothing more
     state, offset = committed_state(store, 0)
     assert offset == 150 and as_dict(state) == reference_state(store)
 

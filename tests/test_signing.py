@@ -185,6 +185,31 @@ def test_a_former_owners_signed_entry_after_the_seal_is_void(store: LocalObjectS
     assert audit.committed_offset == 0  # the stale entry claimed offset 1000
 
 
+def test_a_former_owners_pointer_to_its_void_entry_behind_the_new_owners_commit_stops_no_reader(
+    store: LocalObjectStore,
+) -> None:
+    """The fenced owner plants its signed entry, the new owner commits past it, then the fenced owner
+    points the pointer back at its entry: a fresh reader starts there, finds the genuine commit does
+    not follow it, and still reads the genuine chain (it does not fail on a broken chain)."""
+    node1, old, publisher, new, sealed = _failed_over(store)
+    stale = _stale_entry(node1, old, sealed)
+    stale_key = _plant(store, stale)
+    commit = publisher.publish(new, ManifestUpdate(source_offset=0, note="the new owner's commit past it"))
+    assert commit.manifest.seq == stale.seq + 1 and commit.manifest.parent_hash == sealed.raw_hash
+    pointer = keys.manifest_pointer_key(0)
+    OutputCommitter(store).swap_manifest(
+        manifest_key(pointer), stale.model_dump_json().encode(), store.get(pointer).etag
+    )
+
+    reader = ManifestReader(store)
+    chain = reader.read_chain(P(0))
+    assert chain.version == commit and chain.next_seq == commit.manifest.seq + 1
+    assert stale_key in reader.superseded
+    # The new owner's next publish (its reader trusts its own last entry) moves the pointer back.
+    after = publisher.publish(new, ManifestUpdate(source_offset=0, note="and the next"))
+    assert ManifestReader(store).current(P(0)) == after and store.get(pointer).data == after.raw
+
+
 def test_a_former_owner_racing_the_new_owners_publish_never_lands(store: LocalObjectStore) -> None:
     """Threads: the new owner's publish is held (by an injected hook) between reading the chain and
     creating its entry while the fenced owner appends its signed entry at that very sequence number.
