@@ -90,6 +90,7 @@ def test_a_ui_migration_then_a_killed_owner_failed_over_by_the_sensor_alone(tmp_
             succeeded = {e.step_key for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_SUCCESS)}
             assert succeeded == {"plan", *GRACEFUL_OPS}
 
+        epochs = {p: cluster.epoch(p) for p in (0, 1)}
         killed = time.time()
         cluster.kill(1)
         wait_until(lambda: all(failed_over(cluster, p, 2) for p in (0, 1)), LOOSE_BOUND_S, "both partitions on node 2")
@@ -103,6 +104,11 @@ def test_a_ui_migration_then_a_killed_owner_failed_over_by_the_sensor_alone(tmp_
             return len(runs) == 2 and all(r.status == DagsterRunStatus.SUCCESS for r in runs)
 
         wait_until(runs_done, 180, "two successful failover_partition runs", interval=0.5)
+        for p in (0, 1):
+            # One death, one failover per partition: the sensor's fence, and no second grant from its runs.
+            grant = cluster.ledger.grant(PartitionId(p), epochs[p] + 1)
+            assert grant is not None and grant.grant_kind == "fence" and grant.node == 2, grant
+            assert cluster.ledger.grant(PartitionId(p), epochs[p] + 2) is None
         with plane.instance() as instance:
             runs = plane.runs("failover_partition")
             for run in runs:

@@ -261,28 +261,6 @@ def test_paused_zombie_cannot_commit_after_failover(cluster: Cluster) -> None:
     assert_exactly_once(cluster)
 
 
-def test_rolling_restart_loses_no_partition(cluster: Cluster) -> None:
-    # Two nodes, one after the other: each takes its partitions back before the next one stops.
-    for n in (1, 2):
-        owned = cluster.partitions_of(n)
-        epochs = {p: cluster.epoch(p) for p in owned}
-        cluster.produce(20_000)
-        assert cluster.stop(n) == 0  # SIGTERM: drain, final commit, release
-        for p in owned:
-            own = cluster.ledger.ownership(P(p))
-            assert own is not None and own.status == "released" and own.epoch == epochs[p]
-        cluster.start_node(n)
-        cluster.wait_alive(n, timeout=180)
-
-        def taken_back(owned: list[int] = owned, epochs: dict[int, int] = epochs, n: int = n) -> bool:
-            cluster.reinstate()  # the control plane grants them back; the node only adopts
-            return all(cluster.owner(p) == n and cluster.epoch(p) > epochs[p] for p in owned)
-
-        wait_until(taken_back, 60, f"node {n} to take its partitions back")
-    assert_exactly_once(cluster)
-    assert all(cluster.owner(p) in (1, 2, 3) for p in cluster.partitions)
-
-
 # --- the control plane against live nodes -------------------------------------------------
 
 
@@ -323,60 +301,6 @@ def test_dagster_migrate_partition_job_against_live_nodes(cluster: Cluster) -> N
         assert moved["plan"] + moved["download"] > 0, moved
     assert (cluster.owner(3), cluster.epoch(3)) == (target, epoch + 1)
     assert_exactly_once(cluster)
-
-
-def test_daemon_failure_sensor_fails_over_a_killed_node(cluster: Cluster, tmp_path: Path) -> None:
-    """A real dagster-daemon ticks the node-failure sensor, which launches failover runs."""
-    import os
-
-    root = Path(__file__).parent.parent
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    env = {
-        **os.environ,
-        "DAGSTER_HOME": str(home),
-        "LAMINAR_STORE": cluster.store_url,
-        "LAMINAR_FAILOVER_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S),
-    }
-    daemon_log = open(tmp_path / "daemon.log", "wb")  # noqa: SIM115 - closed in finally
-    daemon = subprocess.Popen(
-        [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(root / "workspace.yaml")],
-        cwd=root,
-        env=env,
-        stdout=daemon_log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        victim = cluster.owner(0)
-        moved = cluster.partitions_of(victim)
-        epochs = {p: cluster.epoch(p) for p in moved}
-        cluster.produce(20_000)
-        time.sleep(8)  # the daemon's first ticks see a healthy cluster
-        cluster.kill(victim)
-
-        def failed_over() -> bool:
-            return all(cluster.owner(p) != victim and cluster.epoch(p) > epochs[p] for p in moved)
-
-        try:
-            wait_until(failed_over, 150, f"the sensor to fail over partitions {moved} of node {victim}")
-        except TimeoutError:
-            daemon_log.flush()
-            raise AssertionError((tmp_path / "daemon.log").read_text()[-4000:]) from None
-        for p in moved:
-            grant = cluster.ledger.grant(P(p), epochs[p] + 1)
-            assert grant is not None and grant.grant_kind == "fence"
-            # One death, one failover per partition: no second grant was launched.
-            assert cluster.ledger.grant(P(p), epochs[p] + 2) is None
-        assert_exactly_once(cluster)
-    finally:
-        daemon.terminate()
-        try:
-            daemon.wait(30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-        daemon_log.close()
-    cluster.start_node(victim)
-    cluster.wait_alive(victim, timeout=180)
 
 
 def _logged(path: Path, text: bytes) -> bool:
