@@ -235,6 +235,10 @@ class PartitionWorker(threading.Thread):
             speculative.future.add_done_callback(lambda _: self._wake())
         #: The prefetched batch's keys' values, read while the worker waited on the handoff.
         self._read_ahead: ReadAhead | None = ahead
+        #: That read while it runs: off the worker's thread, which must answer each handoff step at once
+        #: (a first read of a just-restored 100 MB store takes about a second).
+        self._reading_ahead: Future[ReadAhead | None] | None = None
+        self._read_thread = ThreadPoolExecutor(1, thread_name_prefix=f"partition-{partition}-read")
         #: Runs the batch's Spark job, so the worker can drop it without waiting for it.
         self._batch_thread = ThreadPoolExecutor(1, thread_name_prefix=f"partition-{partition}-batch")
         #: Why the thread ended in FAILED (the node logs it with the restart delay).
@@ -350,6 +354,8 @@ class PartitionWorker(threading.Thread):
         finally:
             self._drop_guard()
             self._batch_thread.shutdown(wait=False)
+            self._collect_read_ahead()  # the local store is closed or handed on next: no read may be inside it
+            self._read_thread.shutdown(wait=False)
             self._abandon_snapshot()
             if self.state_name in (WorkerState.REVOKED, WorkerState.RELEASED):
                 # Another node owns the partition now. It holds only committed state, so a standby
@@ -671,6 +677,7 @@ class PartitionWorker(threading.Thread):
                 self.guard.observe_epoch(exc.actual_epoch)
             raise
         if takeover.restore_again:
+            self._collect_read_ahead()
             log.warning(
                 "node %s: partition %s: the chain moved past what was restored (seq %s); re-restoring",
                 self.node.id,
@@ -719,6 +726,7 @@ class PartitionWorker(threading.Thread):
                     continue
                 inflight = self._start_batch(batch, read_at=read_at)
             # The touched keys' values are read while Spark aggregates the batch.
+            self._collect_read_ahead()
             self._read_ahead = refresh_read_ahead(inflight, self._read_ahead, self.replica, self._committed_offset)
             waited_from = time.monotonic()
             done = self._await_batch(inflight)
@@ -777,11 +785,30 @@ class PartitionWorker(threading.Thread):
             self._prefetched = self._start_batch(batch, read_at=read_at, epoch=epoch)
 
     def _read_ahead_of_prefetch(self) -> None:
-        """Read the prefetched batch's keys' values once the copy holds its start (the commit only merges)."""
-        if self._prefetched is not None:
-            self._read_ahead = refresh_read_ahead(
-                self._prefetched, self._read_ahead, self.replica, self.replica.source_offset
-            )
+        """Start reading the prefetched batch's keys' values on the read thread once the copy holds its
+        start (the commit then only merges). Nothing writes the copy before `_collect_read_ahead`."""
+        if self._reading_ahead is not None:
+            if not self._reading_ahead.done():
+                return
+            self._collect_read_ahead()
+        inflight = self._prefetched
+        if inflight is None:
+            return
+        ahead, offset = self._read_ahead, self.replica.source_offset
+        if ahead is not None and ahead.serves(inflight, offset):
+            return
+        self._reading_ahead = self._read_thread.submit(refresh_read_ahead, inflight, ahead, self.replica, offset)
+
+    def _collect_read_ahead(self) -> None:
+        """Wait for the read `_read_ahead_of_prefetch` started (before anything writes the copy)."""
+        reading, self._reading_ahead = self._reading_ahead, None
+        if reading is None:
+            return
+        try:
+            self._read_ahead = reading.result()
+        except Exception:  # an optimisation only: the commit reads the values itself
+            log.debug("node %s: partition %s: read-ahead failed", self.node.id, self.partition, exc_info=True)
+            self._read_ahead = None
 
     def _cancel(self, inflight: InFlightBatch) -> None:
         cancel(self.node.engine, inflight)

@@ -31,6 +31,7 @@ from laminar_orchestration.replica import StateReplica, committed_state
 from laminar_orchestration.signing import SigningKey, sign_record
 from laminar_orchestration.source import SourceBatch, SourceLog
 from laminar_orchestration.standby import StandbyFollower
+from laminar_orchestration.statestore import PartitionStateStore
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 from laminar_orchestration.ulid import next_ulid
 from laminar_orchestration.verify import audit_store
@@ -186,6 +187,48 @@ def test_a_forced_move_to_a_node_without_a_copy_starts_its_first_batch_before_th
     assert reads_at_restore and committed in reads_at_restore[0], (
         f"the restore began before the first batch was read from offset {committed}: reads {reads_at_restore[0]}"
     )
+    assert as_dict(committed_state(store, 0)[0]) == reference_state(store)
+    assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
+
+
+def test_a_targets_handoff_steps_do_not_wait_for_the_read_of_its_first_batchs_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The target reads its first batch's keys' values while it waits on the handoff, but on a thread
+    of its own: with that read held (a just-restored large store takes about a second), the move still
+    goes Active; the batch commits once the read is let go, exactly once."""
+    store = LocalObjectStore(tmp_path / "store")
+    lineage = build_lineage(store)
+    fence_writer(store, lineage)
+    assign(store, 0, 1)  # node 1 never runs: the owner is dead
+    source = SourceLog(store, segment_events=100)
+    source.append(0, events([f"k{i % 13}" for i in range(200)]))
+    held, release = threading.Event(), threading.Event()
+    get_many = PartitionStateStore.get_many
+
+    def held_get_many(self: PartitionStateStore, keys: Sequence[str]) -> pa.Table:
+        held.set()
+        assert release.wait(30), "the read was never let go"
+        return get_many(self, keys)
+
+    monkeypatch.setattr(PartitionStateStore, "get_many", held_get_many)
+    with running(ArrowNode(node_config(store, 2, tmp_path / "n2"), store=store)):
+        ledger = Ledger(store)
+        wait_until(lambda: any(v.alive and v.record.node == 2 for v in ledger.nodes()), 30, "node 2 to join")
+        # A short limit per node phase: a target stuck in the read would not report Seeking in time.
+        config = MigrationConfig(migration_timeout_s=60, checkpoint_transfer_timeout_s=10)
+        coordinator = MigrationCoordinator(ledger, config)
+        decision = prepare_failover(coordinator, 0, live={2}, allow_live_owner=True)
+        assert decision.task is not None and decision.task.to_node == 2
+        try:
+            task = drive(coordinator, decision.task)
+            assert task.phase == MigrationPhase.ACTIVE
+            assert held.is_set(), "the first batch's keys were not read ahead during the handoff"
+            assert committed_offset(store) < source.end_offset(0)  # the first batch waits for its values
+        finally:
+            release.set()
+        wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 2 to commit")
+    monkeypatch.undo()
     assert as_dict(committed_state(store, 0)[0]) == reference_state(store)
     assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
 
