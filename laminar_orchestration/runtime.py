@@ -524,7 +524,7 @@ class PartitionWorker(threading.Thread):
         restored: ManifestVersion | None = None
         released: str | None = None
         downloaded = False
-        #: Seconds spent per step (e.g. "wait", "report seeking"): where this node's share of a handoff went.
+        #: Seconds spent per step (e.g. "wait", "restore restoring"): where this node's share of a handoff went.
         spent: dict[str, float] = {}
         while True:
             task = self._task
