@@ -28,6 +28,32 @@ STORE_KINDS = ["local", "s3"]
 S3_TEST_PREFIX = "laminar-test"
 
 
+#: Test files that run Spark nodes or Dagster processes for minutes, the longest first. With
+#: ``--dist loadfile --no-loadscope-reorder`` (scripts/test.sh) the two workers take these first and
+#: the short files fill in behind them, so no long file is left to run alone at the end.
+LONG_FILES_FIRST = (
+    "test_chaos.py",
+    "test_runtime.py",
+    "test_least_privilege.py",
+    "test_demo.py",
+    "test_cli.py",
+    "test_dataplane.py",
+    "test_dagster_failover.py",
+    "test_sensors.py",
+    "test_simulation.py",
+    "test_dagster_launcher.py",
+    "test_spark_cluster.py",
+    "test_dagster_definitions.py",
+    "test_dagster_spark.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A stable sort by file: each file's tests stay together and in their order (module fixtures).
+    rank = {name: i for i, name in enumerate(LONG_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # A run started in the background inherits SIGINT ignored, and Dagster maps SIGTERM to SIGINT's
     # handler: every process the tests start would then ignore SIGTERM too.
