@@ -22,6 +22,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--node-id", type=int, required=True)
     parser.add_argument("--heartbeat-timeout", type=float, default=3.0)
     parser.add_argument("--heartbeat-interval", type=float, default=0.5)
+    # Its tests run it against one single-threaded S3 server that checks every request's
+    # credentials: at the node's defaults (a reconcile every 50 ms, a migration poll every 10 ms)
+    # three nodes keep that server busy, and every request queues.
+    parser.add_argument("--poll-interval", type=float, default=0.25, help="reconcile, idle and standby polls (seconds)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = NodeConfig(
@@ -31,6 +35,10 @@ def main(argv: list[str] | None = None) -> None:
         heartbeat_interval_s=args.heartbeat_interval,
         refresh_interval_s=0.5,
         checkpoint_every_batches=3,
+        reconcile_interval_s=args.poll_interval,
+        idle_poll_s=args.poll_interval,
+        standby_poll_s=args.poll_interval,
+        migration_poll_s=args.poll_interval / 5,
     )
     ArrowNode(config).run()
 
