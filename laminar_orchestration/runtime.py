@@ -38,7 +38,7 @@ from typing import Any
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-from .batches import InFlightBatch, ReadAhead, cancel, refresh_read_ahead, remove_after_grace, start_aggregate
+from .batches import InFlightBatch, ReadAhead, cancel, read_ahead, remove_after_grace, start_aggregate
 from .capabilities import CheckpointWriter, OutputCommitter, ReadStore
 from .checkpoint import CheckpointStore, OutputWriter, next_checkpoint
 from .cluster_epoch import ClusterEpochWindow, StaleClusterEpoch
@@ -237,7 +237,7 @@ class PartitionWorker(threading.Thread):
         self._read_ahead: ReadAhead | None = ahead
         #: That read while it runs: off the worker's thread, which must answer each handoff step at once
         #: (a first read of a just-restored 100 MB store takes about a second).
-        self._reading_ahead: Future[ReadAhead | None] | None = None
+        self._reading_ahead: tuple[str, int, Future[ReadAhead | None]] | None = None  # (batch group, offset, read)
         self._read_thread = ThreadPoolExecutor(1, thread_name_prefix=f"partition-{partition}-read")
         #: Runs the batch's Spark job, so the worker can drop it without waiting for it.
         self._batch_thread = ThreadPoolExecutor(1, thread_name_prefix=f"partition-{partition}-batch")
@@ -464,6 +464,9 @@ class PartitionWorker(threading.Thread):
                     self._warm_lag = lag
                     self.node.report_now()
 
+    def _asked_to_leave(self) -> bool:
+        return self._stop_requested.is_set() or self._draining_requested()
+
     def _draining_requested(self) -> bool:
         # A forced move never asks the old owner for anything: it is fenced, and revoked by the fence.
         return asks_old_owner(self._task, node=self.node.id, epoch=self.epoch)
@@ -560,7 +563,7 @@ class PartitionWorker(threading.Thread):
                     self._report(MigrationPhase.SEEKING)
                     self._prefetch(token.epoch, self._committed_offset)
                 case NewOwnerAction.WAIT:
-                    self._read_ahead_of_prefetch()
+                    self._read_ahead_of(self._prefetched, self.replica.source_offset)
                     self._await_task_change(task)
                 case NewOwnerAction.RUN:
                     assert task is not None
@@ -726,8 +729,7 @@ class PartitionWorker(threading.Thread):
                     continue
                 inflight = self._start_batch(batch, read_at=read_at)
             # The touched keys' values are read while Spark aggregates the batch.
-            self._collect_read_ahead()
-            self._read_ahead = refresh_read_ahead(inflight, self._read_ahead, self.replica, self._committed_offset)
+            self._read_ahead_of(inflight, self._committed_offset)
             waited_from = time.monotonic()
             done = self._await_batch(inflight)
             if done is None:
@@ -740,6 +742,7 @@ class PartitionWorker(threading.Thread):
             aggregate, spark_done_at = done
             merging_at = time.monotonic()
             engine = self.node.engine
+            self._collect_read_ahead()
             ahead, self._read_ahead = self._read_ahead, None
             previous: pa.Table | None = None
             if ahead is not None and ahead.serves(inflight, self._committed_offset):
@@ -784,28 +787,30 @@ class PartitionWorker(threading.Thread):
         if batch is not None:
             self._prefetched = self._start_batch(batch, read_at=read_at, epoch=epoch)
 
-    def _read_ahead_of_prefetch(self) -> None:
-        """Start reading the prefetched batch's keys' values on the read thread once the copy holds its
-        start (the commit then only merges). Nothing writes the copy before `_collect_read_ahead`."""
-        if self._reading_ahead is not None:
-            if not self._reading_ahead.done():
-                return
+    def _read_ahead_of(self, inflight: InFlightBatch | None, offset: int) -> None:
+        """Start reading `inflight`'s keys' values from the copy at committed `offset` on the read thread,
+        unless values that serve it are read or being read. Never blocks: the worker must answer a drain,
+        a stop or a handoff step at once. Nothing may write the copy before `_collect_read_ahead`."""
+        if self._reading_ahead is not None and self._reading_ahead[2].done():
             self._collect_read_ahead()
-        inflight = self._prefetched
         if inflight is None:
             return
-        ahead, offset = self._read_ahead, self.replica.source_offset
+        ahead = self._read_ahead
         if ahead is not None and ahead.serves(inflight, offset):
             return
-        self._reading_ahead = self._read_thread.submit(refresh_read_ahead, inflight, ahead, self.replica, offset)
+        if self._reading_ahead is not None and self._reading_ahead[:2] == (inflight.group, offset):
+            return
+        # One read thread: a read still running for a dropped batch ends before this one starts.
+        future = self._read_thread.submit(read_ahead, inflight, self.replica)
+        self._reading_ahead = (inflight.group, offset, future)
 
     def _collect_read_ahead(self) -> None:
-        """Wait for the read `_read_ahead_of_prefetch` started (before anything writes the copy)."""
+        """Wait for the last read `_read_ahead_of` started (before anything writes the copy)."""
         reading, self._reading_ahead = self._reading_ahead, None
         if reading is None:
             return
         try:
-            self._read_ahead = reading.result()
+            self._read_ahead = reading[2].result()
         except Exception:  # an optimisation only: the commit reads the values itself
             log.debug("node %s: partition %s: read-ahead failed", self.node.id, self.partition, exc_info=True)
             self._read_ahead = None
@@ -843,8 +848,10 @@ class PartitionWorker(threading.Thread):
         (drain, stop, fence)."""
         try:
             with self._task_changed:
-                while not inflight.future.done() and not self._abandoned.is_set():
+                while not inflight.future.done() and not self._abandoned.is_set() and not self._asked_to_leave():
                     self._task_changed.wait(0.5)
+            if not inflight.future.done() and self._asked_to_leave():
+                self.abandon_batch()  # asked while the batch was staged, before it had a group to abandon
             if self._abandoned.is_set():
                 return None
             return inflight.future.result()

@@ -259,6 +259,68 @@ def test_a_graceful_move_warms_the_target_before_the_old_owner_drains(tmp_path: 
     assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
 
 
+class _HeldWhenArmed(ArrowBatchEngine):
+    """Once armed, aggregates block until released (a Spark job still running)."""
+
+    def __init__(self) -> None:
+        self.armed = threading.Event()
+        self.release = threading.Event()
+
+    def aggregate(
+        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
+    ) -> pa.Table:
+        if self.armed.is_set():
+            assert self.release.wait(30), "the batch was never let go"
+        return super().aggregate(event_files, epoch=epoch, generation=generation, job_group=job_group)
+
+
+def test_an_owner_drains_while_its_batchs_keys_are_still_being_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner reads a batch's keys' values from its local store while Spark aggregates the batch,
+    on a thread of its own: with both held (a just-opened large store on a busy node reads for about a
+    second), a drain still abandons the batch and the move goes Active; nothing is lost or doubled."""
+    store = LocalObjectStore(tmp_path / "store")
+    lineage = build_lineage(store)
+    fence_writer(store, lineage)
+    assign(store, 0, 1)
+    engine = _HeldWhenArmed()
+    read_held, read_release = threading.Event(), threading.Event()
+    get_many = PartitionStateStore.get_many
+
+    def held_get_many(self: PartitionStateStore, keys: Sequence[str]) -> pa.Table:
+        if engine.armed.is_set() and "n1" in self.path.parts:
+            read_held.set()
+            assert read_release.wait(30), "the read was never let go"
+        return get_many(self, keys)
+
+    class HeldNode(ArrowNode):
+        def start_spark(self) -> None:
+            self.engine = engine
+
+    monkeypatch.setattr(PartitionStateStore, "get_many", held_get_many)
+    old = HeldNode(node_config(store, 1, tmp_path / "n1"), store=store)
+    new = ArrowNode(node_config(store, 2, tmp_path / "n2"), store=store)
+    source = SourceLog(store, segment_events=100)
+    with running(old), running(new):
+        wait_until(lambda: P0 in old.workers and old.workers[P0].token is not None, 30, "node 1 to run p0")
+        engine.armed.set()
+        source.append(0, events([f"k{i % 17}" for i in range(300)]))
+        try:
+            assert read_held.wait(30), "node 1 never read its batch's keys"
+            config = MigrationConfig(migration_timeout_s=60, release_wait_timeout_s=10)
+            task = MigrationCoordinator(Ledger(store), config).run(P0, NodeId(2))
+            assert task.phase == MigrationPhase.ACTIVE
+            assert not read_release.is_set()  # the whole move ran while node 1's read was held
+        finally:
+            read_release.set()
+            engine.release.set()
+        wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 2 to commit the batch")
+    monkeypatch.undo()
+    assert as_dict(committed_state(store, 0)[0]) == reference_state(store)
+    assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
+
+
 def test_an_owner_that_hands_a_partition_over_keeps_following_it_from_its_own_copy(tmp_path: Path) -> None:
     store = LocalObjectStore(tmp_path / "store")
     lineage = build_lineage(store)
