@@ -83,15 +83,17 @@ class ReadAhead:
 
 def read_ahead(inflight: InFlightBatch | None, replica: StateReplica) -> ReadAhead | None:
     """Read the values of `inflight`'s event keys from the local copy, if the copy holds the state the
-    batch starts from; None otherwise (no batch, or the copy is elsewhere). Runs on the thread that
-    writes the copy (or while nothing does): the offset must not move during the read."""
+    batch starts from; None otherwise (no batch, or the copy is elsewhere, also if a write moved it
+    while the read waited for the store). Safe on any thread: the store checks its offset and reads in one step."""
     if inflight is None:
         return None
     store = replica.store
-    if store is None or replica.source_offset != inflight.batch.start_offset:
+    start = inflight.batch.start_offset
+    if store is None or store.source_offset != start:
         return None
     keys = inflight.batch.keys()
-    return ReadAhead(inflight.group, inflight.batch.start_offset, keys, store.get_many(keys.to_pylist()))
+    values = store.get_many_at(keys.to_pylist(), start)
+    return None if values is None else ReadAhead(inflight.group, start, keys, values)
 
 
 def refresh_read_ahead(

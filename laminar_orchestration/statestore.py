@@ -211,6 +211,15 @@ class PartitionStateStore:
         assert records is not None
         return self.codec.decode(records)
 
+    def get_many_at(self, keys: Sequence[str], source_offset: int) -> pa.Table | None:
+        """`get_many`, if the store holds the state at `source_offset` throughout the read; else None.
+
+        The check and the read are one step under the store's lock, so values read ahead on one
+        thread can never be those of a later offset a write on another thread just applied.
+        """
+        with self._lock:  # re-entrant: `get_many` takes it again
+            return self.get_many(keys) if self._offset == source_offset else None
+
     def get(self, key: str) -> dict[str, object] | None:
         rows = self.get_many([key])
         return None if rows.column(0).null_count else {name: rows[name][0].as_py() for name in rows.column_names}
@@ -260,9 +269,9 @@ class PartitionStateStore:
         try:
             with self._lock:
                 self._db.write(batch)
+                self._offset = source_offset  # with the write: `get_many_at` sees both or neither
         except Exception as exc:
             raise LocalStateWriteFailed(str(self.path), str(exc)) from exc
-        self._offset = source_offset
 
     def checkpoint(self, destination: str | os.PathLike[str]) -> list[Path]:
         """A consistent copy of the store in `destination` (hard links to the immutable SST files).

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from laminar_dev.chaos import ArrowBatchEngine, ArrowNode
-from laminar_orchestration.batches import InFlightBatch, ReadAhead
+from laminar_orchestration.batches import InFlightBatch, ReadAhead, read_ahead
 from laminar_orchestration.capabilities import CheckpointWriter, OutputCommitter, ReadStore, manifest_key
 from laminar_orchestration.checkpoint import CheckpointStore
 from laminar_orchestration.fencing import PartitionGuard
@@ -647,6 +647,33 @@ def test_values_read_ahead_line_up_with_the_aggregate_and_give_way_to_keys_they_
     previous = ahead.previous(pa.chunked_array([["c", "a"], ["b"]]))
     assert previous is not None and previous["count"].to_pylist() == [3, 1, None]
     assert ahead.previous(pa.array(["a", "z"])) is None
+
+
+def test_a_read_ahead_never_labels_values_of_a_later_offset_with_its_batchs_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that moves the copy between the read-ahead's look at the offset and its read (another
+    thread applying a commit) makes the read-ahead come back empty: the store checks and reads in one
+    step, so values of the later offset are never served as the batch start's."""
+    state = PartitionStateStore(tmp_path / "state", SCHEMA, partition=0)
+    row = {"count": [1], "sum": [1.0], "min": [1.0], "max": [1.0], "last": [1.0], "last_offset": [9]}
+    state.apply(pa.table({"key": ["a"], **row}), 10)
+    batch = SourceBatch(0, 10, 20, (), ())
+    done: Future[tuple[pa.Table, float]] = Future()
+    inflight = InFlightBatch(batch, done, epoch=1, group="g", cluster_epoch=1, read_at=0.0, staged_at=0.0)
+    copy = type("Copy", (), {"store": state})()
+    monkeypatch.setattr(SourceBatch, "keys", lambda self: pa.array(["a"]))
+    ahead = read_ahead(inflight, copy)
+    assert ahead is not None and ahead.offset == 10 and ahead.values["count"].to_pylist() == [1]
+
+    def keys_then_a_commit(self: SourceBatch) -> pa.Array:
+        state.apply(pa.table({"key": ["a"], **row, "count": [7]}), 20)  # lands inside the window
+        return pa.array(["a"])
+
+    monkeypatch.setattr(SourceBatch, "keys", keys_then_a_commit)
+    state.apply(pa.table({"key": ["a"], **row}), 10)  # back at the batch's start
+    assert read_ahead(inflight, copy) is None
+    state.close()
 
 
 def test_a_takeover_batch_is_dropped_when_the_owner_turns_out_alive(tmp_path: Path) -> None:
