@@ -790,7 +790,8 @@ class PartitionWorker(threading.Thread):
     def _read_ahead_of(self, inflight: InFlightBatch | None, offset: int) -> None:
         """Start reading `inflight`'s keys' values from the copy at committed `offset` on the read thread,
         unless values that serve it are read or being read. Never blocks: the worker must answer a drain,
-        a stop or a handoff step at once. Nothing may write the copy before `_collect_read_ahead`."""
+        a stop or a handoff step at once. A write before `_collect_read_ahead` only wastes the read:
+        the store reads nothing once it holds another offset (`get_many_at`)."""
         if self._reading_ahead is not None and self._reading_ahead[2].done():
             self._collect_read_ahead()
         if inflight is None:
