@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .processing import BatchEngine
+from .processing import ARROW_INPUT_MAX_EVENTS, BatchEngine
 from .source import SourceBatch
 
 if TYPE_CHECKING:
@@ -118,16 +118,17 @@ def start_aggregate(
     read_at: float,
     on_done: Callable[[], None] | None = None,
 ) -> InFlightBatch:
-    """Stage `batch` as Spark's input files in `directory` and start its aggregate on `executor`.
+    """Stage `batch` as the engine's input and start its aggregate on `executor`.
 
-    Jobs run in Spark job group `group`, so `cancel` can abandon them. The files go once the
-    aggregate ends, however it ends; `on_done` is called then.
+    A small batch goes as one table, a larger one as Parquet files in `directory`
+    (`ARROW_INPUT_MAX_EVENTS`). Jobs run in Spark job group `group`, so `cancel` can abandon
+    them. The files go once the aggregate ends, however it ends; `on_done` is called then.
     """
-    files = batch.write_parquet(directory)
+    events = batch.to_table() if batch.events <= ARROW_INPUT_MAX_EVENTS else batch.write_parquet(directory)
     staged_at = time.monotonic()
 
     def aggregate() -> tuple[pa.Table, float]:
-        table = engine.aggregate(files, epoch=epoch, generation=generation, job_group=group)
+        table = engine.aggregate(events, epoch=epoch, generation=generation, job_group=group)
         return table, time.monotonic()
 
     future = executor.submit(aggregate)

@@ -24,6 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -40,7 +41,9 @@ from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.manifest import ArtifactRef, DeltaRef, ManifestReader, PartitionManifest, SnapshotRef
 from laminar_orchestration.migration import DesiredState, DesiredStates
 from laminar_orchestration.processing import (
+    ARROW_INPUT_MAX_EVENTS,
     SPARK_JAVA_OPTIONS,
+    BatchEvents,
     KeyedProcessor,
     SparkBatchEngine,
     build_spark_session,
@@ -52,7 +55,7 @@ from laminar_orchestration.runtime import Node, NodeConfig
 from laminar_orchestration.source import ROW_GROUP_EVENTS, SourceBatch, SourceLog
 from laminar_orchestration.statestore import InvalidStateSchema, LocalStateWriteFailed, PartitionStateStore
 from laminar_orchestration.store import ObjectStore, open_store
-from laminar_orchestration.verify import audit_partition, audit_store, reference_fold
+from laminar_orchestration.verify import audit_partition, audit_store, reference_batch_aggregate, reference_fold
 
 from .commits import commit_all
 
@@ -263,9 +266,9 @@ def spy_data_plane(monkeypatch: pytest.MonkeyPatch) -> Calls:
         calls.segments.append(start)
         return load(self, partition, start)
 
-    def spy_aggregate(self: ArrowBatchEngine, event_files: Sequence[Path], **kwargs: Any) -> pa.Table:
+    def spy_aggregate(self: ArrowBatchEngine, events: BatchEvents, **kwargs: Any) -> pa.Table:
         calls.aggregates += 1
-        return aggregate(self, event_files, **kwargs)
+        return aggregate(self, events, **kwargs)
 
     def spy_catch_up(self: StateReplica, manifest: PartitionManifest | None) -> CatchUp:
         stats = catch_up(self, manifest)
@@ -381,13 +384,11 @@ class _AggregateAwaitsRead(ArrowBatchEngine):
             self.reads += 1
             self.read.notify_all()
 
-    def aggregate(
-        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
-    ) -> pa.Table:
+    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
         with self.read:
             nth = len(self.read_before_done) + 1
             self.read_before_done.append(self.read.wait_for(lambda: self.reads >= nth, 10))
-        return super().aggregate(event_files, epoch=epoch, generation=generation, job_group=job_group)
+        return super().aggregate(events, epoch=epoch, generation=generation, job_group=job_group)
 
 
 def test_touched_keys_are_read_while_the_batch_is_aggregated(
@@ -559,6 +560,71 @@ def test_spark_warm_up_gives_way_to_the_first_real_batch(spark: Any, tmp_path: P
     assert not warming.is_alive()
     rows = {r["key"]: (r["batch_count"], r["batch_sum"], r["batch_last"]) for r in table.to_pylist()}
     assert rows == {"a": (2, 5.0, 4.0), "b": (1, 2.0, 2.0)}
+
+
+@pytest.mark.spark
+def test_spark_aggregates_a_batch_alike_from_its_table_and_from_its_files(
+    spark: Any, local_store: ObjectStore, tmp_path: Path
+) -> None:
+    """A small batch reaches Spark as one table, a large one as files: both give the same exact aggregate."""
+    source = SourceLog(local_store, partitions=1)
+    rng = np.random.default_rng(5)
+    for _ in range(4):  # one segment each: the files are several, as a live batch's are
+        keys = [f"k{int(i)}" for i in rng.integers(0, 40, 300)]
+        source.append(0, events(keys, [float(v) for v in rng.integers(-50, 50, 300)]))
+    batch = source.read(P0, 0, 10_000)
+    assert batch is not None and len(batch.payloads) == 4
+    engine = SparkBatchEngine(spark, workdir=str(tmp_path / "spark"))
+
+    def rows(table: pa.Table) -> list[dict[str, Any]]:
+        return sorted(table.select(sorted(table.column_names)).to_pylist(), key=lambda r: r["key"])
+
+    from_table = engine.aggregate(batch.to_table(), epoch=2, generation=1)
+    from_files = engine.aggregate(batch.write_parquet(tmp_path / "files"), epoch=2, generation=1)
+    assert rows(from_table) == rows(from_files)
+    expected = reference_batch_aggregate(batch.to_table())
+    assert rows(from_table.select(expected.column_names)) == rows(expected)
+
+
+def test_a_small_batch_reaches_the_engine_as_one_table_and_a_large_one_as_files(
+    local_store: ObjectStore, tmp_path: Path
+) -> None:
+    """Opening a file per segment costs Spark more than a small batch's events do."""
+    seen: list[BatchEvents] = []
+
+    class Recording(ArrowBatchEngine):
+        def aggregate(
+            self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None
+        ) -> pa.Table:
+            seen.append(events)
+            return super().aggregate(events, epoch=epoch, generation=generation, job_group=job_group)
+
+    source = SourceLog(local_store, partitions=1)
+    for _ in range(2):
+        source.append(0, events([f"k{i % 11}" for i in range(ARROW_INPUT_MAX_EVENTS // 2)]))
+    source.append(0, events(["k0"]))
+    small, large = source.read(P0, 0, ARROW_INPUT_MAX_EVENTS), source.read(P0, 0, 2 * ARROW_INPUT_MAX_EVENTS)
+    assert (
+        small is not None
+        and large is not None
+        and (small.events, large.events)
+        == (
+            ARROW_INPUT_MAX_EVENTS,
+            ARROW_INPUT_MAX_EVENTS + 1,
+        )
+    )
+    with ThreadPoolExecutor(1) as pool:
+        results = [
+            batches.start_aggregate(
+                Recording(), pool, batch, tmp_path / name, epoch=1, generation=0, group=name, cluster_epoch=1, read_at=0
+            ).future.result(10)[0]
+            for name, batch in (("small", small), ("large", large))
+        ]
+    assert isinstance(seen[0], pa.Table) and seen[0].num_rows == ARROW_INPUT_MAX_EVENTS
+    assert not isinstance(seen[1], pa.Table) and len(seen[1]) == 3 and all(p.suffix == ".parquet" for p in seen[1])
+    assert [r["batch_count"] for r in results[1].to_pylist() if r["key"] == "k0"] == [
+        2 * len(range(0, ARROW_INPUT_MAX_EVENTS // 2, 11)) + 1
+    ]
 
 
 def test_spark_conf_runs_the_jvm_with_the_node_options(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -901,14 +967,12 @@ class _FirstBatchHangs(ArrowBatchEngine):
         self.release = threading.Event()
         self.calls = 0
 
-    def aggregate(
-        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
-    ) -> pa.Table:
+    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
         self.calls += 1
         if self.calls == 1:
             self.entered.set()
             assert self.release.wait(30)
-        return super().aggregate(event_files, epoch=epoch, generation=generation, job_group=job_group)
+        return super().aggregate(events, epoch=epoch, generation=generation, job_group=job_group)
 
 
 def test_an_abandoned_batch_is_dropped_at_once_and_the_same_events_commit_once(
@@ -947,9 +1011,7 @@ class _FailsWhenReleased(ArrowBatchEngine):
     def __init__(self) -> None:
         self.release = threading.Event()
 
-    def aggregate(
-        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
-    ) -> pa.Table:
+    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
         assert self.release.wait(30)
         raise RuntimeError(f"job group {job_group} cancelled")
 
@@ -960,6 +1022,7 @@ def test_a_cancelled_batch_keeps_its_files_while_its_tasks_wind_down(
     """Spark's cancelled tasks may still read the batch's files: removing them at once makes Spark log
     missing-file errors for a batch nobody wants. A committed batch's files go at once."""
     monkeypatch.setattr(batches, "ABANDONED_FILES_GRACE_S", 1.5)
+    monkeypatch.setattr(batches, "ARROW_INPUT_MAX_EVENTS", 0)  # this batch goes to Spark as files
     source = SourceLog(local_store, partitions=1)
     source.append(0, events([f"k{i % 7}" for i in range(50)]))
     batch = source.read(P0, 0, 1_000)

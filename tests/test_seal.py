@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -28,6 +27,7 @@ from laminar_orchestration.manifest import (
 )
 from laminar_orchestration.migration import DesiredStates
 from laminar_orchestration.ownership import snapshot_cluster
+from laminar_orchestration.processing import BatchEvents
 from laminar_orchestration.records import PartitionProgress
 from laminar_orchestration.replica import CatchUp
 from laminar_orchestration.runtime import NodeConfig, PartitionWorker, WorkerState
@@ -176,9 +176,7 @@ def test_a_new_owner_superseded_before_its_takeover_takes_nothing_over(store: Ob
 class PoisonEngine(ArrowBatchEngine):
     """Every batch fails, as a poison record would make it."""
 
-    def aggregate(
-        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
-    ) -> pa.Table:
+    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
         raise ValueError("poison batch")
 
 

@@ -27,6 +27,7 @@ from laminar_orchestration.migration import MigrationConfig, MigrationCoordinato
 from laminar_orchestration.moves import drive, prepare_failover
 from laminar_orchestration.ownership import warm_copies
 from laminar_orchestration.planner import failover_target
+from laminar_orchestration.processing import BatchEvents
 from laminar_orchestration.replica import StateReplica, committed_state
 from laminar_orchestration.signing import SigningKey, sign_record
 from laminar_orchestration.source import SourceBatch, SourceLog
@@ -266,12 +267,10 @@ class _HeldWhenArmed(ArrowBatchEngine):
         self.armed = threading.Event()
         self.release = threading.Event()
 
-    def aggregate(
-        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
-    ) -> pa.Table:
+    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
         if self.armed.is_set():
             assert self.release.wait(30), "the batch was never let go"
-        return super().aggregate(event_files, epoch=epoch, generation=generation, job_group=job_group)
+        return super().aggregate(events, epoch=epoch, generation=generation, job_group=job_group)
 
 
 def test_an_owner_drains_while_its_batchs_keys_are_still_being_read(
@@ -349,13 +348,11 @@ class _SlowOwnerEngine(ArrowBatchEngine):
         self.slow = threading.Event()
         self.in_flight = threading.Event()
 
-    def aggregate(
-        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
-    ) -> pa.Table:
+    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
         if self.slow.is_set():
             self.in_flight.set()
             time.sleep(3)
-        return super().aggregate(event_files, epoch=epoch, generation=generation, job_group=job_group)
+        return super().aggregate(events, epoch=epoch, generation=generation, job_group=job_group)
 
 
 class _RecordingEngine(ArrowBatchEngine):
@@ -365,12 +362,10 @@ class _RecordingEngine(ArrowBatchEngine):
         self.coordinator = MigrationCoordinator(Ledger(store))
         self.calls: list[tuple[int, MigrationPhase | None]] = []
 
-    def aggregate(
-        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
-    ) -> pa.Table:
+    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
         task = self.coordinator.current(P0)
         self.calls.append((epoch, task.phase if task else None))
-        return super().aggregate(event_files, epoch=epoch, generation=generation, job_group=job_group)
+        return super().aggregate(events, epoch=epoch, generation=generation, job_group=job_group)
 
 
 def test_a_targets_first_batch_starts_once_the_old_owner_is_asked_to_drain_and_commits_once(tmp_path: Path) -> None:
@@ -465,13 +460,11 @@ class _HangingEngine(ArrowBatchEngine):
         self.release = threading.Event()
         self.blocked = threading.Event()
 
-    def aggregate(
-        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
-    ) -> pa.Table:
+    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
         if self.hang.is_set():
             self.blocked.set()
             self.release.wait(60)
-        return super().aggregate(event_files, epoch=epoch, generation=generation, job_group=job_group)
+        return super().aggregate(events, epoch=epoch, generation=generation, job_group=job_group)
 
 
 class _GroupRecordingEngine(ArrowBatchEngine):
@@ -480,11 +473,9 @@ class _GroupRecordingEngine(ArrowBatchEngine):
     def __init__(self) -> None:
         self.calls: list[tuple[int, str]] = []
 
-    def aggregate(
-        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
-    ) -> pa.Table:
+    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
         self.calls.append((epoch, job_group or ""))
-        return super().aggregate(event_files, epoch=epoch, generation=generation, job_group=job_group)
+        return super().aggregate(events, epoch=epoch, generation=generation, job_group=job_group)
 
     def speculative(self) -> list[tuple[int, str]]:
         return [c for c in self.calls if "speculative" in c[1]]

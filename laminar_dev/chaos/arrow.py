@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from pathlib import Path
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from laminar_orchestration.processing import keyed_aggregation
+from laminar_orchestration.processing import BatchEvents, keyed_aggregation
 from laminar_orchestration.runtime import Node
 from laminar_orchestration.verify import reference_batch_aggregate
 
@@ -29,11 +26,10 @@ class ArrowBatchEngine:
         """Nothing to warm up: no JVM."""
         return 0.0
 
-    def aggregate(
-        self, event_files: Sequence[Path], *, epoch: int, generation: int, job_group: str | None = None
-    ) -> pa.Table:
-        """The batch aggregate of the events in `event_files` (the audit's reference fold of the batch)."""
-        return reference_batch_aggregate(pa.concat_tables([pq.read_table(f) for f in event_files]))
+    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
+        """The batch aggregate of `events` (the audit's reference fold of the batch)."""
+        table = events if isinstance(events, pa.Table) else pa.concat_tables([pq.read_table(f) for f in events])
+        return reference_batch_aggregate(table)
 
     def cancel(self, job_group: str) -> None:
         """Nothing to cancel: an aggregate takes milliseconds; the runtime drops an abandoned batch's result."""
