@@ -299,6 +299,12 @@ class AppendResult:
         return sum(s.events for s in self.segments)
 
 
+def _read_payload(payload: bytes, columns: list[str] | None = None) -> pa.Table:
+    # ParquetFile reads an in-memory file in a third of the time `pq.read_table` takes (it sets up a dataset
+    # per call): a batch holds a payload per segment, and a small batch has many.
+    return pq.ParquetFile(pa.BufferReader(payload)).read(columns=columns)
+
+
 @dataclass(frozen=True)
 class SourceBatch:
     """Whole consecutive segments [start_offset, end_offset) of one partition.
@@ -337,14 +343,14 @@ class SourceBatch:
 
     def keys(self) -> pa.Array:
         """The distinct keys of the batch's events (only the ``key`` column is decoded)."""
-        columns = [pq.read_table(pa.BufferReader(p), columns=["key"])["key"] for p in self.payloads]
+        columns = [_read_payload(p, columns=["key"])["key"] for p in self.payloads]
         if not columns:
             return pa.array([], pa.string())
         return pc.unique(pa.chunked_array([c for column in columns for c in column.chunks], pa.string()))
 
     def to_table(self) -> pa.Table:
         """All events of the batch as one pyarrow Table with `EVENT_SCHEMA`."""
-        tables = [pq.read_table(pa.BufferReader(p)).replace_schema_metadata(None) for p in self.payloads]
+        tables = [_read_payload(p).replace_schema_metadata(None) for p in self.payloads]
         if not tables:
             return EVENT_SCHEMA.empty_table()
         return pa.concat_tables(tables)
