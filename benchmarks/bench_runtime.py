@@ -41,6 +41,13 @@ Figures (each printed next to its target, with whether it was met; nothing asser
 5. Drain with a batch in flight: a node runs for real (`Node.run`), a migration
    asks for Draining while a 10k batch is in flight; the figure is the wall time
    of `MigrationCoordinator.run_phase(DRAINING)`.
+6. A batch's input to Spark: the same batch staged and aggregated once as one
+   Arrow table (`SourceBatch.to_table`) and once as its Parquet files, one per
+   segment (`SourceBatch.write_parquet`), interleaved: 1,000 and 10,000 events
+   in 200-event segments (a producer appending every 50 ms) and 50,000 events in
+   2,000-event segments; on the machine as it is, and again with two
+   busy-looping processes competing for the two cores (a node on a busy
+   machine). The ratios table / files are what `spark_takes_table` is set from.
 
 One SparkSession (``local[2]``) is built once, warmed up, and shared by every
 node of every run. The table is also written to ``benchmarks/results/runtime.txt``.
@@ -53,6 +60,7 @@ import logging
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -81,11 +89,17 @@ from laminar_orchestration.manifest import (
     SnapshotRef,
 )
 from laminar_orchestration.migration import MigrationCoordinator, MigrationPhase
-from laminar_orchestration.processing import SparkBatchEngine, build_spark_session, keyed_aggregation
+from laminar_orchestration.processing import (
+    BatchEvents,
+    SparkBatchEngine,
+    build_spark_session,
+    keyed_aggregation,
+    spark_takes_table,
+)
 from laminar_orchestration.records import PartitionStatus
 from laminar_orchestration.replica import CatchUp, StateReplica
 from laminar_orchestration.runtime import Node, NodeConfig, PartitionWorker, WorkerState
-from laminar_orchestration.source import SourceLog, generate_events
+from laminar_orchestration.source import SourceBatch, SourceLog, generate_events
 from laminar_orchestration.statestore import PartitionStateStore
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 
@@ -135,6 +149,8 @@ class Params:
     #: (batch size, interleaved runs per configuration)
     sizes: tuple[tuple[int, int], ...]
     drain_runs: int
+    #: Interleaved runs per input form, size and machine state (figure 6).
+    input_runs: int
 
 
 FULL = Params(
@@ -146,6 +162,7 @@ FULL = Params(
     snapshot_series=12,
     sizes=((10_000, 11), (100_000, 7), (1_000_000, 5)),
     drain_runs=9,
+    input_runs=15,
 )
 QUICK = Params(
     warmup_rounds=2,
@@ -156,6 +173,7 @@ QUICK = Params(
     snapshot_series=6,
     sizes=((10_000, 2), (100_000, 2), (1_000_000, 2)),
     drain_runs=2,
+    input_runs=5,
 )
 
 
@@ -1432,11 +1450,73 @@ def bench_drain(report: Report, spark: Any, workroot: Path, runs: int) -> None:
 # --- driver ------------------------------------------------------------------------------------------
 
 
+# --- 6. a batch's input to Spark ----------------------------------------------------------
+
+#: Batches of figure 6: (events, events per segment).
+INPUT_BATCHES = ((1_000, 200), (10_000, 200), (50_000, 2_000))
+INPUT_FORMS: dict[str, Callable[[SourceBatch, Path], BatchEvents]] = {
+    "table": lambda batch, _directory: batch.to_table(),
+    "files": lambda batch, directory: batch.write_parquet(directory),
+}
+
+
+def _input_batch(workroot: Path, events: int, segment_events: int) -> SourceBatch:
+    source = SourceLog(LocalObjectStore(workroot / f"input-{events}"), segment_events=segment_events)
+    for i in range(events // segment_events):
+        source.append(P0, events_table(segment_events, seed=100 + i))
+    batch = source.read(P0, 0, events)
+    if batch is None or batch.events != events:
+        raise RuntimeError(f"input batch of {events} events not read back")
+    return batch
+
+
+def _input_times(
+    engine: SparkBatchEngine, batches: dict[int, SourceBatch], workroot: Path, runs: int
+) -> dict[tuple[int, str], list[float]]:
+    """Stage + aggregate wall times per (events, form), the forms alternating first."""
+    times: dict[tuple[int, str], list[float]] = {(n, f): [] for n in batches for f in INPUT_FORMS}
+    for i in range(runs):
+        for n, batch in batches.items():
+            forms = list(INPUT_FORMS.items())
+            for form, stage in forms if i % 2 == 0 else reversed(forms):
+                directory = workroot / f"input-run-{uuid.uuid4().hex}"
+                t0 = time.perf_counter()
+                engine.aggregate(stage(batch, directory), epoch=1, generation=0)
+                times[(n, form)].append(time.perf_counter() - t0)
+                shutil.rmtree(directory, ignore_errors=True)
+    return times
+
+
+def bench_batch_input(report: Report, spark: Any, workroot: Path, runs: int) -> None:
+    engine = SparkBatchEngine(spark, None, str(workroot / "input-spark"))
+    batches = {n: _input_batch(workroot, n, per) for n, per in INPUT_BATCHES}
+    _input_times(engine, batches, workroot, 3)  # both forms' paths compiled before measuring
+    quiet = _input_times(engine, batches, workroot, runs)
+    busy_loop = [sys.executable, "-c", "while True: pass"]
+    hogs = [subprocess.Popen(busy_loop) for _ in range(2)]
+    try:
+        busy = _input_times(engine, batches, workroot, runs)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    for machine, times in (("as it is", quiet), ("two busy loops competing", busy)):
+        for n in batches:
+            table, files = median(times[(n, "table")]), median(times[(n, "files")])
+            files = len(batches[n].payloads)
+            form = "table" if spark_takes_table(n, files) else "files"
+            report.info(
+                f"6. {n:,} events in {files} segments, machine {machine}: "
+                f"stage + Spark aggregate, table / files (median of {runs}); the node uses {form}",
+                f"{table * 1000:.0f} / {files * 1000:.0f} ms = {table / files:.2f}x",
+            )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="fewer runs (< 3 minutes)")
     parser.add_argument(
-        "--only", default="1,2,5", help="figures to run, comma-separated from 1,2,5 (1 also makes 3 and 4)"
+        "--only", default="1,2,5,6", help="figures to run, comma-separated from 1,2,5,6 (1 also makes 3 and 4)"
     )
     args = parser.parse_args(argv)
     p = QUICK if args.quick else FULL
@@ -1467,6 +1547,9 @@ def main(argv: list[str] | None = None) -> None:
             if "5" in only:
                 progress("5. drain")
                 bench_drain(report, spark, workroot, p.drain_runs)
+            if "6" in only:
+                progress("6. a batch's input to Spark")
+                bench_batch_input(report, spark, workroot, p.input_runs)
     finally:
         spark.stop()
     elapsed = time.perf_counter() - started

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .processing import ARROW_INPUT_MAX_EVENTS, BatchEngine
+from .processing import BatchEngine, spark_takes_table
 from .source import SourceBatch
 
 if TYPE_CHECKING:
@@ -120,11 +120,12 @@ def start_aggregate(
 ) -> InFlightBatch:
     """Stage `batch` as the engine's input and start its aggregate on `executor`.
 
-    A small batch goes as one table, a larger one as Parquet files in `directory`
-    (`ARROW_INPUT_MAX_EVENTS`). Jobs run in Spark job group `group`, so `cancel` can abandon
+    The batch goes as one table or as Parquet files in `directory`, whichever costs Spark
+    less (`spark_takes_table`). Jobs run in Spark job group `group`, so `cancel` can abandon
     them. The files go once the aggregate ends, however it ends; `on_done` is called then.
     """
-    events = batch.to_table() if batch.events <= ARROW_INPUT_MAX_EVENTS else batch.write_parquet(directory)
+    as_table = spark_takes_table(batch.events, len(batch.payloads))
+    events = batch.to_table() if as_table else batch.write_parquet(directory)
     staged_at = time.monotonic()
 
     def aggregate() -> tuple[pa.Table, float]:

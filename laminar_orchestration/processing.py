@@ -250,11 +250,26 @@ WARM_UP_JOB_GROUP = "laminar-warm-up"
 #: A batch whose event files are at most this size is aggregated in one task (~200k events);
 #: larger ones are shuffled so that their aggregate uses every core.
 SINGLE_TASK_BYTES = 4 * 1024 * 1024
-#: A batch of at most this many events reaches Spark as one Arrow table from the node; larger ones as
-#: Parquet files Spark's tasks read. A small batch is one file per source segment, and opening each
-#: costs Spark more than the events themselves: from the table, a 1,000-event batch of 5 segments
-#: takes 20-40% less time and CPU on a busy node; from 10,000 events on, the files are faster.
-ARROW_INPUT_MAX_EVENTS = 5_000
+#: Up to this many events, a batch always reaches Spark as one table (`spark_takes_table`) ...
+ARROW_INPUT_SMALL_EVENTS = 5_000
+#: ... and up to this many, while its files average at most `ARROW_INPUT_EVENTS_PER_FILE` events.
+ARROW_INPUT_MAX_EVENTS = 100_000
+ARROW_INPUT_EVENTS_PER_FILE = 400
+
+
+def spark_takes_table(events: int, files: int) -> bool:
+    """Whether a batch of `events` in `files` Parquet files (one per source frame) goes to Spark as one
+    Arrow table from the node rather than as its files.
+
+    Spark pays about 5 ms per file it opens, and about 12 us per event it takes from a table
+    (one thread turns the table into rows): many small segments - a producer appending often -
+    are cheaper as a table, few large ones as files. ``python -m benchmarks.bench_runtime --only 6``.
+    """
+    if events <= ARROW_INPUT_SMALL_EVENTS:
+        return True
+    return events <= ARROW_INPUT_MAX_EVENTS and events <= ARROW_INPUT_EVENTS_PER_FILE * files
+
+
 #: Synthetic batches a node runs at start until its first real batch (`SparkBatchEngine.keep_warming`) ...
 WARM_UP_BATCHES = 200
 #: ... of which this many back to back, the rest with a pause as long as each batch.
@@ -327,7 +342,7 @@ class SparkBatchEngine:
                     break
                 began = time.monotonic()
                 try:
-                    # Both inputs, in turn: a node's batches come as either (`ARROW_INPUT_MAX_EVENTS`).
+                    # Both inputs, in turn: a node's batches come as either (`spark_takes_table`).
                     events = inputs[done % len(inputs)]
                     self.aggregate(events, epoch=1, generation=0, job_group=WARM_UP_JOB_GROUP)
                 except Exception:  # cancelled by a real batch, or Spark is stopping

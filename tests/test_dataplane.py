@@ -41,7 +41,7 @@ from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.manifest import ArtifactRef, DeltaRef, ManifestReader, PartitionManifest, SnapshotRef
 from laminar_orchestration.migration import DesiredState, DesiredStates
 from laminar_orchestration.processing import (
-    ARROW_INPUT_MAX_EVENTS,
+    ARROW_INPUT_SMALL_EVENTS,
     SPARK_JAVA_OPTIONS,
     BatchEvents,
     KeyedProcessor,
@@ -586,10 +586,11 @@ def test_spark_aggregates_a_batch_alike_from_its_table_and_from_its_files(
     assert rows(from_table.select(expected.column_names)) == rows(expected)
 
 
-def test_a_small_batch_reaches_the_engine_as_one_table_and_a_large_one_as_files(
+def test_a_batch_of_few_events_or_many_small_segments_reaches_the_engine_as_one_table(
     local_store: ObjectStore, tmp_path: Path
 ) -> None:
-    """Opening a file per segment costs Spark more than a small batch's events do."""
+    """Spark pays per file it opens and per event it takes from a table: a small batch, or one of many
+    small segments, goes as a table; one of few large segments as its files."""
     seen: list[BatchEvents] = []
 
     class Recording(ArrowBatchEngine):
@@ -599,32 +600,37 @@ def test_a_small_batch_reaches_the_engine_as_one_table_and_a_large_one_as_files(
             seen.append(events)
             return super().aggregate(events, epoch=epoch, generation=generation, job_group=job_group)
 
-    source = SourceLog(local_store, partitions=1)
-    for _ in range(2):
-        source.append(0, events([f"k{i % 11}" for i in range(ARROW_INPUT_MAX_EVENTS // 2)]))
-    source.append(0, events(["k0"]))
-    small, large = source.read(P0, 0, ARROW_INPUT_MAX_EVENTS), source.read(P0, 0, 2 * ARROW_INPUT_MAX_EVENTS)
-    assert (
-        small is not None
-        and large is not None
-        and (small.events, large.events)
-        == (
-            ARROW_INPUT_MAX_EVENTS,
-            ARROW_INPUT_MAX_EVENTS + 1,
-        )
-    )
+    def batch_of(partition: int, segments: int, segment_events: int) -> SourceBatch:
+        for _ in range(segments):
+            source.append(partition, events([f"k{i % 11}" for i in range(segment_events)]))
+        read = source.read(PartitionId(partition), 0, 1_000_000)
+        assert read is not None and len(read.payloads) == segments
+        return read
+
+    source = SourceLog(local_store, partitions=3)
+    small = batch_of(0, 5, ARROW_INPUT_SMALL_EVENTS // 5)
+    many_small_segments = batch_of(1, 30, 200)
+    few_large_segments = batch_of(2, 2, 3_000)
+    assert small.events == ARROW_INPUT_SMALL_EVENTS < many_small_segments.events == few_large_segments.events
     with ThreadPoolExecutor(1) as pool:
         results = [
             batches.start_aggregate(
-                Recording(), pool, batch, tmp_path / name, epoch=1, generation=0, group=name, cluster_epoch=1, read_at=0
+                Recording(),
+                pool,
+                batch,
+                tmp_path / str(i),
+                epoch=1,
+                generation=0,
+                group=str(i),
+                cluster_epoch=1,
+                read_at=0,
             ).future.result(10)[0]
-            for name, batch in (("small", small), ("large", large))
+            for i, batch in enumerate((small, many_small_segments, few_large_segments))
         ]
-    assert isinstance(seen[0], pa.Table) and seen[0].num_rows == ARROW_INPUT_MAX_EVENTS
-    assert not isinstance(seen[1], pa.Table) and len(seen[1]) == 3 and all(p.suffix == ".parquet" for p in seen[1])
-    assert [r["batch_count"] for r in results[1].to_pylist() if r["key"] == "k0"] == [
-        2 * len(range(0, ARROW_INPUT_MAX_EVENTS // 2, 11)) + 1
-    ]
+    assert [isinstance(s, pa.Table) for s in seen] == [True, True, False]
+    assert [s.num_rows for s in seen[:2] if isinstance(s, pa.Table)] == [ARROW_INPUT_SMALL_EVENTS, 6_000]
+    assert not isinstance(seen[2], pa.Table) and [p.suffix for p in seen[2]] == [".parquet"] * 2
+    assert [r["batch_count"] for r in results[2].to_pylist() if r["key"] == "k0"] == [2 * len(range(0, 3_000, 11))]
 
 
 def test_spark_conf_runs_the_jvm_with_the_node_options(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1022,7 +1028,7 @@ def test_a_cancelled_batch_keeps_its_files_while_its_tasks_wind_down(
     """Spark's cancelled tasks may still read the batch's files: removing them at once makes Spark log
     missing-file errors for a batch nobody wants. A committed batch's files go at once."""
     monkeypatch.setattr(batches, "ABANDONED_FILES_GRACE_S", 1.5)
-    monkeypatch.setattr(batches, "ARROW_INPUT_MAX_EVENTS", 0)  # this batch goes to Spark as files
+    monkeypatch.setattr(batches, "spark_takes_table", lambda events, files: False)  # the batch goes as files
     source = SourceLog(local_store, partitions=1)
     source.append(0, events([f"k{i % 7}" for i in range(50)]))
     batch = source.read(P0, 0, 1_000)
