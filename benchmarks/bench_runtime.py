@@ -1503,10 +1503,10 @@ def bench_batch_input(report: Report, spark: Any, workroot: Path, runs: int) -> 
     for machine, times in (("as it is", quiet), ("two busy loops competing", busy)):
         for n in batches:
             table, files = median(times[(n, "table")]), median(times[(n, "files")])
-            files = len(batches[n].payloads)
-            form = "table" if spark_takes_table(n, files) else "files"
+            segments = len(batches[n].payloads)
+            form = "table" if spark_takes_table(n, segments) else "files"
             report.info(
-                f"6. {n:,} events in {files} segments, machine {machine}: "
+                f"6. {n:,} events in {segments} segments, machine {machine}: "
                 f"stage + Spark aggregate, table / files (median of {runs}); the node uses {form}",
                 f"{table * 1000:.0f} / {files * 1000:.0f} ms = {table / files:.2f}x",
             )
