@@ -261,7 +261,7 @@ def spark_takes_table(events: int, files: int) -> bool:
     """Whether a batch of `events` in `files` Parquet files (one per source frame) goes to Spark as one
     Arrow table from the node rather than as its files.
 
-    Spark pays about 5 ms per file it opens, and about 12 us per event it takes from a table
+    Spark pays about 3 ms per file it opens, and about 12 us per event it takes from a table
     (one thread turns the table into rows): many small segments - a producer appending often -
     are cheaper as a table, few large ones as files. ``python -m benchmarks.bench_runtime --only 6``.
     """
