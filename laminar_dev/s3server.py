@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -43,6 +44,7 @@ __all__ = [
     "create_iam_user",
     "enable_auth",
     "fake_aws_environ",
+    "iam_pattern_match",
     "main",
     "start_s3_server",
 ]
@@ -223,11 +225,33 @@ def _exit_when_orphaned(parent_pid: int) -> None:
     threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
 
 
+def iam_pattern_match(pattern: str, value: str) -> re.Match[str] | None:
+    """IAM's matching of an Action or Resource pattern: `*` any run of characters (`/` included),
+    `?` exactly one character, everything else literal, the whole value."""
+    regex = re.escape(pattern).replace(r"\*", ".*").replace(r"\?", ".")
+    return re.fullmatch(regex, value, re.DOTALL)
+
+
+def _match_patterns_as_iam_does() -> None:
+    """Make the server's policy checks use `iam_pattern_match`.
+
+    moto turns a pattern into a regular expression by replacing `*` with `.*` only, so a `?` is a
+    regex quantifier (the storage policies' five-character partition segment, ``?????``, would be
+    a syntax error) and a `.` matches any character. The storage policies rely on `?` to keep a
+    key from spanning segments (`keys.PARTITION_SEGMENT_PATTERN`), so the emulation must honour it.
+    """
+    from moto.iam import access_control
+
+    access_control.IAMPolicyStatement._match = staticmethod(iam_pattern_match)  # type: ignore[method-assign, assignment]
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse arguments, bind, publish the port, and serve until killed."""
     # Imported here: only the server process needs moto, not whoever starts it.
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import make_server
+
+    _match_patterns_as_iam_does()
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--host", default="127.0.0.1")

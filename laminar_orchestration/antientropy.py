@@ -10,6 +10,14 @@ never a reason to delete, only an extra margin (`grace_s`): an owner stalled
 between upload and publish, or one whose clock is behind, keeps its objects.
 Deletion is conditional on the ETag read, so a concurrent rewrite is never lost.
 This lists the store: it is an audit path, never a hot one.
+
+An unreferenced object under ``sink/`` or ``checkpoints/`` whose key does not
+parse (`keys.parse_fenced_object_key`) is an orphan too: the code writes only
+keys it can parse back, so no honest writer will ever publish one, and keeping
+them would let whoever holds a node's keys fill the store with objects nothing
+removes. It goes once it is `grace_s` old by the store's own clock (the key
+carries no ULID); a backend that does not report when an object was written
+keeps it unless `grace_s` is 0. Nothing outside those two prefixes is touched.
 """
 
 from __future__ import annotations
@@ -55,8 +63,11 @@ class SweepReport:
     kept_in_grace: list[str] = field(default_factory=list)
     #: Epoch not below the ledger epoch and the chain's fencing token: its writer may still publish it.
     kept_unsealed: list[str] = field(default_factory=list)
-    #: Name unparseable, or name and metadata disagree: kept, key -> why.
+    #: Name and metadata disagree: kept, key -> why.
     kept_unverified: dict[str, str] = field(default_factory=dict)
+    #: Unreferenced objects whose key does not parse, key -> why: orphans, each also in `deleted`
+    #: or (younger than the grace period) in `kept_in_grace`.
+    unparseable: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The report as plain JSON."""
@@ -67,6 +78,7 @@ class SweepReport:
             "kept_in_grace": list(self.kept_in_grace),
             "kept_unsealed": list(self.kept_unsealed),
             "kept_unverified": dict(self.kept_unverified),
+            "unparseable": dict(self.unparseable),
         }
 
 
@@ -96,9 +108,11 @@ def sweep(
     An object is deleted only when its epoch (from its key, confirmed by its
     metadata) is strictly below the partition's ledger epoch and below the
     latest fencing token of its manifest chain, no manifest names it, and it
-    is at least `grace_s` old. Raises InvalidGracePeriod for a negative or NaN
-    `grace_s`. Ages are measured by the clock in effect (`clock.current()`);
-    `read_parallelism` is the ledger's (None: its default for the store).
+    is at least `grace_s` old. An unreferenced object whose key does not parse
+    is deleted once it is `grace_s` old by the store's `last_modified` (see the
+    module). Raises InvalidGracePeriod for a negative or NaN `grace_s`. Ages
+    are measured by the clock in effect (`clock.current()`); `read_parallelism`
+    is the ledger's (None: its default for the store).
     """
     if math.isnan(grace_s) or grace_s < 0:
         raise InvalidGracePeriod(grace_s)
@@ -117,8 +131,19 @@ def sweep(
             tokens[int(p)] = max(tokens.get(int(p), 0), m.fencing_token)
     report = SweepReport()
     now_ms = clock.current().now().timestamp() * 1000.0
+
+    def delete(key: str, etag: str) -> None:
+        report.deleted.append(key)
+        if not dry_run:
+            try:
+                store.delete_if_match(key, etag)
+            except (PreconditionFailed, ObjectNotFound):
+                report.deleted.pop()
+
     for prefix in FENCED_OBJECT_PREFIXES:
         for key in store.list(prefix):
+            if not key.startswith(FENCED_OBJECT_PREFIXES):
+                continue  # only output and checkpoints: never the ledger, manifests, source or grant keys
             report.scanned += 1
             if key in referenced:
                 report.referenced += 1
@@ -126,7 +151,18 @@ def sweep(
             try:
                 name = parse_fenced_object_key(key)
             except UnparseableObjectKey as exc:
-                report.kept_unverified[key] = exc.reason
+                meta = store.head(key)
+                if meta is None:
+                    continue
+                report.unparseable[key] = exc.reason
+                if meta.last_modified is None:
+                    old_enough = grace_s == 0  # the backend does not say when: only no grace at all deletes it
+                else:
+                    old_enough = now_ms - meta.last_modified.timestamp() * 1000.0 >= grace_s * 1000.0
+                if old_enough:
+                    delete(key, meta.etag)
+                else:
+                    report.kept_in_grace.append(key)
                 continue
             meta = store.head(key)
             if meta is None:
@@ -142,10 +178,5 @@ def sweep(
             if now_ms - name.created_ms < grace_s * 1000.0:
                 report.kept_in_grace.append(key)
                 continue
-            report.deleted.append(key)
-            if not dry_run:
-                try:
-                    store.delete_if_match(key, meta.etag)
-                except (PreconditionFailed, ObjectNotFound):
-                    report.deleted.pop()
+            delete(key, meta.etag)
     return report

@@ -9,10 +9,11 @@ offset and carries its epoch.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .errors import LaminarError
 from .processing import BatchEngine, spark_takes_table
 from .source import SourceBatch
 
@@ -144,6 +146,29 @@ def start_aggregate(
 
     future.add_done_callback(finished)
     return InFlightBatch(batch, future, epoch, group, cluster_epoch, read_at, staged_at)
+
+
+@contextlib.contextmanager
+def poison_check(batch: SourceBatch) -> Iterator[None]:
+    """Raise `UndecodableSegment` instead of a failure of `batch` that an undecodable event caused.
+
+    A key that is not valid UTF-8 (a segment written before `SourceLog.append` checked keys, or by a
+    writer that bypassed it) fails the batch wherever the keys are decoded first: in the engine, or
+    in the node turning the aggregate's keys into state-store keys. That failure repeats on every
+    retry, so it is named for what it is, the segment and the event's offset, and the node does not
+    restart the partition. Laminar's own errors (a fence, a store outage, a conflict) already say
+    what they are and pass unchanged, as does any failure of a batch whose events all decode. Costs
+    nothing while the batch succeeds: the check decodes the batch only after a failure.
+    """
+    try:
+        yield
+    except LaminarError:
+        raise
+    except Exception as exc:
+        poison = batch.undecodable()
+        if poison is None:
+            raise
+        raise poison from exc
 
 
 def remove_after_grace(directory: Path) -> None:

@@ -187,7 +187,8 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
       signing keys of its own grants and no other node's. No grant, head, desired state,
       membership or source write; deletes nothing.
     * producer: source segments and source heads; reads the cluster record, the manifests
-      (backpressure: lag = written - committed) and the grants (whose public keys verify them).
+      (backpressure: lag = written - committed), the grants (whose public keys verify them) and
+      the node records (whose generations tell a restarted writer's earlier incarnation apart).
     * auditor (`verify`, `sweep`, `status`, `query`, `report`): reads and lists everything but
       the grants' private keys, deletes only unreferenced fenced objects (output and checkpoints)
       in the sweep.
@@ -210,7 +211,13 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
             # Its listing of the node records (`Ledger.nodes`) is inside its ``ledger/`` reads.
         ),
         PRODUCER_ROLE: RoleAccess(
-            reads=(keys.CLUSTER_KEY, keys.GRANTS_PATTERN, keys.MANIFESTS_PREFIX, keys.SOURCE_PREFIX),
+            reads=(
+                keys.CLUSTER_KEY,
+                keys.GRANTS_PATTERN,
+                keys.NODE_RECORDS_PATTERN,
+                keys.MANIFESTS_PREFIX,
+                keys.SOURCE_PREFIX,
+            ),
             writes=(keys.SEGMENTS_PATTERN, keys.SOURCE_HEADS_PATTERN),
         ),
         AUDITOR_ROLE: RoleAccess(

@@ -251,7 +251,8 @@ def take_over(
     sealed = seal_at(publisher, token, generation=generation)
     m = sealed.manifest
     if released is not None:
-        below = publisher.entry(token.partition, m.seq - 1) if m.is_seal else sealed
+        # The entry the seal follows by parent hash: forged entries may stand between the two.
+        below = publisher.parent(sealed) if m.is_seal else sealed
         found = below.manifest.commit_ulid if below is not None else None
         if found != released:
             raise HandoffMismatch(token.partition, released, found)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from .errors import InvalidInputError
+from .identity import MAX_PARTITIONS
 from .ulid import ULID_PATTERN, ulid_time_ms
 
 # --- top-level prefixes (one per write capability) ------------------------------
@@ -250,19 +251,29 @@ def parse_fenced_object_key(key: str) -> FencedObjectName:
 
 
 # --- key patterns for storage policies ------------------------------------------------------
-# IAM's `*` matches any characters, `/` included; each pattern covers exactly the keys its
-# function above builds (the policy tests check that against the functions).
+# IAM's `*` matches any run of characters, `/` included, and `?` exactly one character. A `*` in
+# place of a partition would let a key run on past it into another object's prefix: node 1's
+# `checkpoints/*/n-00001/*` allows `checkpoints/00001/n-00002/x/n-00001/y`, an object under node 2's
+# prefix. So a partition segment is matched by `PARTITION_SEGMENT_PATTERN`, five `?`: exactly one
+# five-character segment (partition ids are five digits below `MAX_PARTITIONS`), and a `*` appears
+# only in a pattern's last segment, where the key stays under the prefix before it. Each pattern covers
+# exactly the keys its function above builds (the policy tests check that against the functions).
+# The auditor's deletes and the bucket policy's create-only rule keep the whole data prefixes
+# (`CHECKPOINT_OBJECTS_PATTERN`, `OUTPUT_OBJECTS_PATTERN`): whatever lands there can be swept.
+
+#: One partition segment of a key, in a storage policy: exactly five characters, never a `/`-spanning run.
+PARTITION_SEGMENT_PATTERN = "?" * len(_partition(MAX_PARTITIONS - 1))
 
 #: Create-only and CAS objects of the ledger, by what they are.
 NODE_RECORDS_PATTERN = f"{NODES_PREFIX}*"
-OWNERSHIP_HEADS_PATTERN = f"{LEDGER_PREFIX}partitions/*/head.json"
-GRANTS_PATTERN = f"{LEDGER_PREFIX}partitions/*/grants/*"
-RELEASES_PATTERN = f"{LEDGER_PREFIX}partitions/*/releases/*"
-DESIRED_STATES_PATTERN = f"{LEDGER_PREFIX}partitions/*/desired.json"
-MANIFEST_HISTORY_PATTERN = f"{MANIFESTS_PREFIX}*/history/*"
-MANIFEST_POINTERS_PATTERN = f"{MANIFESTS_PREFIX}*/current.json"
-SEGMENTS_PATTERN = f"{SOURCE_PREFIX}*.seg"
-SOURCE_HEADS_PATTERN = f"{SOURCE_PREFIX}*/head.json"
+OWNERSHIP_HEADS_PATTERN = f"{LEDGER_PREFIX}partitions/{PARTITION_SEGMENT_PATTERN}/head.json"
+GRANTS_PATTERN = f"{LEDGER_PREFIX}partitions/{PARTITION_SEGMENT_PATTERN}/grants/*"
+RELEASES_PATTERN = f"{LEDGER_PREFIX}partitions/{PARTITION_SEGMENT_PATTERN}/releases/*"
+DESIRED_STATES_PATTERN = f"{LEDGER_PREFIX}partitions/{PARTITION_SEGMENT_PATTERN}/desired.json"
+MANIFEST_HISTORY_PATTERN = f"{MANIFESTS_PREFIX}{PARTITION_SEGMENT_PATTERN}/history/*"
+MANIFEST_POINTERS_PATTERN = f"{MANIFESTS_PREFIX}{PARTITION_SEGMENT_PATTERN}/current.json"
+SEGMENTS_PATTERN = f"{SOURCE_PREFIX}{PARTITION_SEGMENT_PATTERN}/*.seg"
+SOURCE_HEADS_PATTERN = f"{SOURCE_PREFIX}{PARTITION_SEGMENT_PATTERN}/head.json"
 CHECKPOINT_OBJECTS_PATTERN = f"{CHECKPOINTS_PREFIX}*"
 OUTPUT_OBJECTS_PATTERN = f"{SINK_PREFIX}*"
 SIGNING_KEYS_PATTERN = f"{GRANT_KEYS_PREFIX}*"
@@ -270,12 +281,12 @@ SIGNING_KEYS_PATTERN = f"{GRANT_KEYS_PREFIX}*"
 
 def node_checkpoint_objects_pattern(node: int) -> str:
     """The checkpoint objects `node` writes, of any partition (and no other node's)."""
-    return f"{CHECKPOINTS_PREFIX}*/{_node(node)}*"
+    return f"{CHECKPOINTS_PREFIX}{PARTITION_SEGMENT_PATTERN}/{_node(node)}*"
 
 
 def node_output_objects_pattern(node: int) -> str:
     """The output files `node` writes, of any partition (and no other node's)."""
-    return f"{SINK_PREFIX}*/{_node(node)}*"
+    return f"{SINK_PREFIX}{PARTITION_SEGMENT_PATTERN}/{_node(node)}*"
 
 
 def node_signing_keys_pattern(node: int) -> str:

@@ -14,7 +14,9 @@ the grant call returns: every acquisition and fence goes through `_grant`, so
 none can skip it. The fence point is that seal: a publish under an older epoch
 that lands before it is the old owner's last commit, none after it is accepted.
 If the granter dies between the grant and the seal, the grantee's acquisition
-path re-ensures the seal before it reads the chain to restore.
+path re-ensures the seal before it reads the chain to restore, and the control
+plane's periodic look at the partition (`MigrationCoordinator.reinstate`)
+completes it (`complete_grant`): a fence to "unassigned" has no grantee.
 
 Grants are made by the control plane only (`acquire` after a release, `fence`
 without one); a node takes up a grant made for it with `adopt` and writes only
@@ -488,6 +490,44 @@ class Ledger:
         # token's guard will then report on its next validate.
         self._advance_head(partition, epoch, node, status, only_if_epoch=None)
         return epoch
+
+    def complete_grant(self, partition: PartitionId, ownership: Ownership | None = None) -> bool:
+        """Finish a grant whose granter died between creating it and sealing the chain; True if one lagged.
+
+        When the ownership head lags the newest grant (`Ownership.head_lagged`), the grant may
+        never have been sealed: seal the manifest chain at its epoch, as `_grant` does (signed
+        with the grant's stored key, at the grant's node and generation), then advance the head.
+        A fence to "unassigned" has no grantee that would seal it, so until this runs its old
+        owner's publishes under the old epoch are still accepted. `ownership` is a current read
+        of it, if the caller has one (the control plane's periodic look at the partition).
+
+        Idempotent, and safe beside a granter still finishing: the seal writes nothing when the
+        chain is already sealed at the epoch (or past it), and the head only ever moves forward.
+        SigningKeyUnavailable when the grant's key cannot be read.
+        """
+        own = ownership if ownership is not None else self.ownership(partition)
+        if own is None or not own.head_lagged:
+            return False
+        grant = self.grant(partition, own.epoch)
+        if grant is None:
+            return False
+        node = NodeId(grant.node)
+        key = self.signing_keys.get(node, partition, grant.epoch)
+        if key.public_key != grant.public_key:
+            raise SigningKeyUnavailable(
+                partition, grant.epoch, node, signing_key_key(node, partition, grant.epoch), "not the grant's key"
+            )
+        self.sealer.seal(
+            partition,
+            grant.epoch,
+            node=node,
+            generation=grant.generation or 0,
+            reason=f"{grant.grant_kind.value} completed by the control plane",
+            signing_key=key,
+        )
+        status = PartitionStatus.ACTIVE if node != UNASSIGNED else PartitionStatus.UNASSIGNED
+        self._advance_head(partition, grant.epoch, node, status, only_if_epoch=None)
+        return True
 
     def _mint_signing_key(self, partition: PartitionId, epoch: int, node: NodeId) -> SigningKey:
         """The keypair of the grant of `partition` at `epoch` to `node`, stored create-only before the grant.

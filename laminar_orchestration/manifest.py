@@ -55,9 +55,18 @@ from pydantic import Field
 from .capabilities import ManifestKey, OutputCommitter, ReadStore, manifest_key
 from .errors import ConflictError, CorruptDataError
 from .fencing import ConditionalPutFailed, FencingToken
-from .identity import PartitionId
-from .keys import manifest_history_key, manifest_pointer_key
-from .records import CorruptLedgerObject, LedgerError, Record, SignedRecord, new_write_id, now, parse_record
+from .identity import UNASSIGNED, PartitionId
+from .keys import manifest_history_key, manifest_pointer_key, node_key
+from .records import (
+    CorruptLedgerObject,
+    LedgerError,
+    NodeRecord,
+    Record,
+    SignedRecord,
+    new_write_id,
+    now,
+    parse_record,
+)
 from .signing import ForgedRecord, GrantKeys, SigningKey, SigningKeys, sign_record
 from .store import ObjectStore, PreconditionFailed, StoredObject
 from .ulid import next_ulid
@@ -476,6 +485,23 @@ class ManifestReader:
         entry = self._chain(partition).entry(seq) if seq >= 1 else None
         return entry.value if entry else None
 
+    def parent(self, version: ManifestVersion) -> ManifestVersion | None:
+        """The entry `version` follows: the one whose stored bytes hash to its `parent_hash`.
+
+        Found by probing back from the sequence number below it, past void entries (forged, or
+        written by a superseded writer) that may stand between the two: the chain is linked by
+        parent hash, not by adjacent sequence numbers. None for the first entry, or when no entry
+        below hashes to the parent (a chain broken below `version`).
+        """
+        m = version.manifest
+        if m.parent_hash is None:
+            return None
+        for seq in range(m.seq - 1, 0, -1):
+            obj = self._chain(m.partition).entry(seq)
+            if obj is not None and hashlib.sha256(obj.raw).hexdigest() == m.parent_hash:
+                return obj.value
+        return None
+
     def current(self, partition: PartitionId) -> ManifestVersion | None:
         """The newest genuine manifest: from the pointer (or a trusted start), rolled forward."""
         return self.read_chain(partition).version
@@ -516,9 +542,23 @@ class ManifestReader:
             version, next_seq = self._walk(partition, pointed)
         except BrokenManifestChain:
             return self._walk(partition, trusted)
-        if version is not None and self.grant_keys.superseded(partition, version.manifest.fencing_token):
+        if version is not None and self._writer_moved_past(partition, version.manifest):
             return self._walk(partition, trusted)
         return version, next_seq
+
+    def _writer_moved_past(self, partition: int, m: PartitionManifest) -> bool:
+        """Whether the ledger shows that the chain may have moved past `m`'s writer: a later epoch was
+        granted, or the writing node has restarted since (its record carries a newer generation, and
+        the restarted process seals the chain at it before it commits). Either way an entry reached
+        through the pointer alone is not trusted: the walk from a trusted start decides."""
+        if self.grant_keys.superseded(partition, m.fencing_token):
+            return True
+        if m.node == UNASSIGNED:
+            return False
+        record = self._reads.get(node_key(m.node))
+        if record is None:
+            return False
+        return parse_record(record.key, record.data, NodeRecord).generation > m.generation
 
     def _trust(self, partition: int, version: ManifestVersion) -> None:
         known = self._trusted.get(partition)

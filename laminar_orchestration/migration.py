@@ -902,11 +902,15 @@ class MigrationCoordinator:
         shutdown, or a graceful move that ended after the release, the partition
         waits for a grant. Nothing happens while a migration is in flight, when the
         desired owner is not alive, or when someone else moved the epoch first.
+
+        First, a grant whose granter died before sealing the chain is completed
+        (`Ledger.complete_grant`): a fence to "unassigned" has no grantee to seal it.
         """
+        own = self.ledger.ownership(partition)
+        self.ledger.complete_grant(partition, own)
         state, _ = self.desired.read(partition)
         if state.owner == UNASSIGNED or (state.migration is not None and not state.migration.is_terminal):
             return None
-        own = self.ledger.ownership(partition)
         if own is None or not (own.owner == UNASSIGNED or own.status == PartitionStatus.RELEASED):
             return None
         target = self.ledger.node(NodeId(state.owner))

@@ -19,6 +19,7 @@ from typing import Generic, TypeVar
 from .errors import UnavailableError
 from .fencing import Ownership
 from .identity import UNASSIGNED, NodeId, PartitionId
+from .ledger import Ledger
 from .migration import (
     DesiredState,
     MigrationCoordinator,
@@ -46,6 +47,7 @@ __all__ = [
     "drive",
     "moves_on_without_old_owner",
     "must_force",
+    "not_admitted_nodes",
     "prepare_failover",
     "record_failure",
     "reinstate_all",
@@ -269,13 +271,33 @@ def stranded(state: DesiredState, own: Ownership) -> bool:
 
 @dataclass
 class NoFailoverTarget(MigrationError, UnavailableError):
-    """No live node other than the current owner can take the partition."""
+    """No live node other than the current owner can receive the partition: what is missing is a
+    target, not the owner (which is usually dead, the reason for the failover)."""
 
     partition: int
     owner: int
+    #: Nodes that registered but are not members yet (the control plane has not admitted them).
+    not_admitted: tuple[int, ...] = ()
 
     def __str__(self) -> str:
-        return f"no live node other than node {self.owner} can take partition {self.partition}"
+        missing = f"no live node other than node {self.owner} can receive partition {self.partition}"
+        if self.not_admitted:
+            waiting = ", ".join(map(str, self.not_admitted))
+            return (
+                f"{missing}: node(s) {waiting} registered but are not admitted to the membership yet; "
+                f"wait for the control plane's reconcile to admit them (or run `laminar rebalance`, which "
+                f"admits them), then fail node {self.owner} over again"
+            )
+        return (
+            f"{missing}: no other node is alive; start one (`laminar node run --node-id N`) and fail "
+            f"node {self.owner} over again once it heartbeats"
+        )
+
+
+def not_admitted_nodes(ledger: Ledger, *, exclude: Collection[int] = ()) -> tuple[int, ...]:
+    """Nodes with a record in the ledger that the membership does not list yet (sorted), minus `exclude`."""
+    members = set(ledger.membership().members)
+    return tuple(sorted(n for n in (v.record.node for v in ledger.nodes()) if n not in members and n not in exclude))
 
 
 @dataclass(frozen=True)
@@ -345,7 +367,7 @@ def prepare_failover(
         if target is None and is_stranded and own.owner in live_set:
             target = own.owner  # the only live node: grant it a fresh epoch and let it restore again
         if target is None:
-            raise NoFailoverTarget(partition, own.owner)
+            raise NoFailoverTarget(partition, own.owner, not_admitted_nodes(ledger, exclude={own.owner}))
     if target == own.owner and not is_stranded:
         raise NoFailoverTarget(partition, own.owner)
     if target not in live_set:

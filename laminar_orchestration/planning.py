@@ -17,7 +17,7 @@ from .errors import InvalidInputError
 from .identity import NodeId
 from .ledger import Ledger
 from .migration import MigrationConfig, MigrationCoordinator, MigrationTask, NoLiveNode, PhaseReport
-from .moves import MoveOutcome, drive, prepare_failover, run_migration, run_moves
+from .moves import MoveOutcome, NoFailoverTarget, drive, not_admitted_nodes, prepare_failover, run_migration, run_moves
 from .ownership import live_node_ids, migrations_in_flight, ownership_map, warm_copies
 from .planner import AssignmentPlan, Move, failover_target, node_loads, plan_assignment
 
@@ -169,7 +169,9 @@ def plan_node_failover(
     """Plan the failover of every partition `node` owns: each to `to_node`, else to the warmest or least-loaded node.
 
     Raises `NodeStillAlive` when `node` heartbeats and not `force`, `NoLiveNode`
-    when `to_node` is not alive or no live node other than `node` is left.
+    when `to_node` is not alive, `NoFailoverTarget` (naming the first partition
+    left without a target, and the registered nodes not admitted yet) when no
+    live node other than `node` is left.
     """
     live_set = set(live if live is not None else live_node_ids(ledger))
     if node in live_set and not force:
@@ -182,8 +184,8 @@ def plan_node_failover(
     moves = []
     for p in sorted(p for p, owner in current.items() if owner == node):
         target = to_node if to_node is not None else failover_target(loads, warm=warm.get(p))
-        if target is None:
-            raise NoLiveNode(NodeId(node))  # no other live node
+        if target is None:  # no live node but `node`: the target is what is missing, not `node`
+            raise NoFailoverTarget(p, node, not_admitted_nodes(ledger, exclude={node}))
         # Counted as it is planned, so the partitions of one node spread over the others.
         loads[target] = loads.get(target, 0) + 1
         moves.append(Move(p, node, target))

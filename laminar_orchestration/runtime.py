@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import shutil
 import signal
 import tempfile
@@ -38,7 +39,15 @@ from typing import Any
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-from .batches import InFlightBatch, ReadAhead, cancel, read_ahead, remove_after_grace, start_aggregate
+from .batches import (
+    InFlightBatch,
+    ReadAhead,
+    cancel,
+    poison_check,
+    read_ahead,
+    remove_after_grace,
+    start_aggregate,
+)
 from .capabilities import CheckpointWriter, OutputCommitter, ReadStore
 from .checkpoint import CheckpointStore, OutputWriter, next_checkpoint
 from .cluster_epoch import ClusterEpochWindow, StaleClusterEpoch
@@ -70,7 +79,7 @@ from .migration import (
 from .processing import WARM_UP_BATCHES, BatchEngine, BatchFold, KeyedProcessor, SparkBatchEngine, build_spark_session
 from .records import NodeStatus, PartitionProgress, PartitionStatus, now
 from .replica import CatchUp, StateReplica
-from .source import SourceBatch, SourceLog
+from .source import SourceBatch, SourceLog, UndecodableSegment
 from .standby import StandbyFollower, TakeoverSpeculation
 from .store import ObjectStore, StoreError, open_store
 from .worker_state import WorkerState as WorkerState  # re-exported: the worker's states are runtime's API
@@ -109,7 +118,8 @@ class NodeConfig(BaseModel):
     #: ... or this much time passed since it (with at least one delta).
     checkpoint_every_s: float = Field(default=30.0, gt=0)
     #: A failed partition is restarted after this delay, doubled per consecutive failure
-    #: up to `restart_backoff_max_s`; a successful commit resets it.
+    #: up to `restart_backoff_max_s`; a successful commit resets it. A batch failing on a segment it
+    #: cannot decode (`UndecodableSegment`) is a permanent failure: not restarted.
     restart_backoff_initial_s: float = Field(default=0.5, gt=0)
     restart_backoff_max_s: float = Field(default=30.0, gt=0)
     workdir: str | None = None
@@ -731,27 +741,30 @@ class PartitionWorker(threading.Thread):
             # The touched keys' values are read while Spark aggregates the batch.
             self._read_ahead_of(inflight, self._committed_offset)
             waited_from = time.monotonic()
-            done = self._await_batch(inflight)
-            if done is None:
-                # Nothing of the batch is written: dropping it is safe, and a drain (or a kill-switch)
-                # takes milliseconds instead of a batch's duration. Whoever runs next reads it again.
-                log.info("node %s: partition %s: in-flight batch abandoned", self.node.id, self.partition)
-                continue  # the loop condition (drain, stop) or the check below decides what next
-            # A fenced tracker drops the in-flight batch before any external write.
-            self._check()
-            aggregate, spark_done_at = done
-            merging_at = time.monotonic()
-            engine = self.node.engine
-            self._collect_read_ahead()
-            ahead, self._read_ahead = self._read_ahead, None
-            previous: pa.Table | None = None
-            if ahead is not None and ahead.serves(inflight, self._committed_offset):
-                previous = ahead.previous(aggregate["key"])
-            if previous is None and self.replica.store is not None:
-                previous = self.replica.store.get_many(aggregate["key"].to_pylist())
-            assert previous is not None, "restored before processing"
-            state_read_at = time.monotonic()
-            fold = engine.processor.fold(aggregate, previous, epoch=self.epoch, generation=self.node.generation)
+            # A batch that fails on an event it cannot decode fails the same way every time: it fails
+            # the partition with `UndecodableSegment`, which the node does not restart.
+            with poison_check(inflight.batch):
+                done = self._await_batch(inflight)
+                if done is None:
+                    # Nothing of the batch is written: dropping it is safe, and a drain (or a kill-switch)
+                    # takes milliseconds instead of a batch's duration. Whoever runs next reads it again.
+                    log.info("node %s: partition %s: in-flight batch abandoned", self.node.id, self.partition)
+                    continue  # the loop condition (drain, stop) or the check below decides what next
+                # A fenced tracker drops the in-flight batch before any external write.
+                self._check()
+                aggregate, spark_done_at = done
+                merging_at = time.monotonic()
+                engine = self.node.engine
+                self._collect_read_ahead()
+                ahead, self._read_ahead = self._read_ahead, None
+                previous: pa.Table | None = None
+                if ahead is not None and ahead.serves(inflight, self._committed_offset):
+                    previous = ahead.previous(aggregate["key"])
+                if previous is None and self.replica.store is not None:
+                    previous = self.replica.store.get_many(aggregate["key"].to_pylist())
+                assert previous is not None, "restored before processing"
+                state_read_at = time.monotonic()
+                fold = engine.processor.fold(aggregate, previous, epoch=self.epoch, generation=self.node.generation)
             start, end, cluster_epoch = inflight.batch.start_offset, inflight.batch.end_offset, inflight.cluster_epoch
             steps = _Steps(
                 events=end - start,
@@ -1064,12 +1077,22 @@ class PartitionWorker(threading.Thread):
 
 @dataclass
 class RestartBackoff:
-    """Consecutive failures of one partition on a node, and when it may be restarted."""
+    """Consecutive failures of one partition on a node, and when it may be restarted.
+
+    A permanent failure (`UndecodableSegment`: the next segment cannot be decoded, on any retry) has no
+    delay and is not restarted: the partition stays failed, with its reason in the node's report,
+    until the control plane moves it to this node again or the node restarts.
+    """
 
     failures: int
     reason: str
-    delay_s: float
-    retry_at: float  # time.monotonic()
+    #: None: a permanent failure, not restarted.
+    delay_s: float | None
+    retry_at: float  # time.monotonic(); infinite for a permanent failure
+
+    @property
+    def permanent(self) -> bool:
+        return self.delay_s is None
 
 
 class Node:
@@ -1371,7 +1394,7 @@ class Node:
         if worker is not None:
             worker.offer(task)
             return
-        if self._stop.is_set() or self._backing_off(p):
+        if self._stop.is_set() or self._backing_off(p, task):
             return
         done = self._finished.get(p)
         duty = partition_duty(
@@ -1389,9 +1412,16 @@ class Node:
         """Count a failed worker and schedule its restart: doubling delays, capped. Caller holds `_lock`."""
         previous = self._backoff.get(p)
         failures = 1 if previous is None or worker.commits else previous.failures + 1
+        reason = worker.progress().error or "unknown"
+        if isinstance(worker.failure, UndecodableSegment):
+            # Every restart would fail on the same immutable segment: the partition stays failed, its reason
+            # reported, and nothing of the segment is skipped.
+            reason = f"{reason} (permanent: not restarted)"
+            self._backoff[p] = RestartBackoff(failures, reason, None, math.inf)
+            log.error("node %s: partition %s failed: %s", self.id, p, reason, exc_info=worker.failure)
+            return
         cfg = self.config
         delay = min(cfg.restart_backoff_initial_s * 2.0 ** min(failures - 1, 32), cfg.restart_backoff_max_s)
-        reason = worker.progress().error or "unknown"
         self._backoff[p] = RestartBackoff(failures, reason, delay, time.monotonic() + delay)
         log.error(
             "node %s: partition %s failed (%s in a row): %s; restarting in %.1fs",
@@ -1404,9 +1434,15 @@ class Node:
             exc_info=worker.failure if failures == 1 else None,
         )
 
-    def _backing_off(self, p: PartitionId) -> bool:
+    def _backing_off(self, p: PartitionId, task: MigrationTask | None) -> bool:
+        """Whether `p` failed here and may not start yet: until its restart delay has passed or, after a
+        permanent failure, until a migration (`task`) moves it to this node again."""
         backoff = self._backoff.get(p)
-        return backoff is not None and time.monotonic() < backoff.retry_at
+        if backoff is None:
+            return False
+        if backoff.permanent:
+            return task is None or task.is_terminal or task.to_node != self.id
+        return time.monotonic() < backoff.retry_at
 
     def _start(self, worker: PartitionWorker) -> None:
         with self._lock:

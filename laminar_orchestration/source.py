@@ -26,6 +26,7 @@ up" from "not a segment boundary".
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import math
@@ -72,9 +73,11 @@ __all__ = [
     "SourceEvent",
     "SourceHead",
     "SourceLog",
+    "UndecodableSegment",
     "decode_segment",
     "encode_segment",
     "generate_events",
+    "invalid_utf8_row",
     "normalize_events",
     "produce_from_jsonl",
 ]
@@ -170,13 +173,41 @@ class CorruptSourceHead(SourceError, CorruptDataError):
 
 @dataclass(eq=False)
 class InvalidEvents(SourceError, InvalidInputError):
-    """Events handed to `SourceLog.append` that do not fit the event schema."""
+    """Events handed to `SourceLog.append` that do not fit the event schema.
+
+    `row` (0-based, in the events handed in) and `column` name the offending value when one does.
+    """
 
     partition: int
     reason: str
+    row: int | None = None
+    column: str | None = None
 
     def __str__(self) -> str:
         return f"invalid events for partition {self.partition}: {self.reason}"
+
+
+@dataclass(eq=False)
+class UndecodableSegment(SourceError, CorruptDataError):
+    """A segment whose events cannot be decoded: a key that is not valid UTF-8, or unreadable column data.
+
+    `append` never writes one (it validates every key); it comes from a segment written before that
+    check, or by a writer that bypassed `append`. It is permanent: reading the segment again fails
+    the same way, so a node does not restart the partition (`Node`), and nothing of it is skipped.
+    `key` is the segment's object key, `start_offset` its first offset, `offset` the offending event's.
+    """
+
+    partition: int
+    key: str
+    start_offset: int
+    offset: int
+    reason: str
+
+    def __str__(self) -> str:
+        return (
+            f"undecodable source segment {self.key!r} (partition {self.partition}, segment at offset "
+            f"{self.start_offset}): event at offset {self.offset}: {self.reason}; every read of it fails the same way"
+        )
 
 
 @dataclass(eq=False)
@@ -236,7 +267,11 @@ class SourceEvent(BaseModel):
     @field_validator("key")
     @classmethod
     def _key_fits(cls, key: str) -> str:
-        size = len(key.encode("utf-8", "surrogatepass"))
+        try:
+            size = len(key.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            # A lone surrogate ("a\ud800") is a Python str but no UTF-8 string: the log could not store it.
+            raise ValueError(f"key is not valid Unicode: lone surrogate at index {exc.start}") from None
         if size > MAX_KEY_BYTES:
             raise ValueError(f"key is {size} bytes long, at most {MAX_KEY_BYTES} are allowed")
         return key
@@ -317,11 +352,42 @@ class SourceBatch:
     end_offset: int
     segment_keys: tuple[str, ...]
     payloads: tuple[bytes, ...]
+    #: The first offset of each segment of `segment_keys` (empty if the batch was built without them).
+    segment_starts: tuple[int, ...] = ()
 
     @property
     def events(self) -> int:
         """Number of events in the batch."""
         return self.end_offset - self.start_offset
+
+    def undecodable(self) -> UndecodableSegment | None:
+        """The batch's first event that cannot be decoded, as the error it fails with; None if all decode.
+
+        An event does not decode when its key is not valid UTF-8 or its Parquet column data is
+        unreadable. Decodes every payload: meant for a batch that failed, to tell a poison segment
+        (it fails every time) from a failure a retry may get past.
+        """
+        offset = self.start_offset
+        for payload in self.payloads:
+            try:
+                file = pq.ParquetFile(pa.BufferReader(payload))
+                rows = file.metadata.num_rows
+                keys = file.read().column("key")
+            except (pa.ArrowException, OSError, KeyError) as exc:
+                return self._undecodable(offset, f"unreadable events: {exc}")
+            row = invalid_utf8_row(keys)
+            if row is not None:
+                raw = keys.cast(pa.binary())[row].as_py()
+                return self._undecodable(offset + row, f"key {raw[:64]!r} is not valid UTF-8")
+            offset += rows
+        return None
+
+    def _undecodable(self, offset: int, reason: str) -> UndecodableSegment:
+        # The segment holding `offset`: the last one starting at or before it.
+        i = max(0, bisect.bisect_right(self.segment_starts, offset) - 1)
+        starts = self.segment_starts or (self.start_offset,)
+        key = self.segment_keys[i] if i < len(self.segment_keys) else segment_key(self.partition, starts[i])
+        return UndecodableSegment(self.partition, key, starts[i], offset, reason)
 
     def write_parquet(self, directory: str | os.PathLike[str]) -> list[Path]:
         """Write each payload as a Parquet file into `directory` (created if needed).
@@ -363,13 +429,40 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def invalid_utf8_row(values: pa.Array | pa.ChunkedArray) -> int | None:
+    """Index of the first value of string array `values` that is not valid UTF-8; None when all are.
+
+    pyarrow builds string arrays from bytes without checking them (a Parquet file's string column, a
+    cast with ``safe=False``). One vectorised validation of the whole array; only when it fails, a
+    bisection over slices (each validated the same way) finds the row.
+    """
+    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+    base = 0
+    for chunk in chunks:
+        try:
+            chunk.validate(full=True)
+        except pa.ArrowInvalid:
+            lo, hi = 0, len(chunk)  # the first invalid value is in [lo, hi)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                try:
+                    chunk.slice(lo, mid - lo).validate(full=True)
+                    lo = mid
+                except pa.ArrowInvalid:
+                    hi = mid
+            return base + lo
+        base += len(chunk)
+    return None
+
+
 def normalize_events(partition: int, events: Sequence[SourceEvent] | pa.Table) -> pa.Table:
     """Validate and convert events into a table with columns key, value, ts (no offsets).
 
-    A table needs columns ``key`` (string) and ``value`` (integer or float); ``ts``
+    A table needs columns ``key`` (string, valid UTF-8) and ``value`` (integer or float); ``ts``
     (integer millis or timestamp) is optional and nulls in it are stamped with the
     current time; a ``partition`` column, if present, must equal `partition`. An
-    ``offset`` column is rejected: offsets are assigned by the log.
+    ``offset`` column is rejected: offsets are assigned by the log. A key that is not valid UTF-8
+    (Arrow strings are unchecked bytes) or holds a lone surrogate raises `InvalidEvents` naming its row.
     """
     if isinstance(events, pa.Table):
         return _normalize_table(partition, events)
@@ -378,15 +471,30 @@ def normalize_events(partition: int, events: Sequence[SourceEvent] | pa.Table) -
             raise InvalidEvents(partition, f"event {i} is {type(ev).__name__}, not SourceEvent")
         if ev.partition != partition:
             raise InvalidEvents(partition, f"event {i} belongs to partition {ev.partition}")
-    # One pass per column; SourceEvent was validated on construction.
+    # One pass per column; SourceEvent was validated on construction (unless built by `model_construct`).
+    try:
+        keys = pa.array([ev.key for ev in events], pa.string())
+    except UnicodeEncodeError:
+        row = next(i for i, ev in enumerate(events) if not _encodes(ev.key))
+        raise InvalidEvents(
+            partition, f"key of event {row} is not valid Unicode (lone surrogate)", row, "key"
+        ) from None
     table = pa.table(
         {
-            "key": pa.array([ev.key for ev in events], pa.string()),
+            "key": keys,
             "value": pa.array([ev.value for ev in events], pa.float64()),
             "ts": pa.array([ev.ts for ev in events], pa.int64()),
         }
     )
     return _normalize_table(partition, table)
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _normalize_table(partition: int, table: pa.Table) -> pa.Table:
@@ -414,6 +522,12 @@ def _normalize_table(partition: int, table: pa.Table) -> pa.Table:
     key = pc.cast(key, pa.string())
     if key.null_count:
         raise InvalidEvents(partition, f"column 'key' has {key.null_count} null(s)")
+    # Arrow strings are bytes nobody checked (a Parquet file's, a cast's): a key that is not UTF-8 would
+    # enter the immutable log, and every batch reading it would fail.
+    bad = invalid_utf8_row(key)
+    if bad is not None:
+        raw = pc.cast(key, pa.binary())[bad].as_py()
+        raise InvalidEvents(partition, f"column 'key', row {bad}: {raw[:64]!r} is not valid UTF-8", bad, "key")
 
     value = table.column("value")
     if not (pa.types.is_integer(value.type) or pa.types.is_floating(value.type)):
@@ -795,6 +909,7 @@ class SourceLog:
                     end_offset=offset,
                     segment_keys=tuple(s.key for s in segments),
                     payloads=tuple(p for s in segments for p in s.payloads),
+                    segment_starts=tuple(s.start_offset for s in segments),
                 )
             if self._at_log_end(partition, from_offset):
                 return None

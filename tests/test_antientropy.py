@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import tempfile
 import time
 from datetime import datetime, timedelta
@@ -14,16 +15,27 @@ from laminar_orchestration import cli
 from laminar_orchestration.antientropy import InvalidGracePeriod, sweep
 from laminar_orchestration.capabilities import CheckpointWriter, OutputCommitter, ReadStore
 from laminar_orchestration.checkpoint import CheckpointStore, OutputWriter
+from laminar_orchestration.cli.output import ConsoleOutput
 from laminar_orchestration.clock import SYSTEM_CLOCK, use_clock
 from laminar_orchestration.fencing import PartitionGuard
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.keys import UnparseableObjectKey, parse_fenced_object_key
+from laminar_orchestration.keys import (
+    UnparseableObjectKey,
+    checkpoint_partition_prefix,
+    delta_key,
+    manifest_prefix,
+    output_object_key,
+    parse_fenced_object_key,
+    sink_partition_prefix,
+    source_partition_prefix,
+)
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.manifest import ManifestPublisher, ManifestReader, ManifestUpdate
 from laminar_orchestration.processing import keyed_aggregation
 from laminar_orchestration.replica import StateReplica, committed_state
 from laminar_orchestration.source import SourceLog, generate_events
 from laminar_orchestration.store import ObjectStore
+from laminar_orchestration.ulid import next_ulid
 from laminar_orchestration.verify import audit_store, reference_batch_aggregate
 
 from .commits import commit_all
@@ -152,10 +164,58 @@ def test_sweep_keeps_objects_whose_key_and_metadata_disagree(store: ObjectStore)
     foreign = "sink/00000/not-ours.parquet"
     store.put_if_absent(foreign, b"x", {})
     report = sweep(store, grace_s=0)
-    assert report.deleted == [ref.key]  # the genuine superseded orphan goes
-    assert set(report.kept_unverified) == {lying, foreign}
+    # The genuine superseded orphan goes, and so does the name no writer builds (an orphan by name).
+    assert sorted(report.deleted) == sorted([ref.key, foreign])
+    assert set(report.kept_unverified) == {lying} and set(report.unparseable) == {foreign}
     assert "disagrees with the key" in report.kept_unverified[lying]
-    assert store.head(lying) is not None and store.head(foreign) is not None
+    assert store.head(lying) is not None and store.head(foreign) is None
+
+
+def test_sweep_deletes_unparseable_data_objects_by_age_and_nothing_else(store: ObjectStore) -> None:
+    """Keys under ``checkpoints/`` and ``sink/`` that do not parse (what a node's keys could plant,
+    e.g. a run from one partition segment into another node's prefix) are orphans: deleted once
+    old enough by the store's clock and reported by key; the ledger, manifests, source and grant
+    keys are never touched, and a current owner's unpublished upload is still kept."""
+    ledger = Ledger(store)
+    ledger.init_cluster(2)
+    token = ledger.acquire(PartitionId(1), NodeId(1), expected_epoch=0)
+    in_flight = OutputWriter(OutputCommitter(store)).write(PartitionGuard(token), pa.table({"key": ["y"]}), 0, 1)
+    ulid = next_ulid()
+    planted = [
+        f"{checkpoint_partition_prefix(1)}n-00002/x/n-00001/y",
+        f"{sink_partition_prefix(1)}n-00002/x/n-00001/y",
+        f"{delta_key(1, 2, 3, ulid)}/{delta_key(1, 1, 3, ulid)}",
+        f"{output_object_key(1, 1, 1, 0, 1, ulid)}/junk",
+        "checkpoints/junk",
+        "sink/00001/n-00001/not-an-epoch.parquet",
+    ]
+    others = ["ledger/junk/x", f"{manifest_prefix(1)}/junk", f"{source_partition_prefix(1)}/junk", "grant-keys/junk"]
+    for key in (*planted, *others):
+        store.put_if_absent(key, b"junk", {})
+
+    young = sweep(store, grace_s=3600)
+    assert young.deleted == [] and sorted(young.kept_in_grace) == sorted(planted)
+    assert set(young.unparseable) == set(planted) and all(young.unparseable.values())
+    assert young.kept_unsealed == [in_flight.key]
+    # Two hours on, by the clock in effect, the same grace period has passed.
+    with use_clock(_ClockBehind(-2 * 3600.0)):
+        dry = sweep(store, grace_s=3600, dry_run=True)
+    assert sorted(dry.deleted) == sorted(planted) and dry.kept_in_grace == []
+    assert all(store.head(k) is not None for k in planted)
+
+    # `laminar sweep --dry-run` names each of them.
+    printed = io.StringIO()
+    ConsoleOutput(printed).swept(dry, dry_run=True)
+    text = printed.getvalue()
+    assert f"{len(planted)} with a name that does not parse" in text
+    assert all(f"would delete {k}: " in text for k in planted)
+
+    report = sweep(store, grace_s=0)
+    assert sorted(report.deleted) == sorted(planted) and set(report.unparseable) == set(planted)
+    assert all(store.head(k) is None for k in planted)
+    assert all(store.head(k) is not None for k in others)
+    assert store.head(in_flight.key) is not None and report.kept_unsealed == [in_flight.key]
+    assert sweep(store, grace_s=0).deleted == []
 
 
 def test_parse_object_key_reads_partition_node_epoch_and_ulid() -> None:

@@ -20,16 +20,18 @@ from pathlib import Path
 import pytest
 
 from laminar_orchestration import cli
+from laminar_orchestration.errors import ErrorKind
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger
 from laminar_orchestration.migration import (
     MigrationConfig,
     MigrationCoordinator,
+    MigrationError,
     MigrationKind,
     MigrationPhase,
     NoLiveNode,
 )
-from laminar_orchestration.moves import must_force, prepare_failover, run_moves
+from laminar_orchestration.moves import NoFailoverTarget, must_force, prepare_failover, run_moves
 from laminar_orchestration.ownership import snapshot_cluster
 from laminar_orchestration.planner import (
     AssignmentError,
@@ -458,6 +460,32 @@ def test_rebalance_plan_leaves_a_partition_in_flight_to_its_migration(ledger: Le
     assert plan.to_json()["skipped_in_flight"] == [3]
     # Weights go to the planner: node 2 weighing nothing, nothing moves to it.
     assert plan_rebalance(ledger, {2: 0.0}).assignment.moves == []
+
+
+def test_a_failover_with_no_node_to_receive_names_the_missing_target(ledger: Ledger) -> None:
+    """Not the dead node ("node 1 is not a live member"): no live node can receive its partitions,
+    and the registered nodes the membership has not admitted yet are named with what to do."""
+    make_dead(ledger, 1)
+    ledger.admit_nodes()
+    for p in (1, 2):
+        ledger.acquire(P(p), N(1), expected_epoch=0)
+    with pytest.raises(NoFailoverTarget) as none:
+        plan_node_failover(ledger, 1)
+    assert (none.value.partition, none.value.owner, none.value.not_admitted) == (1, 1, ())
+    assert str(none.value).startswith("no live node other than node 1 can receive partition 1: ")
+    assert "laminar node run" in str(none.value)
+    # A node registered since (dead too, or left out of `live` as the chaos suite does): named, not admitted.
+    make_dead(ledger, 3)
+    ledger.register_node(N(2), heartbeat_timeout_s=60)
+    with pytest.raises(NoFailoverTarget) as waiting:
+        plan_node_failover(ledger, 1, live=set())
+    assert waiting.value.not_admitted == (2, 3)
+    assert "node(s) 2, 3 registered but are not admitted" in str(waiting.value)
+    assert "laminar rebalance" in str(waiting.value)
+    assert waiting.value.error_kind == ErrorKind.UNAVAILABLE and isinstance(waiting.value, MigrationError)
+    # Admitted (as the reconcile does), the live one receives both partitions.
+    ledger.admit_nodes()
+    assert plan_node_failover(ledger, 1).moves == (Move(1, 1, 2), Move(2, 1, 2))
 
 
 def test_node_failover_plan_spreads_a_dead_nodes_partitions(ledger: Ledger) -> None:

@@ -98,13 +98,18 @@ def test_storage_policies_split_writes_by_role() -> None:
         "grant-keys/*",
         "ledger/cluster.json",
         "ledger/membership.json",
-        "ledger/partitions/*/head.json",
-        "ledger/partitions/*/grants/*",
-        "ledger/partitions/*/desired.json",
-        "manifests/*/history/*",
-        "manifests/*/current.json",
+        "ledger/partitions/?????/head.json",
+        "ledger/partitions/?????/grants/*",
+        "ledger/partitions/?????/desired.json",
+        "manifests/?????/history/*",
+        "manifests/?????/current.json",
     }
-    assert writes("producer") == {"source/*.seg", "source/*/head.json"}
+    assert writes("producer") == {"source/?????/*.seg", "source/?????/head.json"}
+    # A node's data objects: under its own node of a five-character partition segment, which no `*` spans.
+    assert {w for w in writes("node-1") if w.startswith(("checkpoints/", "sink/"))} == {
+        "checkpoints/?????/n-00001/*",
+        "sink/?????/n-00001/*",
+    }
     assert writes("auditor") == set()
     # A node writes its own record, never another's, never a grant, a head or the source.
     assert "ledger/nodes/00001.json" in writes("node-1") and "ledger/nodes/00002.json" not in writes("node-1")

@@ -176,6 +176,27 @@ def test_init_on_a_regular_file(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert target.read_text() == "not a store"
 
 
+@pytest.mark.parametrize(
+    ("tail", "named"),
+    [
+        # Python refuses a NUL before the OS sees it (it was a traceback: ValueError: embedded null byte).
+        pytest.param("x%00y", "NUL", id="nul"),
+        pytest.param("nul%00/deeper/store", "NUL", id="nul-in-a-parent"),
+        pytest.param("a" * 300 + "/store", "refuses the name", id="name-too-long"),  # ENAMETOOLONG
+        pytest.param("%FF%FE", "not UTF-8", id="not-utf8"),  # was decoded lossily into another name
+    ],
+)
+@pytest.mark.parametrize("command", ["init", "status"])
+def test_a_store_url_the_os_refuses_is_invalid_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tail: str, named: str, command: str
+) -> None:
+    url = f"{tmp_path.as_uri()}/{tail}"
+    argv = ["init", "--partitions", "2"] if command == "init" else [command]
+    code, line = run_error(capsys, *argv, "--store", url)
+    assert code == 2 and f"invalid store URL {url!r}" in line and named in line
+    assert list(tmp_path.iterdir()) == []  # nothing created
+
+
 @pytest.mark.parametrize("partitions", ["0", "-3", str(MAX_PARTITIONS + 1), "100000000"])
 def test_init_partition_count_is_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str], partitions: str) -> None:
     target = tmp_path / "store"
@@ -245,6 +266,44 @@ def test_failover_rejects_node_ids_that_are_no_nodes(
     assert code == 2 and named in line
     assert "receive" not in line
     assert snapshot(cluster) == before
+
+
+def _dead_owner_of_both(url: str) -> Ledger:
+    """Node 1, an admitted member, owns both partitions and has stopped heartbeating."""
+    ledger = Ledger(open_store(url))
+    ledger.register_node(NodeId(1), heartbeat_timeout_s=0.05)
+    ledger.admit_nodes()
+    for p in (0, 1):
+        ledger.acquire(PartitionId(p), NodeId(1), expected_epoch=0)
+    time.sleep(0.1)
+    return ledger
+
+
+def test_failover_with_no_node_to_receive_names_the_missing_target(
+    cluster: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _dead_owner_of_both(cluster)
+    before = snapshot(cluster)
+    code, line = run_error(capsys, "failover", "--store", cluster, "--node", "1")
+    assert code == 3  # unavailable: once a node runs, the same command works
+    assert "no live node other than node 1 can receive partition 0" in line and "laminar node run" in line
+    assert "is not a live member" not in line
+    assert snapshot(cluster) == before
+
+
+def test_failover_admits_a_node_registered_since_the_last_reconcile(
+    cluster: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ledger = _dead_owner_of_both(cluster)
+    ledger.register_node(NodeId(2), heartbeat_timeout_s=60)  # registered moments ago: not a member yet
+    assert ledger.membership().members == [1]
+    argv = ["failover", "--store", cluster, "--node", "1", "--migration-timeout", "0.5", "--json"]
+    # No node process runs the restores, so each move fences and then times out: exit 1.
+    assert cli.main(argv) == 1
+    failovers = json.loads(capsys.readouterr().out)["failovers"]
+    assert {(f["partition"], f["to_node"]) for f in failovers} == {(0, 2), (1, 2)}
+    assert ledger.membership().members == [1, 2]  # admitted as the reconcile admits it
+    assert all((o.owner, o.epoch) == (2, 2) for o in ledger.ownerships([PartitionId(0), PartitionId(1)]).values() if o)
 
 
 def test_rebalance_bad_weight_is_invalid_input(cluster: str, capsys: pytest.CaptureFixture[str]) -> None:

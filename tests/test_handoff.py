@@ -29,8 +29,17 @@ from laminar_orchestration.handoff import (
     take_over,
 )
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
+from laminar_orchestration.keys import manifest_history_key
 from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import ManifestPublisher, ManifestUpdate, StaleFencingToken, StaleGeneration
+from laminar_orchestration.manifest import (
+    ManifestPublisher,
+    ManifestReader,
+    ManifestUpdate,
+    ManifestVersion,
+    PartitionManifest,
+    StaleFencingToken,
+    StaleGeneration,
+)
 from laminar_orchestration.migration import (
     FORCED_PHASES,
     GRACEFUL_PHASES,
@@ -40,7 +49,9 @@ from laminar_orchestration.migration import (
     MigrationTask,
 )
 from laminar_orchestration.records import PartitionStatus
+from laminar_orchestration.signing import SigningKey, sign_record
 from laminar_orchestration.store import ObjectStore, StoreError
+from laminar_orchestration.ulid import next_ulid
 
 OLD, NEW = NodeId(1), NodeId(2)
 EPOCH = 4
@@ -317,6 +328,29 @@ def test_a_graceful_takeover_refuses_a_chain_that_does_not_continue_from_the_rel
     assert err.value.found_commit == released.manifest.commit_ulid
 
 
+def test_a_graceful_takeover_follows_the_chain_past_an_entry_planted_between_release_and_seal(
+    store: ObjectStore,
+) -> None:
+    """Another node's keys create an entry at the next sequence number after the old owner released:
+    the grant's seal passes over it, and the handoff check must find the released commit by the
+    seal's parent hash, not at the sequence number below the seal."""
+    ledger, publisher = _old_owner_with_a_commit(store)
+    released = publisher.current(PartitionId(0))
+    assert released is not None
+    planted = released.manifest.model_copy(
+        update={"seq": released.manifest.seq + 1, "parent_hash": released.raw_hash, "source_offset": 999}
+    )
+    planted = sign_record(planted, SigningKey.generate(0, 1, int(NEW)))  # not the grant's key
+    store.put_if_absent(manifest_history_key(0, planted.seq), planted.model_dump_json().encode())
+    ledger.fence(PartitionId(0), NEW, expected_epoch=1, reason="handoff")
+    token = ledger.adopt(PartitionId(0), NEW)
+
+    result = take_over(publisher, token, generation=0, restored=released, released=released.manifest.commit_ulid)
+
+    assert result.sealed.manifest.seq == planted.seq + 1 and result.sealed.manifest.parent_hash == released.raw_hash
+    assert not result.restore_again and result.sealed.manifest.source_offset == 10
+
+
 def test_a_new_owner_superseded_before_its_takeover_gets_a_stale_fencing_token(store: ObjectStore) -> None:
     ledger, publisher = _old_owner_with_a_commit(store)
     ledger.fence(PartitionId(0), NEW, expected_epoch=1, reason="failover")
@@ -343,6 +377,67 @@ def test_a_restarted_process_seals_its_own_grant_again_and_its_earlier_incarnati
     with pytest.raises(StaleGeneration):
         publisher.publish(token, ManifestUpdate(source_offset=30, generation=0))
     publisher.publish(token, ManifestUpdate(source_offset=30, generation=2))
+
+
+def _earlier_incarnation_commits_past_the_reseal(store: ObjectStore) -> tuple[ManifestPublisher, ManifestVersion]:
+    """Node 1 (generation 1) commits; a restarted node 1 (generation 2) seals its grant again; the
+    earlier process, skipping its own generation check, signs a commit with the epoch's key (both
+    processes hold it), creates the next entry and moves the pointer to it. Returns the
+    restarted process's publisher and its seal."""
+    ledger = Ledger(store)
+    ledger.init_cluster(1)
+    ledger.register_node(OLD)
+    token = ledger.acquire(PartitionId(0), OLD, expected_epoch=0)
+    zombie = _publisher(store)
+    zombie.publish(token, ManifestUpdate(source_offset=10, generation=1))
+    ledger.register_node(OLD)  # the restart: generation 2
+    restarted = _publisher(store)
+    reseal = seal_at(restarted, ledger.adopt(PartitionId(0), OLD), generation=2)
+
+    void = PartitionManifest(
+        partition=0,
+        seq=reseal.manifest.seq + 1,
+        fencing_token=token.epoch,
+        node=OLD,
+        generation=1,
+        commit_ulid=next_ulid(reseal.manifest.commit_ulid),
+        parent_hash=reseal.raw_hash,
+        cluster_epoch=0,
+        source_offset=50,
+        outputs=[],
+        events_applied=40,
+        note="the earlier incarnation's commit",
+        committed_at=datetime.now(UTC),
+    )
+    raw = sign_record(void, zombie.signing_keys.get(OLD, 0, token.epoch)).model_dump_json().encode()
+    chain = zombie._writable_chain(0)
+    chain.create(void.seq, raw)
+    pointer = chain.pointer()
+    assert pointer is not None
+    chain.move_pointer(raw, pointer.etag)
+    return restarted, reseal
+
+
+def test_an_earlier_incarnations_entry_is_void_through_the_pointer_as_in_the_audit(store: ObjectStore) -> None:
+    _, reseal = _earlier_incarnation_commits_past_the_reseal(store)
+
+    fresh = ManifestReader(store)  # starts from the pointer: no trusted entry yet
+    current = fresh.current(PartitionId(0))
+    assert current is not None and current.raw == reseal.raw
+    assert list(ManifestReader(store).history(PartitionId(0)))[-1].raw == reseal.raw  # the audit agrees
+
+
+def test_the_restarted_owner_commits_past_its_earlier_incarnations_void_entry(store: ObjectStore) -> None:
+    restarted, reseal = _earlier_incarnation_commits_past_the_reseal(store)
+    token = Ledger(store).adopt(PartitionId(0), OLD)
+
+    committed = restarted.publish(token, ManifestUpdate(source_offset=20, generation=2))
+
+    assert committed.manifest.parent_hash == reseal.raw_hash and committed.manifest.source_offset == 20
+    # Restarted once more (generation 3): its seal carries the genuine chain, not the void entry.
+    Ledger(store).register_node(OLD)
+    again = seal_at(_publisher(store), token, generation=3)
+    assert again.manifest.source_offset == 20 and again.manifest.parent_hash == committed.raw_hash
 
 
 # --- a commit whose response was lost ---------------------------------------------------------------

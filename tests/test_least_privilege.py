@@ -53,7 +53,7 @@ from laminar_orchestration.capabilities import (
 )
 from laminar_orchestration.checkpoint import OutputWriter
 from laminar_orchestration.fencing import PartitionGuard
-from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.identity import MAX_PARTITIONS, NodeId, PartitionId
 from laminar_orchestration.ledger import Ledger, NotReleased
 from laminar_orchestration.manifest import (
     SHA256_METADATA,
@@ -859,7 +859,9 @@ def test_what_only_s3_can_deny_is_denied_by_the_documents() -> None:
         assert not can(role, "s3:ListBucket", "", {"s3:prefix": f"{PREFIX}/sink/"}), role
         assert not can(role, "s3:ListBucket", "", {}), role  # nor the whole bucket
     assert can(AUDITOR_ROLE, "s3:ListBucket", "", {"s3:prefix": f"{PREFIX}/sink/"})
-    assert not can(PRODUCER_ROLE, "s3:ListBucket", "", {"s3:prefix": f"{PREFIX}/ledger/nodes/"})
+    # The producer reads node records (a restarted writer's generation) but lists no other ledger prefix.
+    assert not can(PRODUCER_ROLE, "s3:ListBucket", "", {"s3:prefix": f"{PREFIX}/ledger/partitions/"})
+    assert not can(PRODUCER_ROLE, "s3:PutObject", keys.node_key(1), IF_MATCH)
     # Per node: its own record only, and data objects under its own node only.
     assert can(node_role(1), "s3:PutObject", keys.node_key(1), IF_MATCH)
     assert not can(node_role(1), "s3:PutObject", keys.node_key(2), IF_MATCH)
@@ -871,6 +873,76 @@ def test_what_only_s3_can_deny_is_denied_by_the_documents() -> None:
     ):
         assert can(node_role(1), "s3:PutObject", mine, IF_NONE_MATCH), mine
         assert not can(node_role(1), "s3:PutObject", other, IF_NONE_MATCH), other
+
+
+def spanning_keys(node: int, other: int) -> list[str]:
+    """Keys that end like `node`'s own but lie under `other`'s data prefix or a ledger/manifest prefix
+    `node` may not write: a `*` in the partition's place of `node`'s patterns would span the `/`s."""
+    ulid = next_ulid()
+    return [
+        f"{keys.checkpoint_partition_prefix(1)}n-{other:05d}/x/n-{node:05d}/y",
+        f"{keys.sink_partition_prefix(1)}n-{other:05d}/x/n-{node:05d}/y",
+        f"{keys.delta_key(1, other, 3, ulid)}/{keys.delta_key(1, node, 3, ulid)}",
+        f"{keys.snapshot_file_key(1, other, 3, ulid, 'a.sst')}/{keys.snapshot_file_key(1, node, 3, ulid, 'a.sst')}",
+        f"{keys.output_object_key(1, other, 3, 0, 1, ulid)}/{keys.output_object_key(1, node, 3, 0, 1, ulid)}",
+        # Under the grants of partition 0, and under its manifest pointer, by way of the release and
+        # manifest history patterns.
+        f"{keys.grant_key(0, 7)}/{keys.release_key(0, 7)}",
+        f"{keys.manifest_pointer_key(0)}/{keys.manifest_history_key(0, 7)}",
+    ]
+
+
+def own_keys(node: int) -> list[str]:
+    """Data objects `node` writes, at the lowest and the highest partition id."""
+    ulid = next_ulid()
+    return [
+        k
+        for p in (0, MAX_PARTITIONS - 1)
+        for k in (
+            keys.delta_key(p, node, 3, ulid),
+            keys.snapshot_file_key(p, node, 3, ulid, "000001.sst"),
+            keys.output_object_key(p, node, 3, 0, 1, ulid),
+        )
+    ]
+
+
+def test_a_nodes_patterns_span_no_segment_into_another_prefix() -> None:
+    for key in spanning_keys(1, 2):
+        assert not can(node_role(1), "s3:PutObject", key, IF_NONE_MATCH), key
+    for key in (*own_keys(1), keys.release_key(MAX_PARTITIONS - 1, 3), keys.manifest_history_key(0, 3)):
+        assert can(node_role(1), "s3:PutObject", key, IF_NONE_MATCH), key
+    # Another width than the five digits every partition id is spelled with matches no partition segment.
+    assert {len(f"{p:05d}") for p in (0, MAX_PARTITIONS - 1)} == {len(keys.PARTITION_SEGMENT_PATTERN)}
+    assert not can(node_role(1), "s3:PutObject", "checkpoints/1/n-00001/x", IF_NONE_MATCH)
+    # The auditor can still delete whatever lands under the data prefixes (the sweep removes it).
+    for key in spanning_keys(1, 2)[:5]:
+        assert can(AUDITOR_ROLE, "s3:DeleteObject", key), key
+
+
+def test_a_nodes_keys_create_nothing_under_another_nodes_prefix(roles: Roles) -> None:
+    """On the authenticating server: node 1's keys cannot create an object whose key runs from a
+    partition segment into node 2's prefix (and back to a name of node 1's), nor into the grants or
+    a manifest pointer; they still create every kind of data object of node 1's own."""
+    role = node_role(1)
+    wrong: list[str] = []
+    created: list[str] = []
+    try:
+        for key in spanning_keys(1, 2):
+            for how, call in zip(("project", "raw"), _create(role, key), strict=True):
+                outcome = _outcome(functools.partial(call, roles))
+                if outcome != "denied (403)":
+                    wrong.append(f"{how}: {key}: {outcome}")
+                    created.append(key)
+        for key in (*own_keys(1), keys.release_key(MAX_PARTITIONS - 1, 10**9)):
+            created.append(key)
+            for how, call in zip(("project", "raw"), _create(role, key), strict=True):
+                outcome = _outcome(functools.partial(call, roles))
+                if outcome != "allowed":
+                    wrong.append(f"{how}: {key}: {outcome}")
+    finally:
+        for key in created:  # the test's own objects: nothing for the scenario's audit to find
+            roles.raw("admin").delete_object(Bucket=BUCKET, Key=_full(key))
+    assert not wrong, "\n".join(wrong)
 
 
 def test_a_partition_session_policy_narrows_a_node_to_its_partitions() -> None:

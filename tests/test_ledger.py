@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
-from laminar_orchestration.fencing import NotOwned, StaleEpoch, UnknownPartition
+from laminar_orchestration.capabilities import OutputCommitter
+from laminar_orchestration.fencing import FencingToken, NotOwned, StaleEpoch, UnknownPartition
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.keys import grant_key, ownership_head_key
 from laminar_orchestration.ledger import (
@@ -17,6 +19,13 @@ from laminar_orchestration.ledger import (
     Ledger,
     NodeIdentityConflict,
     NotReleased,
+)
+from laminar_orchestration.manifest import (
+    ManifestPublisher,
+    ManifestReader,
+    ManifestUpdate,
+    ManifestVersion,
+    StaleFencingToken,
 )
 from laminar_orchestration.records import (
     CorruptLedgerObject,
@@ -101,6 +110,80 @@ def test_fence_to_unassigned_then_acquire_without_release(ledger: Ledger) -> Non
     assert own is not None and (own.epoch, own.owner) == (2, UNASSIGNED)
     token = ledger.acquire(P(2), N(3), expected_epoch=2)
     assert token.epoch == 3
+
+
+class _GranterDied(BaseException):
+    """The granting process dies (a BaseException: nothing on the way catches it)."""
+
+
+def _dies_at_the_seal(*_args: object, **_kwargs: object) -> ManifestVersion:
+    raise _GranterDied
+
+
+def _unassigned_and_unsealed(store: ObjectStore, monkeypatch: pytest.MonkeyPatch) -> tuple[FencingToken, Ledger]:
+    """Node 1 holds partition 0 at epoch 1 and committed; a fence to "unassigned" creates grant 2 and
+    its granter dies before sealing the chain. Returns node 1's token and the dead granter's ledger."""
+    owner = Ledger(store)
+    owner.init_cluster(1)
+    token = owner.acquire(P(0), N(1), expected_epoch=0)
+    ManifestPublisher(OutputCommitter(store), store).publish(token, ManifestUpdate(source_offset=10))
+    granter = Ledger(store)
+    monkeypatch.setattr(granter.sealer, "seal", _dies_at_the_seal)
+    with pytest.raises(_GranterDied):
+        granter.fence(P(0), UNASSIGNED, expected_epoch=1, reason="drain node 1")
+    return token, granter
+
+
+def test_a_fence_whose_granter_died_before_its_seal_is_sealed_by_complete_grant(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token, _ = _unassigned_and_unsealed(store, monkeypatch)
+    own = Ledger(store).ownership(P(0))
+    assert own is not None and (own.epoch, own.owner, own.head_lagged) == (2, UNASSIGNED, True)
+    # The hole: nobody adopts a grant to "unassigned", so the old owner still publishes under epoch 1.
+    old_owner = ManifestPublisher(OutputCommitter(store), store)
+    accepted = old_owner.publish(token, ManifestUpdate(source_offset=20))
+    assert ManifestReader(store).current(P(0)) == accepted
+
+    control_plane = Ledger(store)
+    assert control_plane.complete_grant(P(0)) is True
+
+    sealed = ManifestReader(store).current(P(0))
+    assert sealed is not None and sealed.manifest.is_seal
+    assert (sealed.manifest.fencing_token, sealed.manifest.node, sealed.manifest.source_offset) == (2, 0, 20)
+    assert sealed.manifest.parent_hash == accepted.raw_hash
+    own = control_plane.ownership(P(0))
+    assert own is not None and (own.epoch, own.owner, own.head_lagged) == (2, UNASSIGNED, False)
+    with pytest.raises(StaleFencingToken):
+        old_owner.publish(token, ManifestUpdate(source_offset=30))
+    # Idempotent: nothing lags any more, nothing is written.
+    assert control_plane.complete_grant(P(0)) is False
+    assert Ledger(store).complete_grant(P(0), control_plane.ownership(P(0))) is False
+    assert ManifestReader(store).current(P(0)) == sealed
+
+
+def test_complete_grant_beside_a_granter_still_finishing_seals_once(ledger: Ledger, store: ObjectStore) -> None:
+    token = ledger.acquire(P(1), N(1), expected_epoch=0)
+    ManifestPublisher(OutputCommitter(store), store).publish(token, ManifestUpdate(source_offset=5))
+    granter = Ledger(store)
+    seal = granter.sealer.seal
+    completed: list[bool] = []
+
+    def control_plane_first(*args: Any, **kwargs: Any) -> ManifestVersion:
+        # The control plane looks between the grant and the granter's seal, and completes it.
+        completed.append(Ledger(store).complete_grant(P(1)))
+        return seal(*args, **kwargs)
+
+    granter.sealer.seal = control_plane_first  # type: ignore[method-assign]
+    assert granter.fence(P(1), N(2), expected_epoch=1, reason="failover") is not None
+
+    assert completed == [True]
+    entries = list(ManifestReader(store).history(P(1)))
+    assert [(e.manifest.fencing_token, e.manifest.is_seal) for e in entries] == [(1, True), (1, False), (2, True)]
+    own = ledger.ownership(P(1))
+    assert own is not None and (own.epoch, own.owner, own.head_lagged) == (2, 2, False)
+    # The grantee takes over at the control plane's seal: it is signed with its grant's key.
+    assert ledger.adopt(P(1), N(2)).epoch == 2
 
 
 def test_adopt_only_for_the_named_node(ledger: Ledger) -> None:

@@ -28,6 +28,7 @@ from laminar_orchestration.source import (
     PartitionOutOfRange,
     SourceEvent,
     SourceLog,
+    UndecodableSegment,
     encode_segment,
     generate_events,
     normalize_events,
@@ -93,6 +94,65 @@ def test_append_validates_tables() -> None:
         assert info.value.partition == 1
     with pytest.raises(InvalidEvents, match="belongs to partition 0"):
         normalize_events(1, _events(1))
+
+
+def _not_utf8(*values: bytes) -> pa.Array:
+    """A string array holding `values` unchecked, as pyarrow builds one from a Parquet file's bytes."""
+    return pa.array(values, pa.binary()).cast(pa.string(), safe=False)
+
+
+def test_append_rejects_keys_that_are_not_utf8_and_appends_nothing(store: ObjectStore, tmp_path: Path) -> None:
+    log = SourceLog(store)
+    log.append(0, _events(2))
+    objects = sorted(store.list("source/"))
+    keys = _not_utf8(b"ok", b"fine", b"\xff\xfe", b"x")
+    path = tmp_path / "events.parquet"
+    pq.write_table(pa.table({"key": keys, "value": [1.0, 2.0, 3.0, 4.0]}), path)
+    chunked = pa.chunked_array([pa.array(["a", "b"]), _not_utf8(b"c", b"\xc3")])
+    for table, row in (
+        (pa.table({"key": keys, "value": [1, 2, 3, 4]}), 2),
+        (pq.read_table(path), 2),  # what a Parquet file written that way reads back as
+        (pq.read_table(path, read_dictionary=["key"]), 2),
+        (pa.table({"key": keys.cast(pa.large_string()), "value": [1, 2, 3, 4]}), 2),
+        (pa.table({"key": chunked, "value": [1.0, 2.0, 3.0, 4.0]}), 3),
+    ):
+        with pytest.raises(InvalidEvents) as info:
+            log.append(0, table)
+        assert (info.value.partition, info.value.row, info.value.column) == (0, row, "key")
+        assert f"column 'key', row {row}" in str(info.value) and "not valid UTF-8" in str(info.value)
+    # Nothing of any of them was appended: no segment, the head unmoved.
+    assert log.end_offset(0) == 2 and sorted(store.list("source/")) == objects
+    assert log.read(0, 2, 10) is None
+
+
+def test_a_lone_surrogate_key_is_invalid_input_not_a_unicode_error(local_store: LocalObjectStore) -> None:
+    with pytest.raises(ValidationError, match="lone surrogate at index 1"):
+        SourceEvent(partition=0, key="a\ud800", value=1)
+    # An event built around validation still cannot reach the log.
+    forged = SourceEvent.model_construct(partition=0, key="a\ud800", value=1.0, ts=None)
+    log = SourceLog(local_store)
+    with pytest.raises(InvalidEvents) as info:
+        log.append(0, [*_events(2), forged])
+    assert (info.value.partition, info.value.row, info.value.column) == (0, 2, "key")
+    assert "lone surrogate" in str(info.value)
+    assert log.end_offset(0) == 0 and list(local_store.list("source/")) == []
+
+
+def test_an_undecodable_segment_is_named_by_a_failed_batch(local_store: LocalObjectStore) -> None:
+    log = SourceLog(local_store)
+    log.append(0, _events(3))
+    poison = pa.table({"key": _not_utf8(b"d", b"\xff"), "value": [4.0, 5.0], "ts": pa.array([4, 5], pa.int64())})
+    # A writer bypassing `append`: the segment at the log end, then the head rolled past it.
+    local_store.put_if_absent(segment_key(0, 3), encode_segment(0, 3, poison, frame_events=1))
+    assert log.roll_forward(0) == 5
+    batch = log.read(0, 0, 10)
+    assert batch is not None and batch.segment_starts == (0, 3)
+    first = log.read(0, 0, 3)
+    assert first is not None and first.undecodable() is None  # a batch that decodes names nothing
+    error = batch.undecodable()
+    assert isinstance(error, UndecodableSegment)
+    assert (error.partition, error.key, error.start_offset, error.offset) == (0, segment_key(0, 3), 3, 4)
+    assert "b'\\xff' is not valid UTF-8" in str(error) and error.error_kind.value == "corrupt data"
 
 
 # --- append and read --------------------------------------------------------------
@@ -282,6 +342,8 @@ def test_source_errors_pickle_with_their_fields() -> None:
         BadInputLine("x.jsonl", 3, "value: bad"),
         CorruptSourceHead("source/00000/head.json", "bad"),
         InvalidEvents(2, "bad"),
+        InvalidEvents(2, "bad", 5, "key"),
+        UndecodableSegment(0, segment_key(0, 3), 3, 4, "bad"),
         PartitionOutOfRange(7, 4),
     ):
         back = pickle.loads(pickle.dumps(err))

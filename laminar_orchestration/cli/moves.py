@@ -81,6 +81,9 @@ class Failover(Command):
             raise InvalidArgument("--to", f"node {args.to} is the node being failed over")
         ledger = open_ledger(args)
         config = migration_config(args)
+        # Nodes that registered since the last reconcile join the member set first, as the
+        # reconcile (and `rebalance`) admits them: a node that just started may take the partitions.
+        ledger.admit_nodes()
         try:
             plan = plan_node_failover(ledger, args.node, to_node=args.to, force=args.force)
         except NodeStillAlive:

@@ -223,10 +223,13 @@ class ConsoleOutput:
             f"scanned {report.scanned} objects: {report.referenced} referenced, "
             f"{verb} {len(report.deleted)}, {len(report.kept_in_grace)} unreferenced but within the grace period, "
             f"{len(report.kept_unsealed)} of an epoch that may still publish, "
-            f"{len(report.kept_unverified)} kept unverified"
+            f"{len(report.kept_unverified)} kept unverified, {len(report.unparseable)} with a name that does not parse"
         )
         for key, why in sorted(report.kept_unverified.items()):
             self._say(f"  kept {key}: {why}")
+        deleted = set(report.deleted)
+        for key, why in sorted(report.unparseable.items()):
+            self._say(f"  {verb if key in deleted else 'kept (within the grace period)'} {key}: {why}")
 
     def policies(self, policies: StoragePolicies) -> None:
         where = f"s3://{policies.bucket}/{policies.prefix}".rstrip("/")

@@ -70,14 +70,17 @@ def open_store(url: str | None = None, *, retrying: bool = True, create: bool = 
     if scheme == "":
         if not url:
             raise InvalidStoreUrl(url, "empty")
-        return LocalObjectStore(Path(url), create=create)
+        return _open_local(url, url, create)
     if scheme == "file":
         if parsed.netloc not in ("", "localhost"):
             raise InvalidStoreUrl(url, "file URLs take no host: use file:///absolute/path")
-        path = unquote(parsed.path)
+        try:
+            path = unquote(parsed.path, errors="strict")
+        except UnicodeDecodeError:
+            raise InvalidStoreUrl(url, "the path's %-escapes are not UTF-8") from None
         if not path:
             raise InvalidStoreUrl(url, "file URL has no path")
-        return LocalObjectStore(Path(path), create=create)
+        return _open_local(url, path, create)
     if scheme == "s3":
         bucket = parsed.netloc
         if not bucket:
@@ -92,3 +95,16 @@ def open_store(url: str | None = None, *, retrying: bool = True, create: bool = 
 
         return RetryingStore(inner)
     raise InvalidStoreUrl(url, f"unsupported scheme {scheme!r}: use file:///path or s3://bucket/prefix")
+
+
+def _open_local(url: str, path: str, create: bool) -> LocalObjectStore:
+    """The local store at `path` (what `url` names); InvalidStoreUrl naming `url` if no directory can have that name."""
+    if "\x00" in path:
+        # Checked before the filesystem sees it: no file name holds a NUL, and nothing may be created.
+        raise InvalidStoreUrl(url, "the path holds a NUL byte (%00), which no file name may contain")
+    try:
+        return LocalObjectStore(Path(path), create=create)
+    except InvalidStoreUrl as exc:
+        if exc.url == url:
+            raise
+        raise InvalidStoreUrl(url, exc.reason) from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from ..errors import ConflictError, InvalidInputError, LaminarError, NotFoundError, UnavailableError
 
@@ -23,6 +24,9 @@ class ObjectMeta:
     size: int
     etag: str
     metadata: Mapping[str, str] = field(default_factory=dict)
+    #: When the store last wrote the object, by the store's clock (None: the backend does not say).
+    #: The writer cannot choose it, unlike the ULID in a name; not part of the object's identity.
+    last_modified: datetime | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

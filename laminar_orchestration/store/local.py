@@ -27,6 +27,7 @@ import os
 import secrets
 import struct
 from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import ClassVar
 
@@ -56,6 +57,8 @@ _CACHE_ENTRIES = 50_000
 #: Names the on-disk layout; absent in stores written before keys were escaped.
 _FORMAT_FILE = ".laminar-store-format"
 _FORMAT = "2"
+#: Errors of a path the OS will never accept (too long, invalid bytes): the URL is wrong, retrying cannot help.
+_REFUSED_NAME_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EINVAL, errno.EILSEQ})
 #: Suffix of every object file in format 2 (see the module docstring).
 _OBJ_SUFFIX = "%"
 
@@ -92,8 +95,16 @@ class LocalObjectStore(ObjectStore):
     """An object store rooted at a local directory."""
 
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True, create: bool = True) -> None:
-        self.root = Path(root).resolve()
-        if self.root.exists() and not self.root.is_dir():
+        try:
+            self.root = Path(root).resolve()
+            is_file = self.root.exists() and not self.root.is_dir()
+        except ValueError as exc:  # a NUL byte: Python refuses the name before the OS sees it
+            raise InvalidStoreUrl(os.fspath(root), f"not a usable directory name: {exc}") from None
+        except OSError as exc:
+            if exc.errno not in _REFUSED_NAME_ERRNOS:
+                raise StoreUnavailable("open", "", f"cannot inspect the store directory {root}: {exc}") from exc
+            raise InvalidStoreUrl(os.fspath(root), f"the operating system refuses the name: {exc.strerror}") from None
+        if is_file:
             raise InvalidStoreUrl(self.root.as_uri(), f"{self.root} is a file, not a store directory")
         if not create and not self.root.is_dir():
             # A typo in a store path must not silently create an empty store.
@@ -104,6 +115,9 @@ class LocalObjectStore(ObjectStore):
         except (FileExistsError, NotADirectoryError):
             raise InvalidStoreUrl(self.root.as_uri(), f"a parent of {self.root} is a file, not a directory") from None
         except OSError as exc:
+            if exc.errno in _REFUSED_NAME_ERRNOS:
+                reason = f"the operating system refuses the name {self.root}: {exc.strerror}"
+                raise InvalidStoreUrl(self.root.as_uri(), reason) from None
             raise StoreUnavailable("open", "", f"cannot create the store directory {self.root}: {exc}") from exc
         self.url = self.root.as_uri()
         self._fsync = fsync
@@ -341,13 +355,16 @@ class LocalObjectStore(ObjectStore):
         try:
             with open(path, "rb") as fh:
                 header = self._read_header(key, path, fh)
+                # Objects are published by link/rename of a finished file: its mtime is the write's.
+                mtime = os.fstat(fh.fileno()).st_mtime
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
         meta = header["metadata"]
         assert isinstance(meta, dict)
         size = header["size"]
         assert isinstance(size, int)
-        return ObjectMeta(key=key, size=size, etag=str(header["etag"]), metadata=meta)
+        modified = datetime.fromtimestamp(mtime, UTC)
+        return ObjectMeta(key=key, size=size, etag=str(header["etag"]), metadata=meta, last_modified=modified)
 
     def list(self, prefix: str) -> Iterator[str]:
         base = self.root

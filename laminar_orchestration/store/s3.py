@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, NoReturn
 
 import boto3
@@ -302,11 +303,13 @@ class S3ObjectStore(ObjectStore):
                 self._verify_bucket("head", key)
                 return None
         self._bucket_verified = True
+        modified = resp.get("LastModified")
         return ObjectMeta(
             key=key,
             size=int(resp["ContentLength"]),
             etag=_unquote_etag(resp["ETag"]),
             metadata=dict(resp.get("Metadata", {})),
+            last_modified=modified if isinstance(modified, datetime) else None,
         )
 
     def _verify_bucket(self, op: str, key: str) -> None:

@@ -1,0 +1,105 @@
+"""A segment the node cannot decode (a key that is not UTF-8, written around `SourceLog.append`) fails
+its partition once, for good, with the segment and offset in the node's report and `laminar status`;
+the partition is not restarted in a loop and nothing of the segment is skipped.
+
+The node is the real runtime with a pyarrow fold instead of Spark (`ArrowNode`).
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+from laminar_dev.chaos import ArrowNode
+from laminar_orchestration.cli.output import ConsoleOutput
+from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.keys import segment_key
+from laminar_orchestration.ledger import Ledger
+from laminar_orchestration.migration import DesiredStates
+from laminar_orchestration.ownership import snapshot_cluster
+from laminar_orchestration.runtime import NodeConfig, PartitionWorker
+from laminar_orchestration.source import SourceLog, encode_segment
+from laminar_orchestration.store import ObjectStore
+
+P, N = PartitionId, NodeId
+
+
+class CountingNode(ArrowNode):
+    """Counts the partition workers it starts: the first start and every restart."""
+
+    starts = 0
+
+    def _start(self, worker: PartitionWorker) -> None:
+        self.starts += 1
+        super()._start(worker)
+
+
+def _poison_segment(store: ObjectStore, partition: int, start: int) -> None:
+    """A segment at `start` whose second key is not UTF-8, stored as a writer bypassing `append` would."""
+    keys = pa.array([b"d", b"\xff\xfe"], pa.binary()).cast(pa.string(), safe=False)
+    table = pa.table({"key": keys, "value": [4.0, 5.0], "ts": pa.array([4, 5], pa.int64())})
+    store.put_if_absent(segment_key(partition, start), encode_segment(partition, start, table))
+
+
+def test_an_undecodable_segment_fails_its_partition_once_and_is_reported(store: ObjectStore, tmp_path: Path) -> None:
+    ledger = Ledger(store)
+    ledger.init_cluster(1)
+    log = SourceLog(store, partitions=1)
+    log.append(0, pa.table({"key": ["a", "b", "c"], "value": [1.0, 2.0, 3.0]}))
+    _poison_segment(store, 0, 3)
+    assert log.roll_forward(0) == 5
+    DesiredStates(ledger).update(P(0), lambda s: s.model_copy(update={"owner": 1}))
+    ledger.acquire(P(0), N(1), expected_epoch=0, reason="place", generation=1)  # the control plane grants
+    node = CountingNode(
+        NodeConfig(
+            store_url=store.url,
+            node_id=1,
+            workdir=str(tmp_path / "node1"),
+            heartbeat_interval_s=0.1,
+            reconcile_interval_s=0.02,
+            # One segment per batch: the good segment commits, then the poison one is met on its own.
+            batch_max_events=3,
+            # A restart loop would restart the partition a dozen times in the second watched below.
+            restart_backoff_initial_s=0.05,
+            restart_backoff_max_s=0.1,
+        ),
+        store=store,
+    )
+    runner = threading.Thread(target=node.run, kwargs={"install_signals": False}, daemon=True)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            progress = node._progress().get(0)
+            if progress is not None and progress.consecutive_failures:
+                break
+            time.sleep(0.02)
+        time.sleep(1.2)
+        progress = node._progress().get(0)
+        reported = ledger.node(N(1))
+        status = snapshot_cluster(ledger)
+    finally:
+        node.stop()
+        runner.join(30)
+    assert not runner.is_alive()
+    assert node.starts == 1  # never restarted
+    assert progress is not None and progress.state == "failed"
+    assert (progress.consecutive_failures, progress.retry_delay_s) == (1, None)
+    row = status.partitions[0]
+    assert row.failures == 1
+    # Nothing skipped: the good segment is committed, the partition stops at the poison segment's start.
+    assert (row.committed_offset, row.log_end) == (3, 5)
+    assert reported is not None
+    printed = io.StringIO()
+    ConsoleOutput(printed).status(status)
+    json_reason = status.to_json()["partitions"][0]["last_failure"]
+    for reason in (progress.last_failure, reported.partitions[0].last_failure, row.last_failure, json_reason):
+        assert reason is not None
+        assert reason.startswith("UndecodableSegment: undecodable source segment")
+        assert segment_key(0, 3) in reason and "event at offset 4" in reason and "not valid UTF-8" in reason
+        assert "not restarted" in reason
+    assert segment_key(0, 3) in printed.getvalue()
