@@ -42,7 +42,7 @@ def _describe(result: ScenarioResult) -> str:
         f"{result.simulated_s:.1f} simulated s, {result.faults} store faults, {result.crashes} crashes, "
         f"{result.pauses} pauses, {result.preemptions} preemptions, {result.manifests} manifests checked "
         f"({result.snapshots} naming a new snapshot), "
-        f"{result.swept} objects swept, "
+        f"{result.swept} objects swept, {result.splits} zombie restarts, {result.void_entries} void entries, "
         f"trace {result.trace_hash}: {'ok' if result.ok else 'VIOLATION'}"
     )
 

@@ -19,14 +19,29 @@ and lose it on a crash. Nothing here reads the wall clock or sleeps.
 * `ProducerActor` - appends events to the source log.
 * `SweeperActor` - the auditor: now and then runs the real anti-entropy sweep,
   which deletes unreferenced objects of sealed epochs, between the others' steps.
+* `StandbyActor` - follows the chains like a warm standby (a long-lived
+  `ManifestReader`) and with fresh readers; what it holds must be genuine, and
+  at any instant a fresh reader must end on the newest genuine entry.
+* `IntruderActor` - another node's credentials and keys: creates forged (or
+  superseded) entries at the next sequence number, moves pointers to any entry,
+  forges releases; its favourite moment is a handoff between release and seal.
+
+A node that restarts under a new generation while its earlier process keeps
+running (`World._split`) leaves that process as a zombie `NodeActor`: it no
+longer heartbeats and skips its client-side checks (the successor probe, the
+guard refresh, the publisher's succession checks), so it writes void entries
+and moves the pointer to them; only what readers make of them is checked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
+
+import pyarrow as pa
 
 from laminar_orchestration import antientropy
 from laminar_orchestration.capabilities import (
@@ -38,8 +53,10 @@ from laminar_orchestration.capabilities import (
 )
 from laminar_orchestration.checkpoint import next_checkpoint
 from laminar_orchestration.commit import commit
+from laminar_orchestration.errors import InvalidInputError
 from laminar_orchestration.fencing import EpochError, FencingToken, PartitionGuard
 from laminar_orchestration.handoff import (
+    HandoffMismatch,
     NewOwnerAction,
     OldOwnerAction,
     OldOwnerStep,
@@ -51,16 +68,31 @@ from laminar_orchestration.handoff import (
     take_over,
 )
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
-from laminar_orchestration.keys import delta_key, output_object_key, snapshot_file_key
-from laminar_orchestration.ledger import Ledger, NodeHandle, NodeIdentityConflict
+from laminar_orchestration.keys import (
+    delta_key,
+    manifest_history_key,
+    manifest_pointer_key,
+    output_object_key,
+    release_key,
+    snapshot_file_key,
+)
+from laminar_orchestration.ledger import EpochConflict, Ledger, NodeHandle, NodeIdentityConflict, NodeView
 from laminar_orchestration.manifest import (
     SHA256_METADATA,
+    CommitUlidRegression,
     DeltaRef,
     ManifestPublisher,
+    ManifestReader,
     ManifestUpdate,
     ManifestVersion,
+    ParentHashMismatch,
+    PartitionManifest,
+    SequenceGap,
     SnapshotFile,
     SnapshotRef,
+    SourceOffsetRegression,
+    StaleFencingToken,
+    StaleGeneration,
     SuccessionError,
     artifact_ref,
 )
@@ -81,12 +113,29 @@ from laminar_orchestration.moves import (
     record_failure,
     stranded,
 )
-from laminar_orchestration.records import LedgerError, NodeStatus, PartitionProgress
+from laminar_orchestration.records import (
+    LedgerError,
+    NodeStatus,
+    PartitionProgress,
+    PartitionStatus,
+    ReleaseRecord,
+    new_write_id,
+    now,
+)
+from laminar_orchestration.signing import SigningKey, SigningKeys, sign_record
 from laminar_orchestration.source import SourceEvent, SourceLog
-from laminar_orchestration.store import StoreError
+from laminar_orchestration.store import PreconditionFailed, StoreError
 from laminar_orchestration.ulid import next_ulid
 
-from .invariants import FoldState, decode_delta, encode_delta
+from .invariants import (
+    FoldState,
+    HandoffRefused,
+    OwnerCommitRefused,
+    ReaderDisagrees,
+    VoidEntryHeld,
+    decode_delta,
+    encode_delta,
+)
 
 if TYPE_CHECKING:
     from .world import World
@@ -120,6 +169,13 @@ class Actor:
         self.busy = False
         #: Crashed while preempted: dies at its next store call.
         self.crash_pending = False
+        #: Ends for good at this simulated time (a zombie process); never otherwise.
+        self.dies_at = float("inf")
+        #: May write void entries (skips its client-side checks, or holds no grant's key).
+        self.rogue = False
+        #: Not part of the protocol (the sweeper, the standby, the intruder): its store calls do not
+        #: count towards a scenario's protocol steps.
+        self.observer = False
 
     def step(self) -> str:
         """Take one decision and carry it out; returns what it did (for the trace)."""
@@ -150,6 +206,8 @@ class ProducerActor(Actor):
         rng = self.world.rng
         p = rng.randrange(self.world.config.partitions)
         ms = int(self.world.clock.seconds * 1000)
+        if rng.random() < UNDECODABLE_RATE:
+            return self._append_undecodable(p, ms)
         events = [
             SourceEvent(partition=p, key=f"k{rng.randrange(6)}", value=float(rng.randint(1, 9)), ts=ms)
             for _ in range(rng.randint(3, 10))
@@ -160,6 +218,26 @@ class ProducerActor(Actor):
         except (StoreError, LedgerError) as exc:
             return f"append p{p} failed: {type(exc).__name__}"
         return f"appended p{p} [{result.first_offset}, {result.next_offset})"
+
+    def _append_undecodable(self, p: int, ms: int) -> str:
+        """A table whose key column holds bytes that are not UTF-8 (Arrow strings are unchecked bytes: a
+        Parquet file's, a cast's): `append` must refuse it with a typed invalid-input error."""
+        rng = self.world.rng
+        raw = [f"k{rng.randrange(6)}".encode(), bytes([0xFF, rng.randrange(256)])]
+        keys = pa.array(raw, pa.binary()).cast(pa.string(), safe=False)
+        table = pa.table({"key": keys, "value": [1.0, 2.0], "ts": pa.array([ms, ms], pa.int64())})
+        self.idle(0.2, 0.6)
+        try:
+            result = self.log.append(p, table)
+        except InvalidInputError as exc:
+            return f"append p{p} of undecodable keys refused: {type(exc).__name__}"
+        except (StoreError, LedgerError) as exc:
+            return f"append p{p} failed: {type(exc).__name__}"
+        return f"appended undecodable keys to p{p} [{result.first_offset}, {result.next_offset})"
+
+
+#: Per producer step: an append of events whose keys are not valid UTF-8.
+UNDECODABLE_RATE = 0.02
 
 
 # --- the auditor ---------------------------------------------------------------------------
@@ -177,6 +255,7 @@ class SweeperActor(Actor):
 
     def __init__(self, world: World, name: str) -> None:
         super().__init__(world, name)
+        self.observer = True
         self._fresh()
 
     def _fresh(self) -> None:
@@ -203,6 +282,186 @@ class SweeperActor(Actor):
             f"swept (grace {grace_s:g}s): {report.scanned} scanned, {report.referenced} referenced, "
             f"deleted {report.deleted}, {len(report.kept_unsealed)} unsealed, {len(report.kept_in_grace)} in grace"
         )
+
+
+# --- readers and intruders ------------------------------------------------------------------
+
+
+class StandbyActor(Actor):
+    """Follows the manifest chains as a warm standby does (one long-lived `ManifestReader`), and
+    with fresh readers (a node restoring, a CLI). Whatever it reads must be genuine; and at any
+    instant a fresh reader over the store must end on the chain's newest genuine entry."""
+
+    def __init__(self, world: World, name: str) -> None:
+        super().__init__(world, name)
+        self.observer = True
+        self._fresh()
+
+    def _fresh(self) -> None:
+        self.store = self.world.client_store()
+        self.follower = ManifestReader(self.store)
+
+    def crash(self) -> None:
+        self._fresh()
+
+    def restart(self) -> None:
+        self._fresh()
+
+    def step(self) -> str:
+        rng = self.world.rng
+        self.idle(*((0.1, 0.4) if self.world.faults_on else (1.0, 3.0)))
+        p = rng.randrange(self.world.config.partitions)
+        try:
+            version = self.follower.current(PartitionId(p))
+            hold(self.world, p, version, "the standby")
+            if rng.random() < 0.5:
+                hold(self.world, p, ManifestReader(self.store).current(PartitionId(p)), "a fresh reader")
+        except (StoreError, LedgerError) as exc:
+            return f"p{p}: {type(exc).__name__}"
+        self._audit(p)
+        return f"p{p}: follows seq {version.manifest.seq if version else 0}"
+
+    def _audit(self, p: int) -> None:
+        """A fresh reader over the store itself (no scheduling point: one instant) against the
+        newest genuine entry (the checker's), which is where an audit of the whole chain ends; now
+        and then the library's audit (`ManifestReader.history`, every entry from the first) too."""
+        if self.world.checker.violation is not None:
+            return
+        tip = self.world.checker.tip(p)
+        readers = [("a fresh reader", ManifestReader(self.world.memory).current(PartitionId(p)))]
+        if self.world.rng.random() < AUDIT_HISTORY_RATE:
+            history = list(ManifestReader(self.world.memory).history(PartitionId(p)))
+            readers.append(("the audit", history[-1] if history else None))
+        for reader, version in readers:
+            if (version.raw_hash if version else None) != (tip[1] if tip else None):
+                seq = version.manifest.seq if version else None
+                self.world.violated(ReaderDisagrees(p, reader, seq, tip[0] if tip else None))
+
+
+#: Per standby step: also walk the whole chain as an audit does (one GET and one verification per entry).
+AUDIT_HISTORY_RATE = 0.1
+
+
+#: Per intruder step (while faults last): forge an entry (more often during a handoff), move a
+#: pointer to any entry, forge a release.
+FORGE_ENTRY_RATE = 0.35
+REPLAY_POINTER_RATE = 0.2
+FORGE_RELEASE_RATE = 0.03
+
+
+class IntruderActor(Actor):
+    """Another node's credentials, which the store's policies let write under any partition's
+    ``manifests/`` and release keys, and that node's own grants' keys: it creates entries at the next
+    sequence number (signed with a key that is not the grant's, or with a former owner's key under its
+    old epoch), moves pointers to any entry, and forges releases. All of it is void; its favourite
+    moment is a graceful handoff between the old owner's release and the grant's seal."""
+
+    def __init__(self, world: World, name: str) -> None:
+        super().__init__(world, name)
+        self.observer = True
+        self.rogue = True
+        self.store = world.client_store()
+        self.ledger = Ledger(self.store, read_parallelism=1)
+        self.reader = ManifestReader(self.store)
+        self.keys = SigningKeys(ReadStore(self.store))
+
+    def step(self) -> str:
+        rng = self.world.rng
+        if not self.world.faults_on:
+            # The races it exploits are over (the zombies' void entries are still checked as they come).
+            self.idle(5.0, 10.0)
+            return "intruder idle"
+        self.idle(0.15, 0.6)
+        p = PartitionId(rng.randrange(self.world.config.partitions))
+        try:
+            own = self.ledger.ownership(p)
+            if own is None or own.epoch == 0:
+                return f"p{p}: nothing to forge"
+            r = rng.random()
+            # Released and not granted again yet: between the old owner's release and the grant's seal.
+            if own.status == PartitionStatus.RELEASED or r < FORGE_ENTRY_RATE:
+                return self._forge_entry(p, own.epoch, own.owner)
+            if r < FORGE_ENTRY_RATE + REPLAY_POINTER_RATE:
+                return self._replay_pointer(p)
+            if r < FORGE_ENTRY_RATE + REPLAY_POINTER_RATE + FORGE_RELEASE_RATE:
+                return self._forge_release(p, own.epoch, own.owner)
+        except (StoreError, LedgerError) as exc:
+            return f"p{p}: {type(exc).__name__}"
+        return f"p{p}: lurking"
+
+    def _forge_entry(self, p: PartitionId, epoch: int, owner: int) -> str:
+        rng = self.world.rng
+        read = self.reader.read_chain(p)
+        if read.version is None:
+            return f"p{p}: no chain to forge into"
+        tip = read.version.manifest
+        # A former owner's key under its old epoch (superseded), or a key that is not the grant's (forged).
+        former = [g for g in self.ledger.grants(p) if g.epoch < tip.fencing_token and g.node != UNASSIGNED]
+        if former and rng.random() < 0.3:
+            grant = rng.choice(former)
+            key = self.keys.get(grant.node, p, grant.epoch)
+            claims, node, what = grant.epoch, grant.node, f"with node {grant.node}'s key of epoch {grant.epoch}"
+        else:
+            key = SigningKey.generate(p, epoch, owner)
+            claims, node, what = tip.fencing_token, tip.node, "with a key that is not the grant's"
+        forged = tip.model_copy(
+            update={
+                "seq": read.next_seq,
+                "fencing_token": claims,
+                "node": node,
+                "commit_ulid": next_ulid(tip.commit_ulid),
+                "parent_hash": read.version.raw_hash,
+                "source_offset": tip.source_offset + rng.randint(0, 40),
+                "outputs": [],
+                "note": "forged",
+                "committed_at": now(),
+                "write_id": new_write_id(),
+                "signature": None,
+            }
+        )
+        raw = sign_record(forged, key).model_dump_json().encode()
+        if rng.random() < 0.05:
+            raw, what = b'{"kind": "partition-manifest", "garbage', "that does not parse"
+        try:
+            self.store.put_if_absent(manifest_history_key(p, read.next_seq), raw)
+        except PreconditionFailed:
+            return f"p{p}: lost seq {read.next_seq} to a writer"
+        moved = rng.random() < 0.5
+        if moved:
+            self._point(p, raw, read.pointer_etag)
+        return f"p{p}: forged seq {read.next_seq} {what}{' and pointed at it' if moved else ''}"
+
+    def _replay_pointer(self, p: PartitionId) -> str:
+        read = self.reader.read_chain(p)
+        if read.next_seq <= 1:
+            return f"p{p}: no entry to point at"
+        seq = self.world.rng.randrange(1, read.next_seq)
+        obj = self.store.get_or_none(manifest_history_key(p, seq))
+        if obj is None:
+            return f"p{p}: no entry {seq}"
+        self._point(p, obj.data, read.pointer_etag)
+        return f"p{p}: pointed at seq {seq}"
+
+    def _point(self, p: PartitionId, raw: bytes, etag: str | None) -> None:
+        key = manifest_pointer_key(p)
+        with contextlib.suppress(PreconditionFailed):
+            if etag is None:
+                self.store.put_if_absent(key, raw)
+            else:
+                self.store.put_if_match(key, raw, etag)
+
+    def _forge_release(self, p: PartitionId, epoch: int, owner: int) -> str:
+        if owner == UNASSIGNED:
+            return f"p{p}: no owner to forge a release of"
+        record = ReleaseRecord(
+            partition=p, epoch=epoch, node=owner, commit_ulid=None, source_offset=0, released_at=now()
+        )
+        raw = sign_record(record, SigningKey.generate(p, epoch, owner)).model_dump_json().encode()
+        try:
+            self.store.put_if_absent(release_key(p, epoch), raw)
+        except PreconditionFailed:
+            return f"p{p}: epoch {epoch} released already"
+        return f"p{p}: forged the release of epoch {epoch}"
 
 
 # --- nodes --------------------------------------------------------------------------------
@@ -243,6 +502,8 @@ class Worker:
     error: str | None = None
     #: The migration the last worker for this partition ended in: not risen for again.
     finished_migration: str | None = None
+    #: The commit a graceful move's old owner released (the takeover's seal must follow it).
+    released: str | None = None
 
     def reset(self) -> None:
         """Forget the partition (fenced, released, or given up)."""
@@ -254,7 +515,7 @@ class Worker:
             None,
             None,
         )
-        self.values, self.deltas, self.error = {}, [], None
+        self.values, self.deltas, self.error, self.released = {}, [], None, None
         self.snapshot = self.snapshot_ready = None
 
     def progress(self) -> PartitionProgress:
@@ -276,6 +537,8 @@ class NodeActor(Actor):
     def __init__(self, world: World, node: int) -> None:
         super().__init__(world, f"node{node}")
         self.node = NodeId(node)
+        #: An earlier process of the node, still running after the node restarted (`become_zombie`).
+        self.zombie = False
         self._fresh()
 
     def _fresh(self) -> None:
@@ -308,8 +571,21 @@ class NodeActor(Actor):
         w = self.workers[partition]
         return w.token.epoch if w.state == WorkerState.RUNNING and w.token else None
 
+    def running_epochs(self) -> dict[int, int]:
+        """Partition -> epoch of every partition this process runs."""
+        return {p: e for p in self.workers if (e := self.running_epoch(p)) is not None}
+
+    def become_zombie(self, *, dies_at: float) -> None:
+        """The node restarted under a new generation without this process noticing: it stops
+        heartbeating, runs on what it runs, and skips its client-side checks, until `dies_at`."""
+        self.zombie = self.rogue = True
+        self.dies_at = dies_at
+        self.name = f"{self.name}-zombie-g{self.generation}"
+
     def step(self) -> str:
         self.idle(0.04, 0.15)
+        if self.zombie:
+            return self._zombie_step()
         try:
             if self.handle is None:
                 handle = self.ledger.register_node(
@@ -335,8 +611,27 @@ class NodeActor(Actor):
             # A failed step is retried from the store on the next one; the state in memory is kept.
             return f"p{p}: {type(exc).__name__}"
 
+    def _zombie_step(self) -> str:
+        """An earlier process of the node: it commits batches for what it runs, and nothing else (no
+        heartbeat, no guard refresh, no migration duty), skipping its client-side checks."""
+        running = sorted(self.running_epochs())
+        if not running:
+            return "zombie: runs nothing"
+        p = self.world.rng.choice(running)
+        w = self.workers[p]
+        try:
+            if self.world.rng.random() < 0.15 and w.snapshot_ready is None and len(w.deltas) >= SNAPSHOT_EVERY_DELTAS:
+                return f"p{p}: zombie {self._take_snapshot(w)}"
+            return f"p{p}: zombie {self._batch(w)}"
+        except (StoreError, LedgerError, EpochError) as exc:
+            if not isinstance(exc, StoreError):
+                w.reset()
+            return f"p{p}: zombie {type(exc).__name__}"
+
     def _heartbeat(self) -> str:
         assert self.handle is not None
+        if self.zombie:
+            return "zombie: no heartbeat"
         try:
             self.handle.heartbeat(NodeStatus.ALIVE, {p: w.progress() for p, w in self.workers.items()})
         except NodeIdentityConflict:
@@ -393,6 +688,8 @@ class NodeActor(Actor):
 
     def _restore(self, w: Worker, version: ManifestVersion | None) -> None:
         """Local state = the manifest's snapshot, then its deltas (each object downloaded once per node)."""
+        if not self.rogue:
+            hold(self.world, w.partition, version, f"{self.name} restoring")
         values: FoldState = {}
         m = version.manifest if version else None
         snapshot = m.snapshot if m else None
@@ -424,14 +721,23 @@ class NodeActor(Actor):
 
     def _take_over(self, w: Worker, token: FencingToken, *, then: WorkerState = WorkerState.RUNNING) -> str:
         """Install `token` once the chain is sealed at it (`handoff.take_over`); restore again if the
-        chain moved past our read. A newer epoch's seal raises StaleFencingToken: superseded.
+        chain moved past our read. A newer epoch's seal raises StaleFencingToken: superseded; a graceful
+        handoff whose seal does not follow the released commit raises HandoffMismatch.
 
         `then`: the state the worker is in afterwards (a migration's target runs only once Active)."""
         if not self.world.config.knobs.revert_grant_seal:
-            takeover = take_over(self.publisher, token, generation=self.generation, restored=w.restored)
+            try:
+                takeover = take_over(
+                    self.publisher, token, generation=self.generation, restored=w.restored, released=w.released
+                )
+            except HandoffMismatch as exc:
+                self._handoff_refused(token.epoch, exc)
             if takeover.restore_again:
                 self._restore(w, takeover.sealed)
-        w.token, w.state = token, then
+            hold(self.world, w.partition, takeover.sealed, f"{self.name} taking over")
+            # As the runtime: the seal is the commit a release names until the first batch commits.
+            w.restored, w.commit_ulid = takeover.sealed, takeover.sealed.manifest.commit_ulid
+        w.token, w.state, w.released = token, then, None
         return f"took over at epoch {token.epoch} (offset {w.offset})"
 
     def _recover(self, w: Worker) -> str:
@@ -485,12 +791,26 @@ class NodeActor(Actor):
     def _download(self, w: Worker, task: MigrationTask, done: MigrationPhase) -> str:
         """The new owner's download + restore: from the chain (a graceful move: the released commit)."""
         p = PartitionId(w.partition)
-        if task.migration_kind == MigrationKind.GRACEFUL and self.ledger.release_record(p, task.from_epoch) is None:
-            return "waiting for the release"
-        self._restore(w, self.publisher.current(p))
-        w.state, w.migration, w.finished_migration = WorkerState.RISING, task, None
+        current = self.publisher.current(p)
+        released: str | None = None
+        if task.migration_kind == MigrationKind.GRACEFUL:
+            release = self.ledger.release_record(p, task.from_epoch)
+            if release is None:
+                return "waiting for the release"
+            released = release.commit_ulid
+            # As the runtime: the chain must end at the released commit.
+            if released and (current is None or current.manifest.commit_ulid != released):
+                found = current.manifest.commit_ulid if current else None
+                self._handoff_refused(task.to_epoch, HandoffMismatch(p, released, found))
+        self._restore(w, current)
+        w.state, w.migration, w.finished_migration, w.released = WorkerState.RISING, task, None, released
         self._report(w, done)
         return f"downloaded for migration {task.migration_id} (offset {w.offset})"
+
+    def _handoff_refused(self, epoch: int, exc: HandoffMismatch) -> NoReturn:
+        """Every release the sim hands over was read through `release_record` (verified: genuine), so a
+        handoff that refuses it broke a promise."""
+        self.world.violated(HandoffRefused(exc.partition, epoch, str(exc)))
 
     def _adopt_grant(self, w: Worker, task: MigrationTask) -> str:
         """Adopt the epoch the control plane granted when it recorded Seeking, take over, report Seeking."""
@@ -567,12 +887,31 @@ class NodeActor(Actor):
             generation=self.generation,
         )
         # StaleEpoch (a successor's grant), a refused publish, or a lost one that did not land: raised.
-        version = commit(self.ledger, self.publisher, token, update)
+        version = self._commit(token, update)
         w.values.update(touched)
         w.offset = batch.end_offset
         self.delta_cache[dkey] = touched
         self._committed(w, version)
         return f"committed [{batch.start_offset}, {batch.end_offset}) as seq {version.manifest.seq}"
+
+    def _commit(self, token: FencingToken, update: ManifestUpdate) -> ManifestVersion:
+        """`commit.commit`, as the worker commits; a zombie skips the successor probe and the
+        publisher's succession checks. An honest owner's publish refused by a succession check (not
+        a fence) read a void entry as the chain's newest: a violation."""
+        if self.rogue:
+            try:
+                return self.publisher.publish(token, update)
+            except _CHECKS_A_ZOMBIE_SKIPS:
+                return _publish_unchecked(self.publisher, token, update)
+            except StoreError:
+                landed = self.publisher.landed(token, update)
+                if landed is None:
+                    raise
+                return landed
+        try:
+            return commit(self.ledger, self.publisher, token, update)
+        except (SourceOffsetRegression, ParentHashMismatch, CommitUlidRegression, SequenceGap) as exc:
+            self.world.violated(OwnerCommitRefused(token.partition, token.epoch, token.node, str(exc)))
 
     def _committed(self, w: Worker, version: ManifestVersion) -> None:
         """The checkpoint and offsets a published manifest names become the worker's."""
@@ -609,7 +948,7 @@ class NodeActor(Actor):
             generation=self.generation,
             note="snapshot",
         )
-        version = commit(self.ledger, self.publisher, w.token, update)
+        version = self._commit(w.token, update)
         self._committed(w, version)
         return f"published the snapshot at offset {version.manifest.state_offset} as seq {version.manifest.seq}"
 
@@ -619,6 +958,59 @@ def _fenced_metadata(token: FencingToken, data: bytes) -> dict[str, str]:
     confirms a key by them)."""
     put = PartitionGuard(token).conditional_put_precondition()
     return {**put.as_metadata(), SHA256_METADATA: hashlib.sha256(data).hexdigest()}
+
+
+#: The publisher's client-side checks of what a new entry follows: a zombie writes anyway.
+_CHECKS_A_ZOMBIE_SKIPS = (
+    StaleFencingToken,
+    StaleGeneration,
+    SourceOffsetRegression,
+    ParentHashMismatch,
+    CommitUlidRegression,
+    SequenceGap,
+)
+
+
+def _publish_unchecked(publisher: ManifestPublisher, token: FencingToken, update: ManifestUpdate) -> ManifestVersion:
+    """What a process that skips its client-side checks writes: the entry on top of the chain as it
+    reads it, signed with its epoch's key (it holds it), and the pointer moved to it."""
+    p = token.partition
+    read = publisher.read_chain(p)
+    previous = read.version.manifest if read.version else None
+    manifest = PartitionManifest(
+        partition=p,
+        seq=read.next_seq,
+        fencing_token=token.epoch,
+        node=token.node,
+        generation=update.generation,
+        commit_ulid=next_ulid(previous.commit_ulid if previous else None),
+        parent_hash=read.version.raw_hash if read.version else None,
+        cluster_epoch=update.cluster_epoch,
+        source_offset=update.source_offset,
+        snapshot=update.snapshot,
+        deltas=list(update.deltas),
+        outputs=list(update.outputs),
+        events_applied=update.events_applied,
+        note="unchecked",
+        committed_at=now(),
+    )
+    raw = sign_record(manifest, publisher.signing_keys.get(token.node, p, token.epoch)).model_dump_json().encode()
+    chain = publisher._writable_chain(p)
+    try:
+        chain.create(manifest.seq, raw)
+    except PreconditionFailed:
+        raise StaleFencingToken(p, token.epoch, token.epoch) from None
+    with contextlib.suppress(PreconditionFailed):
+        chain.move_pointer(raw, read.pointer_etag)
+    return ManifestVersion(manifest, raw)
+
+
+def hold(world: World, partition: int, version: ManifestVersion | None, reader: str) -> None:
+    """`reader` takes `version` for the newest entry of `partition`'s chain: it must not be a void one."""
+    if version is not None:
+        seq = world.checker.is_void(partition, version.raw)
+        if seq is not None:
+            world.violated(VoidEntryHeld(partition, seq, reader))
 
 
 @dataclass
@@ -656,6 +1048,13 @@ class Driving:
 
 #: How often a restarted driver resumes the records it was driving (a retried Dagster run).
 DRIVER_RETRY_RATE = 0.5
+#: Per operator step: fence a partition to "unassigned"; and how often the operator dies between
+#: that grant and its seal.
+UNASSIGN_RATE = 0.3
+UNASSIGN_CRASH_RATE = 0.5
+#: A node whose heartbeat is older than this share of its timeout looks stuck to the operator (the
+#: failure sensor waits for the whole timeout).
+SUSPECT_AFTER = 0.5
 
 #: Phases the coordinator completes itself: nothing to wait for from a node.
 _NO_REPORT = (MigrationPhase.PLANNED,)
@@ -667,6 +1066,8 @@ class CoordinatorActor(Actor):
     def __init__(self, world: World, role: CoordinatorRole) -> None:
         super().__init__(world, role.value)
         self.role = role
+        #: Dies right after the next grant it creates, before sealing the chain (`World.after_call`).
+        self.crash_after_grant = False
         self._fresh()
 
     def _fresh(self, *, resume: bool = True) -> None:
@@ -690,6 +1091,10 @@ class CoordinatorActor(Actor):
         try:
             if self.resume_pending:
                 return self._resume()
+            if self.role == CoordinatorRole.OPERATOR and self.world.faults_on and rng.random() < UNASSIGN_RATE:
+                unassigned = self._unassign(self.ledger.nodes())
+                if unassigned is not None:
+                    return unassigned
             if self.driving and rng.random() < 0.85:
                 return self._drive(rng.choice(sorted(self.driving)))
             if self.role == CoordinatorRole.SENSOR:
@@ -730,7 +1135,8 @@ class CoordinatorActor(Actor):
         if expired is not None:
             return f"p{p}: failed overdue migration {expired.migration_id}"
         # Only the control plane grants: a released partition goes back to its (live) desired owner.
-        epoch = self.coordinator.reinstate(p)
+        # First it completes a grant whose granter died before sealing the chain (`complete_grant`).
+        epoch = self._reinstate(p)
         if epoch is not None:
             return f"p{p}: granted back to its desired owner at epoch {epoch}"
         own = self.ledger.ownership(p)
@@ -758,6 +1164,14 @@ class CoordinatorActor(Actor):
         self._start(decision.task)
         return f"p{p}: {decision.reason}"
 
+    def _reinstate(self, p: PartitionId) -> int | None:
+        """`MigrationCoordinator.reinstate`, which completes the partition's newest grant first: every
+        grant made before the call is then sealed on the chain (the checker holds later entries to it)."""
+        newest = self.world.checker.newest_grant(p)
+        epoch = self.coordinator.reinstate(p)
+        self.world.checker.grant_completed(p, newest)
+        return epoch
+
     def _plan_failover(self, p: PartitionId, target: NodeId) -> str:
         try:
             task = self.coordinator.plan(p, target, forced=True)
@@ -778,7 +1192,7 @@ class CoordinatorActor(Actor):
             return f"p{p}: cancelled {task.migration_id} at {task.failed_phase}"
         if rng.random() < 0.1:
             # A rebalance first grants released partitions back (`laminar rebalance`, the schedule).
-            epoch = self.coordinator.reinstate(p)
+            epoch = self._reinstate(p)
             return f"p{p}: rebalance granted it back at epoch {epoch}" if epoch else f"p{p}: nothing to grant back"
         live = self._live()
         own = self.ledger.ownership(p)
@@ -794,6 +1208,35 @@ class CoordinatorActor(Actor):
             return f"p{p}: no move planned ({type(exc).__name__})"
         self._start(task)
         return f"p{p}: planned move {task.migration_id} to node {target}"
+
+    def _unassign(self, views: list[NodeView]) -> str | None:
+        """Fence a partition to "unassigned", no migration in flight: an operator takes it off a node
+        whose heartbeat is late (before the failure sensor would fail it over), or off any node now and
+        then. The operator may die between the grant and the seal. None when it did not look further."""
+        rng = self.world.rng
+        late = {
+            v.record.node
+            for v in views
+            if v.heartbeat_age_s > v.record.heartbeat_timeout_s * SUSPECT_AFTER or not v.alive
+        }
+        owned = {p: own for p, own in self.ledger.ownerships(self.ledger.partitions()).items() if own is not None}
+        candidates = [p for p, own in owned.items() if own.owner in late and own.owner != UNASSIGNED]
+        if not candidates and rng.random() < 0.05:
+            candidates = [p for p, own in owned.items() if own.owner != UNASSIGNED]
+        if not candidates:
+            return None
+        p = rng.choice(sorted(candidates))
+        task = self.coordinator.desired.read(p)[0].migration
+        if task is not None and not task.is_terminal:
+            return f"p{p}: not unassigned (migration {task.migration_id} in flight)"
+        self.crash_after_grant = rng.random() < UNASSIGN_CRASH_RATE
+        try:
+            self.ledger.fence(p, UNASSIGNED, expected_epoch=owned[p].epoch, reason="operator: unassign")
+        except EpochConflict:
+            return f"p{p}: not unassigned (the epoch moved)"
+        finally:
+            self.crash_after_grant = False
+        return f"p{p}: unassigned at epoch {owned[p].epoch + 1}"
 
     def _phase_limit(self, phase: MigrationPhase) -> float:
         cfg = self.world.migration_config

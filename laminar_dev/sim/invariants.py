@@ -9,8 +9,9 @@ and the fold of them, the state the chain's snapshot and deltas add up to.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -25,10 +26,12 @@ from laminar_orchestration.keys import (
     manifest_pointer_key,
     manifest_prefix,
     parse_fenced_object_key,
+    source_partition_prefix,
 )
 from laminar_orchestration.manifest import PartitionManifest
-from laminar_orchestration.records import EpochGrant, parse_record
-from laminar_orchestration.source import SourceBatch, SourceLog
+from laminar_orchestration.records import CorruptLedgerObject, EpochGrant, parse_record
+from laminar_orchestration.signing import signature_problem
+from laminar_orchestration.source import SourceBatch, SourceLog, decode_segment
 from laminar_orchestration.store import ObjectStore
 
 #: Per key: (events counted, sum of their values) - the sim's keyed fold.
@@ -210,6 +213,114 @@ class PartitionNotLive(InvariantViolation):
         )
 
 
+@dataclass
+class VoidEntryAdopted(InvariantViolation):
+    """A genuine entry that does not follow the newest genuine one: built on a void entry (forged, or a
+    writer the chain had moved past), or on an older entry."""
+
+    invariant: ClassVar[str] = "the chain never continues from a void entry"
+    partition: int
+    seq: int
+    node: int
+    parent: str
+
+    def __str__(self) -> str:
+        return (
+            f"partition {self.partition}: manifest seq {self.seq} by node {self.node} follows "
+            f"{self.parent}, not the newest genuine entry"
+        )
+
+
+@dataclass
+class VoidEntryHeld(InvariantViolation):
+    """A reader (a standby, a fresh reader, a restoring owner) took a void entry for the chain's newest."""
+
+    invariant: ClassVar[str] = "no reader holds a void entry"
+    partition: int
+    seq: int
+    reader: str
+
+    def __str__(self) -> str:
+        return f"partition {self.partition}: {self.reader} holds void entry seq {self.seq} as the newest manifest"
+
+
+@dataclass
+class ReaderDisagrees(InvariantViolation):
+    """At one instant, a fresh ManifestReader's `current` (or the last entry of its `history`, the
+    audit's walk from the first entry) is not the newest genuine entry."""
+
+    invariant: ClassVar[str] = "a fresh reader and the audit agree on the newest entry"
+    partition: int
+    reader: str
+    reader_seq: int | None
+    genuine_seq: int | None
+
+    def __str__(self) -> str:
+        return (
+            f"partition {self.partition}: {self.reader} ends on seq {self.reader_seq}, "
+            f"the newest genuine entry is seq {self.genuine_seq}"
+        )
+
+
+@dataclass
+class HandoffRefused(InvariantViolation):
+    """A graceful handoff failed with HandoffMismatch although the old owner's release was genuine."""
+
+    invariant: ClassVar[str] = "a genuine release hands over"
+    partition: int
+    epoch: int
+    detail: str
+
+    def __str__(self) -> str:
+        return (
+            f"partition {self.partition}: the takeover at epoch {self.epoch} refused a genuine release ({self.detail})"
+        )
+
+
+@dataclass
+class OwnerCommitRefused(InvariantViolation):
+    """The owner's publish was refused by a succession check (not a fence): it read a void entry as the newest."""
+
+    invariant: ClassVar[str] = "the owner's commits never fail on a void entry"
+    partition: int
+    epoch: int
+    node: int
+    detail: str
+
+    def __str__(self) -> str:
+        return f"partition {self.partition}: node {self.node}'s commit at epoch {self.epoch} refused: {self.detail}"
+
+
+@dataclass
+class FencedEpochAccepted(InvariantViolation):
+    """An entry under epoch e was accepted after grant e+1 existed and the control plane had completed it."""
+
+    invariant: ClassVar[str] = "no entry of an epoch is accepted once a later grant is completed"
+    partition: int
+    seq: int
+    epoch: int
+    completed: int
+    node: int
+
+    def __str__(self) -> str:
+        return (
+            f"partition {self.partition}: manifest seq {self.seq} under epoch {self.epoch} by node {self.node} "
+            f"accepted after the control plane completed the grant of epoch {self.completed}"
+        )
+
+
+@dataclass
+class UndecodableKeyAppended(InvariantViolation):
+    """The source log holds an event whose key is not valid UTF-8: no worker can ever process it."""
+
+    invariant: ClassVar[str] = "the log never holds an undecodable key"
+    key: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.key} holds a key that is not valid UTF-8: {self.detail}"
+
+
 class EventDecoder:
     """The (key, value) events of a source batch, decoding each immutable Parquet payload once."""
 
@@ -220,14 +331,18 @@ class EventDecoder:
         """Every event of `batch` in offset order."""
         out: list[tuple[str, float]] = []
         for payload in batch.payloads:
-            decoded = self._cache.get(payload)
-            if decoded is None:
-                # ParquetFile on one thread: several times faster than read_table on tiny payloads.
-                table = pq.ParquetFile(pa.BufferReader(payload)).read(columns=["key", "value"], use_threads=False)
-                keys, values = table.column("key").to_pylist(), table.column("value").to_pylist()
-                decoded = self._cache[payload] = list(zip(keys, values, strict=True))
-            out.extend(decoded)
+            out.extend(self.payload(payload))
         return out
+
+    def payload(self, payload: bytes) -> list[tuple[str, float]]:
+        """The events of one frame's Parquet payload; UnicodeDecodeError for a key that is not UTF-8."""
+        decoded = self._cache.get(payload)
+        if decoded is None:
+            # ParquetFile on one thread: several times faster than read_table on tiny payloads.
+            table = pq.ParquetFile(pa.BufferReader(payload)).read(columns=["key", "value"], use_threads=False)
+            keys, values = table.column("key").to_pylist(), table.column("value").to_pylist()
+            decoded = self._cache[payload] = list(zip(keys, values, strict=True))
+        return decoded
 
 
 def fold(state: FoldState, events: list[tuple[str, float]]) -> None:
@@ -252,12 +367,23 @@ class _Partition:
     pointer_key: str
     manifest_prefix: str
     ledger_prefix: str
+    source_prefix: str
+    #: The genuine chain: what every reader must end on (void entries are no part of it).
     chain: list[PartitionManifest] = field(default_factory=list)
-    #: epoch -> (node, generation) of its grant.
-    grants: dict[int, tuple[int, int | None]] = field(default_factory=dict)
+    #: sha256 of the newest genuine entry's stored bytes.
+    tip_hash: str | None = None
+    #: History entries written, void ones included (their sequence numbers are contiguous).
+    written: int = 0
+    #: sha256 of every void entry's stored bytes -> its sequence number.
+    void: dict[str, int] = field(default_factory=dict)
+    #: epoch -> (node, generation, public key) of its grant.
+    grants: dict[int, tuple[int, int | None, str | None]] = field(default_factory=dict)
     #: epoch -> the newest generation of the grant's node that sealed the chain at it: a restarted
     #: process re-adopts its node's grant and seals again, and only it may publish from then on.
     sealed_generation: dict[int, int] = field(default_factory=dict)
+    #: The newest epoch whose grant the control plane completed (its seal ensured): nothing under an
+    #: older epoch may be accepted from then on.
+    completed: int = 0
     events: list[tuple[str, float]] = field(default_factory=list)
     ref_offset: int = 0
     ref_state: FoldState = field(default_factory=dict)
@@ -273,7 +399,12 @@ class Checker:
         self._decoder = decoder
         self._source = SourceLog(memory, partitions=partitions)
         self._parts = [
-            _Partition(manifest_pointer_key(p), manifest_prefix(p) + "/", ledger_partition_prefix(p) + "/")
+            _Partition(
+                manifest_pointer_key(p),
+                manifest_prefix(p) + "/",
+                ledger_partition_prefix(p) + "/",
+                source_partition_prefix(p) + "/",
+            )
             for p in range(partitions)
         ]
         self._named: set[str] = set()
@@ -285,6 +416,11 @@ class Checker:
         self.snapshots_named = 0
         #: Data commits under an epoch made after a later epoch was granted (before its seal: legitimate).
         self.late_commits = 0
+        #: Void entries written (forged, or by a writer the chain had moved past).
+        self.void_entries = 0
+        #: Whether the write being applied comes from a process that may write void entries (a zombie
+        #: that skips its client-side checks, or an intruder with another node's keys). Set by the world.
+        self.rogue_writer: Callable[[], bool] = lambda: False
 
     def applied(self, op: str, key: str, data: bytes | None) -> None:
         """Check what the write of `key` changed (never raises: the first violation is kept)."""
@@ -308,6 +444,19 @@ class Checker:
             if key.startswith(part.ledger_prefix) and b'"kind":"epoch-grant"' in data:
                 self._grant(p, part, key, op, data)
                 return
+            if key.startswith(part.source_prefix) and key.endswith(".seg"):
+                self._segment(p, part, key, data)
+                return
+
+    def _segment(self, p: int, part: _Partition, key: str, data: bytes) -> None:
+        """Every key of a segment the log took must decode: no worker could ever process it otherwise.
+        (The events are decoded once, for whoever reads them later.)"""
+        start = int(key[len(part.source_prefix) : -len(".seg")])
+        for payload, _rows in decode_segment(key, data, partition=p, start_offset=start):
+            try:
+                self._decoder.payload(bytes(payload))
+            except UnicodeDecodeError as exc:
+                raise UndecodableKeyAppended(key, str(exc)) from None
 
     def _grant(self, p: int, part: _Partition, key: str, op: str, data: bytes) -> None:
         grant = parse_record(key, data, EpochGrant)
@@ -315,19 +464,35 @@ class Checker:
             raise ChainBroken(p, key, f"a grant of epoch {grant.epoch} stored under the wrong key")
         if grant.epoch in part.grants or op != "put_if_absent":
             raise DoubleGrant(p, grant.epoch, (f"grant {part.grants.get(grant.epoch)}", f"node {grant.node}"))
-        part.grants[grant.epoch] = (grant.node, grant.generation)
+        part.grants[grant.epoch] = (grant.node, grant.generation, grant.public_key)
 
     def _manifest(self, p: int, part: _Partition, key: str, data: bytes) -> None:
-        m = parse_record(key, data, PartitionManifest)
+        part.written += 1
+        if key != manifest_history_key(p, part.written):
+            raise ChainBroken(p, key, f"entry written after {part.written - 1} entries")
+        raw_hash = hashlib.sha256(data).hexdigest()
+        try:
+            m: PartitionManifest | None = parse_record(key, data, PartitionManifest)
+        except CorruptLedgerObject:
+            m = None
+        void = self._void(p, part, m)
+        if void is not None:
+            self._void_written(p, part, key, m, raw_hash, void)
+            return
+        assert m is not None
         self.manifests_checked += 1
-        if key != manifest_history_key(p, m.seq) or m.seq != len(part.chain) + 1:
-            raise ChainBroken(p, key, f"entry seq {m.seq} after {len(part.chain)} entries")
         if part.chain:
             prev = part.chain[-1]
-            if m.fencing_token < prev.fencing_token:
-                raise StaleManifestAccepted(p, m.seq, m.fencing_token, prev.fencing_token, m.node)
+            if m.parent_hash != part.tip_hash:
+                seq = part.void.get(m.parent_hash or "")
+                parent = f"void entry seq {seq}" if seq is not None else f"parent {m.parent_hash}"
+                raise VoidEntryAdopted(p, m.seq, m.node, parent)
             if m.source_offset < prev.source_offset:
                 raise OffsetRegression(p, m.seq, prev.source_offset, m.source_offset)
+        elif m.parent_hash is not None:
+            raise VoidEntryAdopted(p, m.seq, m.node, f"parent {m.parent_hash} (the first genuine entry)")
+        if m.fencing_token < part.completed:
+            raise FencedEpochAccepted(p, m.seq, m.fencing_token, part.completed, m.node)
         grant = part.grants.get(m.fencing_token)
         if m.is_seal and grant is not None and grant[0] == m.node:
             known = part.sealed_generation.get(m.fencing_token, -1)
@@ -341,7 +506,7 @@ class Checker:
                     p,
                     m.fencing_token,
                     (
-                        f"grant {grant} (sealed by gen {holder})",
+                        f"grant {grant[:2] if grant else None} (sealed by gen {holder})",
                         f"manifest seq {m.seq} by node {m.node} gen {m.generation}",
                     ),
                 )
@@ -353,7 +518,74 @@ class Checker:
         if m.snapshot is not None and (not part.chain or part.chain[-1].snapshot != m.snapshot):
             self.snapshots_named += 1
         part.chain.append(m)
+        part.tip_hash = raw_hash
         self._named.update(ref.key for ref in m.artifacts())
+
+    def _void(self, p: int, part: _Partition, m: PartitionManifest | None) -> str | None:
+        """Why the entry `m` (None: it does not parse) is void, as every reader must judge it; None if genuine.
+
+        Forged: not signed by the key of its epoch's grant to its node. Superseded: genuinely signed,
+        but under an epoch older than the newest genuine entry's, or by an earlier generation of the
+        same node at the same epoch (the chain moved past its writer).
+        """
+        if m is None:
+            return "forged: does not parse"
+        if m.partition != p or m.seq != part.written:
+            return f"forged: names partition {m.partition} seq {m.seq}"
+        grant = part.grants.get(m.fencing_token)
+        if grant is None:
+            return f"forged: epoch {m.fencing_token} was never granted"
+        if grant[0] != m.node:
+            return f"forged: epoch {m.fencing_token} was granted to node {grant[0]}, not node {m.node}"
+        problem = signature_problem(m, grant[2])
+        if problem is not None:
+            return f"forged: {problem}"
+        tip = part.chain[-1] if part.chain else None
+        if tip is not None and m.fencing_token < tip.fencing_token:
+            return f"superseded: epoch {m.fencing_token} after the chain reached epoch {tip.fencing_token}"
+        if (
+            tip is not None
+            and m.fencing_token == tip.fencing_token
+            and m.node == tip.node
+            and m.generation < tip.generation
+        ):
+            return f"superseded: generation {m.generation} after the chain reached generation {tip.generation}"
+        return None
+
+    def _void_written(
+        self, p: int, part: _Partition, key: str, m: PartitionManifest | None, raw_hash: str, reason: str
+    ) -> None:
+        """A void entry: only a process that skips its checks (or holds no grant's key) writes one."""
+        part.void[raw_hash] = part.written
+        self.void_entries += 1
+        if self.rogue_writer():
+            return
+        tip = part.chain[-1] if part.chain else None
+        if m is not None and tip is not None and m.fencing_token < tip.fencing_token:
+            raise StaleManifestAccepted(p, m.seq, m.fencing_token, tip.fencing_token, m.node)
+        writer = f"manifest seq {m.seq} by node {m.node} gen {m.generation}" if m is not None else key
+        epoch = m.fencing_token if m is not None else 0
+        raise DoubleGrant(p, epoch, (f"an honest writer's void entry: {reason}", writer))
+
+    # -- what the simulation tells the checker ---------------------------------------------------
+
+    def is_void(self, partition: int, raw: bytes) -> int | None:
+        """The sequence number of the void entry stored as `raw`, None if it is not a void entry."""
+        return self._parts[partition].void.get(hashlib.sha256(raw).hexdigest())
+
+    def tip(self, partition: int) -> tuple[int, str] | None:
+        """The newest genuine entry of `partition`: (seq, sha256 of its bytes), None before the first."""
+        part = self._parts[partition]
+        return (part.chain[-1].seq, part.tip_hash or "") if part.chain else None
+
+    def newest_grant(self, partition: int) -> int:
+        """The newest epoch of `partition` granted so far (0: none)."""
+        return max(self._parts[partition].grants, default=0)
+
+    def grant_completed(self, partition: int, epoch: int) -> None:
+        """The control plane completed every grant of `partition` up to `epoch` (the chain is sealed at it)."""
+        part = self._parts[partition]
+        part.completed = max(part.completed, epoch)
 
     def _exactly_once(self, p: int, part: _Partition, m: PartitionManifest) -> None:
         if m.outputs:

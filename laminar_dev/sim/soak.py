@@ -28,6 +28,8 @@ class SoakReport:
     manifests: int = 0
     snapshots: int = 0
     swept: int = 0
+    splits: int = 0
+    void_entries: int = 0
     cpu_s: float = 0.0
     elapsed_s: float = 0.0
     failures: list[ScenarioResult] = field(default_factory=list)
@@ -43,6 +45,8 @@ class SoakReport:
         self.manifests += result.manifests
         self.snapshots += result.snapshots
         self.swept += result.swept
+        self.splits += result.splits
+        self.void_entries += result.void_entries
         self.cpu_s += result.cpu_s
         if not result.ok:
             self.failures.append(result)
@@ -62,7 +66,7 @@ class SoakReport:
             f"{60 * n / max(self.cpu_s, 1e-9):.0f}/min per idle core), {self.steps / n:.0f} steps/scenario "
             f"({self.fault_steps / n:.0f} with faults), {self.faults} store faults, {self.crashes} crashes, "
             f"{self.pauses} pauses, {self.manifests} manifests checked ({self.snapshots} naming a new snapshot), "
-            f"{self.swept} objects swept, "
+            f"{self.swept} objects swept, {self.splits} zombie restarts, {self.void_entries} void entries, "
             f"{len(self.failures)} failed; "
             f"load average {load}"
         )

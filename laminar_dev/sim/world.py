@@ -14,24 +14,37 @@ faults, then stops the faults, brings every process back, and runs until
 every partition is active on a live node (the liveness bound) with every
 migration record terminal by its deadline; then one last sweep must leave no
 object that no manifest names and whose epoch is sealed.
+
+Half the scenarios start empty (the faults meet the first placements), half
+from a cluster that ran before (`_warm_start`: every partition placed, the
+nodes restarting), so the faults also meet steady commits and handoffs.
+Besides crashes and pauses, the faults include a node restarting under a new
+generation while its earlier process runs on as a zombie (`_split`), and a
+control-plane process dying between creating a grant and sealing the chain
+(`after_call`). The standby and the intruder (`actors`) read and forge all
+along; like the sweeper, their store calls come on top of the protocol's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import random
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
+
+import pyarrow as pa
 
 from laminar_orchestration import antientropy
 from laminar_orchestration import commit as commit_module
 from laminar_orchestration import migration as migration_module
 from laminar_orchestration import moves as moves_module
+from laminar_orchestration import source as source_module
 from laminar_orchestration.antientropy import EPOCH_METADATA, PARTITION_METADATA, SweepReport
 from laminar_orchestration.clock import current as current_clock
 from laminar_orchestration.clock import use_clock
@@ -39,7 +52,7 @@ from laminar_orchestration.fencing import Ownership
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.keys import FENCED_OBJECT_PREFIXES, UnparseableObjectKey, parse_fenced_object_key
 from laminar_orchestration.ledger import EpochConflict, Ledger
-from laminar_orchestration.manifest import ManifestReader
+from laminar_orchestration.manifest import ManifestReader, ManifestVersion, PartitionManifest
 from laminar_orchestration.migration import (
     DesiredState,
     DesiredStates,
@@ -48,13 +61,25 @@ from laminar_orchestration.migration import (
     MigrationEpochConflict,
     MigrationNotOwned,
     MigrationTask,
+    phase_sequence,
 )
 from laminar_orchestration.records import PartitionStatus
+from laminar_orchestration.source import SourceEvent
 from laminar_orchestration.store import ObjectNotFound, ObjectStore, PreconditionFailed
 from laminar_orchestration.store.retry import RetryingStore
 
 from . import actors as actors_module
-from .actors import Actor, ActorStatus, CoordinatorActor, CoordinatorRole, NodeActor, ProducerActor, SweeperActor
+from .actors import (
+    Actor,
+    ActorStatus,
+    CoordinatorActor,
+    CoordinatorRole,
+    IntruderActor,
+    NodeActor,
+    ProducerActor,
+    StandbyActor,
+    SweeperActor,
+)
 from .invariants import Checker, EventDecoder, InvariantViolation, MigrationWedged, PartitionNotLive
 from .store import MemoryObjectStore, SimStore
 
@@ -63,6 +88,10 @@ MAX_DEPTH = 3
 #: Slack after a migration's deadline (or after the faults stopped, if later) before an unfinished
 #: record counts as wedged.
 WEDGE_GRACE_S = 5.0
+#: After a split (`World._split`): when the node's new process starts, and how much longer the
+#: earlier one runs on as a zombie (simulated seconds).
+SPLIT_RESTART_S = (0.1, 2.5)
+ZOMBIE_OUTLIVES_S = (0.3, 4.0)
 #: Simulated time is counted from here (any fixed instant would do).
 EPOCH_START = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -82,6 +111,16 @@ class Knobs:
     revert_aborted_owner_fix: bool = False
     #: The sweep deletes an unreferenced object once it is older than the grace period, sealed epoch or not.
     revert_sweep_sealed_only: bool = False
+    #: A reader trusts an entry reached through the pointer unless a later epoch was granted: a restarted
+    #: node's earlier incarnation (its generation older than the node record's) is not looked for.
+    revert_generation_pointer_fix: bool = False
+    #: A graceful takeover checks the entry at the sequence number below its seal for the released
+    #: commit, not the one the seal's parent hash names (a forged entry may stand between them).
+    revert_handoff_parent_fix: bool = False
+    #: The control plane does not complete a grant whose granter died before sealing the chain.
+    revert_unassigned_seal_fix: bool = False
+    #: `SourceLog.append` takes a key column of Arrow strings without checking they are UTF-8.
+    revert_utf8_append_check: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,6 +140,15 @@ class SimConfig:
     #: Per scheduler tick: some process crashes, or pauses (and resumes later as a zombie).
     tick_crash_rate: float = 0.01
     pause_rate: float = 0.01
+    #: Per scheduler tick: a node restarts under a new generation while its earlier process keeps
+    #: running as a zombie (it stopped heartbeating, it skips its client-side checks).
+    split_rate: float = 0.03
+    #: Per grant a control-plane actor creates while faults last: it dies before sealing the chain.
+    grant_crash_rate: float = 0.2
+    #: Share of scenarios that start from a running cluster restarting (every partition placed, every
+    #: node registered once), so the fault phase sees steady commits, handoffs and restarts; the others
+    #: start empty and spend their faults on the first placements.
+    warm_start_rate: float = 0.5
     #: Simulated seconds after the faults stop within which every partition must be active on a live node.
     liveness_bound_s: float = 90.0
     knobs: Knobs = field(default_factory=Knobs)
@@ -155,6 +203,10 @@ class ScenarioResult:
     trace: tuple[str, ...]
     #: CPU seconds the scenario took (a measurement, not part of the trace).
     cpu_s: float = 0.0
+    #: Nodes that restarted while their earlier process ran on as a zombie.
+    splits: int = 0
+    #: Void history entries written (forged, or by a writer the chain had moved past).
+    void_entries: int = 0
 
     @property
     def ok(self) -> bool:
@@ -183,23 +235,29 @@ class World:
         )
         self.faults_on = True
         self.steps = 0
-        self.crashes = self.pauses = self.preemptions = self.unexpected = self.swept = self.sweep_calls = 0
+        self.crashes = self.pauses = self.preemptions = self.unexpected = self.swept = self.observer_calls = 0
         self.stack: list[Actor] = []
         self._hash = hashlib.blake2b(digest_size=16)
         self._trace: deque[str] | list[str] = [] if config.full_trace else deque(maxlen=300)
         self.violation: InvariantViolation | None = None
+        #: The current process of each node (a restart under a new generation replaces it here; the
+        #: earlier process may live on as a zombie among `actors`).
         self.nodes = [NodeActor(self, n) for n in range(1, config.nodes + 1)]
         self.actors: list[Actor] = [
             *self.nodes,
             CoordinatorActor(self, CoordinatorRole.SENSOR),
             CoordinatorActor(self, CoordinatorRole.OPERATOR),
             ProducerActor(self, "producer"),
+            StandbyActor(self, "standby"),
         ]
         #: What the scheduler crashes or pauses between steps. The sweeper keeps nothing between its
         #: steps, so that would change nothing; it crashes (and stalls) inside a sweep, at a store call.
+        #: Neither does the intruder.
         self.processes = list(self.actors)
         self.sweeper = SweeperActor(self, "sweeper")
-        self.actors.append(self.sweeper)
+        self.actors += [self.sweeper, IntruderActor(self, "intruder")]
+        self.splits = 0
+        self.checker.rogue_writer = lambda: bool(self.stack) and self.stack[-1].rogue
 
     # -- what actors use ----------------------------------------------------------------
 
@@ -219,8 +277,8 @@ class World:
         self.steps += 1
         self.clock.seconds += rng.uniform(0.001, 0.01) if rng.random() > 0.003 else rng.uniform(0.1, 0.5)
         actor = self.stack[-1] if self.stack else None
-        if actor is self.sweeper:
-            self.sweep_calls += 1
+        if actor is not None and actor.observer:
+            self.observer_calls += 1
         self._record(f"{self.steps} {self.clock.seconds:.3f} {actor.name if actor else '-'} {op} {key}")
         if self.violation is not None or self.checker.violation is not None:
             raise SimAbort
@@ -243,10 +301,31 @@ class World:
                 self._tick()
 
     def after_call(self, op: str, key: str, outcome: str) -> None:
-        """What the caller saw; the run stops at the first violated invariant."""
+        """What the caller saw; the run stops at the first violated invariant.
+
+        A control-plane process that just created a grant may die before it seals the chain."""
         self._record(f"  -> {outcome}")
         if self.checker.violation is not None:
             raise SimAbort
+        actor = self.stack[-1] if self.stack else None
+        if (
+            actor is not None
+            and isinstance(actor, CoordinatorActor)
+            and outcome == "ok"
+            and op == "put_if_absent"
+            and self.faults_on
+            and "/grants/" in key
+            and (actor.crash_after_grant or self.rng.random() < self.config.grant_crash_rate)
+        ):
+            actor.crash_after_grant = False
+            actor.crash_pending = True  # dies at its next store call: the seal's first read
+            self._record(f"  (the granter dies before it seals {key})")
+
+    def violated(self, violation: InvariantViolation) -> NoReturn:
+        """An actor found a promise broken: the run ends with it."""
+        if self.violation is None and self.checker.violation is None:
+            self.violation = violation
+        raise SimAbort
 
     def _record(self, line: str) -> None:
         self._hash.update(line.encode())
@@ -257,16 +336,20 @@ class World:
 
     def _tick(self) -> None:
         """One decision of the scheduler: bring a process back, crash or pause one, or step one."""
-        rng, now = self.rng, self.clock.seconds
-        for a in self.actors:
-            if a.status != ActorStatus.UP and a.back_at <= now and not a.busy:
+        rng, now, cfg = self.rng, self.clock.seconds, self.config
+        for a in list(self.actors):
+            if a.dies_at <= now and not a.busy:
+                self._remove(a)
+            elif a.status != ActorStatus.UP and a.back_at <= now and not a.busy:
                 self._back(a)
         if self.faults_on:
             r = rng.random()
-            if r < self.config.tick_crash_rate:
+            if r < cfg.tick_crash_rate:
                 self._crash(rng.choice(self.processes))
-            elif r < self.config.tick_crash_rate + self.config.pause_rate:
+            elif r < cfg.tick_crash_rate + cfg.pause_rate:
                 self._pause(rng.choice(self.processes))
+            elif r < cfg.tick_crash_rate + cfg.pause_rate + cfg.split_rate:
+                self._split()
         ready = [a for a in self.actors if a.status == ActorStatus.UP and not a.busy and a.wake_at <= now]
         if not ready:
             waiting = [a for a in self.actors if not a.busy]
@@ -298,12 +381,53 @@ class World:
             actor.crash_pending = False
             self._crash(actor)
 
+    def _split(self) -> None:
+        """A node that runs partitions restarts under a new generation while its earlier process keeps
+        running: that one stopped heartbeating (its supervisor judged it dead) but its workers go on as
+        a zombie, holding their epochs' signing keys and skipping their client-side checks, until it
+        dies too (maybe after the faults stopped: it is no fault that stops)."""
+        zombies = {a.node for a in self.actors if isinstance(a, NodeActor) and a.zombie}
+        eligible = [
+            n
+            for n in self.nodes
+            if n.status == ActorStatus.UP
+            and not n.busy
+            and n.handle is not None
+            and n.running_epochs()
+            and n.node not in zombies
+        ]
+        if not eligible:
+            return
+        node = self.rng.choice(eligible)
+        self.splits += 1
+        now = self.clock.seconds
+        restart_in = self.rng.uniform(*SPLIT_RESTART_S)
+        node.become_zombie(dies_at=now + restart_in + self.rng.uniform(*ZOMBIE_OUTLIVES_S))
+        successor = NodeActor(self, int(node.node))
+        successor.status, successor.back_at = ActorStatus.CRASHED, now + restart_in
+        self.nodes[self.nodes.index(node)] = successor
+        self.actors.append(successor)
+        self.processes.append(successor)
+        self._record(
+            f"{self.steps} {now:.3f} {node.name} SPLIT: a new process starts at {now + restart_in:.3f}, "
+            f"this one runs on as a zombie until {node.dies_at:.3f}"
+        )
+
+    def _remove(self, actor: Actor) -> None:
+        """A process that ended for good (a zombie's death)."""
+        self.actors.remove(actor)
+        if actor in self.processes:
+            self.processes.remove(actor)
+        self._record(f"{self.steps} {self.clock.seconds:.3f} {actor.name} DIES")
+
     def _crash(self, actor: Actor) -> None:
         if actor.status == ActorStatus.CRASHED:
             return
         if actor.busy:
             actor.crash_pending = True
             return
+        if actor.dies_at < float("inf"):
+            actor.dies_at = self.clock.seconds  # a zombie that crashes is gone
         self.crashes += 1
         actor.status = ActorStatus.CRASHED
         actor.back_at = self.clock.seconds + self.rng.uniform(0.5, 5.0)
@@ -332,12 +456,15 @@ class World:
         cfg = self.config
         fault_steps = 0
         cpu_start = time.process_time()
-        with use_clock(self.clock), reverted(cfg.knobs):
+        with use_clock(self.clock), reverted(cfg.knobs), _quiet():
             Ledger(self.memory, read_parallelism=1).init_cluster(cfg.partitions)
+            if self.rng.random() < cfg.warm_start_rate:
+                self._warm_start()
             self.store.random_faults(cfg.fault_rate, seed=self.rng.getrandbits(32))
             try:
-                # The sweep's store calls come on top: the protocol gets its steps with faults.
-                while self.steps - self.sweep_calls < cfg.steps:
+                # The observers' store calls (sweeps, standby reads, intrusions) come on top: the
+                # protocol gets its steps with faults.
+                while self.steps - self.observer_calls < cfg.steps:
                     self._tick()
                 fault_steps = self.steps
                 self._calm()
@@ -365,14 +492,31 @@ class World:
             violation=violation,
             trace=tuple(self._trace),
             cpu_s=time.process_time() - cpu_start,
+            splits=self.splits,
+            void_entries=self.checker.void_entries,
         )
+
+    def _warm_start(self) -> None:
+        """Before the first step: a cluster that ran before, every partition placed on a node (through a
+        forced placement driven to Active) and every node registered once. The nodes' processes start
+        afresh: they register a new generation and recover their partitions."""
+        ledger = Ledger(self.memory, read_parallelism=1)
+        for n in self.nodes:
+            ledger.register_node(n.node, heartbeat_timeout_s=actors_module.HEARTBEAT_TIMEOUT_S, host="sim", pid=1)
+        coordinator = MigrationCoordinator(ledger, self.migration_config)
+        for p in range(self.config.partitions):
+            node = self.rng.choice(self.nodes).node
+            task = coordinator.plan(PartitionId(p), node, forced=True)
+            for phase in phase_sequence(task.migration_kind):
+                coordinator.begin_phase(PartitionId(p), task.migration_id, phase)
+        self._record(f"{self.steps} {self.clock.seconds:.3f} - WARM START: every partition placed")
 
     def _calm(self) -> None:
         """Faults stop and every process comes back; every partition must then become live in time."""
         self.faults_on = False
         self.store.clear()
         for a in self.actors:
-            if a.status != ActorStatus.UP:
+            if a.status != ActorStatus.UP and a.dies_at == float("inf"):
                 a.back_at = self.clock.seconds
         self._record(f"{self.steps} {self.clock.seconds:.3f} - FAULTS STOP")
         calm_start = self.clock.seconds
@@ -515,6 +659,43 @@ def _sweep_before_fix(
     return report
 
 
+def _writer_moved_past_before_fix(self: ManifestReader, partition: int, m: PartitionManifest) -> bool:
+    """`ManifestReader._writer_moved_past` before it looked at the writer's node record: only a later
+    grant made a reader distrust an entry reached through the pointer."""
+    return self.grant_keys.superseded(partition, m.fencing_token)
+
+
+def _parent_before_fix(self: ManifestReader, version: ManifestVersion) -> ManifestVersion | None:
+    """What `handoff.take_over` checked before it followed the seal's parent hash: the entry at the
+    sequence number below the seal (None when that one is forged)."""
+    return self.entry(PartitionId(version.manifest.partition), version.manifest.seq - 1)
+
+
+def _complete_grant_before_fix(self: Ledger, partition: PartitionId, ownership: Ownership | None = None) -> bool:
+    """Before `Ledger.complete_grant`: nothing finished a grant whose granter died before its seal."""
+    return False
+
+
+def _normalize_events_before_fix(
+    normalize: Callable[[int, Sequence[SourceEvent] | pa.Table], pa.Table],
+) -> Callable[[int, Sequence[SourceEvent] | pa.Table], pa.Table]:
+    """`source.normalize_events` (what `SourceLog.append` validates with) as before it checked that
+    a key column's Arrow strings are UTF-8; the worker's check of a batch it cannot decode stays."""
+
+    def nothing_invalid(values: pa.Array | pa.ChunkedArray) -> int | None:
+        return None
+
+    def unchecked(partition: int, events: Sequence[SourceEvent] | pa.Table) -> pa.Table:
+        check = source_module.invalid_utf8_row
+        source_module.invalid_utf8_row = nothing_invalid
+        try:
+            return normalize(partition, events)
+        finally:
+            source_module.invalid_utf8_row = check
+
+    return unchecked
+
+
 @contextlib.contextmanager
 def reverted(knobs: Knobs) -> Iterator[None]:
     """Patch the library back to before the fixes `knobs` revert, for the duration of a run."""
@@ -538,11 +719,31 @@ def reverted(knobs: Knobs) -> Iterator[None]:
         patch(actors_module, "stranded", _stranded_before_fix)
     if knobs.revert_sweep_sealed_only:
         patch(antientropy, "sweep", _sweep_before_fix)
+    if knobs.revert_generation_pointer_fix:
+        patch(ManifestReader, "_writer_moved_past", _writer_moved_past_before_fix)
+    if knobs.revert_handoff_parent_fix:
+        patch(ManifestReader, "parent", _parent_before_fix)
+    if knobs.revert_unassigned_seal_fix:
+        patch(Ledger, "complete_grant", _complete_grant_before_fix)
+    if knobs.revert_utf8_append_check:
+        patch(source_module, "normalize_events", _normalize_events_before_fix(source_module.normalize_events))
     try:
         yield
     finally:
         for owner, name, value in reversed(saved):
             setattr(owner, name, value)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """The library's warnings off for a run: void entries and forged records are the scenario's daily
+    bread (the trace tells what happened); logging each would cost more than the run."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
 
 
 def run_scenario(config: SimConfig) -> ScenarioResult:
