@@ -88,6 +88,7 @@ class FaultInjectingStore(ObjectStore):
     def __init__(self, inner: ObjectStore) -> None:
         self.inner = inner
         self.url = inner.url
+        self.meter = inner.meter
         self._lock = threading.Lock()
         self._queue: list[_Fault] = []
         self._latency: dict[str | None, float] = {}

@@ -77,6 +77,7 @@ from .records import (
     PartitionProgress,
     PartitionStatus,
     ReleaseRecord,
+    RequestReport,
     new_write_id,
     now,
     parse_record,
@@ -741,8 +742,9 @@ class NodeHandle:
         self,
         status: NodeStatus = NodeStatus.ALIVE,
         partitions: dict[int, PartitionProgress] | None = None,
+        requests: RequestReport | None = None,
     ) -> NodeRecord:
-        """CAS our own record with a fresh timestamp (and progress, if given).
+        """CAS our own record with a fresh timestamp (and progress and request counts, if given).
 
         NodeIdentityConflict if another process took the record.
         """
@@ -750,6 +752,8 @@ class NodeHandle:
             update: dict[str, object] = {"heartbeat_at": now(), "status": status, "write_id": new_write_id()}
             if partitions is not None:
                 update["partitions"] = dict(partitions)
+            if requests is not None:
+                update["requests"] = requests
             new = self._record.model_copy(update=update)
             key = node_key(self._record.node)
             try:

@@ -20,6 +20,7 @@ from .manifest import ManifestReader
 from .migration import DesiredStates, MigrationTask
 from .records import NodeStatus
 from .source import SourceLog
+from .store.metering import RequestPrices
 
 __all__ = [
     "WARM_STATES",
@@ -139,6 +140,15 @@ class NodeSnapshot:
     heartbeat_age_s: float
     host: str
     pid: int
+    #: Store requests per second by method over the node's last heartbeat interval (empty: not reported).
+    requests_per_s: Mapping[str, float] = field(default_factory=dict)
+    #: The busiest "METHOD family" pairs over that interval, in requests per second.
+    busiest_requests: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def request_rate(self) -> float:
+        """All the node's store requests per second."""
+        return sum(self.requests_per_s.values())
 
 
 @dataclass(frozen=True)
@@ -150,6 +160,19 @@ class ClusterSnapshot:
     cluster_epoch: int
     partitions: tuple[PartitionSnapshot, ...]
     nodes: tuple[NodeSnapshot, ...]
+
+    def request_rate(self) -> float:
+        """The live nodes' store requests per second, as their last heartbeats report them."""
+        return sum(n.request_rate for n in self.nodes if n.alive)
+
+    def monthly_request_cost(self, prices: RequestPrices | None = None) -> float:
+        """The live nodes' request rate as dollars per month at `prices` (default: S3 list prices)."""
+        rates: dict[str, float] = {}
+        for n in self.nodes:
+            if n.alive:
+                for method, rate in n.requests_per_s.items():
+                    rates[method] = rates.get(method, 0.0) + rate
+        return (prices or RequestPrices()).monthly_cost(rates)
 
     def owned_by(self, node: int) -> list[int]:
         """The partitions `node` owns."""
@@ -190,9 +213,16 @@ class ClusterSnapshot:
                     "heartbeat_age_s": round(n.heartbeat_age_s, 3),
                     "host": n.host,
                     "pid": n.pid,
+                    "requests_per_s": dict(n.requests_per_s),
+                    "busiest_requests": dict(n.busiest_requests),
                 }
                 for n in self.nodes
             ],
+            "requests": {
+                "per_s": round(self.request_rate(), 3),
+                "monthly_cost_usd": round(self.monthly_request_cost(), 2),
+                "prices": RequestPrices().model_dump(),
+            },
         }
 
 
@@ -253,6 +283,8 @@ def snapshot_cluster(
             heartbeat_age_s=v.heartbeat_age_s,
             host=v.record.host,
             pid=v.record.pid,
+            requests_per_s=dict(v.record.requests.per_s) if v.record.requests else {},
+            busiest_requests=dict(v.record.requests.top_families) if v.record.requests else {},
         )
         for v in views
     )

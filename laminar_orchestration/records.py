@@ -191,6 +191,18 @@ class PartitionProgress(Record):
     lag: int | None = Field(default=None, ge=0)
 
 
+class RequestReport(Record):
+    """The store requests a process sent, as its heartbeat reports them (see `store.metering`)."""
+
+    #: Requests since the process started, by method (GET, HEAD, PUT, DELETE, LIST).
+    total: dict[str, int] = Field(default_factory=dict)
+    #: Requests per second by method over the interval since the previous report.
+    per_s: dict[str, float] = Field(default_factory=dict)
+    #: The busiest "METHOD family" pairs over that interval, in requests per second.
+    top_families: dict[str, float] = Field(default_factory=dict)
+    interval_s: float = Field(default=0.0, ge=0)
+
+
 class NodeRecord(Record):
     """One node's own record: identity, heartbeat, partition progress. Only that node writes it."""
 
@@ -204,6 +216,8 @@ class NodeRecord(Record):
     heartbeat_at: datetime
     heartbeat_timeout_s: float = Field(gt=0)
     partitions: dict[int, PartitionProgress] = Field(default_factory=dict)
+    #: The node's store requests (None from nodes that predate request reports).
+    requests: RequestReport | None = None
     write_id: str = Field(default_factory=new_write_id)
 
 

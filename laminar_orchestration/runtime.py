@@ -77,7 +77,7 @@ from .migration import (
     MigrationTask,
 )
 from .processing import WARM_UP_BATCHES, BatchEngine, BatchFold, KeyedProcessor, SparkBatchEngine, build_spark_session
-from .records import NodeStatus, PartitionProgress, PartitionStatus, now
+from .records import NodeStatus, PartitionProgress, PartitionStatus, RequestReport, now
 from .replica import CatchUp, StateReplica
 from .source import SourceBatch, SourceLog, UndecodableSegment
 from .standby import StandbyFollower, TakeoverSpeculation
@@ -1111,6 +1111,9 @@ class Node:
         # No attribute holds the store: each part gets only its capability, and the source reads only.
         opened = store or open_store(config.store_url)
         self.store_url = opened.url
+        #: Where this process's store requests are counted (reported with each heartbeat).
+        self._meter = opened.meter
+        self._last_requests = self._meter.snapshot()
         self.ledger = Ledger(opened)
         self.desired = DesiredStates(self.ledger)
         self.reader = ReadStore(opened)
@@ -1319,11 +1322,22 @@ class Node:
                     report[int(p)] = report[int(p)].model_copy(update=failing)
         return report
 
+    def _requests_report(self) -> RequestReport:
+        """The store requests this process sent since the previous report (and in all)."""
+        current = self._meter.snapshot()
+        previous, self._last_requests = self._last_requests, current
+        return RequestReport(
+            total=dict(current.by_method),
+            per_s={m: round(r, 3) for m, r in current.rates_since(previous).items()},
+            top_families=current.family_rates_since(previous),
+            interval_s=round(current.at - previous.at, 3),
+        )
+
     def _heartbeat_loop(self) -> None:
         assert self.handle is not None
         while not self._stop.is_set():
             try:
-                self.handle.heartbeat(partitions=self._progress())
+                self.handle.heartbeat(partitions=self._progress(), requests=self._requests_report())
             except NodeIdentityConflict as exc:
                 log.error("node %s: %s; fencing every partition and stopping", self.id, exc)
                 for w in list(self.workers.values()):

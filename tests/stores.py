@@ -12,7 +12,7 @@ class ForwardingStore(ObjectStore):
     """Forwards every call to `inner`; a test wrapper overrides only the call it stages."""
 
     def __init__(self, inner: ObjectStore) -> None:
-        self.inner, self.url = inner, inner.url
+        self.inner, self.url, self.meter = inner, inner.url, inner.meter
 
     def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
         return self.inner.put_if_absent(key, data, metadata)

@@ -136,10 +136,15 @@ class ConsoleOutput:
                 f"{p.partition:>9}  {p.epoch:>5}  {owner:>5}  {p.committed_offset:>12}  {p.log_end:>12}  "
                 f"{p.lag:>10}  {standbys:<12}  {p.failures:>8}  {p.phase_text()}{failing}"
             )
-        say(f"{'NODE':>9}  {'GEN':>5}  {'ALIVE':>5}  {'HEARTBEAT AGE':>13}  STATUS")
+        say(f"{'NODE':>9}  {'GEN':>5}  {'ALIVE':>5}  {'HEARTBEAT AGE':>13}  {'REQUESTS/S':>10}  STATUS")
         for n in snapshot.nodes:
             alive = "yes" if n.alive else "NO"
-            say(f"{n.node:>9}  {n.generation:>5}  {alive:>5}  {n.heartbeat_age_s:>12.1f}s  {n.status}")
+            rate = f"{n.request_rate:.1f}" if n.requests_per_s else "-"
+            say(f"{n.node:>9}  {n.generation:>5}  {alive:>5}  {n.heartbeat_age_s:>12.1f}s  {rate:>10}  {n.status}")
+        say(
+            f"store requests: {snapshot.request_rate():.1f}/s from live nodes, "
+            f"about ${snapshot.monthly_request_cost():,.2f}/month at S3 list prices"
+        )
 
     def produced(self, appended: dict[int, int], log_ends: dict[int, int]) -> None:
         for p, n in sorted(appended.items()):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from ..errors import ConflictError, InvalidInputError, LaminarError, NotFoundError, UnavailableError
+from .metering import PROCESS_METER, RequestMeter
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,8 @@ class ObjectStore(abc.ABC):
 
     #: A URL that reopens this store from another process (`file://...` or `s3://...`).
     url: str
+    #: Where a backend counts the requests it sends (the process's meter unless given another).
+    meter: RequestMeter = PROCESS_METER
 
     @abc.abstractmethod
     def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:

@@ -44,6 +44,7 @@ from .base import (
     StoreUnavailable,
     check_key,
 )
+from .metering import RequestMethod
 
 _MAGIC = b"LMOB1\n"
 _HEADER_LEN = struct.Struct("<I")
@@ -264,6 +265,7 @@ class LocalObjectStore(ObjectStore):
     # -- ObjectStore -------------------------------------------------------
 
     def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
+        self.meter.count(RequestMethod.PUT, key)
         path = self._path(key)
         try:
             tmp, etag = self._write_tmp(path, data, metadata)
@@ -283,6 +285,7 @@ class LocalObjectStore(ObjectStore):
         return etag
 
     def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
+        self.meter.count(RequestMethod.PUT, key)
         path = self._path(key)
         try:
             tmp, new_etag = self._write_tmp(path, data, metadata)
@@ -300,6 +303,7 @@ class LocalObjectStore(ObjectStore):
         return new_etag
 
     def delete_if_match(self, key: str, etag: str) -> None:
+        self.meter.count(RequestMethod.DELETE, key)
         path = self._path(key)
         try:
             with self._locked(key):
@@ -320,6 +324,7 @@ class LocalObjectStore(ObjectStore):
         return obj
 
     def get_or_none(self, key: str) -> StoredObject | None:
+        self.meter.count(RequestMethod.GET, key)
         fspath = self._fspath(key)
         try:
             fd = os.open(fspath, os.O_RDONLY)
@@ -351,6 +356,7 @@ class LocalObjectStore(ObjectStore):
         return obj
 
     def head(self, key: str) -> ObjectMeta | None:
+        self.meter.count(RequestMethod.HEAD, key)
         path = self._path(key)
         try:
             with open(path, "rb") as fh:
@@ -367,6 +373,7 @@ class LocalObjectStore(ObjectStore):
         return ObjectMeta(key=key, size=size, etag=str(header["etag"]), metadata=meta, last_modified=modified)
 
     def list(self, prefix: str) -> Iterator[str]:
+        self.meter.count(RequestMethod.LIST, prefix)
         base = self.root
         escaped = self.format >= 2
         keys: list[str] = []

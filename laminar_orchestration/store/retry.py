@@ -130,6 +130,7 @@ class RetryingStore(ObjectStore):
     ) -> None:
         self.inner = inner
         self.url = inner.url
+        self.meter = inner.meter
         self.policy = policy or RetryPolicy()
         self._sleep = sleep
         self._rng = random.Random(seed)

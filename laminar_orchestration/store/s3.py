@@ -49,6 +49,7 @@ from .base import (
     TransientStoreError,
     check_key,
 )
+from .metering import RequestMethod
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -235,6 +236,7 @@ class S3ObjectStore(ObjectStore):
     # -- ObjectStore ------------------------------------------------------------
 
     def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
+        self.meter.count(RequestMethod.PUT, key)
         full = self._full(key)
         try:
             resp = self._client.put_object(
@@ -249,6 +251,7 @@ class S3ObjectStore(ObjectStore):
         return _unquote_etag(resp["ETag"])
 
     def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
+        self.meter.count(RequestMethod.PUT, key)
         full = self._full(key)
         try:
             resp = self._client.put_object(
@@ -268,6 +271,7 @@ class S3ObjectStore(ObjectStore):
         return _unquote_etag(resp["ETag"])
 
     def delete_if_match(self, key: str, etag: str) -> None:
+        self.meter.count(RequestMethod.DELETE, key)
         full = self._full(key)
         try:
             self._client.delete_object(Bucket=self.bucket, Key=full, IfMatch=f'"{_unquote_etag(etag)}"')
@@ -275,6 +279,7 @@ class S3ObjectStore(ObjectStore):
             self._translate(exc, "delete_if_match", key, expected_etag=etag)
 
     def get(self, key: str) -> StoredObject:
+        self.meter.count(RequestMethod.GET, key)
         full = self._full(key)
         try:
             resp = self._client.get_object(Bucket=self.bucket, Key=full)
@@ -293,6 +298,7 @@ class S3ObjectStore(ObjectStore):
         )
 
     def head(self, key: str) -> ObjectMeta | None:
+        self.meter.count(RequestMethod.HEAD, key)
         full = self._full(key)
         try:
             resp = self._client.head_object(Bucket=self.bucket, Key=full)
@@ -317,6 +323,7 @@ class S3ObjectStore(ObjectStore):
         if self._bucket_verified:
             return
         try:
+            self.meter.count(RequestMethod.HEAD, "")
             self._client.head_bucket(Bucket=self.bucket)
         except bce.ClientError as exc:
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
@@ -338,6 +345,7 @@ class S3ObjectStore(ObjectStore):
         try:
             paginator = self._client.get_paginator("list_objects_v2")
             for page in paginator.paginate(Bucket=self.bucket, Prefix=base + prefix):
+                self.meter.count(RequestMethod.LIST, prefix)  # one billed request per page
                 for item in page.get("Contents", []):
                     full = item.get("Key", "")
                     if full.startswith(base):
