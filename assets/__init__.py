@@ -52,12 +52,12 @@ from dagster import (
     asset_check,
 )
 
+from laminar_orchestration.control.placement import AssignmentError, plan_assignment
+from laminar_orchestration.control.snapshot import live_node_ids, snapshot_cluster
 from laminar_orchestration.identity import PartitionId
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import ManifestReader
-from laminar_orchestration.ownership import live_node_ids, snapshot_cluster
-from laminar_orchestration.planner import AssignmentError, plan_assignment
-from laminar_orchestration.source import SourceLog
+from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.source import SourceLog
 from resources import LaminarResource
 
 from .committed_state import LAMINAR_PARTITIONS, committed_state

@@ -24,9 +24,9 @@ from dagster import (
 from dagster_pyspark import PySparkResource
 from pydantic import Field
 
+from laminar_orchestration.dataplane.restore import committed_state as read_committed_state
 from laminar_orchestration.identity import PartitionId
-from laminar_orchestration.manifest import ManifestReader
-from laminar_orchestration.replica import committed_state as read_committed_state
+from laminar_orchestration.protocol.chain import ManifestReader
 from resources import LaminarResource
 
 #: The stream partitions as Dagster partitions (keys "0", "1", ...).

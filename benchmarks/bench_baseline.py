@@ -85,15 +85,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from laminar_dev.localcluster import HEARTBEAT_TIMEOUT_S, Cluster, wait_until
-from laminar_orchestration.capabilities import ReadStore
-from laminar_orchestration.checkpoint import download_table
+from laminar_orchestration.dataplane.checkpoint import download_table
+from laminar_orchestration.dataplane.restore import committed_state
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.manifest import ManifestReader
-from laminar_orchestration.migration import MigrationPhase
-from laminar_orchestration.replica import committed_state
-from laminar_orchestration.source import SourceLog, generate_events
+from laminar_orchestration.ops.verify import audit_store
+from laminar_orchestration.protocol.capabilities import ReadStore
+from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.tasks import MigrationPhase
 from laminar_orchestration.store import ObjectStore
-from laminar_orchestration.verify import audit_store
 
 from .bench_migration import (
     HEARTBEAT_INTERVAL_S,
@@ -305,7 +305,7 @@ class WorkerMain:
         shutil.rmtree(tmp, ignore_errors=True)
 
     def run(self, warm_up: bool) -> None:
-        from laminar_orchestration.processing import build_spark_session
+        from laminar_orchestration.dataplane.engine import build_spark_session
 
         threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
         spark = build_spark_session(SPARK_MASTER, f"baseline-{self.name}")

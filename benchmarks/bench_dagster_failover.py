@@ -50,16 +50,16 @@ from dagster import DagsterEventType
 from dagster_graphql import DagsterGraphQLClient
 
 from laminar_dev.localcluster import Cluster, wait_until
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.control.moves import run_migration
 from laminar_orchestration.identity import PartitionId
-from laminar_orchestration.migration import (
+from laminar_orchestration.protocol.tasks import (
     DesiredStates,
-    MigrationCoordinator,
     MigrationKind,
     MigrationPhase,
     MigrationTask,
     PhaseReport,
 )
-from laminar_orchestration.moves import run_migration
 from launcher import POOL_PID_TAG
 from tests.dagster_plane import ControlPlane
 

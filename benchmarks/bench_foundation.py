@@ -36,9 +36,9 @@ from datetime import UTC, datetime
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
-from laminar_orchestration.fencing import PartitionGuard, PartitionGuardSet
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.ledger import EpochConflict, Ledger
+from laminar_orchestration.protocol.fencing import PartitionGuard, PartitionGuardSet
+from laminar_orchestration.protocol.ledger import EpochConflict, Ledger
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 
 from .common import (

@@ -62,14 +62,15 @@ import numpy as np
 import pyarrow as pa
 
 from laminar_dev.localcluster import HEARTBEAT_TIMEOUT_S, Cluster, wait_until
+from laminar_orchestration.control.placement import failover_target
+from laminar_orchestration.control.snapshot import warm_copies
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.keys import manifest_history_key
-from laminar_orchestration.manifest import ManifestReader, PartitionManifest
-from laminar_orchestration.migration import FORCED_PHASES, GRACEFUL_PHASES, MigrationPhase, PhaseReport
-from laminar_orchestration.ownership import warm_copies
-from laminar_orchestration.planner import failover_target
-from laminar_orchestration.records import parse_record
-from laminar_orchestration.source import SourceLog
+from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.keys import manifest_history_key
+from laminar_orchestration.protocol.manifest import PartitionManifest
+from laminar_orchestration.protocol.records import parse_record
+from laminar_orchestration.protocol.source import SourceLog
+from laminar_orchestration.protocol.tasks import FORCED_PHASES, GRACEFUL_PHASES, MigrationPhase, PhaseReport
 from laminar_orchestration.store import ObjectStore
 
 from .common import Row, format_table, median, progress, verdict, write_result

@@ -75,32 +75,31 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from laminar_orchestration.capabilities import CheckpointWriter, OutputCommitter, ReadStore
-from laminar_orchestration.checkpoint import CheckpointStore, OutputWriter
-from laminar_orchestration.fencing import FencingToken, PartitionGuard
-from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import (
-    ManifestPublisher,
-    ManifestReader,
-    ManifestUpdate,
-    ManifestVersion,
-    PartitionManifest,
-    SnapshotRef,
-)
-from laminar_orchestration.migration import MigrationCoordinator, MigrationPhase
-from laminar_orchestration.processing import (
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.dataplane.checkpoint import CheckpointStore, OutputWriter
+from laminar_orchestration.dataplane.config import NodeConfig
+from laminar_orchestration.dataplane.engine import (
     BatchEvents,
     SparkBatchEngine,
     build_spark_session,
     keyed_aggregation,
     spark_takes_table,
 )
-from laminar_orchestration.records import PartitionStatus
-from laminar_orchestration.replica import CatchUp, StateReplica
-from laminar_orchestration.runtime import Node, NodeConfig, PartitionWorker, WorkerState
-from laminar_orchestration.source import SourceBatch, SourceLog, generate_events
-from laminar_orchestration.statestore import PartitionStateStore
+from laminar_orchestration.dataplane.node import Node
+from laminar_orchestration.dataplane.restore import CatchUp, StateReplica
+from laminar_orchestration.dataplane.statestore import PartitionStateStore
+from laminar_orchestration.dataplane.worker import PartitionWorker
+from laminar_orchestration.dataplane.worker_state import WorkerState
+from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.protocol.capabilities import CheckpointWriter, OutputCommitter, ReadStore
+from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.fencing import FencingToken, PartitionGuard
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.manifest import PartitionManifest, SnapshotRef
+from laminar_orchestration.protocol.records import PartitionStatus
+from laminar_orchestration.protocol.segments import SourceBatch
+from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.tasks import MigrationPhase
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 
 from .common import Row, format_table, median, progress, verdict, write_result

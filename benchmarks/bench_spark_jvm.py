@@ -60,7 +60,7 @@ def probe(java_options: str, batches: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from laminar_orchestration.processing import SparkBatchEngine, build_spark_session
+    from laminar_orchestration.dataplane.engine import SparkBatchEngine, build_spark_session
 
     spark = build_spark_session("local[1]", "laminar-bench-spark-jvm")
     with tempfile.TemporaryDirectory(prefix="laminar-bench-jvm-") as tmp:
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
         probe(args.probe, args.batches)
         return
 
-    from laminar_orchestration.processing import SPARK_JAVA_OPTIONS
+    from laminar_orchestration.dataplane.engine import SPARK_JAVA_OPTIONS
 
     jvms, batches = (1, 40) if args.quick else (3, 60)
     settings = {"JVM defaults (tiered C2, G1)": "", f"laminar ({SPARK_JAVA_OPTIONS})": SPARK_JAVA_OPTIONS}

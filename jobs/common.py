@@ -9,7 +9,7 @@ from dagster import Config, Failure, MetadataValue, OpExecutionContext
 from pydantic import Field
 
 from laminar_orchestration.errors import LaminarError
-from laminar_orchestration.migration import MigrationConfig, MigrationPhase, MigrationTask, PhaseReport
+from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase, MigrationTask, PhaseReport
 
 #: Run tags (the sensors read and write them).
 PARTITION_TAG = "laminar/partition"

@@ -50,13 +50,9 @@ from dagster import (
 )
 from pydantic import Field
 
+from laminar_orchestration.control.moves import must_force, prepare_failover, record_failure, stranded
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.migration import (
-    MigrationError,
-    MigrationKind,
-    MigrationPhase,
-)
-from laminar_orchestration.moves import must_force, prepare_failover, record_failure, stranded
+from laminar_orchestration.protocol.tasks import MigrationError, MigrationKind, MigrationPhase
 from resources import LaminarResource
 
 from .common import (

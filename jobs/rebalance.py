@@ -1,7 +1,7 @@
 """The `rebalance` job: plan a balanced assignment over the live nodes and carry it out.
 
 ``plan_rebalance`` plans with the library's rebalance
-(`laminar_orchestration.planning.plan_rebalance`: the sticky planner, minus
+(`laminar_orchestration.control.operations.plan_rebalance`: the sticky planner, minus
 partitions a migration already moves), records the plan as an
 observation of the ``assignment_plan`` asset and, unless ``dry_run``, fans the
 moves out as waves (``DynamicOutput``s): within a wave no node takes part in
@@ -35,11 +35,11 @@ from dagster import (
 )
 from pydantic import Field
 
-from laminar_orchestration.migration import MigrationConfig, PhaseReport
-from laminar_orchestration.moves import run_moves
-from laminar_orchestration.planner import AssignmentError, Move, schedule_waves
-from laminar_orchestration.planning import RebalancePlan, rebalance_move
-from laminar_orchestration.planning import plan_rebalance as plan_rebalance_moves
+from laminar_orchestration.control.moves import run_moves
+from laminar_orchestration.control.operations import RebalancePlan, rebalance_move
+from laminar_orchestration.control.operations import plan_rebalance as plan_rebalance_moves
+from laminar_orchestration.control.placement import AssignmentError, Move, schedule_waves
+from laminar_orchestration.protocol.tasks import MigrationConfig, PhaseReport
 from resources import LaminarResource
 
 from .common import EXPECTED_ERRORS, MigrationLimits, failure

@@ -1,6 +1,6 @@
 """The ``worker_node`` job: a laminar worker node as one long-running Dagster run.
 
-Its single op runs `laminar_orchestration.runtime.Node` — heartbeat,
+Its single op runs `laminar_orchestration.dataplane.node.Node` — heartbeat,
 reconcile, the partitions' micro-batches — on the SparkSession of the
 ``pyspark`` resource, for as long as the run lives. Terminating the run (Runs →
 Terminate, or ``dagster run terminate``) stops the node gracefully: it drains
@@ -11,7 +11,7 @@ run then ends Canceled. Launchpad config::
     heartbeat_timeout_s: 6      # optional, as `laminar node run`
 
 `laminar node run` does the same without Dagster, with the same Spark settings
-(`laminar_orchestration.processing.spark_conf`).
+(`laminar_orchestration.dataplane.engine.spark_conf`).
 """
 
 import threading
@@ -29,7 +29,8 @@ from dagster import (
 from dagster_pyspark import PySparkResource
 from pydantic import Field
 
-from laminar_orchestration.runtime import Node, NodeConfig
+from laminar_orchestration.dataplane.config import NodeConfig
+from laminar_orchestration.dataplane.node import Node
 from resources import LaminarResource
 
 from .common import tag_run

@@ -1,6 +1,6 @@
 """A worker node process without Spark: ``python -m laminar_dev.arrownode --store URL --node-id N``.
 
-The real node runtime (`laminar_orchestration.runtime.Node`) with batches aggregated by pyarrow
+The real node runtime (`laminar_orchestration.dataplane.node.Node`) with batches aggregated by pyarrow
 (`laminar_dev.chaos.ArrowNode`): a node process that starts in a second, for tests whose subject
 is everything around the aggregate (here: each process running with its own credentials).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from laminar_orchestration.runtime import NodeConfig
+from laminar_orchestration.dataplane.config import NodeConfig
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -19,14 +19,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.control.moves import reinstate_all
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import ManifestReader
-from laminar_orchestration.migration import MigrationCoordinator
-from laminar_orchestration.moves import reinstate_all
-from laminar_orchestration.source import SourceLog, generate_events
+from laminar_orchestration.ops.verify import PartitionAudit, audit_store
+from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.store import ObjectStore, open_store
-from laminar_orchestration.verify import PartitionAudit, audit_store
 
 HEARTBEAT_TIMEOUT_S = 3.0
 

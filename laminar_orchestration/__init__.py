@@ -1,6 +1,7 @@
 """laminar-orchestration: safe ownership and movement of stream partitions between worker nodes."""
 
-from .fencing import (
+from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
+from laminar_orchestration.protocol.fencing import (
     ConditionalPut,
     ConditionalPutFailed,
     EpochError,
@@ -12,8 +13,7 @@ from .fencing import (
     StaleEpoch,
     UnknownPartition,
 )
-from .identity import UNASSIGNED, NodeId, PartitionId
-from .ledger import Ledger
+from laminar_orchestration.protocol.ledger import Ledger
 
 __all__ = [
     "UNASSIGNED",

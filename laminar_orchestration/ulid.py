@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import threading
 
-from . import clock
+from laminar_orchestration import clock
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _lock = threading.Lock()

@@ -7,7 +7,7 @@
   `S3Resource` (endpoint and region from ``AWS_ENDPOINT_URL`` / ``AWS_REGION``)
   and the store is wrapped in `RetryingStore`.
 * ``pyspark`` — dagster-pyspark's `PySparkResource` with the same Spark
-  settings as ``laminar node run`` (`laminar_orchestration.processing.spark_conf`;
+  settings as ``laminar node run`` (`laminar_orchestration.dataplane.engine.spark_conf`;
   ``spark.master`` from ``LAMINAR_SPARK_MASTER``, default ``local[*]``; Spark UI
   off; bound to loopback unless ``SPARK_LOCAL_IP`` is set). The ``worker_node``
   job runs a node's partitions on its session and ``committed_state`` is
@@ -24,10 +24,11 @@ from dagster_aws.s3 import S3Resource
 from dagster_pyspark import PySparkResource
 from pydantic import Field, PrivateAttr
 
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import ManifestReader
-from laminar_orchestration.migration import MigrationConfig, MigrationCoordinator
-from laminar_orchestration.processing import spark_conf
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.dataplane.engine import spark_conf
+from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.tasks import MigrationConfig
 from laminar_orchestration.store import InvalidStoreUrl, ObjectStore, default_store_url, open_store
 
 __all__ = [

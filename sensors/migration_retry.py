@@ -30,12 +30,13 @@ from jobs import (
     limits_from_run_config,
     migrate_partition,
 )
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.control.moves import stranded
+from laminar_orchestration.control.snapshot import live_node_ids
 from laminar_orchestration.identity import UNASSIGNED, PartitionId
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.migration import DesiredStates, MigrationCoordinator
-from laminar_orchestration.moves import stranded
-from laminar_orchestration.ownership import live_node_ids
-from laminar_orchestration.records import LedgerError
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.records import LedgerError
+from laminar_orchestration.protocol.tasks import DesiredStates
 from laminar_orchestration.store import StoreError
 from resources import LaminarResource
 

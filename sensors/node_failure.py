@@ -45,22 +45,27 @@ from dagster import (
 
 from assets import live_owners_evaluation, ownership_observation, ownership_rows
 from jobs import EPOCH_TAG, FAILED_NODE_TAG, PARTITION_TAG, failover_partition
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.control.moves import (
+    moves_on_without_old_owner,
+    prepare_failover,
+    record_failure,
+    reinstate_all,
+)
+from laminar_orchestration.control.placement import failover_target, node_loads
+from laminar_orchestration.control.snapshot import live_node_ids, warm_copies
 from laminar_orchestration.errors import LaminarError
 from laminar_orchestration.identity import UNASSIGNED, PartitionId
-from laminar_orchestration.ledger import ClusterNotInitialized, Ledger
-from laminar_orchestration.migration import (
+from laminar_orchestration.protocol.ledger import ClusterNotInitialized, Ledger
+from laminar_orchestration.protocol.tasks import (
     DesiredStates,
     MigrationConfig,
-    MigrationCoordinator,
     MigrationError,
     MigrationPhase,
     MigrationTimeout,
     PhaseReport,
     phase_sequence,
 )
-from laminar_orchestration.moves import moves_on_without_old_owner, prepare_failover, record_failure, reinstate_all
-from laminar_orchestration.ownership import live_node_ids, warm_copies
-from laminar_orchestration.planner import failover_target, node_loads
 from resources import LaminarResource
 
 __all__ = [

@@ -42,8 +42,8 @@ from assets import (
     ownership_rows,
     stream_progress,
 )
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import ManifestReader
+from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.ledger import Ledger
 from resources import LaminarResource
 
 __all__ = ["CHECKPOINT_EVERY_S", "ObservationCursor", "laminar_observation_sensor", "observe"]

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from laminar_orchestration.capabilities import CheckpointWriter, OutputCommitter, ReadStore
-from laminar_orchestration.checkpoint import CheckpointStore, OutputWriter
-from laminar_orchestration.fencing import FencingToken, PartitionGuard
-from laminar_orchestration.manifest import ManifestPublisher, ManifestUpdate, ManifestVersion
-from laminar_orchestration.processing import keyed_aggregation
-from laminar_orchestration.replica import StateReplica
-from laminar_orchestration.source import SourceLog
+from laminar_orchestration.dataplane.checkpoint import CheckpointStore, OutputWriter
+from laminar_orchestration.dataplane.engine import keyed_aggregation
+from laminar_orchestration.dataplane.restore import StateReplica
+from laminar_orchestration.ops.verify import reference_batch_aggregate
+from laminar_orchestration.protocol.capabilities import CheckpointWriter, OutputCommitter, ReadStore
+from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.fencing import FencingToken, PartitionGuard
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import ObjectStore
-from laminar_orchestration.verify import reference_batch_aggregate
 
 
 def fold_output(events: pa.Table, replica: StateReplica, epoch: int) -> pa.Table:

@@ -12,14 +12,18 @@ import pyarrow as pa
 import pytest
 
 from laminar_orchestration import cli
-from laminar_orchestration.antientropy import InvalidGracePeriod, sweep
-from laminar_orchestration.capabilities import CheckpointWriter, OutputCommitter, ReadStore
-from laminar_orchestration.checkpoint import CheckpointStore, OutputWriter
 from laminar_orchestration.cli.output import ConsoleOutput
 from laminar_orchestration.clock import SYSTEM_CLOCK, use_clock
-from laminar_orchestration.fencing import PartitionGuard
+from laminar_orchestration.dataplane.checkpoint import CheckpointStore, OutputWriter
+from laminar_orchestration.dataplane.engine import keyed_aggregation
+from laminar_orchestration.dataplane.restore import StateReplica, committed_state
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.keys import (
+from laminar_orchestration.ops.sweep import InvalidGracePeriod, sweep
+from laminar_orchestration.ops.verify import audit_store, reference_batch_aggregate
+from laminar_orchestration.protocol.capabilities import CheckpointWriter, OutputCommitter, ReadStore
+from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate
+from laminar_orchestration.protocol.fencing import PartitionGuard
+from laminar_orchestration.protocol.keys import (
     UnparseableObjectKey,
     checkpoint_partition_prefix,
     delta_key,
@@ -29,14 +33,10 @@ from laminar_orchestration.keys import (
     sink_partition_prefix,
     source_partition_prefix,
 )
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import ManifestPublisher, ManifestReader, ManifestUpdate
-from laminar_orchestration.processing import keyed_aggregation
-from laminar_orchestration.replica import StateReplica, committed_state
-from laminar_orchestration.source import SourceLog, generate_events
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.ulid import next_ulid
-from laminar_orchestration.verify import audit_store, reference_batch_aggregate
 
 from .commits import commit_all
 

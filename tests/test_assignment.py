@@ -20,20 +20,15 @@ from pathlib import Path
 import pytest
 
 from laminar_orchestration import cli
-from laminar_orchestration.errors import ErrorKind
-from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.migration import (
-    MigrationConfig,
-    MigrationCoordinator,
-    MigrationError,
-    MigrationKind,
-    MigrationPhase,
-    NoLiveNode,
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.control.moves import NoFailoverTarget, must_force, prepare_failover, run_moves
+from laminar_orchestration.control.operations import (
+    NodeStillAlive,
+    plan_node_failover,
+    plan_rebalance,
+    run_node_failover,
 )
-from laminar_orchestration.moves import NoFailoverTarget, must_force, prepare_failover, run_moves
-from laminar_orchestration.ownership import snapshot_cluster
-from laminar_orchestration.planner import (
+from laminar_orchestration.control.placement import (
     AssignmentError,
     Move,
     least_loaded_node,
@@ -42,8 +37,18 @@ from laminar_orchestration.planner import (
     schedule_waves,
     weighted_bounds,
 )
-from laminar_orchestration.planning import NodeStillAlive, plan_node_failover, plan_rebalance, run_node_failover
-from laminar_orchestration.source import SourceLog, generate_events
+from laminar_orchestration.control.snapshot import snapshot_cluster
+from laminar_orchestration.errors import ErrorKind
+from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.tasks import (
+    MigrationConfig,
+    MigrationError,
+    MigrationKind,
+    MigrationPhase,
+    NoLiveNode,
+)
 from laminar_orchestration.store import LocalObjectStore
 
 P, N = PartitionId, NodeId
@@ -340,8 +345,8 @@ def test_a_failed_forced_move_leaves_a_stranded_owner_that_is_failed_over_again(
     coordinator = MigrationCoordinator(ledger, MigrationConfig(checkpoint_transfer_timeout_s=0.1))
     decision = prepare_failover(coordinator, 0)
     assert decision.task is not None
-    from laminar_orchestration.migration import MigrationTimeout
-    from laminar_orchestration.moves import drive
+    from laminar_orchestration.control.moves import drive
+    from laminar_orchestration.protocol.tasks import MigrationTimeout
 
     with pytest.raises(MigrationTimeout):
         drive(coordinator, decision.task)  # node 2 never reports the download: it is only a record
@@ -407,8 +412,9 @@ def test_cli_migrate_names_a_dead_target(ledger: Ledger, capsys: pytest.CaptureF
 
 def test_cli_does_not_import_dagster() -> None:
     code = (
-        "import sys, laminar_orchestration.cli, laminar_orchestration.planner, laminar_orchestration.ownership, "
-        "laminar_orchestration.moves, laminar_orchestration.planning; "
+        "import sys, laminar_orchestration.cli, laminar_orchestration.control.placement, "
+        "laminar_orchestration.control.snapshot, laminar_orchestration.control.moves, "
+        "laminar_orchestration.control.operations; "
         "sys.exit(1 if any(m.split('.')[0] == 'dagster' for m in sys.modules) else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from laminar_orchestration.backpressure import (
+from laminar_orchestration.dataplane.backpressure import (
     Accept,
     AcceptWithWarning,
     Backpressure,
@@ -14,8 +14,8 @@ from laminar_orchestration.backpressure import (
     partition_backpressure,
 )
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.source import SourceLog, generate_events
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.store import ObjectStore
 
 from .commits import commit_all

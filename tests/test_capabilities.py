@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from laminar_dev.chaos import ArrowNode
-from laminar_orchestration.capabilities import (
+from laminar_orchestration.dataplane.config import NodeConfig
+from laminar_orchestration.protocol.capabilities import (
     CheckpointWriter,
     LedgerWriter,
     OutputCommitter,
@@ -17,9 +18,9 @@ from laminar_orchestration.capabilities import (
     ledger_key,
     storage_policies,
 )
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.runtime import NodeConfig
-from laminar_orchestration.source import SourceLog, SourceNotWritable, generate_events
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.segments import SourceNotWritable
+from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.store import LocalObjectStore
 
 SNIPPETS = Path(__file__).parent / "typecheck_snippets"

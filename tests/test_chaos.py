@@ -31,24 +31,21 @@ from laminar_dev.chaos import (
     run_store_faults,
 )
 from laminar_dev.chaos import main as chaos_main
-from laminar_orchestration.capabilities import OutputCommitter
-from laminar_orchestration.checkpoint import OutputWriter
 from laminar_orchestration.cli import main as cli_main
-from laminar_orchestration.fencing import PartitionGuard, StaleEpoch
+from laminar_orchestration.dataplane.checkpoint import OutputWriter
+from laminar_orchestration.dataplane.engine import keyed_aggregation
+from laminar_orchestration.dataplane.statestore import PartitionStateStore
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.keys import manifest_history_key, output_object_key
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import (
-    ManifestPublisher,
-    ManifestUpdate,
-    StaleFencingToken,
-)
-from laminar_orchestration.processing import keyed_aggregation
-from laminar_orchestration.signing import sign_record
-from laminar_orchestration.statestore import PartitionStateStore
+from laminar_orchestration.ops.verify import audit_epoch_history, reference_fold
+from laminar_orchestration.protocol.capabilities import OutputCommitter
+from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestUpdate
+from laminar_orchestration.protocol.fencing import PartitionGuard, StaleEpoch
+from laminar_orchestration.protocol.keys import manifest_history_key, output_object_key
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.manifest import StaleFencingToken
+from laminar_orchestration.protocol.signing import sign_record
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 from laminar_orchestration.ulid import next_ulid
-from laminar_orchestration.verify import audit_epoch_history, reference_fold
 
 P, N = PartitionId, NodeId
 

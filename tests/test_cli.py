@@ -12,14 +12,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from laminar_orchestration.capabilities import OutputCommitter, ReadStore
-from laminar_orchestration.checkpoint import OutputWriter
-from laminar_orchestration.fencing import PartitionGuard
+from laminar_orchestration.dataplane.checkpoint import OutputWriter
+from laminar_orchestration.dataplane.engine import keyed_aggregation
+from laminar_orchestration.dataplane.restore import StateReplica
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import ManifestPublisher, ManifestUpdate
-from laminar_orchestration.processing import keyed_aggregation
-from laminar_orchestration.replica import StateReplica
+from laminar_orchestration.protocol.capabilities import OutputCommitter, ReadStore
+from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestUpdate
+from laminar_orchestration.protocol.fencing import PartitionGuard
+from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.store import LocalObjectStore, open_store
 
 from .commits import commit_all, fold_output
@@ -135,7 +135,7 @@ def test_produce_bad_line_names_it_and_appends_nothing(store_url: str, tmp_path:
     result = laminar("produce", "--store", store_url, "--from-file", str(events))
     assert result.returncode == 2
     assert "line 3" in result.stderr and "bad.jsonl" in result.stderr
-    from laminar_orchestration.source import SourceLog
+    from laminar_orchestration.protocol.source import SourceLog
 
     log = SourceLog(open_store(store_url))
     assert (log.end_offset(0), log.end_offset(1)) == (0, 0)  # lines 1 and 2 were not appended either
@@ -153,7 +153,7 @@ def test_verify_reports_duplicates_and_losses_with_offsets(store_url: str) -> No
     _, offset, last = commit_all(store, token)
     assert offset == 300
     # A commit that applies events 100..300 a second time, as a broken fence would.
-    from laminar_orchestration.source import SourceLog
+    from laminar_orchestration.protocol.source import SourceLog
 
     batch = pa.concat_tables([b.to_table() for b in SourceLog(store).iter_batches(0, 0, 1000)]).slice(100)
     with tempfile.TemporaryDirectory() as tmp:

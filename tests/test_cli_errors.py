@@ -14,10 +14,11 @@ import pytest
 
 from laminar_orchestration import cli
 from laminar_orchestration.identity import MAX_PARTITIONS, NodeId, PartitionId
-from laminar_orchestration.keys import segment_key
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import ManifestReader
-from laminar_orchestration.source import MAX_KEY_BYTES, MAX_LINE_BYTES, SourceLog
+from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.keys import segment_key
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.segments import MAX_KEY_BYTES, MAX_LINE_BYTES
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import LocalObjectStore, open_store
 
 from .commits import commit_all

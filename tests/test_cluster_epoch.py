@@ -17,7 +17,7 @@ from dataclasses import FrozenInstanceError
 import pytest
 from pydantic import ValidationError
 
-from laminar_orchestration.cluster_epoch import (
+from laminar_orchestration.protocol.cluster_epoch import (
     ClusterEpochError,
     ClusterEpochFenceTimeout,
     ClusterEpochSnapshot,

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from laminar_dev.faults import FaultInjectingStore
-from laminar_orchestration.capabilities import OutputCommitter
-from laminar_orchestration.commit import commit
-from laminar_orchestration.fencing import FencingToken, StaleEpoch
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import ManifestPublisher, ManifestReader, ManifestUpdate
+from laminar_orchestration.protocol.capabilities import OutputCommitter
+from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate
+from laminar_orchestration.protocol.commit import commit
+from laminar_orchestration.protocol.fencing import FencingToken, StaleEpoch
+from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.store import ObjectStore, StoreError
 
 P = PartitionId(0)

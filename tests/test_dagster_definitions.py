@@ -33,21 +33,15 @@ from dagster_pyspark import PySparkResource
 from assets import checkpoint_observation, ownership_observation
 from jobs import GRACEFUL_OPS, MIGRATION_ID_TAG, RISING_OPS, failover_partition, migrate_partition, rebalance
 from jobs.migration import _HANDLES, run_handle
-from laminar_orchestration.capabilities import OutputCommitter
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.dataplane.engine import spark_conf
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.keys import desired_state_key, grant_key
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import (
-    DeltaRef,
-    ManifestPublisher,
-    ManifestReader,
-    ManifestUpdate,
-    SnapshotFile,
-    SnapshotRef,
-    artifact_ref,
-)
-from laminar_orchestration.migration import MigrationCoordinator, MigrationPhase
-from laminar_orchestration.processing import spark_conf
+from laminar_orchestration.protocol.capabilities import OutputCommitter
+from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate
+from laminar_orchestration.protocol.keys import desired_state_key, grant_key
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.manifest import DeltaRef, SnapshotFile, SnapshotRef, artifact_ref
+from laminar_orchestration.protocol.tasks import MigrationPhase
 from laminar_orchestration.store import LocalObjectStore
 from laminar_orchestration.store.retry import RetryingStore
 from laminar_orchestration.store.s3 import S3ObjectStore

@@ -24,7 +24,7 @@ from dagster._core.scheduler.instigation import InstigatorType
 from jobs import GRACEFUL_OPS
 from laminar_dev.localcluster import Cluster, wait_until
 from laminar_orchestration.identity import PartitionId
-from laminar_orchestration.migration import DesiredStates, MigrationKind, MigrationPhase
+from laminar_orchestration.protocol.tasks import DesiredStates, MigrationKind, MigrationPhase
 
 from .dagster_plane import ControlPlane
 

@@ -23,7 +23,7 @@ from dagster import DagsterEventType, DagsterRun, DagsterRunStatus
 from jobs import NOT_BEFORE_TAG
 from laminar_dev.localcluster import wait_until
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.ledger import Ledger
+from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.store import LocalObjectStore
 from launcher import POOL_PID_TAG
 from launcher.pool import process_start_ticks

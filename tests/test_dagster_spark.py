@@ -22,11 +22,11 @@ import pytest
 from dagster import DagsterInstance, DagsterRunStatus, materialize
 
 from assets import LAMINAR_PARTITIONS, committed_state
+from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import ManifestReader
-from laminar_orchestration.migration import MigrationCoordinator
-from laminar_orchestration.records import NodeStatus, PartitionStatus
+from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.records import NodeStatus, PartitionStatus
 from laminar_orchestration.store import open_store
 from resources import LaminarResource, spark_resource_from_env
 

@@ -31,16 +31,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from laminar_dev.chaos import ArrowBatchEngine, ArrowNode
-from laminar_orchestration import batches, cli
-from laminar_orchestration.capabilities import ReadStore
-from laminar_orchestration.checkpoint import CheckpointCorrupt, next_checkpoint
-from laminar_orchestration.errors import CorruptDataError, exit_code
-from laminar_orchestration.fencing import FencingToken
-from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import ArtifactRef, DeltaRef, ManifestReader, PartitionManifest, SnapshotRef
-from laminar_orchestration.migration import DesiredState, DesiredStates
-from laminar_orchestration.processing import (
+from laminar_orchestration import cli
+from laminar_orchestration.dataplane import batches
+from laminar_orchestration.dataplane.checkpoint import CheckpointCorrupt, next_checkpoint
+from laminar_orchestration.dataplane.config import NodeConfig
+from laminar_orchestration.dataplane.engine import (
     ARROW_INPUT_SMALL_EVENTS,
     SPARK_JAVA_OPTIONS,
     BatchEvents,
@@ -50,12 +45,21 @@ from laminar_orchestration.processing import (
     keyed_aggregation,
     spark_conf,
 )
-from laminar_orchestration.replica import CatchUp, StateReplica, committed_state
-from laminar_orchestration.runtime import Node, NodeConfig
-from laminar_orchestration.source import ROW_GROUP_EVENTS, SourceBatch, SourceLog
-from laminar_orchestration.statestore import InvalidStateSchema, LocalStateWriteFailed, PartitionStateStore
+from laminar_orchestration.dataplane.node import Node
+from laminar_orchestration.dataplane.restore import CatchUp, StateReplica, committed_state
+from laminar_orchestration.dataplane.statestore import InvalidStateSchema, LocalStateWriteFailed, PartitionStateStore
+from laminar_orchestration.errors import CorruptDataError, exit_code
+from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
+from laminar_orchestration.ops.verify import audit_partition, audit_store, reference_batch_aggregate, reference_fold
+from laminar_orchestration.protocol.capabilities import ReadStore
+from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.fencing import FencingToken
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.manifest import ArtifactRef, DeltaRef, PartitionManifest, SnapshotRef
+from laminar_orchestration.protocol.segments import ROW_GROUP_EVENTS, SourceBatch
+from laminar_orchestration.protocol.source import SourceLog
+from laminar_orchestration.protocol.tasks import DesiredState, DesiredStates
 from laminar_orchestration.store import ObjectStore, open_store
-from laminar_orchestration.verify import audit_partition, audit_store, reference_batch_aggregate, reference_fold
 
 from .commits import commit_all
 

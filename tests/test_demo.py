@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from laminar_orchestration.demo import CODE_LOCATION_FILES, Child, find_code_location
+from laminar_orchestration.ops.demo import CODE_LOCATION_FILES, find_code_location
+from laminar_orchestration.ops.demo_processes import Child
 
 #: The whole run must end within this: 75 s once up, plus start-up (~30 s for two nodes' Spark and the
 #: webserver on an idle 2-core machine, several times that on a loaded one) and the orderly stop.
@@ -167,7 +168,7 @@ def test_children_get_sigterm_when_the_demo_is_killed(tmp_path: Path) -> None:
     script = (
         "import os, sys, time\n"
         "from pathlib import Path\n"
-        "from laminar_orchestration.demo import Child\n"
+        "from laminar_orchestration.ops.demo import Child\n"
         f"c = Child('sleeper', ['sleep', '300'], Path({str(tmp_path / 'child.log')!r}), env=os.environ)\n"
         "print(c.pid, flush=True)\n"
         "time.sleep(300)\n"

@@ -10,17 +10,17 @@ import pkgutil
 import pytest
 
 import laminar_orchestration
-from laminar_orchestration.backpressure import Backpressure
-from laminar_orchestration.checkpoint import CheckpointCorrupt
-from laminar_orchestration.cluster_epoch import ClusterEpochFenceTimeout, StaleClusterEpoch
+from laminar_orchestration.dataplane.backpressure import Backpressure
+from laminar_orchestration.dataplane.checkpoint import CheckpointCorrupt
 from laminar_orchestration.errors import EXIT_CODES, ErrorKind, InvalidArgument, LaminarError, exit_code
-from laminar_orchestration.fencing import StaleEpoch, UnknownPartition
-from laminar_orchestration.framing import BadMagic, FrameError
 from laminar_orchestration.identity import PartitionId
-from laminar_orchestration.ledger import ClusterAlreadyInitialized, ClusterNotInitialized
-from laminar_orchestration.migration import InvalidTransition, MigrationKind, MigrationPhase
-from laminar_orchestration.records import CorruptLedgerObject
-from laminar_orchestration.source import BadInputLine, CorruptSegment, InputFileError
+from laminar_orchestration.protocol.cluster_epoch import ClusterEpochFenceTimeout, StaleClusterEpoch
+from laminar_orchestration.protocol.fencing import StaleEpoch, UnknownPartition
+from laminar_orchestration.protocol.framing import BadMagic, FrameError
+from laminar_orchestration.protocol.ledger import ClusterAlreadyInitialized, ClusterNotInitialized
+from laminar_orchestration.protocol.records import CorruptLedgerObject
+from laminar_orchestration.protocol.segments import BadInputLine, CorruptSegment, InputFileError
+from laminar_orchestration.protocol.tasks import InvalidTransition, MigrationKind, MigrationPhase
 from laminar_orchestration.store import InvalidStoreUrl, ObjectNotFound, PreconditionFailed, StoreUnavailable
 
 

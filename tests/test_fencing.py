@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from laminar_orchestration.fencing import (
+from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
+from laminar_orchestration.protocol.fencing import (
     ConditionalPut,
     ConditionalPutFailed,
     EpochError,
@@ -21,8 +22,7 @@ from laminar_orchestration.fencing import (
     UnknownPartition,
     _mint_token,
 )
-from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
-from laminar_orchestration.records import PartitionStatus
+from laminar_orchestration.protocol.records import PartitionStatus
 
 P = PartitionId
 N = NodeId

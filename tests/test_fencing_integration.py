@@ -9,23 +9,13 @@ import time
 
 import pytest
 
-from laminar_orchestration.capabilities import CheckpointWriter, OutputCommitter, checkpoint_key
-from laminar_orchestration.fencing import (
-    ConditionalPutFailed,
-    PartitionGuard,
-    PartitionGuardSet,
-    StaleEpoch,
-)
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.keys import manifest_history_key
-from laminar_orchestration.ledger import EpochConflict, Ledger
-from laminar_orchestration.manifest import (
-    DeltaRef,
-    ManifestPublisher,
-    ManifestUpdate,
-    StaleFencingToken,
-    artifact_ref,
-)
+from laminar_orchestration.protocol.capabilities import CheckpointWriter, OutputCommitter, checkpoint_key
+from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestUpdate
+from laminar_orchestration.protocol.fencing import ConditionalPutFailed, PartitionGuard, PartitionGuardSet, StaleEpoch
+from laminar_orchestration.protocol.keys import manifest_history_key
+from laminar_orchestration.protocol.ledger import EpochConflict, Ledger
+from laminar_orchestration.protocol.manifest import DeltaRef, StaleFencingToken, artifact_ref
 from laminar_orchestration.store import ObjectStore, open_store
 
 from .stores import PausingStore

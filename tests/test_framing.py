@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from laminar_orchestration.framing import (
+from laminar_orchestration.protocol.framing import (
     FLAGS_OFFSET,
     HEADER_SIZE,
     MAGIC,

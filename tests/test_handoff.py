@@ -12,9 +12,7 @@ from datetime import UTC, datetime
 import pytest
 
 from laminar_dev.faults import FaultInjectingStore
-from laminar_orchestration.capabilities import OutputCommitter
-from laminar_orchestration.fencing import Ownership
-from laminar_orchestration.handoff import (
+from laminar_orchestration.dataplane.handoff import (
     HandoffMismatch,
     NewOwnerAction,
     NewOwnerStep,
@@ -29,18 +27,15 @@ from laminar_orchestration.handoff import (
     take_over,
 )
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
-from laminar_orchestration.keys import manifest_history_key
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import (
-    ManifestPublisher,
-    ManifestReader,
-    ManifestUpdate,
-    ManifestVersion,
-    PartitionManifest,
-    StaleFencingToken,
-    StaleGeneration,
-)
-from laminar_orchestration.migration import (
+from laminar_orchestration.protocol.capabilities import OutputCommitter
+from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.fencing import Ownership
+from laminar_orchestration.protocol.keys import manifest_history_key
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.manifest import PartitionManifest, StaleFencingToken, StaleGeneration
+from laminar_orchestration.protocol.records import PartitionStatus
+from laminar_orchestration.protocol.signing import SigningKey, sign_record
+from laminar_orchestration.protocol.tasks import (
     FORCED_PHASES,
     GRACEFUL_PHASES,
     DesiredState,
@@ -48,8 +43,6 @@ from laminar_orchestration.migration import (
     MigrationPhase,
     MigrationTask,
 )
-from laminar_orchestration.records import PartitionStatus
-from laminar_orchestration.signing import SigningKey, sign_record
 from laminar_orchestration.store import ObjectStore, StoreError
 from laminar_orchestration.ulid import next_ulid
 

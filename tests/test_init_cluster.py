@@ -8,8 +8,8 @@ import pytest
 
 from laminar_orchestration.errors import ErrorKind, InvalidArgument
 from laminar_orchestration.identity import MAX_PARTITIONS, PartitionId
-from laminar_orchestration.keys import CLUSTER_KEY, ownership_head_key
-from laminar_orchestration.ledger import ClusterAlreadyInitialized, ClusterNotInitialized, Ledger
+from laminar_orchestration.protocol.keys import CLUSTER_KEY, ownership_head_key
+from laminar_orchestration.protocol.ledger import ClusterAlreadyInitialized, ClusterNotInitialized, Ledger
 from laminar_orchestration.store import ObjectStore
 
 from .stores import ForwardingStore

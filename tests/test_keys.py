@@ -6,8 +6,9 @@ from collections.abc import Callable
 
 import pytest
 
-from laminar_orchestration import keys
-from laminar_orchestration.capabilities import (
+from laminar_orchestration.identity import MAX_PARTITIONS, NodeId, PartitionId
+from laminar_orchestration.protocol import keys
+from laminar_orchestration.protocol.capabilities import (
     checkpoint_key,
     grant_keys_key,
     ledger_key,
@@ -15,10 +16,9 @@ from laminar_orchestration.capabilities import (
     sink_key,
     source_key,
 )
-from laminar_orchestration.identity import MAX_PARTITIONS, NodeId, PartitionId
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.migration import DesiredStates
-from laminar_orchestration.source import SourceLog, generate_events
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.tasks import DesiredStates
 from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.ulid import next_ulid, ulid_time_ms
 

@@ -37,8 +37,10 @@ import pytest
 from botocore.exceptions import ClientError
 
 from laminar_dev.s3server import AccessKey, create_iam_user, start_s3_server
-from laminar_orchestration import keys
-from laminar_orchestration.capabilities import (
+from laminar_orchestration.dataplane.checkpoint import OutputWriter
+from laminar_orchestration.identity import MAX_PARTITIONS, NodeId, PartitionId
+from laminar_orchestration.protocol import keys
+from laminar_orchestration.protocol.capabilities import (
     AUDITOR_ROLE,
     CAS_PATTERNS,
     CONTROL_PLANE_ROLE,
@@ -51,21 +53,14 @@ from laminar_orchestration.capabilities import (
     role_access,
     storage_policies,
 )
-from laminar_orchestration.checkpoint import OutputWriter
-from laminar_orchestration.fencing import PartitionGuard
-from laminar_orchestration.identity import MAX_PARTITIONS, NodeId, PartitionId
-from laminar_orchestration.ledger import Ledger, NotReleased
-from laminar_orchestration.manifest import (
-    SHA256_METADATA,
-    ArtifactRef,
-    ManifestReader,
-    ManifestVersion,
-    PartitionManifest,
-)
-from laminar_orchestration.migration import DesiredStates
-from laminar_orchestration.records import PartitionStatus, ReleaseRecord, now
-from laminar_orchestration.signing import SigningKey, sign_record
-from laminar_orchestration.source import SourceLog, generate_events
+from laminar_orchestration.protocol.chain import ManifestReader, ManifestVersion
+from laminar_orchestration.protocol.fencing import PartitionGuard
+from laminar_orchestration.protocol.ledger import Ledger, NotReleased
+from laminar_orchestration.protocol.manifest import SHA256_METADATA, ArtifactRef, PartitionManifest
+from laminar_orchestration.protocol.records import PartitionStatus, ReleaseRecord, now
+from laminar_orchestration.protocol.signing import SigningKey, sign_record
+from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.tasks import DesiredStates
 from laminar_orchestration.store import ObjectStore, PreconditionFailed, StoreUnavailable
 from laminar_orchestration.store.s3 import S3ObjectStore
 from laminar_orchestration.ulid import next_ulid

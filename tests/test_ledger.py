@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
-from laminar_orchestration.capabilities import OutputCommitter
-from laminar_orchestration.fencing import FencingToken, NotOwned, StaleEpoch, UnknownPartition
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
-from laminar_orchestration.keys import grant_key, ownership_head_key
-from laminar_orchestration.ledger import (
+from laminar_orchestration.protocol.capabilities import OutputCommitter
+from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.fencing import FencingToken, NotOwned, StaleEpoch, UnknownPartition
+from laminar_orchestration.protocol.keys import grant_key, ownership_head_key
+from laminar_orchestration.protocol.ledger import (
     ClusterAlreadyInitialized,
     ClusterNotInitialized,
     EpochConflict,
@@ -20,20 +21,8 @@ from laminar_orchestration.ledger import (
     NodeIdentityConflict,
     NotReleased,
 )
-from laminar_orchestration.manifest import (
-    ManifestPublisher,
-    ManifestReader,
-    ManifestUpdate,
-    ManifestVersion,
-    StaleFencingToken,
-)
-from laminar_orchestration.records import (
-    CorruptLedgerObject,
-    EpochGrant,
-    GrantKind,
-    PartitionStatus,
-    now,
-)
+from laminar_orchestration.protocol.manifest import StaleFencingToken
+from laminar_orchestration.protocol.records import CorruptLedgerObject, EpochGrant, GrantKind, PartitionStatus, now
 from laminar_orchestration.store import ObjectStore
 
 from .stores import PausingStore

@@ -11,10 +11,14 @@ from typing import Any
 import pytest
 
 from laminar_orchestration import cli
-from laminar_orchestration.handoff import PartitionDuty, partition_duty
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.control.moves import drive, run_migration
+from laminar_orchestration.dataplane.handoff import PartitionDuty, partition_duty
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.ledger import Ledger, NodeHandle
-from laminar_orchestration.migration import (
+from laminar_orchestration.protocol.ledger import Ledger, NodeHandle
+from laminar_orchestration.protocol.records import PartitionProgress, ReleaseRecord, now
+from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.tasks import (
     FORCED_PHASES,
     GRACEFUL_PHASES,
     CheckpointFailed,
@@ -25,7 +29,6 @@ from laminar_orchestration.migration import (
     InvalidTransition,
     LedgerCommitFailed,
     MigrationConfig,
-    MigrationCoordinator,
     MigrationEpochConflict,
     MigrationKind,
     MigrationNotOwned,
@@ -39,9 +42,6 @@ from laminar_orchestration.migration import (
     UploadFailed,
     check_transition,
 )
-from laminar_orchestration.moves import drive, run_migration
-from laminar_orchestration.records import PartitionProgress, ReleaseRecord, now
-from laminar_orchestration.source import SourceLog, generate_events
 from laminar_orchestration.store import LocalObjectStore, ObjectStore, open_store
 
 from .commits import commit_all

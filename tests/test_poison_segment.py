@@ -16,13 +16,15 @@ import pyarrow as pa
 
 from laminar_dev.chaos import ArrowNode
 from laminar_orchestration.cli.output import ConsoleOutput
+from laminar_orchestration.control.snapshot import snapshot_cluster
+from laminar_orchestration.dataplane.config import NodeConfig
+from laminar_orchestration.dataplane.worker import PartitionWorker
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.keys import segment_key
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.migration import DesiredStates
-from laminar_orchestration.ownership import snapshot_cluster
-from laminar_orchestration.runtime import NodeConfig, PartitionWorker
-from laminar_orchestration.source import SourceLog, encode_segment
+from laminar_orchestration.protocol.keys import segment_key
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.segments import encode_segment
+from laminar_orchestration.protocol.source import SourceLog
+from laminar_orchestration.protocol.tasks import DesiredStates
 from laminar_orchestration.store import ObjectStore
 
 P, N = PartitionId, NodeId

@@ -14,16 +14,10 @@ from pathlib import Path
 import pytest
 
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.report import (
-    FAILOVER,
-    MIGRATION,
-    PLACEMENT,
-    collect_report,
-    render_html,
-    write_report,
-)
-from laminar_orchestration.source import SourceLog, generate_events
+from laminar_orchestration.ops.report import render_html, write_report
+from laminar_orchestration.ops.timeline import FAILOVER, MIGRATION, PLACEMENT, collect_report
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.store import LocalObjectStore
 
 from .commits import commit_all
@@ -177,7 +171,7 @@ def test_cli_report_out_and_errors(tmp_path: Path) -> None:
 def test_time_axis_has_round_ticks_for_any_span(tmp_path: Path, seconds: float) -> None:
     from datetime import timedelta
 
-    from laminar_orchestration.report import _ticks
+    from laminar_orchestration.ops.report import _ticks
 
     start = collect_report(build_history(tmp_path)).start
     step, ticks = _ticks(start, start + timedelta(seconds=seconds))

@@ -19,16 +19,16 @@ from pathlib import Path
 import pytest
 
 from laminar_dev.localcluster import HEARTBEAT_TIMEOUT_S, Cluster, wait_until
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.dataplane.restore import committed_state
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.migration import (
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.tasks import (
     MigrationConfig,
-    MigrationCoordinator,
     MigrationEpochConflict,
     MigrationPhase,
     MigrationTimeout,
 )
-from laminar_orchestration.replica import committed_state
 from laminar_orchestration.store import open_store
 
 pytestmark = pytest.mark.spark
@@ -178,8 +178,8 @@ def test_orchestrator_killed_mid_migration_then_resumed(cluster: Cluster, tmp_pa
     script = (
         "import sys\n"
         "from laminar_orchestration.store import open_store\n"
-        "from laminar_orchestration.ledger import Ledger\n"
-        "from laminar_orchestration.migration import MigrationCoordinator\n"
+        "from laminar_orchestration.protocol.ledger import Ledger\n"
+        "from laminar_orchestration.control.coordinator import MigrationCoordinator\n"
         "from laminar_orchestration.identity import PartitionId, NodeId\n"
         f"MigrationCoordinator(Ledger(open_store({cluster.store_url!r}))).run(PartitionId(2), NodeId({target}))\n"
     )
@@ -268,7 +268,7 @@ def test_dagster_migrate_partition_job_against_live_nodes(cluster: Cluster) -> N
     from dagster import DagsterInstance
 
     from jobs import migrate_partition
-    from laminar_orchestration.ownership import warm_copies
+    from laminar_orchestration.control.snapshot import warm_copies
     from resources import LaminarResource
 
     cluster.produce(30_000)

@@ -14,28 +14,25 @@ from pathlib import Path
 import pyarrow as pa
 
 from laminar_dev.chaos import ArrowBatchEngine, ArrowNode
-from laminar_orchestration.capabilities import OutputCommitter, manifest_key
-from laminar_orchestration.fencing import EpochError, FencingToken
+from laminar_orchestration.control.snapshot import snapshot_cluster
+from laminar_orchestration.dataplane.config import NodeConfig
+from laminar_orchestration.dataplane.engine import BatchEvents
+from laminar_orchestration.dataplane.restore import CatchUp
+from laminar_orchestration.dataplane.worker import PartitionWorker
+from laminar_orchestration.dataplane.worker_state import WorkerState
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
-from laminar_orchestration.keys import manifest_history_key
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import (
-    ManifestPublisher,
-    ManifestReader,
-    ManifestUpdate,
-    ManifestVersion,
-)
-from laminar_orchestration.migration import DesiredStates
-from laminar_orchestration.ownership import snapshot_cluster
-from laminar_orchestration.processing import BatchEvents
-from laminar_orchestration.records import PartitionProgress
-from laminar_orchestration.replica import CatchUp
-from laminar_orchestration.runtime import NodeConfig, PartitionWorker, WorkerState
-from laminar_orchestration.signing import sign_record
-from laminar_orchestration.source import SourceLog, generate_events
+from laminar_orchestration.ops.verify import audit_epoch_history
+from laminar_orchestration.protocol.capabilities import OutputCommitter, manifest_key
+from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.fencing import EpochError, FencingToken
+from laminar_orchestration.protocol.keys import manifest_history_key
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.records import PartitionProgress
+from laminar_orchestration.protocol.signing import sign_record
+from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.tasks import DesiredStates
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 from laminar_orchestration.ulid import next_ulid
-from laminar_orchestration.verify import audit_epoch_history
 from tests.stores import PausingStore
 
 P, N = PartitionId, NodeId

@@ -35,11 +35,12 @@ from dagster._core.definitions.freshness import TimeWindowFreshnessPolicy
 
 from assets import STREAM_FAIL_AFTER, STREAM_FRESHNESS, STREAM_WARN_AFTER, checkpoint_manifests
 from jobs import ATTEMPT_TAG, NOT_BEFORE_TAG, RETRY_OF_TAG, failover_partition, migrate_partition
+from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import ManifestReader
-from laminar_orchestration.migration import MigrationConfig, MigrationCoordinator, MigrationPhase
-from laminar_orchestration.source import SourceLog, generate_events
+from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase
 from laminar_orchestration.store import LocalObjectStore
 from resources import LaminarResource
 from sensors import (

@@ -14,25 +14,24 @@ from pathlib import Path
 
 import pytest
 
-from laminar_orchestration import keys
-from laminar_orchestration.capabilities import LedgerWriter, ManifestKey, OutputCommitter, ledger_key, manifest_key
-from laminar_orchestration.fencing import FencingToken
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.ledger import Ledger, NotReleased
-from laminar_orchestration.manifest import (
-    ArtifactRef,
-    ManifestPublisher,
-    ManifestReader,
-    ManifestUpdate,
-    ManifestVersion,
-    PartitionManifest,
-    SupersededEntry,
+from laminar_orchestration.ops.verify import audit_partition
+from laminar_orchestration.protocol import keys
+from laminar_orchestration.protocol.capabilities import (
+    LedgerWriter,
+    ManifestKey,
+    OutputCommitter,
+    ledger_key,
+    manifest_key,
 )
-from laminar_orchestration.records import EpochGrant, PartitionStatus, ReleaseRecord, now
-from laminar_orchestration.signing import ForgedRecord, SigningKey, SigningKeyUnavailable, sign_record
+from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.fencing import FencingToken
+from laminar_orchestration.protocol.ledger import Ledger, NotReleased
+from laminar_orchestration.protocol.manifest import ArtifactRef, PartitionManifest, SupersededEntry
+from laminar_orchestration.protocol.records import EpochGrant, PartitionStatus, ReleaseRecord, now
+from laminar_orchestration.protocol.signing import ForgedRecord, SigningKey, SigningKeyUnavailable, sign_record
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 from laminar_orchestration.ulid import next_ulid
-from laminar_orchestration.verify import audit_partition
 
 P, N = PartitionId, NodeId
 FAKE_OUTPUT = ArtifactRef(key="sink/00000/forged.parquet", size=1, sha256="0" * 64)

@@ -40,11 +40,12 @@ from laminar_dev.sim.invariants import (
 from laminar_dev.sim.soak import search, soak
 from laminar_dev.sim.store import MemoryObjectStore
 from laminar_dev.sim.world import ScenarioResult
-from laminar_orchestration import antientropy
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.control.moves import stranded
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.migration import MigrationCoordinator, MigrationPhase
-from laminar_orchestration.moves import stranded
+from laminar_orchestration.ops import sweep as antientropy
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.tasks import MigrationPhase
 from laminar_orchestration.store import ObjectStore
 
 REPO = Path(__file__).resolve().parent.parent

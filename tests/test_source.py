@@ -16,9 +16,9 @@ import pytest
 from pydantic import ValidationError
 
 from laminar_dev.faults import FaultInjectingStore
-from laminar_orchestration.framing import BadMagic, FrameMismatch, encode_frame
-from laminar_orchestration.keys import segment_key, source_head_key
-from laminar_orchestration.source import (
+from laminar_orchestration.protocol.framing import BadMagic, FrameMismatch, encode_frame
+from laminar_orchestration.protocol.keys import segment_key, source_head_key
+from laminar_orchestration.protocol.segments import (
     EVENT_SCHEMA,
     ROW_GROUP_EVENTS,
     BadInputLine,
@@ -27,19 +27,12 @@ from laminar_orchestration.source import (
     OffsetNotAtSegmentBoundary,
     PartitionOutOfRange,
     SourceEvent,
-    SourceLog,
     UndecodableSegment,
     encode_segment,
-    generate_events,
     normalize_events,
-    produce_from_jsonl,
 )
-from laminar_orchestration.store import (
-    LocalObjectStore,
-    ObjectStore,
-    PreconditionFailed,
-    open_store,
-)
+from laminar_orchestration.protocol.source import SourceLog, generate_events, produce_from_jsonl
+from laminar_orchestration.store import LocalObjectStore, ObjectStore, PreconditionFailed, open_store
 from laminar_orchestration.store.retry import RetryingStore, RetryPolicy
 
 

@@ -15,27 +15,29 @@ import pyarrow as pa
 import pytest
 
 from laminar_dev.chaos import ArrowBatchEngine, ArrowNode
-from laminar_orchestration.batches import InFlightBatch, ReadAhead, read_ahead
-from laminar_orchestration.capabilities import CheckpointWriter, OutputCommitter, ReadStore, manifest_key
-from laminar_orchestration.checkpoint import CheckpointStore
-from laminar_orchestration.fencing import PartitionGuard
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.control.moves import drive, prepare_failover
+from laminar_orchestration.control.placement import failover_target
+from laminar_orchestration.control.snapshot import warm_copies
+from laminar_orchestration.dataplane.batches import InFlightBatch, ReadAhead, read_ahead
+from laminar_orchestration.dataplane.checkpoint import CheckpointStore
+from laminar_orchestration.dataplane.engine import BatchEvents
+from laminar_orchestration.dataplane.restore import StateReplica, committed_state
+from laminar_orchestration.dataplane.standby import StandbyFollower
+from laminar_orchestration.dataplane.statestore import PartitionStateStore
 from laminar_orchestration.identity import NodeId
-from laminar_orchestration.keys import manifest_history_key
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import ManifestReader
-from laminar_orchestration.migration import MigrationConfig, MigrationCoordinator, MigrationPhase, PhaseReport
-from laminar_orchestration.moves import drive, prepare_failover
-from laminar_orchestration.ownership import warm_copies
-from laminar_orchestration.planner import failover_target
-from laminar_orchestration.processing import BatchEvents
-from laminar_orchestration.replica import StateReplica, committed_state
-from laminar_orchestration.signing import SigningKey, sign_record
-from laminar_orchestration.source import SourceBatch, SourceLog
-from laminar_orchestration.standby import StandbyFollower
-from laminar_orchestration.statestore import PartitionStateStore
+from laminar_orchestration.ops.verify import audit_store
+from laminar_orchestration.protocol.capabilities import CheckpointWriter, OutputCommitter, ReadStore, manifest_key
+from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.fencing import PartitionGuard
+from laminar_orchestration.protocol.keys import manifest_history_key
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.segments import SourceBatch
+from laminar_orchestration.protocol.signing import SigningKey, sign_record
+from laminar_orchestration.protocol.source import SourceLog
+from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase, PhaseReport
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 from laminar_orchestration.ulid import next_ulid
-from laminar_orchestration.verify import audit_store
 
 from .commits import commit_all
 from .test_dataplane import (

@@ -20,13 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from laminar_orchestration.store import (
-    InvalidKey,
-    LocalObjectStore,
-    ObjectNotFound,
-    ObjectStore,
-    PreconditionFailed,
-)
+from laminar_orchestration.store import InvalidKey, LocalObjectStore, ObjectNotFound, ObjectStore, PreconditionFailed
 from laminar_orchestration.store.s3 import S3ObjectStore
 
 # -- basic semantics -----------------------------------------------------------------

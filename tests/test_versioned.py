@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import Field
 
-from laminar_orchestration.capabilities import LedgerKey, LedgerWriter, ledger_key
-from laminar_orchestration.records import CorruptLedgerObject, Record, parse_record
+from laminar_orchestration.protocol.capabilities import LedgerKey, LedgerWriter, ledger_key
+from laminar_orchestration.protocol.records import CorruptLedgerObject, Record, parse_record
+from laminar_orchestration.protocol.versioned import VersionedObject, VersionedReader
 from laminar_orchestration.store import ObjectStore, PreconditionFailed, StoredObject
-from laminar_orchestration.versioned import VersionedObject, VersionedReader
 
 
 class Note(Record):

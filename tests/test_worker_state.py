@@ -6,9 +6,14 @@ import itertools
 
 import pytest
 
+from laminar_orchestration.dataplane.worker import PartitionWorker
+from laminar_orchestration.dataplane.worker_state import (
+    TRANSITIONS,
+    IllegalWorkerTransition,
+    WorkerState,
+    check_transition,
+)
 from laminar_orchestration.errors import ErrorKind
-from laminar_orchestration.runtime import PartitionWorker
-from laminar_orchestration.worker_state import TRANSITIONS, IllegalWorkerTransition, WorkerState, check_transition
 
 S = WorkerState
 

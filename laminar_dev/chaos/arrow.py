@@ -5,9 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from laminar_orchestration.processing import BatchEvents, keyed_aggregation
-from laminar_orchestration.runtime import Node
-from laminar_orchestration.verify import reference_batch_aggregate
+from laminar_orchestration.dataplane.engine import BatchEvents, keyed_aggregation
+from laminar_orchestration.dataplane.node import Node
+from laminar_orchestration.ops.verify import reference_batch_aggregate
 
 
 class ArrowBatchEngine:

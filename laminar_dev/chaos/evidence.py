@@ -18,14 +18,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from laminar_orchestration.dataplane.restore import committed_state
 from laminar_orchestration.identity import PartitionId
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.migration import (
-    DesiredStates,
-)
-from laminar_orchestration.replica import committed_state
+from laminar_orchestration.ops.verify import AuditIssue, audit_history, audit_store
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.tasks import DesiredStates
 from laminar_orchestration.store import ObjectStore
-from laminar_orchestration.verify import AuditIssue, audit_history, audit_store
 
 from .results import ScenarioResult
 

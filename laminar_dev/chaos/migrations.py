@@ -10,21 +10,16 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.control.moves import MoveOutcome, run_moves
+from laminar_orchestration.control.operations import failover_move, plan_node_failover, plan_rebalance, rebalance_move
+from laminar_orchestration.control.placement import Move
 from laminar_orchestration.identity import PartitionId
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import ManifestReader
-from laminar_orchestration.migration import (
-    MigrationConfig,
-    MigrationCoordinator,
-    MigrationError,
-    MigrationPhase,
-    MigrationTask,
-)
-from laminar_orchestration.moves import MoveOutcome, run_moves
-from laminar_orchestration.planner import Move
-from laminar_orchestration.planning import failover_move, plan_node_failover, plan_rebalance, rebalance_move
-from laminar_orchestration.records import PartitionStatus
-from laminar_orchestration.source import SourceLog
+from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.records import PartitionStatus
+from laminar_orchestration.protocol.source import SourceLog
+from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationError, MigrationPhase, MigrationTask
 from laminar_orchestration.store import ObjectStore, StoreError
 
 from .profiles import MIGRATION_CONFIG

@@ -14,18 +14,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from laminar_dev.localcluster import Cluster, NodeProcess, wait_until
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.control.moves import drive, prepare_failover, record_failure, run_migration, run_moves
+from laminar_orchestration.control.placement import Move
+from laminar_orchestration.control.snapshot import live_node_ids, ownership_map
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.migration import (
-    MigrationCoordinator,
+from laminar_orchestration.protocol.tasks import (
     MigrationError,
     MigrationKind,
     MigrationPhase,
     MigrationTask,
     phase_sequence,
 )
-from laminar_orchestration.moves import drive, prepare_failover, record_failure, run_migration, run_moves
-from laminar_orchestration.ownership import live_node_ids, ownership_map
-from laminar_orchestration.planner import Move
 from laminar_orchestration.store import StoreError
 
 from .evidence import LogCounts, Measure, apply_difference, count_revocations, measure

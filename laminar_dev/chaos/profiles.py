@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from laminar_orchestration.migration import (
-    MigrationConfig,
-)
+from laminar_orchestration.protocol.tasks import MigrationConfig
 
 NODE_IDS = (1, 2, 3)
 PARTITIONS = 4

@@ -17,19 +17,19 @@ import pyarrow as pa
 from laminar_dev.faults import FaultInjectingStore
 from laminar_dev.localcluster import wait_until
 from laminar_dev.s3server import start_s3_server
-from laminar_orchestration.capabilities import CheckpointWriter, OutputCommitter
-from laminar_orchestration.checkpoint import CheckpointStore, OutputWriter
-from laminar_orchestration.fencing import EpochError, PartitionGuard
-from laminar_orchestration.ledger import Ledger
-from laminar_orchestration.manifest import ManifestPublisher, ManifestReader, ManifestUpdate
-from laminar_orchestration.migration import (
-    MigrationConfig,
-)
-from laminar_orchestration.moves import drive, prepare_failover
-from laminar_orchestration.ownership import live_node_ids
-from laminar_orchestration.processing import empty_state
-from laminar_orchestration.runtime import NodeConfig, PartitionWorker, WorkerState
-from laminar_orchestration.source import SourceLog, generate_events
+from laminar_orchestration.control.moves import drive, prepare_failover
+from laminar_orchestration.control.snapshot import live_node_ids
+from laminar_orchestration.dataplane.checkpoint import CheckpointStore, OutputWriter
+from laminar_orchestration.dataplane.config import NodeConfig
+from laminar_orchestration.dataplane.engine import empty_state
+from laminar_orchestration.dataplane.worker import PartitionWorker
+from laminar_orchestration.dataplane.worker_state import WorkerState
+from laminar_orchestration.protocol.capabilities import CheckpointWriter, OutputCommitter
+from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate
+from laminar_orchestration.protocol.fencing import EpochError, PartitionGuard
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.tasks import MigrationConfig
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 from laminar_orchestration.store.retry import RetryingStore, RetryPolicy
 

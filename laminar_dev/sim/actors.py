@@ -8,11 +8,11 @@ and lose it on a crash. Nothing here reads the wall clock or sleeps.
 
 * `NodeActor` - a worker node: registers, heartbeats with its partitions'
   progress, and per partition takes the production worker's decisions
-  (`laminar_orchestration.handoff`): what to start for a partition it runs
+  (`laminar_orchestration.dataplane.handoff`): what to start for a partition it runs
   nothing for (`partition_duty`), recover its own grant, drain and release for
   a graceful move away, restore, adopt the granted epoch and take over at the
   seal for an incoming one; it processes a batch as an in-process keyed fold
-  and commits it as the worker does (`laminar_orchestration.commit`).
+  and commits it as the worker does (`laminar_orchestration.protocol.commit`).
 * `CoordinatorActor` - the control plane: a failover sensor (places and fails
   over partitions, fails overdue records) or an operator (graceful moves,
   cancels), each driving its migrations phase by phase without blocking.
@@ -43,19 +43,16 @@ from typing import TYPE_CHECKING, NoReturn
 
 import pyarrow as pa
 
-from laminar_orchestration import antientropy
-from laminar_orchestration.capabilities import (
-    CheckpointWriter,
-    OutputCommitter,
-    ReadStore,
-    checkpoint_key,
-    sink_key,
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.control.moves import (
+    moves_on_without_old_owner,
+    must_force,
+    prepare_failover,
+    record_failure,
+    stranded,
 )
-from laminar_orchestration.checkpoint import next_checkpoint
-from laminar_orchestration.commit import commit
-from laminar_orchestration.errors import InvalidInputError
-from laminar_orchestration.fencing import EpochError, FencingToken, PartitionGuard
-from laminar_orchestration.handoff import (
+from laminar_orchestration.dataplane.checkpoint import next_checkpoint
+from laminar_orchestration.dataplane.handoff import (
     HandoffMismatch,
     NewOwnerAction,
     OldOwnerAction,
@@ -67,8 +64,20 @@ from laminar_orchestration.handoff import (
     seal_at,
     take_over,
 )
+from laminar_orchestration.errors import InvalidInputError
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
-from laminar_orchestration.keys import (
+from laminar_orchestration.ops import sweep as antientropy
+from laminar_orchestration.protocol.capabilities import (
+    CheckpointWriter,
+    OutputCommitter,
+    ReadStore,
+    checkpoint_key,
+    sink_key,
+)
+from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.commit import commit
+from laminar_orchestration.protocol.fencing import EpochError, FencingToken, PartitionGuard
+from laminar_orchestration.protocol.keys import (
     delta_key,
     manifest_history_key,
     manifest_pointer_key,
@@ -76,15 +85,11 @@ from laminar_orchestration.keys import (
     release_key,
     snapshot_file_key,
 )
-from laminar_orchestration.ledger import EpochConflict, Ledger, NodeHandle, NodeIdentityConflict, NodeView
-from laminar_orchestration.manifest import (
+from laminar_orchestration.protocol.ledger import EpochConflict, Ledger, NodeHandle, NodeIdentityConflict, NodeView
+from laminar_orchestration.protocol.manifest import (
     SHA256_METADATA,
     CommitUlidRegression,
     DeltaRef,
-    ManifestPublisher,
-    ManifestReader,
-    ManifestUpdate,
-    ManifestVersion,
     ParentHashMismatch,
     PartitionManifest,
     SequenceGap,
@@ -96,24 +101,7 @@ from laminar_orchestration.manifest import (
     SuccessionError,
     artifact_ref,
 )
-from laminar_orchestration.migration import (
-    MigrationCoordinator,
-    MigrationEpochConflict,
-    MigrationError,
-    MigrationKind,
-    MigrationPhase,
-    MigrationTask,
-    MigrationTimeout,
-    phase_sequence,
-)
-from laminar_orchestration.moves import (
-    moves_on_without_old_owner,
-    must_force,
-    prepare_failover,
-    record_failure,
-    stranded,
-)
-from laminar_orchestration.records import (
+from laminar_orchestration.protocol.records import (
     LedgerError,
     NodeStatus,
     PartitionProgress,
@@ -122,8 +110,18 @@ from laminar_orchestration.records import (
     new_write_id,
     now,
 )
-from laminar_orchestration.signing import SigningKey, SigningKeys, sign_record
-from laminar_orchestration.source import SourceEvent, SourceLog
+from laminar_orchestration.protocol.segments import SourceEvent
+from laminar_orchestration.protocol.signing import SigningKey, SigningKeys, sign_record
+from laminar_orchestration.protocol.source import SourceLog
+from laminar_orchestration.protocol.tasks import (
+    MigrationEpochConflict,
+    MigrationError,
+    MigrationKind,
+    MigrationPhase,
+    MigrationTask,
+    MigrationTimeout,
+    phase_sequence,
+)
 from laminar_orchestration.store import PreconditionFailed, StoreError
 from laminar_orchestration.ulid import next_ulid
 

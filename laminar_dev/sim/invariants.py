@@ -18,7 +18,7 @@ from typing import ClassVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from laminar_orchestration.keys import (
+from laminar_orchestration.protocol.keys import (
     FENCED_OBJECT_PREFIXES,
     grant_key,
     ledger_partition_prefix,
@@ -28,10 +28,11 @@ from laminar_orchestration.keys import (
     parse_fenced_object_key,
     source_partition_prefix,
 )
-from laminar_orchestration.manifest import PartitionManifest
-from laminar_orchestration.records import CorruptLedgerObject, EpochGrant, parse_record
-from laminar_orchestration.signing import signature_problem
-from laminar_orchestration.source import SourceBatch, SourceLog, decode_segment
+from laminar_orchestration.protocol.manifest import PartitionManifest
+from laminar_orchestration.protocol.records import CorruptLedgerObject, EpochGrant, parse_record
+from laminar_orchestration.protocol.segments import SourceBatch, decode_segment
+from laminar_orchestration.protocol.signing import signature_problem
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import ObjectStore
 
 #: Per key: (events counted, sum of their values) - the sim's keyed fold.

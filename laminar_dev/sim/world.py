@@ -40,31 +40,33 @@ from typing import Any, NoReturn
 
 import pyarrow as pa
 
-from laminar_orchestration import antientropy
-from laminar_orchestration import commit as commit_module
-from laminar_orchestration import migration as migration_module
-from laminar_orchestration import moves as moves_module
-from laminar_orchestration import source as source_module
-from laminar_orchestration.antientropy import EPOCH_METADATA, PARTITION_METADATA, SweepReport
 from laminar_orchestration.clock import current as current_clock
 from laminar_orchestration.clock import use_clock
-from laminar_orchestration.fencing import Ownership
+from laminar_orchestration.control import coordinator as migration_module
+from laminar_orchestration.control import moves as moves_module
+from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
-from laminar_orchestration.keys import FENCED_OBJECT_PREFIXES, UnparseableObjectKey, parse_fenced_object_key
-from laminar_orchestration.ledger import EpochConflict, Ledger
-from laminar_orchestration.manifest import ManifestReader, ManifestVersion, PartitionManifest
-from laminar_orchestration.migration import (
+from laminar_orchestration.ops import sweep as antientropy
+from laminar_orchestration.ops.sweep import EPOCH_METADATA, PARTITION_METADATA, SweepReport
+from laminar_orchestration.protocol import commit as commit_module
+from laminar_orchestration.protocol import segments as segments_module
+from laminar_orchestration.protocol import source as source_module
+from laminar_orchestration.protocol.chain import ManifestReader, ManifestVersion
+from laminar_orchestration.protocol.fencing import Ownership
+from laminar_orchestration.protocol.keys import FENCED_OBJECT_PREFIXES, UnparseableObjectKey, parse_fenced_object_key
+from laminar_orchestration.protocol.ledger import EpochConflict, Ledger
+from laminar_orchestration.protocol.manifest import PartitionManifest
+from laminar_orchestration.protocol.records import PartitionStatus
+from laminar_orchestration.protocol.segments import SourceEvent
+from laminar_orchestration.protocol.tasks import (
     DesiredState,
     DesiredStates,
     MigrationConfig,
-    MigrationCoordinator,
     MigrationEpochConflict,
     MigrationNotOwned,
     MigrationTask,
     phase_sequence,
 )
-from laminar_orchestration.records import PartitionStatus
-from laminar_orchestration.source import SourceEvent
 from laminar_orchestration.store import ObjectNotFound, ObjectStore, PreconditionFailed
 from laminar_orchestration.store.retry import RetryingStore
 
@@ -686,12 +688,12 @@ def _normalize_events_before_fix(
         return None
 
     def unchecked(partition: int, events: Sequence[SourceEvent] | pa.Table) -> pa.Table:
-        check = source_module.invalid_utf8_row
-        source_module.invalid_utf8_row = nothing_invalid
+        check = segments_module.invalid_utf8_row
+        segments_module.invalid_utf8_row = nothing_invalid
         try:
             return normalize(partition, events)
         finally:
-            source_module.invalid_utf8_row = check
+            segments_module.invalid_utf8_row = check
 
     return unchecked
 
@@ -726,7 +728,7 @@ def reverted(knobs: Knobs) -> Iterator[None]:
     if knobs.revert_unassigned_seal_fix:
         patch(Ledger, "complete_grant", _complete_grant_before_fix)
     if knobs.revert_utf8_append_check:
-        patch(source_module, "normalize_events", _normalize_events_before_fix(source_module.normalize_events))
+        patch(source_module, "normalize_events", _normalize_events_before_fix(segments_module.normalize_events))
     try:
         yield
     finally:

@@ -19,14 +19,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ..errors import LaminarError, exit_code
-from ..store import default_store_url
-from .base import Command
-from .cluster import Init, Status
-from .data import NodeRun, Produce, Query, Sweep, Verify
-from .moves import Failover, Migrate, Rebalance
-from .output import output_for
-from .tools import Demo, Policies, Report
+from laminar_orchestration.cli.base import Command
+from laminar_orchestration.cli.cluster import Init, Status
+from laminar_orchestration.cli.data import NodeRun, Produce, Query, Sweep, Verify
+from laminar_orchestration.cli.moves import Failover, Migrate, Rebalance
+from laminar_orchestration.cli.output import output_for
+from laminar_orchestration.cli.tools import Demo, Policies, Report
+from laminar_orchestration.errors import LaminarError, exit_code
+from laminar_orchestration.store import default_store_url
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 

@@ -12,12 +12,12 @@ import argparse
 from collections.abc import Sequence
 from typing import ClassVar
 
-from ..errors import InvalidArgument
-from ..identity import UNASSIGNED
-from ..ledger import Ledger
-from ..migration import MigrationConfig
-from ..store import open_store
-from .output import Output
+from laminar_orchestration.cli.output import Output
+from laminar_orchestration.errors import InvalidArgument
+from laminar_orchestration.identity import UNASSIGNED
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.tasks import MigrationConfig
+from laminar_orchestration.store import open_store
 
 __all__ = [
     "Command",

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import InvalidArgument
-from ..identity import MAX_PARTITIONS
-from ..ownership import snapshot_cluster
-from .base import Command, open_ledger
-from .output import Output
+from laminar_orchestration.cli.base import Command, open_ledger
+from laminar_orchestration.cli.output import Output
+from laminar_orchestration.control.snapshot import snapshot_cluster
+from laminar_orchestration.errors import InvalidArgument
+from laminar_orchestration.identity import MAX_PARTITIONS
 
 __all__ = ["Init", "Status"]
 

@@ -6,9 +6,7 @@ import argparse
 import logging
 import sys
 
-from ..errors import InvalidArgument
-from ..processing import WARM_UP_BATCHES
-from .base import (
+from laminar_orchestration.cli.base import (
     STORE_HELP,
     Command,
     check_at_least,
@@ -17,7 +15,9 @@ from .base import (
     open_ledger,
     parse_partition_list,
 )
-from .output import Output
+from laminar_orchestration.cli.output import Output
+from laminar_orchestration.dataplane.engine import WARM_UP_BATCHES
+from laminar_orchestration.errors import InvalidArgument
 
 __all__ = ["NodeRun", "Produce", "Query", "Sweep", "Verify"]
 
@@ -64,7 +64,8 @@ class NodeRun(Command):
         )
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
-        from ..runtime import NodeConfig, run_node  # Spark and the runtime load only for this command
+        from laminar_orchestration.dataplane.config import NodeConfig
+        from laminar_orchestration.dataplane.node import run_node
 
         check_node_id("--node-id", args.node_id)
         positive = {
@@ -119,8 +120,8 @@ class Produce(Command):
         )
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
-        from ..backpressure import admit, partition_backpressure
-        from ..source import SourceLog, generate_events, produce_from_jsonl
+        from laminar_orchestration.dataplane.backpressure import admit, partition_backpressure
+        from laminar_orchestration.protocol.source import SourceLog, generate_events, produce_from_jsonl
 
         if args.from_file is None and args.count is None:
             raise InvalidArgument("produce", "give --from-file FILE or --count N")
@@ -168,7 +169,7 @@ class Query(Command):
         )
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
-        from ..replica import committed_state, lookup
+        from laminar_orchestration.dataplane.restore import committed_state, lookup
 
         ledger = open_ledger(args)
         check_partition(ledger, "--partition", args.partition)
@@ -187,7 +188,7 @@ class Verify(Command):
     json_output = True
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
-        from ..verify import audit_store
+        from laminar_orchestration.ops.verify import audit_store
 
         audits = audit_store(open_ledger(args).store)
         out.audit(audits)
@@ -210,7 +211,7 @@ class Sweep(Command):
         )
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
-        from ..antientropy import sweep
+        from laminar_orchestration.ops.sweep import sweep
 
         out.swept(sweep(open_ledger(args).store, grace_s=args.grace_s, dry_run=args.dry_run), args.dry_run)
         return 0

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import InvalidArgument
-from ..identity import PartitionId
-from ..migration import MigrationCoordinator, PhaseReport
-from ..moves import reinstate_all, run_migration
-from ..planning import NodeStillAlive, plan_node_failover, plan_rebalance, run_node_failover, run_rebalance
-from .base import (
+from laminar_orchestration.cli.base import (
     Command,
     add_migration_limits,
     check_node_id,
@@ -18,7 +13,19 @@ from .base import (
     open_ledger,
     parse_weights,
 )
-from .output import Output
+from laminar_orchestration.cli.output import Output
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.control.moves import reinstate_all, run_migration
+from laminar_orchestration.control.operations import (
+    NodeStillAlive,
+    plan_node_failover,
+    plan_rebalance,
+    run_node_failover,
+    run_rebalance,
+)
+from laminar_orchestration.errors import InvalidArgument
+from laminar_orchestration.identity import PartitionId
+from laminar_orchestration.protocol.tasks import PhaseReport
 
 __all__ = ["Failover", "Migrate", "Rebalance"]
 

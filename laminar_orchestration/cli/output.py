@@ -16,14 +16,14 @@ from typing import Any, Protocol, TextIO
 
 import pyarrow as pa
 
-from ..antientropy import SweepReport
-from ..capabilities import StoragePolicies
-from ..migration import MigrationTask, PhaseReport
-from ..moves import MoveOutcome
-from ..ownership import ClusterSnapshot
-from ..planning import NodeFailoverPlan, RebalancePlan
-from ..records import ClusterRecord
-from ..verify import PartitionAudit
+from laminar_orchestration.control.moves import MoveOutcome
+from laminar_orchestration.control.operations import NodeFailoverPlan, RebalancePlan
+from laminar_orchestration.control.snapshot import ClusterSnapshot
+from laminar_orchestration.ops.sweep import SweepReport
+from laminar_orchestration.ops.verify import PartitionAudit
+from laminar_orchestration.protocol.capabilities import StoragePolicies
+from laminar_orchestration.protocol.records import ClusterRecord
+from laminar_orchestration.protocol.tasks import MigrationTask, PhaseReport
 
 __all__ = ["ConsoleOutput", "JsonOutput", "Output", "output_for"]
 

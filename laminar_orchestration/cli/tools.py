@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..errors import InvalidArgument
-from .base import Command, check_node_id, open_ledger
-from .output import Output
+from laminar_orchestration.cli.base import Command, check_node_id, open_ledger
+from laminar_orchestration.cli.output import Output
+from laminar_orchestration.errors import InvalidArgument
 
 __all__ = ["Demo", "Policies", "Report"]
 
@@ -52,7 +52,7 @@ class Demo(Command):
         parser.add_argument("--no-dagster", action="store_true", help="run without the Dagster webserver and daemon")
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
-        from ..demo import DemoOptions, run_demo
+        from laminar_orchestration.ops.demo import DemoOptions, run_demo
 
         options = DemoOptions(
             store=args.demo_store,
@@ -89,7 +89,8 @@ class Report(Command):
         parser.add_argument("--no-png", action="store_true", help="no PNG even when matplotlib is importable")
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
-        from ..report import FAILOVER, MIGRATION, default_report_path, write_report
+        from laminar_orchestration.ops.report import default_report_path, write_report
+        from laminar_orchestration.ops.timeline import FAILOVER, MIGRATION
 
         ledger = open_ledger(args)
         path = Path(args.out) if args.out else default_report_path(ledger.store)
@@ -125,7 +126,7 @@ class Policies(Command):
         )
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
-        from ..capabilities import storage_policies
+        from laminar_orchestration.protocol.capabilities import storage_policies
 
         if not args.bucket.strip():
             raise InvalidArgument("--bucket", "give the bucket's name")

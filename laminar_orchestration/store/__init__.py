@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from .base import (
+from laminar_orchestration.store.base import (
     ConcurrentModification,
     InvalidKey,
     InvalidStoreUrl,
@@ -27,7 +27,7 @@ from .base import (
     StoreUnavailable,
     TransientStoreError,
 )
-from .local import CorruptObject, LocalObjectStore
+from laminar_orchestration.store.local import CorruptObject, LocalObjectStore
 
 __all__ = [
     "ConcurrentModification",
@@ -86,12 +86,12 @@ def open_store(url: str | None = None, *, retrying: bool = True, create: bool = 
         if not bucket:
             raise InvalidStoreUrl(url, "s3 URL has no bucket: use s3://bucket/prefix")
         prefix = parsed.path.strip("/")
-        from .s3 import S3ObjectStore
+        from laminar_orchestration.store.s3 import S3ObjectStore
 
         inner: ObjectStore = S3ObjectStore(bucket=bucket, prefix=prefix)
         if not retrying:
             return inner
-        from .retry import RetryingStore
+        from laminar_orchestration.store.retry import RetryingStore
 
         return RetryingStore(inner)
     raise InvalidStoreUrl(url, f"unsupported scheme {scheme!r}: use file:///path or s3://bucket/prefix")

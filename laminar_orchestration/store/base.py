@@ -13,8 +13,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ..errors import ConflictError, InvalidInputError, LaminarError, NotFoundError, UnavailableError
-from .metering import PROCESS_METER, RequestMeter
+from laminar_orchestration.errors import ConflictError, InvalidInputError, LaminarError, NotFoundError, UnavailableError
+from laminar_orchestration.store.metering import PROCESS_METER, RequestMeter
 
 
 @dataclass(frozen=True)

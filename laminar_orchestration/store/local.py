@@ -31,8 +31,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import ClassVar
 
-from ..errors import CorruptDataError, ErrorKind
-from .base import (
+from laminar_orchestration.errors import CorruptDataError, ErrorKind
+from laminar_orchestration.store.base import (
     InvalidKey,
     InvalidStoreUrl,
     ObjectMeta,
@@ -44,7 +44,7 @@ from .base import (
     StoreUnavailable,
     check_key,
 )
-from .metering import RequestMethod
+from laminar_orchestration.store.metering import RequestMethod
 
 _MAGIC = b"LMOB1\n"
 _HEADER_LEN = struct.Struct("<I")

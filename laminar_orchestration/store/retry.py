@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from .base import (
+from laminar_orchestration.store.base import (
     ConcurrentModification,
     ObjectMeta,
     ObjectNotFound,

@@ -38,7 +38,7 @@ import boto3
 import botocore.exceptions as bce
 from botocore.config import Config
 
-from .base import (
+from laminar_orchestration.store.base import (
     ConcurrentModification,
     ObjectMeta,
     ObjectNotFound,
@@ -49,7 +49,7 @@ from .base import (
     TransientStoreError,
     check_key,
 )
-from .metering import RequestMethod
+from laminar_orchestration.store.metering import RequestMethod
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -1,6 +1,6 @@
 # The control: correct use of each capability type-checks cleanly.
-from laminar_orchestration.capabilities import CheckpointWriter, LedgerWriter, OutputCommitter
-from laminar_orchestration.capabilities import checkpoint_key, ledger_key, manifest_key, sink_key
+from laminar_orchestration.protocol.capabilities import CheckpointWriter, LedgerWriter, OutputCommitter
+from laminar_orchestration.protocol.capabilities import checkpoint_key, ledger_key, manifest_key, sink_key
 
 
 def ok(ledger: LedgerWriter, ckpt: CheckpointWriter, out: OutputCommitter) -> None:

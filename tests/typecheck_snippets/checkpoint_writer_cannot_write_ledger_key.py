@@ -1,5 +1,5 @@
 # The checkpoint capability only accepts checkpoint keys.
-from laminar_orchestration.capabilities import CheckpointWriter, ledger_key
+from laminar_orchestration.protocol.capabilities import CheckpointWriter, ledger_key
 
 
 def batch_code(writer: CheckpointWriter) -> None:

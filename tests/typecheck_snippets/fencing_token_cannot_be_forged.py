@@ -1,5 +1,5 @@
 # Tokens are minted by the ledger only; a caller cannot build one.
-from laminar_orchestration.fencing import FencingToken, PartitionGuard
+from laminar_orchestration.protocol.fencing import FencingToken, PartitionGuard
 
 
 def forge() -> PartitionGuard:

@@ -1,5 +1,5 @@
 # A component handed the ledger capability must not be able to write checkpoints.
-from laminar_orchestration.capabilities import LedgerWriter, checkpoint_key
+from laminar_orchestration.protocol.capabilities import LedgerWriter, checkpoint_key
 
 
 def control_plane(writer: LedgerWriter) -> None:

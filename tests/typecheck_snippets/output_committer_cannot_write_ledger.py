@@ -1,5 +1,5 @@
 # The output capability has no ledger write.
-from laminar_orchestration.capabilities import OutputCommitter, ledger_key
+from laminar_orchestration.protocol.capabilities import OutputCommitter, ledger_key
 
 
 def sink_code(committer: OutputCommitter) -> None:

@@ -1,0 +1,9 @@
+"""The control plane: deciding and driving moves of partitions between nodes.
+
+The migration coordinator, driving moves with deadlines and limits, placement
+(where partitions should run), operations over the whole cluster (rebalance,
+failover planning) and the cluster snapshot the sensors and `status` read.
+
+May import: `protocol`, `store` and the package root. Never the data plane, the
+operator tools or the CLI.
+"""

@@ -1,0 +1,585 @@
+"""The migration coordinator: drives one migration task phase by phase, recording each
+phase before it takes effect (see `protocol.tasks`), and waits on the nodes' reports."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
+from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.fencing import Ownership
+from laminar_orchestration.protocol.ledger import EpochConflict, Ledger, NodeView, NotReleased
+from laminar_orchestration.protocol.records import (
+    PartitionProgress,
+    PartitionStatus,
+    now,
+)
+from laminar_orchestration.protocol.tasks import (
+    CancelRefused,
+    DesiredState,
+    DesiredStates,
+    FenceLost,
+    InvalidTransition,
+    MigrationConfig,
+    MigrationEpochConflict,
+    MigrationFailed,
+    MigrationKind,
+    MigrationNotOwned,
+    MigrationPhase,
+    MigrationTask,
+    MigrationTimeout,
+    NoLiveNode,
+    NothingToCancel,
+    OldOwnerCrashed,
+    PhaseReport,
+    check_transition,
+    deadline_passed,
+    new_migration_id,
+    phase_sequence,
+    seconds_left,
+)
+
+
+def _deadline_reason(task: MigrationTask) -> str:
+    return f"deadline exceeded: not finished within {task.timeout_s:g}s of {task.started_at.isoformat()}"
+
+
+def _grant_decided(task: MigrationTask) -> bool:
+    """Whether `task`'s record reached the phase at which its grant is made (see `grant_phase`)."""
+    return task.phase.reached(task.migration_kind.grant_phase)
+
+
+class _GrantPhaseRecorded(Exception):
+    """Raised inside an abort's CAS: the record reached its grant phase since the abort read it."""
+
+
+#: Rounds of an abort racing a driver that records its grant phase (one is the norm, two the race).
+_ABORT_ATTEMPTS = 4
+
+
+def _took_epoch(task: MigrationTask, own: Ownership | None) -> bool:
+    """True when the ledger shows `task`'s target holding the epoch `task` moves the partition to."""
+    return own is not None and own.owner != UNASSIGNED and (own.owner, own.epoch) == (task.to_node, task.to_epoch)
+
+
+# --- the coordinator ------------------------------------------------------------------
+
+#: How often a wait re-reads the migration record (cheap, but not on every poll).
+_RECORD_CHECK_INTERVAL_S = 0.25
+
+
+class MigrationCoordinator:
+    """Plans migrations and drives them phase by phase (used by the Dagster ops and the CLI).
+
+    Each `run_phase` persists the phase in the desired-state record first, then
+    performs the coordinator's own part (the forced fence), then waits for the
+    responsible node to report the phase done.
+    """
+
+    def __init__(self, ledger: Ledger, config: MigrationConfig | None = None, *, poll_interval_s: float = 0.01) -> None:
+        self.ledger = ledger
+        self.desired = DesiredStates(ledger)
+        self.config = config or MigrationConfig()
+        self.poll_interval_s = poll_interval_s
+
+    # -- planning ---------------------------------------------------------------
+
+    def current(self, partition: PartitionId) -> MigrationTask | None:
+        return self.desired.read(partition)[0].migration
+
+    def plan(self, partition: PartitionId, to_node: NodeId, *, forced: bool = False) -> MigrationTask:
+        """Record a new migration of `partition` to `to_node` (phase Planned).
+
+        Resumes instead if an unfinished migration to the same node exists;
+        raises MigrationEpochConflict if one to another node is in flight.
+        """
+        self.expire_overdue(partition)
+        alive = {v.record.node for v in self.ledger.nodes() if v.alive}
+        if to_node not in alive:
+            raise NoLiveNode(to_node)
+        own = self.ledger.ownership(partition)
+        if own is None:
+            raise MigrationNotOwned(partition, UNASSIGNED)
+        if own.owner == to_node and not forced:
+            raise MigrationNotOwned(partition, own.owner)  # nothing to move
+        kind = MigrationKind.FORCED if forced or own.owner == UNASSIGNED else MigrationKind.GRACEFUL
+        ts = now()
+        task = MigrationTask(
+            migration_id=new_migration_id(partition, own.epoch),
+            partition=partition,
+            migration_kind=kind,
+            from_node=own.owner,
+            to_node=to_node,
+            from_epoch=own.epoch,
+            to_epoch=own.epoch + 1,
+            phase=MigrationPhase.PLANNED,
+            started_at=ts,
+            updated_at=ts,
+            timeout_s=self.config.migration_timeout_s,
+        )
+
+        def claim(state: DesiredState) -> DesiredState:
+            running = state.migration
+            if running is not None and not running.is_terminal:
+                raise MigrationEpochConflict(partition, own.epoch, running.from_epoch, running.migration_id)
+            return state.model_copy(update={"migration": task})
+
+        self.desired.update(partition, claim)
+        return task
+
+    def plan_or_resume(self, partition: PartitionId, to_node: NodeId, *, forced: bool = False) -> MigrationTask:
+        """`plan`, or the unfinished migration to `to_node` (a record past its deadline is failed first)."""
+        self.expire_overdue(partition)
+        running = self.current(partition)
+        if running is not None and not running.is_terminal:
+            if running.to_node == to_node:
+                return running
+            raise MigrationEpochConflict(partition, running.from_epoch, running.from_epoch, running.migration_id)
+        return self.plan(partition, to_node, forced=forced)
+
+    def expire_overdue(self, partition: PartitionId) -> MigrationTask | None:
+        """Record Failed the partition's unfinished migration if its deadline passed; returns it then.
+
+        Whoever finds such a record fails it (planning, resuming, the retry
+        sensor), so a migration whose driver died never blocks the partition.
+        """
+        task = self.current(partition)
+        if task is None or task.is_terminal or not deadline_passed(task):
+            return None
+        return self._fail_if_current(partition, task.migration_id, _deadline_reason(task))
+
+    # -- phase changes ------------------------------------------------------------
+
+    def _transition(
+        self, partition: PartitionId, migration_id: str, target: MigrationPhase, **fields: object
+    ) -> MigrationTask:
+        if target.is_aborted:
+            return self._abort(partition, migration_id, target, **fields)
+        return self._record(partition, migration_id, target, fields)
+
+    def _abort(
+        self, partition: PartitionId, migration_id: str, target: MigrationPhase, **fields: object
+    ) -> MigrationTask:
+        """Record a move Failed or Cancelled. At or after its grant phase the grant is completed first
+        (the driver may be about to make it), so no grant can land after the outcome is recorded."""
+        for _ in range(_ABORT_ATTEMPTS):
+            task = self.current(partition)
+            granting = task is not None and task.migration_id == migration_id and _grant_decided(task)
+            if task is not None and granting:
+                self._complete_grant(task)
+            # A move that ends unfinished after its target took the epoch leaves that target the
+            # owner: it becomes the desired owner too, so its node takes the partition up.
+            own = self.ledger.ownership(partition)
+            try:
+                return self._record(partition, migration_id, target, fields, own=own, granted=granting)
+            except _GrantPhaseRecorded:
+                continue  # the driver recorded the grant phase meanwhile: complete the grant, then retry
+        raise MigrationEpochConflict(partition, -1, -1, migration_id)
+
+    def _record(
+        self,
+        partition: PartitionId,
+        migration_id: str,
+        target: MigrationPhase,
+        fields: dict[str, object],
+        *,
+        own: Ownership | None = None,
+        granted: bool = False,
+    ) -> MigrationTask:
+        """CAS `target` (with `fields`) onto the record. An abort passes `own`, the ledger read after
+        it completed any grant (`granted`)."""
+
+        def change(state: DesiredState) -> DesiredState | None:
+            task = state.migration
+            if task is None or task.migration_id != migration_id:
+                raise MigrationEpochConflict(partition, -1, -1, task.migration_id if task else None)
+            if task.phase == target:
+                return None  # already recorded (a resumed orchestrator)
+            check_transition(task.migration_kind, task.phase, target)
+            if target.is_aborted and _grant_decided(task) and not granted:
+                raise _GrantPhaseRecorded()
+            update: dict[str, object] = {"phase": target, "updated_at": now(), **fields}
+            owner = state.owner
+            if target == MigrationPhase.ACTIVE:
+                update["completed_at"] = now()
+                owner = task.to_node
+            if target == MigrationPhase.FAILED:
+                update["completed_at"] = now()
+            if target.is_aborted:
+                update["failed_phase"] = task.phase  # the phase the record was at when it ended
+                if _took_epoch(task, own):
+                    owner = task.to_node
+            return state.model_copy(update={"migration": task.model_copy(update=update), "owner": owner})
+
+        state = self.desired.update(partition, change)
+        assert state.migration is not None
+        return state.migration
+
+    def _complete_grant(self, task: MigrationTask) -> None:
+        """Make the grant `task` decided, as its driver would; nothing if the epoch moved otherwise."""
+        p = PartitionId(task.partition)
+        target = self.ledger.node(NodeId(task.to_node))
+        generation = target.generation if target else None
+        reason = f"migration {task.migration_id} ended after its grant was decided: grant completed"
+        try:
+            if task.migration_kind == MigrationKind.FORCED:
+                self.ledger.fence(
+                    p, NodeId(task.to_node), expected_epoch=task.from_epoch, reason=reason, generation=generation
+                )
+            else:
+                self.ledger.acquire(
+                    p, NodeId(task.to_node), expected_epoch=task.from_epoch, reason=reason, generation=generation
+                )
+        except (EpochConflict, NotReleased):
+            pass  # made already (by the driver), or someone else moved the epoch: their grant stands
+
+    def fail(self, partition: PartitionId, migration_id: str, error: str) -> MigrationTask:
+        """Record migration `migration_id` Failed with `error` (and the phase it failed in)."""
+        return self._transition(partition, migration_id, MigrationPhase.FAILED, error=error)
+
+    def cancel(self, partition: PartitionId, migration_id: str) -> MigrationTask:
+        """Record migration `migration_id` Cancelled; InvalidTransition once that is no longer safe."""
+        cancelled = self._transition(
+            partition, migration_id, MigrationPhase.CANCELLED, error="cancelled by an operator"
+        )
+        # Cancelled after the old owner released: grant the partition back to it.
+        self.reinstate(partition)
+        return cancelled
+
+    def cancel_current(self, partition: PartitionId) -> MigrationTask:
+        """Cancel whatever migration of `partition` is in flight; returns the Cancelled record.
+
+        Raises NothingToCancel when none is, CancelRefused when it reached Seeking
+        (the new owner may hold the epoch: cancelling then would strand it).
+        """
+        task = self.current(partition)
+        if task is None or task.is_terminal:
+            raise NothingToCancel(partition, task.migration_id if task else None, task.phase if task else None)
+        own = self.ledger.ownership(partition)
+        if own is not None and own.epoch >= task.to_epoch and own.owner == task.to_node:
+            # Granted to the new owner just before Seeking is recorded: cancelling would strand it.
+            raise CancelRefused(partition, task.migration_id, MigrationPhase.SEEKING)
+        try:
+            return self.cancel(partition, task.migration_id)
+        except InvalidTransition:
+            latest = self.current(partition)
+            if latest is None or latest.migration_id != task.migration_id or latest.is_terminal:
+                raise NothingToCancel(
+                    partition, latest.migration_id if latest else None, latest.phase if latest else None
+                ) from None
+            raise CancelRefused(partition, task.migration_id, latest.phase) from None
+
+    def begin_phase(self, partition: PartitionId, migration_id: str, phase: MigrationPhase) -> MigrationTask:
+        """The non-blocking start of `run_phase`: check the record, persist `phase`, do the coordinator's part.
+
+        The coordinator's own part is the forced fence (Released of a forced
+        move); every other phase is then awaited with `phase_reported`. A phase
+        not in the migration's kind is left alone (the task is returned as is).
+        Raises MigrationFailed if the record ended, MigrationTimeout (recording
+        it Failed) past its deadline, FenceLost if the fence found the epoch moved.
+        """
+        task = self.current(partition)
+        if task is None or task.migration_id != migration_id:
+            raise MigrationEpochConflict(partition, -1, -1)
+        if phase not in phase_sequence(task.migration_kind):
+            return task
+        if task.phase.is_aborted:
+            raise MigrationFailed(partition, task.failed_phase or task.phase, task.error or str(task.phase))
+        if not task.is_terminal and deadline_passed(task):
+            raise self._expire(task)
+        if not task.phase.reached(phase):
+            task = self._transition(partition, migration_id, phase)
+        # The grant follows the record of its phase: a move that ends from then on completes it.
+        if task.migration_kind == MigrationKind.GRACEFUL and phase == MigrationPhase.SEEKING:
+            self._grant_target(task)
+        if task.migration_kind == MigrationKind.FORCED and phase == MigrationPhase.RELEASED:
+            self._fence_old_owner(task)
+        return task
+
+    def run_phase(self, partition: PartitionId, migration_id: str, phase: MigrationPhase) -> PhaseReport:
+        """Persist `phase`, do the coordinator's part of it, wait until the node reports it done."""
+        started = time.monotonic()
+        task = self.begin_phase(partition, migration_id, phase)
+        if phase not in phase_sequence(task.migration_kind):
+            return PhaseReport(phase, 0.0, 0, f"not part of a {task.migration_kind} migration")
+        if task.migration_kind == MigrationKind.FORCED and phase == MigrationPhase.RELEASED:
+            return PhaseReport(phase, time.monotonic() - started, 0, f"epoch {task.from_epoch} fenced")
+        if phase == MigrationPhase.PLANNED:
+            if task.migration_kind != MigrationKind.GRACEFUL:
+                return PhaseReport(phase, time.monotonic() - started, 0, "planned")
+            detail = self._wait_warm(task)
+            aligned = self._align_drain(task)
+            warmed = self._record_warm_bytes(task)
+            return PhaseReport(phase, time.monotonic() - started, warmed, f"{detail}; {aligned}")
+        progress = self._wait_for_node(task, phase)
+        moved = progress.bytes_moved if progress else 0
+        if phase == MigrationPhase.DOWNLOADING:
+            # The target's count covers the whole move: the plan's share was reported with the plan.
+            moved = max(0, moved - task.warm_bytes)
+        elif phase != MigrationPhase.UPLOADING:
+            moved = 0  # only the transfer phases move bytes
+        return PhaseReport(
+            phase, time.monotonic() - started, moved, f"node {self._responsible(task, phase)} reported {phase}"
+        )
+
+    def _wait_warm(self, task: MigrationTask) -> str:
+        """Wait (bounded) until the target reports a warm copy of the partition; never fails the move."""
+        limit = min(self.config.warmup_timeout_s, seconds_left(task))
+        start = time.monotonic()
+        while True:
+            progress = self._target_progress(task)
+            if progress is not None and progress.lag is not None and progress.lag <= self.config.warm_lag_events:
+                return f"target node {task.to_node} warm: {progress.lag} committed events behind"
+            if time.monotonic() - start >= limit:
+                return f"target node {task.to_node} not warm after {limit:.1f}s: the handoff transfers the rest"
+            self._still_running(task, MigrationPhase.PLANNED)
+            time.sleep(self.poll_interval_s)
+
+    def _target_progress(self, task: MigrationTask) -> PartitionProgress | None:
+        """The target's report on this migration's partition, if it is about this migration."""
+        record = self.ledger.node(NodeId(task.to_node))
+        progress = record.partitions.get(task.partition) if record else None
+        return progress if progress is not None and progress.migration_id == task.migration_id else None
+
+    def _record_warm_bytes(self, task: MigrationTask) -> int:
+        """The bytes the target downloaded before the drain, kept in the task for the download's share."""
+        progress = self._target_progress(task)
+        warmed = progress.bytes_moved if progress is not None else 0
+        if warmed > task.warm_bytes:
+
+            def change(state: DesiredState) -> DesiredState | None:
+                current = state.migration
+                if current is None or current.migration_id != task.migration_id or current.warm_bytes >= warmed:
+                    return None
+                return state.model_copy(update={"migration": current.model_copy(update={"warm_bytes": warmed})})
+
+            self.desired.update(PartitionId(task.partition), change)
+        return warmed
+
+    def _align_drain(self, task: MigrationTask) -> str:
+        """Wait for the old owner's next data commit, so the drain follows it at once.
+
+        Bounded by `drain_alignment_s` from now and by three times the interval between its last
+        two commits after the last one: a partition that stopped committing (no traffic), or whose
+        next commit is not expected within the limit, drains at once.
+        """
+        p = PartitionId(task.partition)
+        reader = ManifestReader(self.ledger.store)
+        last = reader.current(p)
+        limit = min(self.config.drain_alignment_s, seconds_left(task))
+        if limit <= 0 or last is None:
+            return "drain asked at once"
+        # The last two data commits (seals and snapshot-only entries carry no output) give the cadence.
+        commits = [last.manifest] if last.manifest.outputs else []
+        seq = last.manifest.seq
+        while len(commits) < 2 and seq > 1 and last.manifest.seq - seq < 8:
+            seq -= 1
+            entry = reader.entry(p, seq)
+            if entry is not None and entry.manifest.outputs:
+                commits.append(entry.manifest)
+        if len(commits) < 2:
+            return "drain asked at once (no recent commits)"
+        interval = (commits[0].committed_at - commits[1].committed_at).total_seconds()
+        if commits[0].committed_at + timedelta(seconds=interval) > now() + timedelta(seconds=limit):
+            return f"drain asked at once (next commit not expected within {limit:.1f}s)"
+        # Three intervals after the last commit: a commit later than that is not coming soon. The wait
+        # itself is bounded from now: a last commit older than `limit` still gets its successor waited for.
+        due = commits[0].committed_at + timedelta(seconds=max(3 * interval, 0.25))
+        stop = time.monotonic() + limit  # the commit times come from the node's clock: bounded here too
+        while now() < due and time.monotonic() < stop:
+            current = reader.current(p)
+            if current is not None and current.manifest.seq > last.manifest.seq and current.manifest.outputs:
+                return f"drain asked right after the old owner's commit at offset {current.manifest.source_offset}"
+            time.sleep(self.poll_interval_s)
+        self._still_running(task, MigrationPhase.PLANNED)
+        return "drain asked at once (no commit due)"
+
+    def _fence_old_owner(self, task: MigrationTask) -> None:
+        p = PartitionId(task.partition)
+        own = self.ledger.ownership(p)
+        if own is None:
+            raise MigrationNotOwned(p, NodeId(task.from_node))
+        if own.epoch == task.to_epoch and own.owner == task.to_node:
+            return  # done before a crash of the orchestrator
+        self._still_running(task, MigrationPhase.RELEASED)  # cancelled meanwhile: do not fence
+        target = self.ledger.node(NodeId(task.to_node))
+        try:
+            self.ledger.fence(
+                p,
+                NodeId(task.to_node),
+                expected_epoch=task.from_epoch,
+                reason=(
+                    f"migration {task.migration_id}: place on node {task.to_node}"
+                    if task.from_node == UNASSIGNED
+                    else f"migration {task.migration_id}: fence node {task.from_node}"
+                ),
+                generation=target.generation if target else None,
+            )
+        except EpochConflict as exc:
+            if self._granted_as_planned(task):
+                return  # another driver of this same migration fenced first
+            # This migration's own record: it can never fence now, so end it (terminally,
+            # before raising) instead of leaving it to block every later migration.
+            lost = FenceLost(p, task.migration_id, exc.expected, exc.actual)
+            self._fail_if_current(p, task.migration_id, str(lost))
+            raise lost from None
+
+    def _granted_as_planned(self, task: MigrationTask) -> bool:
+        """Whether the ledger holds exactly the grant `task` was to make (its epoch, to its target)."""
+        own = self.ledger.ownership(PartitionId(task.partition))
+        return own is not None and own.epoch == task.to_epoch and own.owner == task.to_node
+
+    def _grant_target(self, task: MigrationTask) -> None:
+        """Grant a graceful move's new epoch to its target, after the old owner released it."""
+        p = PartitionId(task.partition)
+        own = self.ledger.ownership(p)
+        if own is not None and own.epoch == task.to_epoch and own.owner == task.to_node:
+            return  # done before a crash of the orchestrator
+        self._still_running(task, MigrationPhase.SEEKING)
+        target = self.ledger.node(NodeId(task.to_node))
+        try:
+            self.ledger.acquire(
+                p,
+                NodeId(task.to_node),
+                expected_epoch=task.from_epoch,
+                reason=f"migration {task.migration_id}: hand over to node {task.to_node}",
+                generation=target.generation if target else None,
+            )
+        except EpochConflict as exc:
+            if self._granted_as_planned(task):
+                return  # another driver of this same migration granted it first
+            lost = FenceLost(p, task.migration_id, exc.expected, exc.actual)
+            self._fail_if_current(p, task.migration_id, str(lost))
+            raise lost from None
+        except NotReleased as exc:
+            raise MigrationFailed(p, MigrationPhase.SEEKING, str(exc)) from None
+
+    def reinstate(self, partition: PartitionId) -> int | None:
+        """Grant a released (or unassigned) partition back to its desired owner; returns the epoch.
+
+        The control plane's half of what a node used to do by itself: after a clean
+        shutdown, or a graceful move that ended after the release, the partition
+        waits for a grant. Nothing happens while a migration is in flight, when the
+        desired owner is not alive, or when someone else moved the epoch first.
+
+        First, a grant whose granter died before sealing the chain is completed
+        (`Ledger.complete_grant`): a fence to "unassigned" has no grantee to seal it.
+        """
+        own = self.ledger.ownership(partition)
+        self.ledger.complete_grant(partition, own)
+        state, _ = self.desired.read(partition)
+        if state.owner == UNASSIGNED or (state.migration is not None and not state.migration.is_terminal):
+            return None
+        if own is None or not (own.owner == UNASSIGNED or own.status == PartitionStatus.RELEASED):
+            return None
+        target = self.ledger.node(NodeId(state.owner))
+        if target is None or not NodeView.judge(target).alive:
+            return None
+        try:
+            token = self.ledger.acquire(
+                partition,
+                NodeId(state.owner),
+                expected_epoch=own.epoch,
+                reason=f"reinstate on desired owner node {state.owner}",
+                generation=target.generation,
+            )
+        except (EpochConflict, NotReleased):
+            return None  # someone else moved it: their grant stands
+        return token.epoch
+
+    def _expire(self, task: MigrationTask) -> MigrationTimeout:
+        """Record `task` Failed for its overall deadline; returns the error to raise."""
+        p = PartitionId(task.partition)
+        elapsed = (now() - task.started_at).total_seconds()
+        self._fail_if_current(p, task.migration_id, _deadline_reason(task))
+        return MigrationTimeout(p, task.phase, elapsed)
+
+    def _fail_if_current(self, partition: PartitionId, migration_id: str, error: str) -> MigrationTask | None:
+        """`fail`, or None when the migration already ended or another replaced it meanwhile."""
+        try:
+            return self.fail(partition, migration_id, error)
+        except (InvalidTransition, MigrationEpochConflict):
+            return None
+
+    @staticmethod
+    def _responsible(task: MigrationTask, phase: MigrationPhase) -> NodeId:
+        return NodeId(task.from_node if phase.needs_old_owner else task.to_node)
+
+    def _wait_for_node(self, task: MigrationTask, phase: MigrationPhase) -> PartitionProgressView | None:
+        p = PartitionId(task.partition)
+        limit = (
+            self.config.release_wait_timeout_s if phase.needs_old_owner else self.config.checkpoint_transfer_timeout_s
+        )
+        start = time.monotonic()
+        next_record_check = start + _RECORD_CHECK_INTERVAL_S
+        while True:
+            view = self.phase_reported(task, phase)
+            if view is not None:
+                return view
+            elapsed = time.monotonic() - start
+            if elapsed > limit:
+                raise MigrationTimeout(p, phase, elapsed)
+            if time.monotonic() >= next_record_check:
+                # A cancel or a failure recorded by someone else ends the wait at once.
+                self._still_running(task, phase)
+                next_record_check = time.monotonic() + _RECORD_CHECK_INTERVAL_S
+            time.sleep(self.poll_interval_s)
+
+    def phase_reported(self, task: MigrationTask, phase: MigrationPhase) -> PartitionProgressView | None:
+        """One look at whether the node responsible for `phase` reported it done (non-blocking).
+
+        None while it has not. Raises MigrationFailed when that node reported an
+        error, OldOwnerCrashed when the old owner a phase needs is no longer
+        alive, MigrationTimeout (recording the migration Failed) once the
+        record's own deadline passed, whoever planned it and with which config.
+        """
+        p = PartitionId(task.partition)
+        record = self.ledger.node(self._responsible(task, phase))
+        progress = record.partitions.get(task.partition) if record else None
+        if progress is not None and progress.migration_id == task.migration_id:
+            if progress.error:
+                raise MigrationFailed(p, phase, progress.error)
+            done = progress.phase_done
+            if done is not None and MigrationPhase(done).reached(phase):
+                return PartitionProgressView(progress.bytes_moved)
+        # Judged from the record just read: no listing of every node on each poll.
+        if phase.needs_old_owner and record is not None and not NodeView.judge(record).alive:
+            raise OldOwnerCrashed(p, task.from_epoch)
+        if deadline_passed(task):
+            raise self._expire(task)
+        return None
+
+    def _still_running(self, task: MigrationTask, phase: MigrationPhase) -> None:
+        """Raise MigrationFailed if `task`'s record ended (or was replaced) behind the driver's back."""
+        p = PartitionId(task.partition)
+        current = self.current(p)
+        if current is None or current.migration_id != task.migration_id:
+            raise MigrationFailed(p, phase, "the migration record was replaced by another migration")
+        if current.phase.is_aborted:
+            raise MigrationFailed(p, current.failed_phase or phase, current.error or str(current.phase))
+
+    def run(
+        self,
+        partition: PartitionId,
+        to_node: NodeId,
+        *,
+        forced: bool = False,
+        on_phase: Callable[[PhaseReport], None] | None = None,
+    ) -> MigrationTask:
+        """Plan (or resume) and drive a whole migration; what the CLI does."""
+        task = self.plan_or_resume(partition, to_node, forced=forced)
+        for phase in phase_sequence(task.migration_kind):
+            report = self.run_phase(partition, task.migration_id, phase)
+            if on_phase is not None:
+                on_phase(report)
+        final = self.current(partition)
+        assert final is not None
+        return final
+
+
+@dataclass(frozen=True)
+class PartitionProgressView:
+    bytes_moved: int

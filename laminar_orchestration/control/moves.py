@@ -1,0 +1,383 @@
+"""Carrying moves out: migrations driven phase by phase, many at once within per-node limits.
+
+Everything here drives `MigrationCoordinator`s; the `laminar` CLI, the Dagster
+jobs and sensors, the demo and the chaos suite share it, so all of them honour
+the per-node concurrency limit and record failures the same way. Nothing here
+imports Dagster. What to move is decided by `planner` (pure) and `planning`
+(the operations: a rebalance, a node's failover).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.control.placement import (
+    AssignmentError,
+    Move,
+    failover_target,
+    move_participants,
+    node_loads,
+)
+from laminar_orchestration.control.snapshot import live_node_ids, ownership_map, warm_copies
+from laminar_orchestration.errors import UnavailableError
+from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
+from laminar_orchestration.protocol.fencing import Ownership
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.records import LedgerError, PartitionStatus
+from laminar_orchestration.protocol.tasks import (
+    DesiredState,
+    MigrationEpochConflict,
+    MigrationError,
+    MigrationKind,
+    MigrationNotOwned,
+    MigrationPhase,
+    MigrationTask,
+    NoLiveNode,
+    PhaseReport,
+    phase_sequence,
+)
+from laminar_orchestration.store import StoreError
+
+R = TypeVar("R")
+
+__all__ = [
+    "FailoverDecision",
+    "MoveOutcome",
+    "NoFailoverTarget",
+    "drive",
+    "moves_on_without_old_owner",
+    "must_force",
+    "not_admitted_nodes",
+    "prepare_failover",
+    "record_failure",
+    "reinstate_all",
+    "run_migration",
+    "run_moves",
+    "stranded",
+]
+
+
+@dataclass(frozen=True)
+class MoveOutcome(Generic[R]):
+    """How one move went: its result, or the error that stopped it."""
+
+    move: Move
+    result: R | None
+    error: BaseException | None
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        """True when the move finished without an error."""
+        return self.error is None
+
+
+def run_moves(
+    moves: Sequence[Move],
+    migrate: Callable[[Move], R],
+    max_per_node: int,
+    *,
+    live_nodes: Collection[int] | None = None,
+    max_workers: int = 8,
+    on_done: Callable[[MoveOutcome[R]], None] | None = None,
+) -> list[MoveOutcome[R]]:
+    """Run `migrate(move)` for every move, concurrently, never with more than
+    `max_per_node` moves at once on any node (old owner or new owner).
+
+    A move starts as soon as all its nodes have a free slot (no wave barrier);
+    among the moves that could start, the earliest in `moves` goes first. A
+    failing move does not stop the others: every outcome is returned, in the
+    order of `moves`. `on_done` is called (in this thread) as each move ends.
+    """
+    if max_per_node < 1:
+        raise AssignmentError(f"max_per_node must be >= 1, got {max_per_node}")
+    pending = list(enumerate(moves))
+    busy: Counter[int] = Counter()
+    outcomes: dict[int, MoveOutcome[R]] = {}
+
+    def timed(move: Move) -> tuple[R, float]:
+        started = time.monotonic()
+        return migrate(move), started
+
+    with ThreadPoolExecutor(max(1, max_workers), thread_name_prefix="laminar-move") as pool:
+        running: dict[Future[tuple[R, float]], tuple[int, Move, set[int], float]] = {}
+        while pending or running:
+            for item in list(pending):
+                if len(running) >= max_workers:
+                    break
+                i, move = item
+                nodes = move_participants(move, live_nodes)
+                if all(busy[n] < max_per_node for n in nodes):
+                    busy.update(nodes)
+                    running[pool.submit(timed, move)] = (i, move, nodes, time.monotonic())
+                    pending.remove(item)
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                i, move, nodes, submitted = running.pop(fut)
+                busy.subtract(nodes)
+                exc = fut.exception()
+                if exc is None:
+                    result, started = fut.result()
+                    outcome = MoveOutcome(move, result, None, time.monotonic() - started)
+                else:
+                    outcome = MoveOutcome[R](move, None, exc, time.monotonic() - submitted)
+                outcomes[i] = outcome
+                if on_done is not None:
+                    on_done(outcome)
+    return [outcomes[i] for i in range(len(moves))]
+
+
+def record_failure(coordinator: MigrationCoordinator, partition: int, migration_id: str, error: BaseException) -> None:
+    """Mark migration `migration_id` Failed so nodes stop working on it and a retry starts afresh.
+
+    Decided by migration id, not by error type: skipped when the partition's
+    record belongs to another migration (an epoch conflict with someone else's
+    move) or the migration already ended; a conflict on its own record fails
+    it. Never raises.
+    """
+    try:
+        current = coordinator.current(PartitionId(partition))
+        if current is None or current.migration_id != migration_id or current.is_terminal:
+            return
+        coordinator.fail(PartitionId(partition), migration_id, f"{type(error).__name__}: {error}")
+        # A graceful move that failed after the release: the old owner gets its partition back.
+        coordinator.reinstate(PartitionId(partition))
+    except (LedgerError, StoreError, OSError):
+        pass  # best effort: the original error is what the caller reports
+
+
+def drive(
+    coordinator: MigrationCoordinator,
+    task: MigrationTask,
+    on_phase: Callable[[PhaseReport], None] | None = None,
+    *,
+    phases: Sequence[MigrationPhase] | None = None,
+) -> MigrationTask:
+    """Run the phases of `task` from its recorded phase on (or just `phases`).
+
+    A phase already recorded is waited on, not repeated. On a migration error
+    the task is recorded Failed (see `record_failure`) and the error re-raised.
+    """
+    seq = phase_sequence(task.migration_kind)
+    if phases is None:
+        start = seq.index(task.phase) if task.phase in seq else 0
+        phases = seq[start:]
+    try:
+        for phase in phases:
+            report = coordinator.run_phase(PartitionId(task.partition), task.migration_id, phase)
+            if on_phase is not None:
+                on_phase(report)
+    except MigrationError as exc:
+        record_failure(coordinator, task.partition, task.migration_id, exc)
+        raise
+    final = coordinator.current(PartitionId(task.partition))
+    assert final is not None
+    return final
+
+
+def reinstate_all(coordinator: MigrationCoordinator) -> dict[int, int]:
+    """Admit newly registered nodes, then grant every released (or unassigned) partition back to its
+    live desired owner: partition -> epoch.
+
+    The control plane's periodic step (the failure sensor, `laminar rebalance`):
+    a node writes only its own records, so joining the member set is done here,
+    and a node that shut down cleanly released its partitions, which only the
+    control plane can grant again: this is how a restarted node gets them back.
+    """
+    granted: dict[int, int] = {}
+    ledger = coordinator.ledger
+    ledger.admit_nodes()
+    for p, own in ledger.ownerships(ledger.partitions()).items():
+        if own is None or not (own.owner == UNASSIGNED or own.status == PartitionStatus.RELEASED):
+            continue  # held: nothing to grant (the desired state is read only for the others)
+        epoch = coordinator.reinstate(p)
+        if epoch is not None:
+            granted[int(p)] = epoch
+    return granted
+
+
+def must_force(coordinator: MigrationCoordinator, partition: int, *, live: Collection[int] | None = None) -> bool:
+    """True when moving `partition` cannot be graceful: nobody can drain and release it.
+
+    That is when its owner is dead, has already released it (a graceful move
+    that failed after the release), or is `stranded`. A forced move then fences
+    the old epoch and restores from the last committed manifest.
+    """
+    own = coordinator.ledger.ownership(PartitionId(partition))
+    if own is None or own.owner == UNASSIGNED:
+        return False  # unassigned: `plan` makes it forced by itself; unknown: `plan` names the error
+    live_set = set(live) if live is not None else live_node_ids(coordinator.ledger)
+    return (
+        own.owner not in live_set
+        or own.status == PartitionStatus.RELEASED
+        or stranded(coordinator.desired.read(PartitionId(partition))[0], own)
+    )
+
+
+def run_migration(
+    coordinator: MigrationCoordinator,
+    partition: int,
+    to_node: int,
+    *,
+    forced: bool | None = None,
+    on_phase: Callable[[PhaseReport], None] | None = None,
+) -> MigrationTask:
+    """`MigrationCoordinator.run` that also records a failed migration as Failed.
+
+    `forced=None` decides with `must_force`; an unfinished migration of the
+    partition to `to_node` is resumed whatever its kind.
+    """
+    if forced is None:
+        forced = must_force(coordinator, partition)
+    task = coordinator.plan_or_resume(PartitionId(partition), NodeId(to_node), forced=forced)
+    return drive(coordinator, task, on_phase)
+
+
+def moves_on_without_old_owner(task: MigrationTask | None, live: Collection[int]) -> bool:
+    """True when `task` is a move in flight that needs nothing more from the old owner, towards a
+    live node: a forced move, or a graceful one past the release. A failover leaves it to finish."""
+    return (
+        task is not None
+        and not task.is_terminal
+        and task.to_node in live
+        and (task.migration_kind == MigrationKind.FORCED or task.phase.reached(MigrationPhase.DOWNLOADING))
+    )
+
+
+def stranded(state: DesiredState, own: Ownership) -> bool:
+    """True when the ledger's owner holds its epoch but nobody will run the partition there.
+
+    * The last migration ended without becoming active and its target holds the epoch it
+      was to mint: a forced migration fences (grants the new epoch to its target) before
+      the target restores.
+    * No migration is in flight and the owner is not the desired owner: a node runs only
+      the partitions desired for it, so nothing else ever moves it. That follows a grant
+      that outlived its migration (a driver that fenced after the move was ended, found
+      by later moves or not), whichever moves ended since.
+
+    Such a partition still needs a failover. A released partition is not stranded: the
+    control plane grants it back (`MigrationCoordinator.reinstate`).
+    """
+    task = state.migration
+    if own.owner == UNASSIGNED or own.status == PartitionStatus.RELEASED:
+        return False
+    if task is None or not task.is_terminal:
+        # No move ever recorded (nothing says where it should run), or one in flight that decides.
+        return False
+    if task.phase.is_aborted and (task.to_node, task.to_epoch) == (own.owner, own.epoch):
+        return True
+    return state.owner != own.owner
+
+
+@dataclass
+class NoFailoverTarget(MigrationError, UnavailableError):
+    """No live node other than the current owner can receive the partition: what is missing is a
+    target, not the owner (which is usually dead, the reason for the failover)."""
+
+    partition: int
+    owner: int
+    #: Nodes that registered but are not members yet (the control plane has not admitted them).
+    not_admitted: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        missing = f"no live node other than node {self.owner} can receive partition {self.partition}"
+        if self.not_admitted:
+            waiting = ", ".join(map(str, self.not_admitted))
+            return (
+                f"{missing}: node(s) {waiting} registered but are not admitted to the membership yet; "
+                f"wait for the control plane's reconcile to admit them (or run `laminar rebalance`, which "
+                f"admits them), then fail node {self.owner} over again"
+            )
+        return (
+            f"{missing}: no other node is alive; start one (`laminar node run --node-id N`) and fail "
+            f"node {self.owner} over again once it heartbeats"
+        )
+
+
+def not_admitted_nodes(ledger: Ledger, *, exclude: Collection[int] = ()) -> tuple[int, ...]:
+    """Nodes with a record in the ledger that the membership does not list yet (sorted), minus `exclude`."""
+    members = set(ledger.membership().members)
+    return tuple(sorted(n for n in (v.record.node for v in ledger.nodes()) if n not in members and n not in exclude))
+
+
+@dataclass(frozen=True)
+class FailoverDecision:
+    """What `prepare_failover` decided, for logs and op metadata."""
+
+    task: MigrationTask | None
+    reason: str
+    superseded: list[str] = field(default_factory=list)
+
+
+def prepare_failover(
+    coordinator: MigrationCoordinator,
+    partition: int,
+    to_node: int | None = None,
+    *,
+    live: Collection[int] | None = None,
+    loads: Mapping[int, int] | None = None,
+    allow_live_owner: bool = False,
+) -> FailoverDecision:
+    """Plan (or resume) the forced migration that takes `partition` away from a dead owner.
+
+    * An in-flight forced migration to a live node, or a graceful one already
+      in its rising phases towards a live node, is resumed: it needs no help.
+    * An in-flight migration that depends on a dead node is recorded Failed
+      ("superseded") and replaced.
+    * When the current owner is alive there is nothing to fail over: the
+      decision carries no task, unless `allow_live_owner` (an operator fencing
+      a stalled but heartbeating node) or the owner is `stranded` (it got its
+      epoch from a forced migration that failed before it became active).
+    * The target is `to_node`, else the least-loaded live node.
+
+    Raises NoLiveNode when `to_node` is not alive, NoFailoverTarget when no
+    live node other than the owner is left.
+    """
+    p = PartitionId(partition)
+    ledger = coordinator.ledger
+    live_set = set(live) if live is not None else live_node_ids(ledger)
+    own = ledger.ownership(p)
+    if own is None:
+        raise MigrationNotOwned(p, UNASSIGNED)
+    superseded = []
+    coordinator.expire_overdue(p)  # a record past its deadline never blocks a failover
+    running = coordinator.current(p)
+    if running is not None and not running.is_terminal:
+        if moves_on_without_old_owner(running, live_set):
+            if to_node is None or to_node == running.to_node:
+                return FailoverDecision(running, f"resuming migration {running.migration_id} to node {running.to_node}")
+            raise MigrationEpochConflict(p, own.epoch, running.from_epoch, running.migration_id)
+        if running.from_node in live_set and running.to_node in live_set:
+            # A healthy graceful move still needing its (live) old owner: leave it alone.
+            if allow_live_owner:
+                raise MigrationEpochConflict(p, own.epoch, running.from_epoch, running.migration_id)
+            return FailoverDecision(None, f"graceful migration {running.migration_id} between live nodes is in flight")
+        dead = sorted({running.from_node, running.to_node} - live_set - {UNASSIGNED})
+        coordinator.fail(p, running.migration_id, f"superseded by a failover: node(s) {dead} not alive")
+        superseded.append(running.migration_id)
+    is_stranded = stranded(coordinator.desired.read(p)[0], own)
+    if own.owner in live_set and not allow_live_owner and not is_stranded:
+        return FailoverDecision(None, f"owner node {own.owner} is alive: nothing to fail over", superseded)
+    target = to_node
+    if target is None:
+        candidates = dict(loads) if loads is not None else node_loads(ownership_map(ledger), live_set)
+        candidates = {n: c for n, c in candidates.items() if n in live_set}
+        warm = warm_copies(ledger.nodes()).get(int(p))
+        target = failover_target(candidates, warm=warm, exclude={own.owner})
+        if target is None and is_stranded and own.owner in live_set:
+            target = own.owner  # the only live node: grant it a fresh epoch and let it restore again
+        if target is None:
+            raise NoFailoverTarget(partition, own.owner, not_admitted_nodes(ledger, exclude={own.owner}))
+    if target == own.owner and not is_stranded:
+        raise NoFailoverTarget(partition, own.owner)
+    if target not in live_set:
+        raise NoLiveNode(NodeId(target))
+    task = coordinator.plan(p, NodeId(target), forced=True)
+    reason = f"forced migration {task.migration_id}: node {own.owner} -> {target}"
+    return FailoverDecision(task, reason, superseded)

@@ -1,0 +1,297 @@
+"""Who owns what, read from the ledger: live nodes, owners, warm copies and one snapshot of it all.
+
+`snapshot_cluster` is the one picture of the cluster's ownership that
+`laminar status`, the Dagster ``ownership_map`` asset and the demo's table all
+print: per partition the owner, epoch, status, owner liveness, the migration in
+flight, committed offset, log end, lag and standbys, and whether a failover is
+pending (the owner is dead and no migration has taken the partition yet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from laminar_orchestration.identity import UNASSIGNED
+from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.ledger import Ledger, NodeView
+from laminar_orchestration.protocol.records import NodeStatus
+from laminar_orchestration.protocol.source import SourceLog
+from laminar_orchestration.protocol.tasks import DesiredStates, MigrationTask
+from laminar_orchestration.store.metering import RequestPrices
+
+__all__ = [
+    "WARM_STATES",
+    "ClusterSnapshot",
+    "NodeSnapshot",
+    "PartitionSnapshot",
+    "live_node_ids",
+    "migrations_in_flight",
+    "ownership_map",
+    "snapshot_cluster",
+    "warm_copies",
+]
+
+#: Progress states in which a node holds a warm copy of a partition it does not own.
+WARM_STATES = frozenset({"standby", "warming"})
+
+
+def _alive(view: NodeView, heartbeat_timeout_s: float | None) -> bool:
+    if heartbeat_timeout_s is None:
+        return view.alive
+    return view.record.status == NodeStatus.ALIVE and view.heartbeat_age_s <= heartbeat_timeout_s
+
+
+def live_node_ids(ledger: Ledger, *, heartbeat_timeout_s: float | None = None) -> set[int]:
+    """Member nodes that are alive: status alive and a heartbeat younger than the timeout.
+
+    `heartbeat_timeout_s` overrides each node's own timeout (the failure sensor's setting).
+    """
+    return {view.record.node for view in ledger.nodes() if _alive(view, heartbeat_timeout_s)}
+
+
+def ownership_map(ledger: Ledger) -> dict[int, int]:
+    """Partition -> current owner (0: unassigned) for every partition of the cluster."""
+    return {
+        int(p): (int(own.owner) if own is not None else UNASSIGNED)
+        for p, own in ledger.ownerships(ledger.partitions()).items()
+    }
+
+
+def warm_copies(views: Iterable[NodeView]) -> dict[int, dict[int, int]]:
+    """partition -> {node: lag in events} of the live nodes reporting a warm copy of it."""
+    warm: dict[int, dict[int, int]] = {}
+    for view in views:
+        if not view.alive:
+            continue
+        for p, progress in view.record.partitions.items():
+            if progress.state in WARM_STATES and progress.lag is not None and progress.error is None:
+                warm.setdefault(int(p), {})[view.record.node] = progress.lag
+    return warm
+
+
+def migrations_in_flight(ledger: Ledger) -> dict[int, MigrationTask]:
+    """partition -> its migration that has not ended yet (partitions not moving are left out)."""
+    return {
+        int(p): state.migration
+        for p, state in DesiredStates(ledger).all().items()
+        if state.migration is not None and not state.migration.is_terminal
+    }
+
+
+@dataclass(frozen=True)
+class PartitionSnapshot:
+    """One partition as the ledger, its manifest chain and its source log show it."""
+
+    partition: int
+    epoch: int
+    #: 0: unassigned.
+    owner: int
+    #: The ownership status (`PartitionStatus` value): active, released, ...
+    status: str
+    #: True when the ledger's head record lagged its grants and was rolled forward.
+    head_lagged: bool
+    owner_alive: bool
+    #: The migration moving the partition now, if any.
+    migration: MigrationTask | None
+    #: Offset reached by the last committed manifest; None when offsets were not read.
+    committed_offset: int | None
+    #: End of the partition's source log; None when offsets were not read.
+    log_end: int | None
+    #: node -> lag in events of the live nodes holding a warm copy.
+    standbys: Mapping[int, int] = field(default_factory=dict)
+    #: Consecutive failures of the owner's worker and the last one's reason.
+    failures: int = 0
+    last_failure: str | None = None
+
+    @property
+    def lag(self) -> int | None:
+        """Events in the source log not committed yet (None when offsets were not read)."""
+        if self.committed_offset is None or self.log_end is None:
+            return None
+        return max(0, self.log_end - self.committed_offset)
+
+    @property
+    def failover_pending(self) -> bool:
+        """The owner is dead and no migration is moving the partition yet: it waits for a failover."""
+        return self.owner != UNASSIGNED and not self.owner_alive and self.migration is None
+
+    def phase_text(self) -> str:
+        """The status with the migration in flight, e.g. ``graceful 1→2 (draining)``, for tables."""
+        task = self.migration
+        if task is not None:
+            return f"{task.migration_kind} {task.from_node or '-'}→{task.to_node} ({task.phase})"
+        if self.failover_pending:
+            return f"failover pending (node {self.owner} dead)"
+        return self.status
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    """One member node: identity, heartbeat and liveness as judged when the snapshot was taken."""
+
+    node: int
+    generation: int
+    status: str
+    alive: bool
+    last_heartbeat: datetime
+    heartbeat_age_s: float
+    host: str
+    pid: int
+    #: Store requests per second by method over the node's last heartbeat interval (empty: not reported).
+    requests_per_s: Mapping[str, float] = field(default_factory=dict)
+    #: The busiest "METHOD family" pairs over that interval, in requests per second.
+    busiest_requests: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def request_rate(self) -> float:
+        """All the node's store requests per second."""
+        return sum(self.requests_per_s.values())
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """Every partition's ownership and every node's liveness, read once."""
+
+    store: str
+    cluster_id: str
+    cluster_epoch: int
+    partitions: tuple[PartitionSnapshot, ...]
+    nodes: tuple[NodeSnapshot, ...]
+
+    def request_rate(self) -> float:
+        """The live nodes' store requests per second, as their last heartbeats report them."""
+        return sum(n.request_rate for n in self.nodes if n.alive)
+
+    def monthly_request_cost(self, prices: RequestPrices | None = None) -> float:
+        """The live nodes' request rate as dollars per month at `prices` (default: S3 list prices)."""
+        rates: dict[str, float] = {}
+        for n in self.nodes:
+            if n.alive:
+                for method, rate in n.requests_per_s.items():
+                    rates[method] = rates.get(method, 0.0) + rate
+        return (prices or RequestPrices()).monthly_cost(rates)
+
+    def owned_by(self, node: int) -> list[int]:
+        """The partitions `node` owns."""
+        return [p.partition for p in self.partitions if p.owner == node]
+
+    def to_json(self) -> dict[str, Any]:
+        """The snapshot as plain JSON: what `laminar status --json` prints."""
+        return {
+            "store": self.store,
+            "cluster_id": self.cluster_id,
+            "cluster_epoch": self.cluster_epoch,
+            "partitions": [
+                {
+                    "partition": p.partition,
+                    "epoch": p.epoch,
+                    "owner": p.owner,
+                    "status": p.status,
+                    "head_lagged": p.head_lagged,
+                    "owner_alive": p.owner_alive,
+                    "failover_pending": p.failover_pending,
+                    "migration": None if p.migration is None else p.migration.migration_id,
+                    "committed_offset": p.committed_offset,
+                    "log_end": p.log_end,
+                    "lag": p.lag,
+                    "standbys": {str(n): lag for n, lag in sorted(p.standbys.items())},
+                    "failures": p.failures,
+                    "last_failure": p.last_failure,
+                }
+                for p in self.partitions
+            ],
+            "nodes": [
+                {
+                    "node": n.node,
+                    "generation": n.generation,
+                    "status": n.status,
+                    "alive": n.alive,
+                    "last_heartbeat": n.last_heartbeat.isoformat(),
+                    "heartbeat_age_s": round(n.heartbeat_age_s, 3),
+                    "host": n.host,
+                    "pid": n.pid,
+                    "requests_per_s": dict(n.requests_per_s),
+                    "busiest_requests": dict(n.busiest_requests),
+                }
+                for n in self.nodes
+            ],
+            "requests": {
+                "per_s": round(self.request_rate(), 3),
+                "monthly_cost_usd": round(self.monthly_request_cost(), 2),
+                "prices": RequestPrices().model_dump(),
+            },
+        }
+
+
+def snapshot_cluster(
+    ledger: Ledger, *, offsets: bool = True, heartbeat_timeout_s: float | None = None
+) -> ClusterSnapshot:
+    """Read the cluster's ownership once: partitions (owner, epoch, status, migration, offsets) and nodes.
+
+    ``offsets=False`` skips the manifest and source-log reads (two per
+    partition): what changes with every commit is then left out, as an
+    observer that fingerprints ownership wants. `heartbeat_timeout_s`
+    overrides each node's own timeout when judging liveness.
+    """
+    cluster = ledger.cluster()
+    membership = ledger.membership()
+    views = ledger.nodes()
+    live = {v.record.node for v in views if _alive(v, heartbeat_timeout_s)}
+    # What the owner reports about its worker: consecutive failures and the last reason.
+    progress = {(v.record.node, int(p)): pr for v in views for p, pr in v.record.partitions.items()}
+    standbys = warm_copies(views)
+    moving = migrations_in_flight(ledger)
+    manifests = ManifestReader(ledger.store) if offsets else None
+    source = SourceLog(ledger.store) if offsets else None
+    partitions = []
+    for pid, own in ledger.ownerships(ledger.partitions()).items():
+        if own is None:
+            continue
+        p, owner = int(pid), int(own.owner)
+        reported = progress.get((owner, p))
+        committed = log_end = None
+        if manifests is not None and source is not None:
+            current = manifests.current(pid)
+            committed = current.manifest.source_offset if current else 0
+            log_end = source.end_offset(p)
+        partitions.append(
+            PartitionSnapshot(
+                partition=p,
+                epoch=own.epoch,
+                owner=owner,
+                status=own.status.value,
+                head_lagged=own.head_lagged,
+                owner_alive=owner in live,
+                migration=moving.get(p),
+                committed_offset=committed,
+                log_end=log_end,
+                standbys=dict(sorted(standbys.get(p, {}).items())),
+                failures=reported.consecutive_failures if reported else 0,
+                last_failure=reported.last_failure if reported else None,
+            )
+        )
+    nodes = tuple(
+        NodeSnapshot(
+            node=v.record.node,
+            generation=v.record.generation,
+            status=v.record.status.value,
+            alive=v.record.node in live,
+            last_heartbeat=v.record.heartbeat_at,
+            heartbeat_age_s=v.heartbeat_age_s,
+            host=v.record.host,
+            pid=v.record.pid,
+            requests_per_s=dict(v.record.requests.per_s) if v.record.requests else {},
+            busiest_requests=dict(v.record.requests.top_families) if v.record.requests else {},
+        )
+        for v in views
+    )
+    return ClusterSnapshot(
+        store=ledger.store.url,
+        cluster_id=cluster.cluster_id,
+        cluster_epoch=membership.cluster_epoch,
+        partitions=tuple(partitions),
+        nodes=nodes,
+    )

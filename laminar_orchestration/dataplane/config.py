@@ -1,0 +1,51 @@
+"""What a worker node is configured with (``laminar node run``)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from laminar_orchestration.dataplane.engine import (
+    WARM_UP_BATCHES,
+)
+from laminar_orchestration.dataplane.worker_state import WorkerState as WorkerState
+
+
+class NodeConfig(BaseModel):
+    """Configuration of one worker node (``laminar node run``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    store_url: str
+    node_id: int = Field(ge=1)
+    spark_master: str = "local[*]"
+    spark_ui: bool = False
+    #: Synthetic batches Spark runs in the background at start, until the node's first real batch:
+    #: a target or standby that owned nothing yet is then as fast as a busy node at a handoff.
+    spark_warm_up_batches: int = Field(default=WARM_UP_BATCHES, ge=0)
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    heartbeat_timeout_s: float = Field(default=6.0, gt=0)
+    reconcile_interval_s: float = Field(default=0.05, gt=0)
+    #: Kill-switch refresh of every guard against the ledger (1-5 s: a zombie is stopped within seconds).
+    refresh_interval_s: float = Field(default=1.5, gt=0)
+    batch_max_events: int = Field(default=1_000_000, ge=1)
+    idle_poll_s: float = Field(default=0.05, gt=0)
+    #: How often a node re-reads the records of a migration it takes part in (the full reconcile is
+    #: slower): each phase waits up to this long for the node to see it. Every poll is a GET.
+    migration_poll_s: float = Field(default=0.01, gt=0)
+    #: A snapshot of the local store is uploaded once this many deltas follow the last one ...
+    checkpoint_every_batches: int = Field(default=10, ge=1)
+    #: ... or the deltas since it reach this fraction of its size (and at least `checkpoint_min_delta_bytes`) ...
+    checkpoint_delta_fraction: float = Field(default=0.25, gt=0)
+    checkpoint_min_delta_bytes: int = Field(default=4 << 20, ge=0)
+    #: ... or this much time passed since it (with at least one delta).
+    checkpoint_every_s: float = Field(default=30.0, gt=0)
+    #: A failed partition is restarted after this delay, doubled per consecutive failure
+    #: up to `restart_backoff_max_s`; a successful commit resets it. A batch failing on a segment it
+    #: cannot decode (`UndecodableSegment`) is a permanent failure: not restarted.
+    restart_backoff_initial_s: float = Field(default=0.5, gt=0)
+    restart_backoff_max_s: float = Field(default=30.0, gt=0)
+    workdir: str | None = None
+    #: Partitions this node keeps a warm standby copy of while it does not own them.
+    standby_for: tuple[int, ...] = ()
+    #: How often a standby (or a migration's warming target) reads the partition's newest manifest.
+    standby_poll_s: float = Field(default=0.1, gt=0)

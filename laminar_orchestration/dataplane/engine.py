@@ -1,0 +1,413 @@
+"""The Spark side of a batch, and the processor contract: a per-key fold.
+
+A `KeyedProcessor` has two halves:
+
+* ``aggregate(batch) -> DataFrame`` runs on Spark over *the batch only* and
+  returns one row per touched key: a ``key`` column plus the processor's
+  batch-aggregate columns;
+* ``merge(aggregate, previous) -> pyarrow.Table`` runs on the node, vectorised,
+  over the touched keys only: ``previous`` holds the state's value columns for
+  those keys (null for a key seen for the first time), row-aligned with
+  ``aggregate``; the result holds the new value columns.
+
+So a batch costs O(batch), never O(state). The touched keys' new values are the
+batch's state delta; the output row of a key is its aggregate, its new values
+and the writer's epoch and generation. `batch` has the columns of
+`EVENT_SCHEMA` (offset, key, value, ts) plus the `epoch` and `generation`
+stamped on every record the node reads. State columns are fixed-width numbers
+(int64, int32, float64, float32, bool). A processor that needs the whole state
+at once (a global sort, a join of keys with each other) is out of scope.
+
+The default, `keyed_aggregation`, keeps per key count, sum, min, max and the
+last value (by offset).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeAlias
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from laminar_orchestration.dataplane.statestore import ValueCodec
+from laminar_orchestration.errors import InvalidInputError
+
+Aggregate = Callable[[Any], Any]
+Merge = Callable[[pa.Table, pa.Table], pa.Table]
+
+
+@dataclass
+class MergeResultInvalid(InvalidInputError, ValueError):
+    """A processor's merge broke the contract: one row per touched key, every state column."""
+
+    processor: str
+    expected_rows: int
+    rows: int
+    columns: list[str]
+    missing: list[str]
+
+    def __str__(self) -> str:
+        return (
+            f"processor {self.processor!r}: merge must return {self.expected_rows} rows with columns "
+            f"{self.columns}; got {self.rows} rows, missing {self.missing}"
+        )
+
+
+@dataclass(frozen=True)
+class KeyedProcessor:
+    """A per-key fold: Spark aggregates the batch, the node merges touched keys with their old values."""
+
+    name: str
+    #: The state's value columns (without ``key``); fixed-width numbers only.
+    state_schema: pa.Schema
+    aggregate: Aggregate
+    merge: Merge
+    codec: ValueCodec = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Fails at construction, not at the first batch, for a schema the store cannot hold.
+        object.__setattr__(self, "codec", ValueCodec(self.state_schema))
+
+    @property
+    def full_state_schema(self) -> pa.Schema:
+        """``key`` plus the value columns: the schema of deltas and of `laminar query`."""
+        return pa.schema([pa.field("key", pa.string()), *self.state_schema])
+
+    def fold(self, aggregate: pa.Table, previous: pa.Table, *, epoch: int, generation: int) -> BatchFold:
+        """New values and output for the touched keys (node side of a batch)."""
+        values = self.merge(aggregate, previous)
+        missing = [f.name for f in self.state_schema if f.name not in values.column_names]
+        if missing or values.num_rows != aggregate.num_rows:
+            raise MergeResultInvalid(self.name, aggregate.num_rows, values.num_rows, self.state_schema.names, missing)
+        keys = aggregate["key"]
+        delta = pa.table(
+            [keys, *(values[f.name].cast(f.type) for f in self.state_schema)],
+            schema=self.full_state_schema,
+        )
+        n = aggregate.num_rows
+        output_columns = {name: aggregate[name] for name in aggregate.column_names}
+        for f in self.state_schema:
+            output_columns[f.name] = delta[f.name]
+        output_columns["epoch"] = pa.array(pa.repeat(pa.scalar(epoch, pa.int64()), n))
+        output_columns["generation"] = pa.array(pa.repeat(pa.scalar(generation, pa.int64()), n))
+        return BatchFold(delta=delta, output=pa.table(output_columns))
+
+
+@dataclass(frozen=True)
+class BatchFold:
+    """One batch folded: the touched keys' full new values (the delta) and the output rows."""
+
+    delta: pa.Table
+    output: pa.Table
+
+
+# --- the default processor ------------------------------------------------------------
+
+STATE_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("count", pa.int64()),
+        ("sum", pa.float64()),
+        ("min", pa.float64()),
+        ("max", pa.float64()),
+        ("last", pa.float64()),
+        ("last_offset", pa.int64()),
+    ]
+)
+
+
+def _aggregate_counts(batch: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    # SQL text: one call into the JVM per column, where building each Column in Python takes
+    # three (about a fifth of a small batch's time goes into such calls).
+    return batch.groupBy("key").agg(
+        F.expr("count(1) AS batch_count"),
+        F.expr("sum(value) AS batch_sum"),
+        F.expr("min(value) AS batch_min"),
+        F.expr("max(value) AS batch_max"),
+        F.expr("max_by(value, offset) AS batch_last"),
+        F.expr("max(offset) AS batch_last_offset"),
+    )
+
+
+def _merge_counts(batch: pa.Table, previous: pa.Table) -> pa.Table:
+    zero_i, zero_f = pa.scalar(0, pa.int64()), pa.scalar(0.0, pa.float64())
+    return pa.table(
+        {
+            "count": pc.add(pc.fill_null(previous["count"], zero_i), batch["batch_count"].cast(pa.int64())),
+            "sum": pc.add(pc.fill_null(previous["sum"], zero_f), batch["batch_sum"]),
+            "min": pc.min_element_wise(previous["min"], batch["batch_min"], skip_nulls=True),
+            "max": pc.max_element_wise(previous["max"], batch["batch_max"], skip_nulls=True),
+            "last": batch["batch_last"],
+            "last_offset": batch["batch_last_offset"],
+        }
+    )
+
+
+#: Per key: count, sum, min, max and last value (by offset) of ``value``.
+keyed_aggregation = KeyedProcessor(
+    name="keyed_aggregation",
+    state_schema=pa.schema([f for f in STATE_SCHEMA if f.name != "key"]),
+    aggregate=_aggregate_counts,
+    merge=_merge_counts,
+)
+
+
+def table_to_parquet_bytes(table: pa.Table) -> bytes:
+    import io
+
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue()
+
+
+def parquet_bytes_to_table(data: bytes) -> pa.Table:
+    return pq.read_table(pa.BufferReader(data))
+
+
+def empty_state() -> pa.Table:
+    return STATE_SCHEMA.empty_table()
+
+
+# --- engines -------------------------------------------------------------------------
+
+#: A batch's events as an engine takes them: one Arrow table (`EVENT_SCHEMA`) or the batch's Parquet files.
+BatchEvents: TypeAlias = pa.Table | Sequence[Path]
+
+
+class BatchEngine(Protocol):
+    """Computes a batch's per-key aggregate (the data-plane half of a processor)."""
+
+    processor: KeyedProcessor
+
+    def warm_up(self) -> float: ...
+
+    def aggregate(
+        self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None
+    ) -> pa.Table: ...
+
+    def cancel(self, job_group: str) -> None: ...
+
+
+#: JVM options of a node's Spark (driver and executors). A node's batches are small and frequent,
+#: so Spark's work is mostly query planning and short tasks: the C1 compiler alone reaches steady
+#: speed within a few batches at about half the CPU per batch of the default tiered C2 compiler,
+#: and the serial collector suits a driver heap of one or two GB. Measured by
+#: ``python -m benchmarks.bench_spark_jvm``.
+SPARK_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def spark_conf(master: str = "local[*]", app_name: str = "laminar-node", *, ui: bool = False) -> dict[str, str]:
+    """The Spark settings of a node's session, tuned for small, frequent batches.
+
+    One definition for `laminar node run` and the Dagster ``pyspark`` resource.
+    ``LAMINAR_SPARK_JAVA_OPTIONS`` replaces `SPARK_JAVA_OPTIONS` (an empty value: the JVM's defaults).
+    """
+    java_options = os.environ.get("LAMINAR_SPARK_JAVA_OPTIONS", SPARK_JAVA_OPTIONS)
+    return {
+        "spark.master": master,
+        "spark.app.name": app_name,
+        "spark.ui.enabled": "true" if ui else "false",
+        "spark.sql.shuffle.partitions": os.environ.get("LAMINAR_SHUFFLE_PARTITIONS", "2"),
+        # A batch aggregate is one shuffle: adaptive execution would split it into more jobs.
+        "spark.sql.adaptive.enabled": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.driver.memory": os.environ.get("LAMINAR_SPARK_DRIVER_MEMORY", "1g"),
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.sources.parallelPartitionDiscovery.threshold": "1000000",
+        "spark.driver.extraJavaOptions": java_options,
+        "spark.executor.extraJavaOptions": java_options,
+    }
+
+
+def build_spark_session(master: str = "local[*]", app_name: str = "laminar-node", *, ui: bool = False) -> Any:
+    """A SparkSession with `spark_conf`, bound to loopback unless ``SPARK_LOCAL_IP`` says otherwise."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder
+    for key, value in spark_conf(master, app_name, ui=ui).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+#: Job group of the warm-up batches (cancelled when a real batch starts).
+WARM_UP_JOB_GROUP = "laminar-warm-up"
+#: A batch whose event files are at most this size is aggregated in one task (~200k events);
+#: larger ones are shuffled so that their aggregate uses every core.
+SINGLE_TASK_BYTES = 4 * 1024 * 1024
+#: Up to this many events, a batch always reaches Spark as one table (`spark_takes_table`) ...
+ARROW_INPUT_SMALL_EVENTS = 5_000
+#: ... and up to this many, while its files average at most `ARROW_INPUT_EVENTS_PER_FILE` events.
+ARROW_INPUT_MAX_EVENTS = 100_000
+ARROW_INPUT_EVENTS_PER_FILE = 400
+
+
+def spark_takes_table(events: int, files: int) -> bool:
+    """Whether a batch of `events` in `files` Parquet files (one per source frame) goes to Spark as one
+    Arrow table from the node rather than as its files.
+
+    Spark pays about 3 ms per file it opens, and about 12 us per event it takes from a table
+    (one thread turns the table into rows): many small segments - a producer appending often -
+    are cheaper as a table, few large ones as files. ``python -m benchmarks.bench_runtime --only 6``.
+    """
+    if events <= ARROW_INPUT_SMALL_EVENTS:
+        return True
+    return events <= ARROW_INPUT_MAX_EVENTS and events <= ARROW_INPUT_EVENTS_PER_FILE * files
+
+
+#: Synthetic batches a node runs at start until its first real batch (`SparkBatchEngine.keep_warming`) ...
+WARM_UP_BATCHES = 200
+#: ... of which this many back to back, the rest with a pause as long as each batch.
+WARM_UP_BURST = 30
+#: Events per synthetic warm-up batch: the size of a typical micro-batch under steady load.
+WARM_UP_EVENTS = 4_000
+
+log = logging.getLogger(__name__)
+
+
+def _spark_event_schema() -> Any:
+    from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+
+    return StructType(
+        [
+            StructField("offset", LongType(), False),
+            StructField("key", StringType(), False),
+            StructField("value", DoubleType(), False),
+            StructField("ts", LongType(), False),
+        ]
+    )
+
+
+class SparkBatchEngine:
+    """Runs a processor's `aggregate` on Spark over one batch's Parquet files; the result comes back as Arrow.
+
+    The schema is given, so Spark infers nothing: one job per batch.
+    """
+
+    def __init__(self, spark: Any, processor: KeyedProcessor | None = None, workdir: str | None = None) -> None:
+        self.spark = spark
+        self.processor = processor or keyed_aggregation
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="laminar-spark-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._schema = _spark_event_schema()
+        #: Set by the first real batch, or by `stop_warming`: the warm-up ends.
+        self._warming_over = threading.Event()
+        self._warming: threading.Thread | None = None
+
+    def warm_up(self) -> float:
+        """Run two tiny batches, Spark's half and the node's, so the node's first real batch does
+        not pay for starting Spark, nor for the first use of the Arrow/NumPy conversions (their
+        first call imports pandas: ~0.3 s) and the Parquet writer; one from a table, one from a file."""
+        started = time.monotonic()
+        for events in self._warm_up_events(1):
+            aggregate = self.aggregate(events, epoch=1, generation=0, job_group=WARM_UP_JOB_GROUP)
+        previous = self.processor.codec.decode([None] * aggregate.num_rows)
+        fold = self.processor.fold(aggregate, previous, epoch=1, generation=0)
+        self.processor.codec.encode(fold.delta)
+        table_to_parquet_bytes(fold.output)
+        return time.monotonic() - started
+
+    def keep_warming(self, batches: int) -> threading.Thread:
+        """Run up to `batches` synthetic batches of a typical size on a background thread.
+
+        The JIT compiles Spark's batch path over the first couple of hundred batches (a
+        small batch takes about 40% less time after 200 than after 30): a node that owns
+        nothing yet (a standby, a migration's target) would otherwise pay that for its
+        first real ones, which is exactly when a handoff waits for it. The first
+        `WARM_UP_BURST` batches run back to back, the rest at most half of one core's
+        time, so a warming node leaves room for busy ones. Stops as soon as a real batch
+        starts (real batches warm it from then on); its running job is cancelled then.
+        """
+        inputs = self._warm_up_events(WARM_UP_EVENTS)
+
+        def run() -> None:
+            started, done = time.monotonic(), 0
+            for _ in range(batches):
+                if self._warming_over.is_set():
+                    break
+                began = time.monotonic()
+                try:
+                    # Both inputs, in turn: a node's batches come as either (`spark_takes_table`).
+                    events = inputs[done % len(inputs)]
+                    self.aggregate(events, epoch=1, generation=0, job_group=WARM_UP_JOB_GROUP)
+                except Exception:  # cancelled by a real batch, or Spark is stopping
+                    break
+                done += 1
+                if done >= WARM_UP_BURST and self._warming_over.wait(time.monotonic() - began):
+                    break
+            log.info("spark warm-up: %d batches in %.1fs", done, time.monotonic() - started)
+
+        thread = threading.Thread(target=run, name="spark-warm-up", daemon=True)
+        self._warming = thread
+        thread.start()
+        return thread
+
+    def stop_warming(self, timeout_s: float = 10.0) -> None:
+        """End the warm-up and wait for its thread: a thread still inside a Spark call when the
+        process exits makes the interpreter abort during finalization."""
+        self._warming_over.set()
+        thread = self._warming
+        if thread is None or not thread.is_alive():
+            return
+        with contextlib.suppress(Exception):  # Spark already stopping: the job goes with it
+            self.spark.sparkContext.cancelJobGroup(WARM_UP_JOB_GROUP)
+        thread.join(timeout_s)
+
+    def _warm_up_events(self, n: int) -> tuple[pa.Table, list[Path]]:
+        """`n` synthetic events, as a table and as a file."""
+        keys = max(1, n // 4)
+        events = pa.table(
+            {
+                "offset": pa.array(range(n), pa.int64()),
+                "key": pa.array([f"warm-{i % keys}" for i in range(n)], pa.string()),
+                "value": pa.array([float(i % 97) for i in range(n)], pa.float64()),
+                "ts": pa.array(range(n), pa.int64()),
+            }
+        )
+        path = self.workdir / f"warm-up-events-{n}.parquet"
+        pq.write_table(events, path)
+        return events, [path]
+
+    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
+        """The processor's per-key aggregate of one batch. Jobs run in `job_group` so `cancel` can abandon them."""
+        if job_group != WARM_UP_JOB_GROUP and not self._warming_over.is_set():
+            self._warming_over.set()
+            self.spark.sparkContext.cancelJobGroup(WARM_UP_JOB_GROUP)
+        if job_group is not None:
+            # Thread-local in PySpark's pinned-thread mode: only this batch's jobs join the group.
+            self.spark.sparkContext.setJobGroup(job_group, "laminar batch", True)
+        if isinstance(events, pa.Table):
+            frame = self.spark.createDataFrame(events, schema=self._schema)
+            single_task = True
+        else:
+            frame = self.spark.read.schema(self._schema).parquet(*[str(p) for p in events])
+            single_task = sum(p.stat().st_size for p in events) <= SINGLE_TASK_BYTES
+        # One call with SQL expressions: each Column built in Python is a round trip to the JVM.
+        batch = frame.selectExpr(
+            "*", f"CAST({int(epoch)} AS BIGINT) AS epoch", f"CAST({int(generation)} AS BIGINT) AS generation"
+        )
+        if single_task:
+            # One partition is already clustered by any key: the aggregate runs as one task with no
+            # shuffle, which costs a small batch a fifth less time and CPU than two stages.
+            batch = batch.coalesce(1)
+        table: pa.Table = self.processor.aggregate(batch).toArrow()
+        return table
+
+    def cancel(self, job_group: str) -> None:
+        """Abandon the running jobs of a batch (it has no side effect before its commit)."""
+        self.spark.sparkContext.cancelJobGroup(job_group)

@@ -1,0 +1,473 @@
+"""The worker node: heartbeat, reconcile loop, and one fenced batch loop per owned partition.
+
+A node is a long-running process with one SparkSession. It
+
+* heartbeats its own ledger record (with a progress report per partition);
+* reconciles the desired state the control plane recorded in the ledger:
+  carries out the migration phase a task allows (drain, checkpoint, upload,
+  release on the old owner; download, restore, seek, active on the new one),
+  or recovers a partition it is meant to run after a restart;
+* runs micro-batches for the partitions it owns: guard check → read the
+  source from the committed offset → Spark aggregates the batch → the
+  processor merges the touched keys with their values in the partition's
+  local store → fenced commit (output file + state delta + manifest naming
+  output, delta and offset) → the delta is applied to the local store;
+  snapshots of the local store are uploaded off the batch's critical path;
+* refreshes its guards every `refresh_interval_s`; a revoked partition's
+  `Tracker` is fenced: the source stops, the in-flight batch is dropped with
+  no side effect and its offset is not committed, the local state is
+  discarded, and the node keeps serving its other partitions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from laminar_orchestration.dataplane.batches import (
+    InFlightBatch,
+    ReadAhead,
+)
+from laminar_orchestration.dataplane.checkpoint import CheckpointStore, OutputWriter
+from laminar_orchestration.dataplane.config import NodeConfig
+from laminar_orchestration.dataplane.engine import (
+    BatchEngine,
+    KeyedProcessor,
+    SparkBatchEngine,
+    build_spark_session,
+)
+from laminar_orchestration.dataplane.handoff import (
+    PartitionDuty,
+    partition_duty,
+)
+from laminar_orchestration.dataplane.restore import StateReplica
+from laminar_orchestration.dataplane.standby import StandbyFollower, TakeoverSpeculation
+from laminar_orchestration.dataplane.worker import PartitionWorker
+from laminar_orchestration.dataplane.worker_state import WorkerState as WorkerState
+from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.protocol.capabilities import CheckpointWriter, OutputCommitter, ReadStore
+from laminar_orchestration.protocol.chain import ManifestPublisher
+from laminar_orchestration.protocol.cluster_epoch import ClusterEpochWindow
+from laminar_orchestration.protocol.fencing import (
+    EpochError,
+    PartitionGuardSet,
+    StaleEpoch,
+)
+from laminar_orchestration.protocol.ledger import Ledger, NodeHandle, NodeIdentityConflict
+from laminar_orchestration.protocol.records import NodeStatus, PartitionProgress, RequestReport
+from laminar_orchestration.protocol.segments import UndecodableSegment
+from laminar_orchestration.protocol.source import SourceLog
+from laminar_orchestration.protocol.tasks import (
+    DesiredState,
+    DesiredStates,
+    MigrationTask,
+)
+from laminar_orchestration.store import ObjectStore, StoreError, open_store
+
+log = logging.getLogger("laminar.node")
+
+
+@dataclass
+class RestartBackoff:
+    """Consecutive failures of one partition on a node, and when it may be restarted.
+
+    A permanent failure (`UndecodableSegment`: the next segment cannot be decoded, on any retry) has no
+    delay and is not restarted: the partition stays failed, with its reason in the node's report,
+    until the control plane moves it to this node again or the node restarts.
+    """
+
+    failures: int
+    reason: str
+    #: None: a permanent failure, not restarted.
+    delay_s: float | None
+    retry_at: float  # time.monotonic(); infinite for a permanent failure
+
+    @property
+    def permanent(self) -> bool:
+        return self.delay_s is None
+
+
+class Node:
+    """A worker node process. `run()` blocks until `stop()` (or SIGTERM/SIGINT)."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        *,
+        store: ObjectStore | None = None,
+        processor: KeyedProcessor | None = None,
+        spark: Any = None,
+    ) -> None:
+        self.config = config
+        self.id = NodeId(config.node_id)
+        # No attribute holds the store: each part gets only its capability, and the source reads only.
+        opened = store or open_store(config.store_url)
+        self.store_url = opened.url
+        #: Where this process's store requests are counted (reported with each heartbeat).
+        self._meter = opened.meter
+        self._last_requests = self._meter.snapshot()
+        self.ledger = Ledger(opened)
+        self.desired = DesiredStates(self.ledger)
+        self.reader = ReadStore(opened)
+        self.publisher = ManifestPublisher(OutputCommitter(opened), opened, signing_keys=self.ledger.signing_keys)
+        self.outputs = OutputWriter(OutputCommitter(opened))
+        self.checkpoints = CheckpointStore(CheckpointWriter(opened))
+        self.source = SourceLog(self.reader)
+        self.guards = PartitionGuardSet(self.id)
+        self._owns_workdir = config.workdir is None
+        self.workdir = Path(config.workdir or tempfile.mkdtemp(prefix=f"laminar-node{config.node_id}-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        #: The workers' batch files. An earlier run's are left over only when it exited within the
+        #: grace of an abandoned batch (`remove_after_grace`); nothing in them outlives a run.
+        self.scratch = self.workdir / "batches"
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        self.scratch.mkdir()
+        self._processor = processor
+        self._spark = spark
+        self.engine: BatchEngine
+        #: The Spark engine this node built (None when another engine was given): its warm-up ends with the node.
+        self._spark_engine: SparkBatchEngine | None = None
+        #: Snapshot uploads run here, off the batch loops.
+        self.snapshot_pool = ThreadPoolExecutor(2, thread_name_prefix=f"node{config.node_id}-snapshot")
+        self.handle: NodeHandle | None = None
+        self.workers: dict[PartitionId, PartitionWorker] = {}
+        self.standbys: dict[PartitionId, StandbyFollower] = {}
+        self._finished: dict[PartitionId, PartitionProgress] = {}
+        #: Partitions whose worker failed: restarted only after an exponential delay.
+        self._backoff: dict[PartitionId, RestartBackoff] = {}
+        self._stop = threading.Event()
+        self._report_now = threading.Event()
+        self._lock = threading.Lock()
+        self.cluster_epoch = 0
+        #: Commits are accepted for the last two cluster epochs, so a rebalance
+        #: that does not move a partition never fails its in-flight batch.
+        self.epoch_window = ClusterEpochWindow()
+        #: Standbys start a forced takeover's first batch here while the owner looks dead.
+        self.speculation = TakeoverSpeculation(
+            node=int(self.id),
+            ledger=self.ledger,
+            source=self.source,
+            engine=lambda: self.engine,
+            generation=lambda: self.generation,
+            cluster_epoch=lambda: self.cluster_epoch,
+            batch_max_events=config.batch_max_events,
+            workdir=self.scratch,
+        )
+
+    @property
+    def generation(self) -> int:
+        return self.handle.generation if self.handle else 0
+
+    def take_over_copy(self, partition: PartitionId) -> tuple[StateReplica, InFlightBatch | None, ReadAhead | None]:
+        """The local copy of `partition` for a worker (the standby's, warm, if there is one), the
+        takeover batch that standby started, if any, and that batch's keys' values if it read them.
+
+        Whatever the copy holds is checked against the manifest before use, and the batch is
+        committed only if it starts at the restored offset with the granted epoch.
+        """
+        with self._lock:
+            follower = self.standbys.pop(partition, None)
+        if follower is not None:
+            return follower.stop(), follower.speculative, follower.read_ahead
+        return self._new_replica(partition), None, None
+
+    def _new_replica(self, partition: PartitionId) -> StateReplica:
+        root = self.workdir / "state" / f"p{int(partition):05d}"
+        return StateReplica(root, partition, self.engine.processor.state_schema, self.reader)
+
+    def _follow_moves(self, *, until: float) -> None:
+        """A move waits on this node at every phase: until the next full pass, re-read only the
+        records of the partitions this node is moving, every `migration_poll_s`."""
+        while time.monotonic() < until and not self._stop.is_set():
+            moving = [p for p, w in list(self.workers.items()) if w.migrating]
+            if not moving or self._stop.wait(self.config.migration_poll_s):
+                return
+            for p in moving:
+                self._reconcile_partition(p, self.desired.read(p)[0])
+
+    def _reconcile_standbys(self) -> None:
+        """Follow every `standby_for` partition this node does not run."""
+        for p in self.config.standby_for:
+            pid = PartitionId(p)
+            if pid not in self.workers and pid not in self.standbys:
+                self.follow_as_standby(self._new_replica(pid))
+
+    def follow_as_standby(self, replica: StateReplica) -> bool:
+        """Keep following `replica`'s partition if this node is a standby for it; False if it is not."""
+        pid = PartitionId(replica.partition)
+        if replica.partition not in self.config.standby_for or self._stop.is_set():
+            return False
+        follower = StandbyFollower(
+            replica, self.publisher, poll_s=self.config.standby_poll_s, node=self.id, speculation=self.speculation
+        )
+        with self._lock:
+            if pid in self.standbys:
+                return False
+            self.standbys[pid] = follower
+        follower.start()
+        log.info("node %s: following partition %s as a warm standby", self.id, replica.partition)
+        return True
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start_spark(self) -> None:
+        started = time.monotonic()
+        if self._spark is None:
+            self._spark = build_spark_session(
+                self.config.spark_master, f"laminar-node-{self.id}", ui=self.config.spark_ui
+            )
+        engine = SparkBatchEngine(self._spark, self._processor, str(self.workdir / "spark"))
+        self.engine = self._spark_engine = engine
+        warm = engine.warm_up()
+        log.info("node %s: spark ready in %.1fs (warm-up %.1fs)", self.id, time.monotonic() - started, warm)
+        if self.config.spark_warm_up_batches:
+            engine.keep_warming(self.config.spark_warm_up_batches)
+
+    def run(self, *, install_signals: bool = True) -> None:
+        if install_signals:
+            self._install_signal_handlers()
+        self.ledger.cluster()  # fail fast with a clear error if the store has no cluster
+        self.start_spark()
+        self.handle = self.ledger.register_node(self.id, heartbeat_timeout_s=self.config.heartbeat_timeout_s)
+        self.observe_cluster_epoch(self.ledger.membership().cluster_epoch)
+        log.info("node %s: joined as generation %s (store %s)", self.id, self.generation, self.store_url)
+        threads = [
+            threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
+            threading.Thread(target=self._refresh_loop, name="guard-refresh", daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        try:
+            while not self._stop.is_set():
+                full_pass_at = time.monotonic() + self.config.reconcile_interval_s
+                try:
+                    self._reconcile()
+                    self._follow_moves(until=full_pass_at)
+                except NodeIdentityConflict:
+                    raise
+                except (StoreError, EpochError) as exc:
+                    log.warning("node %s: reconcile failed: %s", self.id, exc)
+                self._stop.wait(max(0.0, full_pass_at - time.monotonic()))
+        finally:
+            self._drain_all()
+            self.snapshot_pool.shutdown(wait=False, cancel_futures=True)
+            self.speculation.shutdown()
+            if self._spark_engine is not None:
+                self._spark_engine.stop_warming()
+            for t in threads:
+                t.join(timeout=5)
+            if self.handle is not None:
+                try:
+                    self.handle.leave()
+                except (StoreError, NodeIdentityConflict) as exc:
+                    log.warning("node %s: could not mark itself left: %s", self.id, exc)
+            if self._owns_workdir:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+            log.info("node %s: stopped", self.id)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _install_signal_handlers(self) -> None:
+        def handler(signum: int, _frame: FrameType | None) -> None:
+            log.info("node %s: %s received, draining", self.id, signal.Signals(signum).name)
+            self.stop()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def _drain_all(self) -> None:
+        if self.handle is not None:
+            # Best effort: the final `leave()` follows; a lost "leaving" is harmless.
+            with contextlib.suppress(StoreError, NodeIdentityConflict):
+                self.handle.heartbeat(NodeStatus.LEAVING, partitions=self._progress())
+        for follower in list(self.standbys.values()):
+            follower.stop().close()
+            follower.drop_speculative()
+        for worker in list(self.workers.values()):
+            worker.request_stop()
+        for worker in list(self.workers.values()):
+            worker.join(timeout=120)
+
+    # -- background loops ---------------------------------------------------------------
+
+    def report_now(self) -> None:
+        self._report_now.set()
+
+    def _progress(self) -> dict[int, PartitionProgress]:
+        with self._lock:
+            report: dict[int, PartitionProgress] = {int(p): pr for p, pr in self._finished.items()}
+            for p, f in self.standbys.items():
+                report[int(p)] = PartitionProgress(
+                    partition=int(p),
+                    epoch=0,
+                    state="standby",
+                    source_offset=f.replica.source_offset,
+                    lag=f.lag,
+                    error=f.error,
+                )
+            for p, w in self.workers.items():
+                report[int(p)] = w.progress()
+            for p, b in self._backoff.items():
+                if int(p) in report:
+                    failing = {"consecutive_failures": b.failures, "last_failure": b.reason, "retry_delay_s": b.delay_s}
+                    report[int(p)] = report[int(p)].model_copy(update=failing)
+        return report
+
+    def _requests_report(self) -> RequestReport:
+        """The store requests this process sent since the previous report (and in all)."""
+        current = self._meter.snapshot()
+        previous, self._last_requests = self._last_requests, current
+        return RequestReport(
+            total=dict(current.by_method),
+            per_s={m: round(r, 3) for m, r in current.rates_since(previous).items()},
+            top_families=current.family_rates_since(previous),
+            interval_s=round(current.at - previous.at, 3),
+        )
+
+    def _heartbeat_loop(self) -> None:
+        assert self.handle is not None
+        while not self._stop.is_set():
+            try:
+                self.handle.heartbeat(partitions=self._progress(), requests=self._requests_report())
+            except NodeIdentityConflict as exc:
+                log.error("node %s: %s; fencing every partition and stopping", self.id, exc)
+                for w in list(self.workers.values()):
+                    w.tracker.fence(str(exc))
+                self.stop()
+                return
+            except StoreError as exc:
+                log.warning("node %s: heartbeat failed: %s", self.id, exc)
+            except Exception:
+                # The heartbeat is what keeps this node alive in the ledger: it never dies of one bad report.
+                log.exception("node %s: heartbeat failed unexpectedly", self.id)
+            self._report_now.wait(self.config.heartbeat_interval_s)
+            self._report_now.clear()
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.wait(self.config.refresh_interval_s):
+            self.refresh_guards()
+            try:
+                self.observe_cluster_epoch(self.ledger.membership().cluster_epoch)
+            except StoreError as exc:
+                log.warning("node %s: cluster epoch refresh failed: %s", self.id, exc)
+
+    def observe_cluster_epoch(self, epoch: int) -> None:
+        """Slide the acceptance window to a newer cluster epoch (waits for commits in flight)."""
+        if epoch > self.cluster_epoch:
+            with self.epoch_window.fence(epoch):
+                self.cluster_epoch = epoch
+
+    def refresh_guards(self) -> list[PartitionId]:
+        """The periodic kill-switch check: fence the tracker of every revoked partition."""
+        try:
+            revoked = self.guards.refresh_all(self.ledger)
+        except StoreError as exc:
+            log.warning("node %s: guard refresh failed: %s", self.id, exc)
+            return []
+        for p in revoked:
+            worker = self.workers.get(p)
+            guard = self.guards.get(p)
+            # Only the guard the refresh judged carries the newer epoch; a successor guard
+            # installed meanwhile (a new epoch for this node) is not revoked.
+            if worker is not None and guard is not None and guard.cached_current_epoch > guard.epoch:
+                worker.tracker.fence(str(StaleEpoch(p, guard.epoch, guard.cached_current_epoch)))
+                worker.abandon_batch()
+        return revoked
+
+    # -- reconcile ------------------------------------------------------------------------
+
+    def _reconcile(self) -> None:
+        desired = self.desired.all()
+        with self._lock:
+            for p, w in list(self.workers.items()):
+                if w.finished and not w.is_alive():
+                    if w.state_name == WorkerState.FAILED:
+                        self._note_failure(p, w)
+                    else:
+                        self._backoff.pop(p, None)
+                    self._finished[p] = w.progress()
+                    del self.workers[p]
+                elif w.commits and p in self._backoff:
+                    del self._backoff[p]  # it made progress again
+        for p, state in desired.items():
+            self._reconcile_partition(p, state)
+        self._reconcile_standbys()
+
+    def _reconcile_partition(self, p: PartitionId, state: DesiredState) -> None:
+        task = state.migration
+        worker = self.workers.get(p)
+        if worker is not None:
+            worker.offer(task)
+            return
+        if self._stop.is_set() or self._backing_off(p, task):
+            return
+        done = self._finished.get(p)
+        duty = partition_duty(
+            state,
+            node=self.id,
+            finished_migration=done.migration_id if done else None,
+            ownership=lambda: self.ledger.ownership(p),
+        )
+        if duty == PartitionDuty.RISE:
+            self._start(PartitionWorker(self, p, rising=task))
+        elif duty == PartitionDuty.RECOVER:
+            self._start(PartitionWorker(self, p))
+
+    def _note_failure(self, p: PartitionId, worker: PartitionWorker) -> None:
+        """Count a failed worker and schedule its restart: doubling delays, capped. Caller holds `_lock`."""
+        previous = self._backoff.get(p)
+        failures = 1 if previous is None or worker.commits else previous.failures + 1
+        reason = worker.progress().error or "unknown"
+        if isinstance(worker.failure, UndecodableSegment):
+            # Every restart would fail on the same immutable segment: the partition stays failed, its reason
+            # reported, and nothing of the segment is skipped.
+            reason = f"{reason} (permanent: not restarted)"
+            self._backoff[p] = RestartBackoff(failures, reason, None, math.inf)
+            log.error("node %s: partition %s failed: %s", self.id, p, reason, exc_info=worker.failure)
+            return
+        cfg = self.config
+        delay = min(cfg.restart_backoff_initial_s * 2.0 ** min(failures - 1, 32), cfg.restart_backoff_max_s)
+        self._backoff[p] = RestartBackoff(failures, reason, delay, time.monotonic() + delay)
+        log.error(
+            "node %s: partition %s failed (%s in a row): %s; restarting in %.1fs",
+            self.id,
+            p,
+            failures,
+            reason,
+            delay,
+            # The traceback once per run of failures: a poison batch must not flood the log.
+            exc_info=worker.failure if failures == 1 else None,
+        )
+
+    def _backing_off(self, p: PartitionId, task: MigrationTask | None) -> bool:
+        """Whether `p` failed here and may not start yet: until its restart delay has passed or, after a
+        permanent failure, until a migration (`task`) moves it to this node again."""
+        backoff = self._backoff.get(p)
+        if backoff is None:
+            return False
+        if backoff.permanent:
+            return task is None or task.is_terminal or task.to_node != self.id
+        return time.monotonic() < backoff.retry_at
+
+    def _start(self, worker: PartitionWorker) -> None:
+        with self._lock:
+            self._finished.pop(worker.partition, None)
+            self.workers[worker.partition] = worker
+        worker.start()
+
+
+def run_node(config: NodeConfig, *, processor: KeyedProcessor | None = None) -> None:
+    """Entry point of `laminar node run`."""
+    Node(config, processor=processor).run()

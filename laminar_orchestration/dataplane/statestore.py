@@ -1,0 +1,307 @@
+"""A partition's keyed state in a local RocksDB store: a cache of what the manifest chain commits.
+
+One store per owned (or standby) partition. A batch touches only its keys:
+`get_many` reads the previous values of the batch's keys in one multi-get,
+`apply` writes the new values and the *applied marker* in one write batch, so
+the marker always says exactly which committed source offset the store
+reflects. Durability comes from the object store (snapshots + deltas), so the
+store runs without a write-ahead log and never fsyncs.
+
+Values are fixed-width records (numpy structured dtype built from the
+processor's state schema), so decoding and encoding a batch's rows is one
+vectorised call each way.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from rocksdict import BlockBasedOptions, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
+
+from laminar_orchestration.errors import CorruptDataError, InvalidInputError, UnavailableError
+
+# User keys and the store's own records never collide: every user key is stored under this prefix.
+_KEY_PREFIX = b"k"
+_MARKER_KEY = b"m:applied"
+
+_NUMPY_TYPES: dict[pa.DataType, str] = {
+    pa.int64(): "<i8",
+    pa.int32(): "<i4",
+    pa.float64(): "<f8",
+    pa.float32(): "<f4",
+    pa.bool_(): "?",
+}
+
+
+@dataclass
+class InvalidStateSchema(InvalidInputError):
+    """A processor's state schema the local store cannot hold (only fixed-width numbers)."""
+
+    column: str
+    type: str
+
+    def __str__(self) -> str:
+        return (
+            f"state column {self.column!r} has type {self.type}; keyed state holds int64, int32, "
+            "float64, float32 or bool columns"
+        )
+
+
+@dataclass
+class LocalStateUnusable(CorruptDataError):
+    """A local store directory that cannot be opened or does not hold a valid applied marker."""
+
+    path: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"local state store {self.path} is unusable: {self.reason}"
+
+
+@dataclass
+class LocalStateWriteFailed(UnavailableError):
+    """Writing the local store failed (disk full, I/O error): the batch is not applied."""
+
+    path: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"cannot write local state store {self.path}: {self.reason}"
+
+
+class AppliedMarker(BaseModel):
+    """Which committed source offset the store reflects; written atomically with the rows."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    partition: int = Field(ge=0)
+    #: Every event below this offset is folded into the store, none at or above it.
+    source_offset: int = Field(ge=0)
+
+
+class ValueCodec:
+    """Packs the value columns of a state schema into fixed-width records and back."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        fields = []
+        for f in schema:
+            np_type = _NUMPY_TYPES.get(f.type)
+            if np_type is None:
+                raise InvalidStateSchema(f.name, str(f.type))
+            fields.append((f.name, np_type))
+        self.schema = schema
+        self.dtype = np.dtype(fields)
+        self.width = self.dtype.itemsize
+
+    def encode(self, values: pa.Table) -> list[bytes]:
+        """One record per row of `values` (columns of the schema, no nulls)."""
+        records = np.empty(values.num_rows, dtype=self.dtype)
+        for f in self.schema:
+            column = values[f.name]
+            if column.null_count:
+                raise InvalidStateSchema(f.name, f"{f.type} with nulls")
+            records[f.name] = column.to_numpy()
+        raw = records.tobytes()
+        w = self.width
+        return [raw[i : i + w] for i in range(0, len(raw), w)]
+
+    def decode(self, records: Sequence[bytes | None]) -> pa.Table:
+        """The value columns for `records`, null where a record is missing (a new key)."""
+        present = np.fromiter((r is not None for r in records), dtype=bool, count=len(records))
+        decoded = np.zeros(len(records), dtype=self.dtype)
+        if present.any():
+            decoded[present] = np.frombuffer(b"".join(r for r in records if r is not None), dtype=self.dtype)
+        missing = ~present
+        mask = missing if missing.any() else None
+        columns = {f.name: pa.array(decoded[f.name], type=f.type, mask=mask) for f in self.schema}
+        return pa.table(columns, schema=_nullable(self.schema))
+
+
+def _nullable(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([pa.field(f.name, f.type, nullable=True) for f in schema])
+
+
+#: Bloom filter bits per key. A batch's multi-get looks up keys spread over the whole state, most
+#: absent from all but one sorted run: the filter skips those runs without reading a block (a
+#: 6,000-key read of a 2.7M-key store takes less than half the time; ~1.2 bytes per key on disk).
+BLOOM_BITS_PER_KEY = 10
+
+
+def _options(*, create: bool) -> Options:
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(create)
+    table = BlockBasedOptions()
+    table.set_bloom_filter(BLOOM_BITS_PER_KEY, False)
+    opts.set_block_based_table_factory(table)
+    return opts
+
+
+def encode_key(key: str) -> bytes:
+    return _KEY_PREFIX + key.encode()
+
+
+class PartitionStateStore:
+    """The local keyed state of one partition (RocksDB, raw bytes, no WAL)."""
+
+    def __init__(self, path: str | os.PathLike[str], schema: pa.Schema, *, partition: int, create: bool = True) -> None:
+        self.path = Path(path)
+        self.partition = partition
+        self.codec = ValueCodec(schema)
+        # rocksdict objects refuse concurrent use from two threads ("Already mutably borrowed"):
+        # the worker writes while the heartbeat reads the offset and a snapshot checkpoints.
+        self._lock = threading.RLock()
+        try:
+            self._db = Rdict(str(self.path), _options(create=create))
+        except Exception as exc:  # rocksdict raises plain exceptions carrying RocksDB's status text
+            raise LocalStateUnusable(str(self.path), str(exc)) from exc
+        write = WriteOptions()
+        # The object store is the durable copy. (The stub types this property as a method.)
+        write.disable_wal = True  # type: ignore[method-assign,assignment]
+        self._db.set_write_options(write)
+        self._closed = False
+        marker = self.marker()
+        #: The applied offset, kept in memory: readers on other threads (the heartbeat) never touch
+        #: the database, which may be closed and replaced under them.
+        self._offset = marker.source_offset if marker else 0
+        if create and marker is None:
+            # A new store holds the empty state: offset 0, so it can be checked like any other.
+            self.apply(pa.table([pa.array([], pa.string())], names=["key"]), 0)
+
+    @classmethod
+    def open_existing(cls, path: str | os.PathLike[str], schema: pa.Schema, *, partition: int) -> PartitionStateStore:
+        """Open a store directory that must already exist and carry a readable marker."""
+        store = cls(path, schema, partition=partition, create=False)
+        if store.marker() is None:
+            store.close()
+            raise LocalStateUnusable(str(path), "no applied marker")
+        return store
+
+    # -- reading -------------------------------------------------------------------
+
+    def marker(self) -> AppliedMarker | None:
+        with self._lock:
+            raw = self._db.get(_MARKER_KEY)
+        if raw is None:
+            return None
+        try:
+            marker = AppliedMarker.model_validate_json(raw)
+        except ValidationError as exc:
+            raise LocalStateUnusable(str(self.path), f"applied marker: {exc.errors()[0].get('msg')}") from exc
+        if marker.partition != self.partition:
+            raise LocalStateUnusable(str(self.path), f"holds partition {marker.partition}, not {self.partition}")
+        return marker
+
+    @property
+    def source_offset(self) -> int:
+        """The source offset the store holds the state of (its marker's, as last written or read)."""
+        return self._offset
+
+    def get_many(self, keys: Sequence[str]) -> pa.Table:
+        """Previous values of `keys`, row-aligned, null for keys the state does not hold."""
+        with self._lock:
+            records = self._db.get([encode_key(k) for k in keys]) if keys else []
+        assert records is not None
+        return self.codec.decode(records)
+
+    def get_many_at(self, keys: Sequence[str], source_offset: int) -> pa.Table | None:
+        """`get_many`, if the store holds the state at `source_offset` throughout the read; else None.
+
+        The check and the read are one step under the store's lock, so values read ahead on one
+        thread can never be those of a later offset a write on another thread just applied.
+        """
+        with self._lock:  # re-entrant: `get_many` takes it again
+            return self.get_many(keys) if self._offset == source_offset else None
+
+    def get(self, key: str) -> dict[str, object] | None:
+        rows = self.get_many([key])
+        return None if rows.column(0).null_count else {name: rows[name][0].as_py() for name in rows.column_names}
+
+    def scan(self, *, rows_per_batch: int = 65_536) -> Iterator[pa.Table]:
+        """Every key and its values, in key order, as tables of up to `rows_per_batch` rows."""
+        keys: list[str] = []
+        records: list[bytes] = []
+        with self._lock:
+            it = self._db.iter()
+            it.seek(_KEY_PREFIX)
+        while True:
+            with self._lock:  # one step at a time: a consumer may take long between batches
+                if not it.valid():
+                    break
+                raw_key = it.key()
+                if not raw_key.startswith(_KEY_PREFIX):
+                    break
+                keys.append(raw_key[len(_KEY_PREFIX) :].decode())
+                records.append(it.value())
+                it.next()
+            if len(keys) >= rows_per_batch:
+                yield self._table(keys, records)
+                keys, records = [], []
+        if keys or not records:
+            yield self._table(keys, records)
+
+    def _table(self, keys: list[str], records: Sequence[bytes | None]) -> pa.Table:
+        values = self.codec.decode(records)
+        return pa.table([pa.array(keys, pa.string()), *values.columns], names=["key", *values.column_names])
+
+    def to_table(self) -> pa.Table:
+        """The whole state (audits and queries of small partitions)."""
+        return pa.concat_tables(list(self.scan()))
+
+    # -- writing -------------------------------------------------------------------
+
+    def apply(self, rows: pa.Table, source_offset: int) -> None:
+        """Write `rows` (key + value columns: full new values) and the marker in one write batch."""
+        batch = WriteBatch(raw_mode=True)
+        if rows.num_rows:
+            keys = rows["key"].to_pylist()
+            for key, record in zip(keys, self.codec.encode(rows), strict=True):
+                batch.put(encode_key(key), record)
+        marker = AppliedMarker(partition=self.partition, source_offset=source_offset)
+        batch.put(_MARKER_KEY, marker.model_dump_json().encode())
+        try:
+            with self._lock:
+                self._db.write(batch)
+                self._offset = source_offset  # with the write: `get_many_at` sees both or neither
+        except Exception as exc:
+            raise LocalStateWriteFailed(str(self.path), str(exc)) from exc
+
+    def checkpoint(self, destination: str | os.PathLike[str]) -> list[Path]:
+        """A consistent copy of the store in `destination` (hard links to the immutable SST files).
+
+        Returns the files of the copy. The memtable is flushed first: with no WAL
+        it holds the only copy of the newest rows.
+        """
+        dest = Path(destination)
+        try:
+            with self._lock:
+                self._db.flush()
+                Checkpoint(self._db).create_checkpoint(str(dest))
+        except Exception as exc:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise LocalStateWriteFailed(str(dest), str(exc)) from exc
+        return sorted(p for p in dest.iterdir() if p.is_file())
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._db.close()
+
+    def destroy(self) -> None:
+        """Close and delete the directory (a revoked or released partition's cache)."""
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def __enter__(self) -> PartitionStateStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,788 @@
+"""The epoch ledger: who owns which partition at which epoch, kept in the object store.
+
+Ownership of partition p at epoch e is the immutable record
+``ledger/partitions/p/grants/e`` created with create-only semantics: whatever the
+interleaving, exactly one contender creates it. Grants are never deleted, so a
+stalled contender can never re-create a collected name (the SlateDB #352/#1622
+hole). A CAS head record names the current owner without listing; when it lags
+the grants (a grantee died between the two writes) readers roll forward by
+probing the next grant keys.
+
+Granting an epoch also seals the partition's manifest chain at that epoch
+(`manifest.ChainSealer.seal`), right after the grant is created and before
+the grant call returns: every acquisition and fence goes through `_grant`, so
+none can skip it. The fence point is that seal: a publish under an older epoch
+that lands before it is the old owner's last commit, none after it is accepted.
+If the granter dies between the grant and the seal, the grantee's acquisition
+path re-ensures the seal before it reads the chain to restore, and the control
+plane's periodic look at the partition (`MigrationCoordinator.reinstate`)
+completes it (`complete_grant`): a fence to "unassigned" has no grantee.
+
+Grants are made by the control plane only (`acquire` after a release, `fence`
+without one); a node takes up a grant made for it with `adopt` and writes only
+its own records: its node record and its release records.
+
+Each grant carries the public half of a keypair minted with it; the private
+half is stored create-only where only the grantee and the control plane can
+read it (`signing`). It is written before the grant, so a grant never names a
+key that does not exist. `adopt` reads it (a node without it does not take the
+partition); the seal, the grantee's manifest entries and its release record at
+that epoch are signed with it, and a release record that does not verify is
+no release (`release_record` passes over it).
+
+The ledger is the only code that mints `FencingToken`s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+from laminar_orchestration.errors import ConflictError, InvalidArgument, NotFoundError
+from laminar_orchestration.identity import MAX_PARTITIONS, UNASSIGNED, NodeId, PartitionId
+from laminar_orchestration.protocol.capabilities import (
+    LedgerKey,
+    LedgerWriter,
+    ManifestSealer,
+    SigningKeyWriter,
+    grant_keys_key,
+    ledger_key,
+)
+from laminar_orchestration.protocol.chain import ChainSealer
+from laminar_orchestration.protocol.fencing import (
+    FencingToken,
+    NotOwned,
+    Ownership,
+    StaleEpoch,
+    UnknownPartition,
+    _mint_token,
+)
+from laminar_orchestration.protocol.keys import (
+    CLUSTER_KEY,
+    MEMBERSHIP_KEY,
+    NODES_PREFIX,
+    grant_key,
+    node_key,
+    ownership_head_key,
+    parse_node_key,
+    release_key,
+    signing_key_key,
+)
+from laminar_orchestration.protocol.records import (
+    ClusterRecord,
+    CorruptLedgerObject,
+    EpochGrant,
+    GrantKind,
+    LedgerError,
+    MembershipRecord,
+    NodeRecord,
+    NodeStatus,
+    PartitionHead,
+    PartitionProgress,
+    PartitionStatus,
+    ReleaseRecord,
+    RequestReport,
+    new_write_id,
+    now,
+    parse_record,
+)
+from laminar_orchestration.protocol.signing import (
+    ForgedRecord,
+    GrantKeys,
+    SigningKey,
+    SigningKeys,
+    SigningKeyUnavailable,
+    sign_record,
+)
+from laminar_orchestration.protocol.versioned import VersionedObject
+from laminar_orchestration.store import ObjectStore, PreconditionFailed, StoredObject
+
+M = TypeVar("M", bound=BaseModel)
+
+
+# --- errors ---------------------------------------------------------------
+
+
+@dataclass
+class ClusterNotInitialized(LedgerError, NotFoundError):
+    store_url: str
+
+    def __str__(self) -> str:
+        return f"no cluster in {self.store_url}: run `laminar init --store {self.store_url} --partitions N`"
+
+
+@dataclass
+class ClusterAlreadyInitialized(LedgerError, ConflictError):
+    store_url: str
+    partitions: int
+
+    def __str__(self) -> str:
+        return (
+            f"a cluster with {self.partitions} partitions already exists in {self.store_url}; "
+            "pass --force to re-initialize (epochs are kept, partitions can only be added)"
+        )
+
+
+@dataclass
+class EpochConflict(LedgerError, ConflictError):
+    """Someone else moved the partition's epoch first: the caller's `expected` epoch is no longer current."""
+
+    partition: PartitionId
+    expected: int
+    actual: int
+
+    def __str__(self) -> str:
+        return f"epoch conflict for partition {self.partition}: expected={self.expected}, actual={self.actual}"
+
+
+@dataclass
+class NotReleased(LedgerError, ConflictError):
+    """A graceful acquisition of a partition whose current owner has not released it."""
+
+    partition: PartitionId
+    epoch: int
+    owner: NodeId
+
+    def __str__(self) -> str:
+        return (
+            f"partition {self.partition} is held by node {self.owner} at epoch {self.epoch} "
+            "and has not been released; use a forced failover to take it"
+        )
+
+
+@dataclass
+class NodeIdentityConflict(LedgerError, ConflictError):
+    """Another process wrote this node's record: two processes claim one node id."""
+
+    node: NodeId
+    generation: int
+
+    def __str__(self) -> str:
+        return (
+            f"node {self.node} (generation {self.generation}) lost its ledger record to another "
+            "process with the same node id"
+        )
+
+
+# --- values ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A node record plus its liveness as judged now."""
+
+    record: NodeRecord
+    alive: bool
+    heartbeat_age_s: float
+
+    @classmethod
+    def judge(cls, record: NodeRecord, at: datetime | None = None) -> NodeView:
+        """`record` judged at `at` (now): alive while its heartbeat is younger than its own timeout."""
+        age = ((at or now()) - record.heartbeat_at).total_seconds()
+        return cls(record, record.status == NodeStatus.ALIVE and age <= record.heartbeat_timeout_s, age)
+
+
+def _encode(model: BaseModel) -> bytes:
+    return model.model_dump_json().encode()
+
+
+# --- the ledger -----------------------------------------------------------
+
+
+class Ledger:
+    """Epoch grants, releases, node membership and heartbeats, the cluster epoch."""
+
+    def __init__(self, store: ObjectStore, *, read_parallelism: int | None = None) -> None:
+        self.store = store
+        self._writer = LedgerWriter(store)
+        # Remote stores answer slowly but in parallel; the local store is fastest serially.
+        remote = not store.url.startswith("file:")
+        self._parallelism = read_parallelism if read_parallelism is not None else (16 if remote else 1)
+        self._pool: ThreadPoolExecutor | None = None
+        self._parsed: dict[str, tuple[str, BaseModel]] = {}
+        self._pool_lock = threading.Lock()
+        self._sealer: ChainSealer | None = None
+        #: Public keys of grants, to verify release records.
+        self.grant_keys = GrantKeys(self._writer)
+        #: Private keys of grants: the ones this process minted (control plane) or adopted (node).
+        self.signing_keys = SigningKeys(self._writer)
+
+    @property
+    def sealer(self) -> ChainSealer:
+        """Seals manifest chains on grants (holds only the `ManifestSealer` capability)."""
+        if self._sealer is None:
+            self._sealer = ChainSealer(ManifestSealer(self.store), self.store, signing_keys=self.signing_keys)
+        return self._sealer
+
+    # -- reading -----------------------------------------------------------
+
+    def _read(self, key: str, model: type[M]) -> tuple[M, str] | None:
+        obj = self._writer.get(key)
+        return None if obj is None else (self._parse(obj, model), obj.etag)
+
+    def _parse(self, obj: StoredObject, model: type[M]) -> M:
+        # Records are immutable per ETag: parse each version once.
+        cached = self._parsed.get(obj.key)
+        if cached is not None and cached[0] == obj.etag and isinstance(cached[1], model):
+            return cached[1]
+        record = parse_record(obj.key, obj.data, model)
+        if len(self._parsed) >= 50_000:
+            self._parsed.clear()
+        self._parsed[obj.key] = (obj.etag, record)
+        return record
+
+    def _ownership_of(self, partition: int) -> VersionedObject[EpochGrant, LedgerKey]:
+        """A partition's ownership as a versioned object: grants by epoch, the ownership head as pointer."""
+        return VersionedObject(
+            self._writer,
+            entry_key=lambda epoch: ledger_key(grant_key(partition, epoch)),
+            pointer_key=ledger_key(ownership_head_key(partition)),
+            decode=lambda _epoch, obj: self._parse(obj, EpochGrant),
+            create=self._writer.create,
+            swap=self._writer.swap,
+        )
+
+    def _require(self, key: str, model: type[M]) -> tuple[M, str]:
+        got = self._read(key, model)
+        if got is None:
+            if key == CLUSTER_KEY:
+                raise ClusterNotInitialized(self.store.url)
+            raise CorruptLedgerObject(key, "missing")
+        return got
+
+    def _map(self, fn: Callable[[PartitionId], Ownership | None], items: list[PartitionId]) -> list[Ownership | None]:
+        if self._parallelism <= 1 or len(items) <= 1:
+            return [fn(i) for i in items]
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._parallelism, thread_name_prefix="ledger-read")
+        return list(self._pool.map(fn, items))
+
+    # -- cluster -----------------------------------------------------------
+
+    def cluster(self) -> ClusterRecord:
+        """The cluster record; raises ClusterNotInitialized if `init` never ran."""
+        return self._require(CLUSTER_KEY, ClusterRecord)[0]
+
+    def is_initialized(self) -> bool:
+        return self._writer.head(CLUSTER_KEY) is not None
+
+    def init_cluster(self, partitions: int, *, force: bool = False) -> ClusterRecord:
+        """Create the cluster record and `partitions` unassigned partitions at epoch 0.
+
+        `partitions` must be within 1..`MAX_PARTITIONS`. Re-initialization needs
+        `force`; it never lowers an epoch or removes a partition (that would hand
+        out an epoch twice), it only adds partitions.
+
+        Resumable: the partition heads and the membership record are written
+        first and the cluster record last, so an interrupted `init` leaves no
+        cluster that names missing partitions; running it again completes it.
+        """
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= MAX_PARTITIONS:
+            raise InvalidArgument("partitions", f"{partitions!r} is not within 1..{MAX_PARTITIONS}")
+        existing = self._read(CLUSTER_KEY, ClusterRecord)
+        if existing is not None:
+            if not force:
+                raise ClusterAlreadyInitialized(self.store.url, existing[0].partitions)
+            if partitions < existing[0].partitions:
+                raise InvalidArgument(
+                    "partitions",
+                    f"cannot shrink the cluster from {existing[0].partitions} to {partitions} partitions",
+                )
+        for p in range(partitions):
+            head = PartitionHead(
+                partition=p, epoch=0, owner=UNASSIGNED, status=PartitionStatus.UNASSIGNED, updated_at=now()
+            )
+            ownership = self._ownership_of(p)
+            try:
+                ownership.move_pointer(_encode(head), None)
+            except PreconditionFailed:
+                self._require(ownership.pointer_key, PartitionHead)  # exists (earlier run or re-init): must parse
+        if self._read(MEMBERSHIP_KEY, MembershipRecord) is None:
+            membership = MembershipRecord(cluster_epoch=1, members=[], reason="init", updated_at=now())
+            # Losing this race is fine: someone else created the same initial record.
+            with contextlib.suppress(PreconditionFailed):
+                self._writer.create(ledger_key(MEMBERSHIP_KEY), _encode(membership))
+        # Last: once the cluster record exists, every partition it names has a head.
+        if existing is None:
+            record = ClusterRecord(cluster_id=uuid.uuid4().hex, partitions=partitions, created_at=now())
+            try:
+                self._writer.create(ledger_key(CLUSTER_KEY), _encode(record))
+            except PreconditionFailed:
+                # A concurrent init finished first: its heads are ours too, report the conflict.
+                raise ClusterAlreadyInitialized(self.store.url, self.cluster().partitions) from None
+            return record
+        previous, etag = existing
+        record = previous.model_copy(update={"partitions": partitions, "reinitialized_at": now()})
+        # A concurrent re-init moves the ETag: PreconditionFailed (a conflict) propagates.
+        self._writer.swap(ledger_key(CLUSTER_KEY), _encode(record), etag)
+        return record
+
+    def partitions(self) -> list[PartitionId]:
+        return [PartitionId(p) for p in range(self.cluster().partitions)]
+
+    # -- ownership -----------------------------------------------------------
+
+    def ownership(self, partition: PartitionId) -> Ownership | None:
+        """The current owner: the head, rolled forward over any newer grants. None if unknown."""
+        ownership = self._ownership_of(partition)
+        pointer = ownership.pointer()
+        if pointer is None:
+            return None
+        head = self._parse(pointer, PartitionHead)
+        epoch, owner, status, lagged = head.epoch, NodeId(head.owner), head.status, False
+        for entry in ownership.roll_forward(head.epoch + 1):
+            grant = entry.value
+            epoch, owner, lagged = grant.epoch, NodeId(grant.node), True
+            status = PartitionStatus.ACTIVE if grant.node != UNASSIGNED else PartitionStatus.UNASSIGNED
+        # The owner records its release without touching the head (the head is the control plane's);
+        # only a release its grant's key signed counts.
+        if status == PartitionStatus.ACTIVE and owner != UNASSIGNED and self.release_record(partition, epoch):
+            status = PartitionStatus.RELEASED
+        return Ownership(PartitionId(partition), epoch, owner, status, lagged)
+
+    def ownerships(self, partitions: list[PartitionId]) -> dict[PartitionId, Ownership | None]:
+        """`ownership` for many partitions (parallel reads on remote stores)."""
+        return dict(zip(partitions, self._map(self.ownership, partitions), strict=True))
+
+    def grant(self, partition: PartitionId, epoch: int) -> EpochGrant | None:
+        entry = self._ownership_of(partition).entry(epoch)
+        return entry.value if entry else None
+
+    def grants(self, partition: PartitionId) -> Iterator[EpochGrant]:
+        """Every grant of a partition in epoch order (probing keys, no listing)."""
+        for entry in self._ownership_of(partition).roll_forward(1):
+            yield entry.value
+
+    def release_record(self, partition: PartitionId, epoch: int) -> ReleaseRecord | None:
+        """The release of `partition`'s `epoch` by its owner; None if there is none or it is forged."""
+        try:
+            return self._verified_release(partition, epoch)
+        except ForgedRecord:
+            return None
+
+    def _verified_release(self, partition: PartitionId, epoch: int) -> ReleaseRecord | None:
+        """The release of `epoch`, None if absent; ForgedRecord unless the grant's key signed it."""
+        key = release_key(partition, epoch)
+        obj = self._writer.get(key)
+        if obj is None:
+            return None
+        try:
+            record = self._parse(obj, ReleaseRecord)
+        except CorruptLedgerObject as exc:
+            # Any node's credentials can write here: bytes that do not parse are no release.
+            raise ForgedRecord(partition, key, epoch, f"does not parse: {exc.reason}") from exc
+        if record.partition != partition or record.epoch != epoch:
+            raise ForgedRecord(partition, key, epoch, f"names partition {record.partition}, epoch {record.epoch}")
+        self.grant_keys.check(key, record, partition, epoch, record.node)
+        return record
+
+    # -- acquisition: the only place tokens are minted ----------------------
+
+    def acquire(
+        self,
+        partition: PartitionId,
+        node: NodeId,
+        *,
+        expected_epoch: int,
+        reason: str = "",
+        generation: int | None = None,
+    ) -> FencingToken:
+        """Graceful acquisition of epoch `expected_epoch + 1` for `node`.
+
+        The current epoch must be `expected_epoch` and it must have been released
+        (or be unassigned). Raises EpochConflict if someone else moved first.
+        Seals the partition's manifest chain at the new epoch before returning.
+        """
+        current = self._current_or_unknown(partition)
+        if current.epoch != expected_epoch:
+            raise EpochConflict(partition, expected_epoch, current.epoch)
+        if current.owner != UNASSIGNED and self.release_record(partition, current.epoch) is None:
+            raise NotReleased(partition, current.epoch, current.owner)
+        epoch = self._grant(partition, node, current, GrantKind.ACQUIRE, reason, generation)
+        return _mint_token(partition, epoch, node)
+
+    def fence(
+        self,
+        partition: PartitionId,
+        node: NodeId,
+        *,
+        expected_epoch: int,
+        reason: str,
+        generation: int | None = None,
+    ) -> FencingToken | None:
+        """Forced: grant `expected_epoch + 1` to `node` without the old owner's release.
+
+        Anything the old owner still does at its epoch is rejected from here on.
+        `node` may be UNASSIGNED (fence only); then no token is returned. The
+        fence takes effect on manifests at the seal this call puts on the chain.
+        """
+        current = self._current_or_unknown(partition)
+        if current.epoch != expected_epoch:
+            raise EpochConflict(partition, expected_epoch, current.epoch)
+        epoch = self._grant(partition, node, current, GrantKind.FENCE, reason, generation)
+        return None if node == UNASSIGNED else _mint_token(partition, epoch, node)
+
+    def adopt(self, partition: PartitionId, node: NodeId, *, generation: int | None = None) -> FencingToken:
+        """Mint the token for a grant the control plane already made to `node`: how a node takes up
+        a placement, a hand-over, a failover, or its own grant again after a restart.
+
+        Raises NotOwned if the current grant names another node, or another
+        generation of it when both are known.
+        """
+        current = self._current_or_unknown(partition)
+        if current.owner != node or current.epoch == 0:
+            raise NotOwned(partition)
+        grant = self.grant(partition, current.epoch)
+        if grant is None or (generation is not None and grant.generation != generation):
+            raise NotOwned(partition)
+        # Without the grant's private key nothing this node writes for the partition would count.
+        key = self.signing_keys.get(node, partition, current.epoch)
+        if key.public_key != grant.public_key:
+            raise SigningKeyUnavailable(
+                partition, current.epoch, node, signing_key_key(node, partition, current.epoch), "not the grant's key"
+            )
+        return _mint_token(partition, current.epoch, node)
+
+    def _current_or_unknown(self, partition: PartitionId) -> Ownership:
+        current = self.ownership(partition)
+        if current is None:
+            raise UnknownPartition(partition)
+        return current
+
+    def _grant(
+        self,
+        partition: PartitionId,
+        node: NodeId,
+        current: Ownership,
+        kind: GrantKind,
+        reason: str,
+        generation: int | None = None,
+    ) -> int:
+        """Create grant `current.epoch + 1` for `node`, seal the manifest chain at it, move the head.
+
+        Returns the epoch.
+        """
+        epoch = current.epoch + 1
+        # Read the chain while its newest epoch is still current: the seal below then starts from an
+        # entry this process checked, not from a pointer it would have to verify from the start.
+        # Only a hint: a chain that cannot be read does not keep the grant (the fence) from being made.
+        with contextlib.suppress(LedgerError):
+            self.sealer.current(partition)
+        signing_key = self._mint_signing_key(partition, epoch, node)
+        grant = EpochGrant(
+            partition=partition,
+            epoch=epoch,
+            node=node,
+            grant_kind=kind,
+            previous_epoch=current.epoch,
+            previous_owner=current.owner,
+            generation=generation,
+            reason=reason,
+            granted_at=now(),
+            public_key=signing_key.public_key,
+        )
+        try:
+            # The linearization point: exactly one contender creates grant (p, epoch).
+            self._ownership_of(partition).create(epoch, _encode(grant))
+        except PreconditionFailed:
+            raise EpochConflict(partition, current.epoch, self._current_or_unknown(partition).epoch) from None
+        # The fence point: from this seal on, no publish under an older epoch is accepted. A
+        # failure here leaves the grant in place; the grantee seals before it restores.
+        self.sealer.seal(
+            partition,
+            epoch,
+            node=node,
+            generation=generation or 0,
+            reason=f"{kind.value} by the ledger",
+            signing_key=signing_key,
+        )
+        status = PartitionStatus.ACTIVE if node != UNASSIGNED else PartitionStatus.UNASSIGNED
+        # The grant already holds; a successor may supersede it at once, which the
+        # token's guard will then report on its next validate.
+        self._advance_head(partition, epoch, node, status, only_if_epoch=None)
+        return epoch
+
+    def complete_grant(self, partition: PartitionId, ownership: Ownership | None = None) -> bool:
+        """Finish a grant whose granter died between creating it and sealing the chain; True if one lagged.
+
+        When the ownership head lags the newest grant (`Ownership.head_lagged`), the grant may
+        never have been sealed: seal the manifest chain at its epoch, as `_grant` does (signed
+        with the grant's stored key, at the grant's node and generation), then advance the head.
+        A fence to "unassigned" has no grantee that would seal it, so until this runs its old
+        owner's publishes under the old epoch are still accepted. `ownership` is a current read
+        of it, if the caller has one (the control plane's periodic look at the partition).
+
+        Idempotent, and safe beside a granter still finishing: the seal writes nothing when the
+        chain is already sealed at the epoch (or past it), and the head only ever moves forward.
+        SigningKeyUnavailable when the grant's key cannot be read.
+        """
+        own = ownership if ownership is not None else self.ownership(partition)
+        if own is None or not own.head_lagged:
+            return False
+        grant = self.grant(partition, own.epoch)
+        if grant is None:
+            return False
+        node = NodeId(grant.node)
+        key = self.signing_keys.get(node, partition, grant.epoch)
+        if key.public_key != grant.public_key:
+            raise SigningKeyUnavailable(
+                partition, grant.epoch, node, signing_key_key(node, partition, grant.epoch), "not the grant's key"
+            )
+        self.sealer.seal(
+            partition,
+            grant.epoch,
+            node=node,
+            generation=grant.generation or 0,
+            reason=f"{grant.grant_kind.value} completed by the control plane",
+            signing_key=key,
+        )
+        status = PartitionStatus.ACTIVE if node != UNASSIGNED else PartitionStatus.UNASSIGNED
+        self._advance_head(partition, grant.epoch, node, status, only_if_epoch=None)
+        return True
+
+    def _mint_signing_key(self, partition: PartitionId, epoch: int, node: NodeId) -> SigningKey:
+        """The keypair of the grant of `partition` at `epoch` to `node`, stored create-only before the grant.
+
+        A contender granting the same epoch to the same node may have stored one
+        first: then that one is used, so whichever grant wins names a stored key.
+        """
+        key = SigningKey.generate(partition, epoch, node)
+        name = signing_key_key(node, partition, epoch)
+        try:
+            SigningKeyWriter(self.store).create_signing_key(grant_keys_key(name), _encode(key))
+        except PreconditionFailed:
+            return self.signing_keys.get(node, partition, epoch)
+        self.signing_keys.remember(key)
+        return key
+
+    def _advance_head(
+        self,
+        partition: PartitionId,
+        epoch: int,
+        owner: NodeId,
+        status: PartitionStatus,
+        *,
+        only_if_epoch: int | None,
+    ) -> bool:
+        """Move the head forward by CAS. Never moves it back; returns whether it wrote."""
+        ownership = self._ownership_of(partition)
+        while True:
+            head, etag = self._require(ownership.pointer_key, PartitionHead)
+            if only_if_epoch is not None and head.epoch != only_if_epoch:
+                return False
+            if head.epoch > epoch or (head.epoch == epoch and head.status == status and head.owner == owner):
+                return False
+            new = PartitionHead(partition=partition, epoch=epoch, owner=owner, status=status, updated_at=now())
+            try:
+                ownership.move_pointer(_encode(new), etag)
+                return True
+            except PreconditionFailed:
+                continue  # someone else moved it; re-read and decide again
+
+    def release(self, token: FencingToken, *, commit_ulid: str | None, source_offset: int) -> ReleaseRecord:
+        """Record that the owner at `token.epoch` stopped after committing `commit_ulid`.
+
+        Validates ownership first; a superseded owner gets StaleEpoch / NotOwned.
+        """
+        current = self._current_or_unknown(token.partition)
+        if current.epoch > token.epoch:
+            raise StaleEpoch(token.partition, token.epoch, current.epoch)
+        if current.owner != token.node:
+            raise NotOwned(token.partition)
+        record = ReleaseRecord(
+            partition=token.partition,
+            epoch=token.epoch,
+            node=token.node,
+            commit_ulid=commit_ulid,
+            source_offset=source_offset,
+            released_at=now(),
+        )
+        record = sign_record(record, self.signing_keys.get(token.node, token.partition, token.epoch))
+        key = release_key(token.partition, token.epoch)
+        try:
+            # The release record alone says it (`ownership` reads it): a node writes no head.
+            self._writer.create(ledger_key(key), _encode(record))
+        except PreconditionFailed:
+            # Ours (a retry), or a forged one that took the name first (ForgedRecord: no release
+            # is recorded, the partition can only move by a forced failover).
+            existing = self._verified_release(token.partition, token.epoch)
+            if existing is None:
+                raise CorruptLedgerObject(key, "missing") from None
+            if existing.node != token.node:
+                raise NotOwned(token.partition) from None
+            return existing
+        return record
+
+    # -- nodes and membership -------------------------------------------------
+
+    def membership(self) -> MembershipRecord:
+        got = self._read(MEMBERSHIP_KEY, MembershipRecord)
+        if got is None:
+            self.cluster()  # raises ClusterNotInitialized when that is the cause
+            raise CorruptLedgerObject(MEMBERSHIP_KEY, "missing")
+        return got[0]
+
+    def _update_membership(self, change: Callable[[MembershipRecord], MembershipRecord | None]) -> MembershipRecord:
+        while True:
+            current, etag = self._require(MEMBERSHIP_KEY, MembershipRecord)
+            new = change(current)
+            if new is None:
+                return current
+            try:
+                self._writer.swap(ledger_key(MEMBERSHIP_KEY), _encode(new), etag)
+                return new
+            except PreconditionFailed:
+                continue
+
+    def bump_cluster_epoch(self, reason: str) -> int:
+        """Advance the cluster epoch (membership generation), e.g. on a rebalance."""
+        rec = self._update_membership(
+            lambda m: m.model_copy(update={"cluster_epoch": m.cluster_epoch + 1, "reason": reason, "updated_at": now()})
+        )
+        return rec.cluster_epoch
+
+    def register_node(
+        self,
+        node: NodeId,
+        *,
+        heartbeat_timeout_s: float = 10.0,
+        host: str | None = None,
+        pid: int | None = None,
+    ) -> NodeHandle:
+        """Write this node's own record (a new generation on each call) and return the handle that heartbeats.
+
+        The node touches nothing else: the control plane admits it to the member
+        set (`admit_nodes`), and `nodes` lists it meanwhile.
+        """
+        if node == UNASSIGNED:
+            raise ValueError("node 0 is the 'unassigned' sentinel")
+        self.cluster()
+        key = node_key(node)
+        while True:
+            got = self._read(key, NodeRecord)
+            generation = got[0].generation + 1 if got else 1
+            ts = now()
+            record = NodeRecord(
+                node=node,
+                generation=generation,
+                status=NodeStatus.ALIVE,
+                host=host or socket.gethostname(),
+                pid=pid if pid is not None else os.getpid(),
+                started_at=ts,
+                heartbeat_at=ts,
+                heartbeat_timeout_s=heartbeat_timeout_s,
+            )
+            try:
+                if got is None:
+                    etag = self._writer.create(ledger_key(key), _encode(record))
+                else:
+                    etag = self._writer.swap(ledger_key(key), _encode(record), got[1])
+                break
+            except PreconditionFailed:
+                continue
+
+        return NodeHandle(self._writer, record, etag)
+
+    def admit_nodes(self) -> list[NodeId]:
+        """Add every node that registered since the last call to the member set (the control plane's step).
+
+        A node writes only its own record; joining the member set (and the new
+        cluster epoch it brings, one per admission) is the control plane's.
+        Returns the nodes admitted; ClusterNotInitialized if `init` never ran.
+        """
+        self.cluster()
+        admitted: list[NodeId] = []
+
+        def join(m: MembershipRecord) -> MembershipRecord | None:
+            new = sorted(set(self._registered()) - set(m.members))
+            admitted[:] = [NodeId(n) for n in new]
+            if not new:
+                return None
+            return m.model_copy(
+                update={
+                    "members": sorted([*m.members, *new]),
+                    "cluster_epoch": m.cluster_epoch + 1,
+                    "reason": f"node(s) {', '.join(map(str, new))} joined",
+                    "updated_at": now(),
+                }
+            )
+
+        self._update_membership(join)
+        return admitted
+
+    def _registered(self) -> list[int]:
+        """Node ids with a record in the ledger (one listing of the node records' prefix)."""
+        return sorted(n for n in (parse_node_key(k) for k in self.store.list(NODES_PREFIX)) if n is not None)
+
+    def node(self, node: NodeId) -> NodeRecord | None:
+        got = self._read(node_key(node), NodeRecord)
+        return got[0] if got else None
+
+    def nodes(self, *, at: datetime | None = None) -> list[NodeView]:
+        """Every member node with its liveness (heartbeat younger than its timeout)."""
+        ts = at or now()
+        # A node registered but not admitted yet is a node too: it is alive and may be given work.
+        ids = sorted(set(self.membership().members) | set(self._registered()))
+        records = (self.node(NodeId(n)) for n in ids)
+        return [NodeView.judge(rec, ts) for rec in records if rec is not None]
+
+
+class NodeHandle:
+    """A node's write access to its own ledger record, and nothing else."""
+
+    def __init__(self, writer: LedgerWriter, record: NodeRecord, etag: str) -> None:
+        self._writer = writer
+        self._record = record
+        self._etag = etag
+        self._lock = threading.Lock()
+
+    @property
+    def record(self) -> NodeRecord:
+        return self._record
+
+    @property
+    def node(self) -> NodeId:
+        return NodeId(self._record.node)
+
+    @property
+    def generation(self) -> int:
+        return self._record.generation
+
+    def heartbeat(
+        self,
+        status: NodeStatus = NodeStatus.ALIVE,
+        partitions: dict[int, PartitionProgress] | None = None,
+        requests: RequestReport | None = None,
+    ) -> NodeRecord:
+        """CAS our own record with a fresh timestamp (and progress and request counts, if given).
+
+        NodeIdentityConflict if another process took the record.
+        """
+        with self._lock:
+            update: dict[str, object] = {"heartbeat_at": now(), "status": status, "write_id": new_write_id()}
+            if partitions is not None:
+                update["partitions"] = dict(partitions)
+            if requests is not None:
+                update["requests"] = requests
+            new = self._record.model_copy(update=update)
+            key = node_key(self._record.node)
+            try:
+                self._etag = self._writer.swap(ledger_key(key), _encode(new), self._etag)
+            except PreconditionFailed:
+                raise NodeIdentityConflict(self.node, self._record.generation) from None
+            self._record = new
+            return new
+
+    def leave(self) -> NodeRecord:
+        return self.heartbeat(NodeStatus.LEFT, partitions={})

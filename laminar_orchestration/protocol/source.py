@@ -1,0 +1,458 @@
+"""The partitioned, append-only input log in the object store.
+
+Layout, per partition ``p`` (spelled in `keys`; a `versioned.VersionedObject`)::
+
+    source/{p:05d}/{start_offset:020d}.seg   immutable segments (create-only)
+    source/{p:05d}/head.json                 CAS pointer for producers (`SourceHead`)
+
+A segment is a sequence of frames (`laminar_orchestration.protocol.framing`) whose
+payloads are Parquet files with the columns of `EVENT_SCHEMA`; the ``offset``
+column is absolute and contiguous from the segment's start offset, so segment
+``s`` starting at ``o`` with ``n`` events is followed by the segment at ``o + n``.
+
+Appending is lock-free: a producer reads the head, creates the segment at the
+head's ``next_offset`` with a create-only put (exactly one producer can win an
+offset), then moves the head by compare-and-swap. A producer that dies between
+those two steps leaves a segment beyond the head; the next producer finds the
+offset taken and rolls the head forward past it. The head is therefore a hint
+that may lag, never a claim that runs ahead: every offset below it is covered
+by a segment.
+
+Reading never lists and needs no head in the common case: a consumer knows the
+offset it committed (always a segment boundary) and fetches the segment named
+by it, then the next, and so on. The head is consulted only to tell "caught
+up" from "not a segment boundary".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+
+import numpy as np
+import pyarrow as pa
+from pydantic import ValidationError
+
+from laminar_orchestration.protocol.capabilities import ReadStore, SourceAppender, SourceKey, source_key
+from laminar_orchestration.protocol.keys import segment_key, source_head_key
+from laminar_orchestration.protocol.segments import (
+    _INPUT_SCHEMA,
+    MAX_LINE_BYTES,
+    AppendResult,
+    BadInputLine,
+    CorruptSourceHead,
+    InputFileError,
+    OffsetNotAtSegmentBoundary,
+    PartitionOutOfRange,
+    SegmentRef,
+    SourceBatch,
+    SourceEvent,
+    SourceHead,
+    SourceNotWritable,
+    _Segment,
+    decode_segment,
+    encode_segment,
+    normalize_events,
+)
+from laminar_orchestration.protocol.versioned import VersionedObject
+from laminar_orchestration.store import ConcurrentModification, ObjectStore, PreconditionFailed
+
+# --- the log --------------------------------------------------------------------
+
+
+class SourceLog:
+    """Append to and read from the partitioned input log. Thread-safe; safe across processes.
+
+    `segment_events` caps events per segment, `frame_events` per frame (default:
+    one frame per segment). `generation` is stamped into every frame header.
+    With `partitions` set, partition ids outside 0..partitions-1 are rejected.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore | ReadStore,
+        *,
+        segment_events: int = 100_000,
+        frame_events: int | None = None,
+        generation: int = 0,
+        partitions: int | None = None,
+    ) -> None:
+        if segment_events < 1:
+            raise ValueError("segment_events must be >= 1")
+        if frame_events is not None and frame_events < 1:
+            raise ValueError("frame_events must be >= 1")
+        self.segment_events = segment_events
+        self.frame_events = frame_events
+        self.generation = generation
+        self.partitions = partitions
+        # A segment fetched by `read` that did not fit max_events; the next read of
+        # that partition almost always starts there. Segments are immutable, so
+        # caching one is always correct.
+        self._lookahead: dict[int, _Segment] = {}
+        self._lock = threading.Lock()
+        # Appending takes the `SourceAppender` capability: a log opened on a `ReadStore` (a node's) reads only.
+        self._appender: SourceAppender | None = None
+        self._reads: ReadStore
+        if isinstance(store, ObjectStore):
+            self._appender = self._reads = SourceAppender(store)
+        else:
+            self._reads = store
+
+    def _append_capability(self, partition: int) -> SourceAppender:
+        if self._appender is None:
+            raise SourceNotWritable(partition)
+        return self._appender
+
+    def _log(self, partition: int) -> VersionedObject[_Segment, SourceKey]:
+        """A partition's log as a versioned object: segments by start offset, the source head as pointer."""
+
+        def create(key: SourceKey, data: bytes, metadata: Mapping[str, str] | None) -> str:
+            return self._append_capability(partition).create_source(key, data, metadata)
+
+        def swap(key: SourceKey, data: bytes, etag: str) -> str:
+            return self._append_capability(partition).swap_source(key, data, etag)
+
+        return VersionedObject(
+            self._reads,
+            entry_key=lambda start: source_key(segment_key(partition, start)),
+            pointer_key=source_key(source_head_key(partition)),
+            decode=lambda start, obj: self._parse(partition, start, obj.data),
+            create=create,
+            swap=swap,
+            successor=lambda start, segment: start + segment.rows,
+        )
+
+    def _check_partition(self, partition: int) -> None:
+        if partition < 0 or (self.partitions is not None and partition >= self.partitions):
+            raise PartitionOutOfRange(partition, self.partitions)
+
+    # -- head --------------------------------------------------------------
+
+    def head(self, partition: int) -> SourceHead | None:
+        """The producers' head pointer of `partition`, or None if nothing was ever appended."""
+        got = self._read_head(partition)
+        return got[0] if got else None
+
+    def _read_head(self, partition: int) -> tuple[SourceHead, str] | None:
+        obj = self._log(partition).pointer()
+        if obj is None:
+            return None
+        try:
+            return SourceHead.model_validate_json(obj.data), obj.etag
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ())) or "<root>"
+            raise CorruptSourceHead(obj.key, f"{where}: {first.get('msg')}") from exc
+
+    def _head_state(self, partition: int) -> tuple[int, int, str | None]:
+        """(next_offset, segments, etag) of the head; (0, 0, None) if there is none."""
+        got = self._read_head(partition)
+        return (got[0].next_offset, got[0].segments, got[1]) if got else (0, 0, None)
+
+    def _write_head(self, partition: int, etag: str | None, next_offset: int, segments: int) -> None:
+        """One conditional write of the head; raises PreconditionFailed/ConcurrentModification."""
+        record = SourceHead(next_offset=next_offset, segments=segments, updated_at=datetime.now(UTC))
+        self._log(partition).move_pointer(record.model_dump_json().encode(), etag)
+
+    def end_offset(self, partition: int) -> int:
+        """The head's next offset (0 if none). May lag behind segments of a dead producer."""
+        self._check_partition(partition)
+        got = self._read_head(partition)
+        return got[0].next_offset if got else 0
+
+    def roll_forward(self, partition: int) -> int:
+        """Move the head past segments a dead producer left beyond it; return the log end."""
+        self._check_partition(partition)
+        while True:
+            end, count, etag = self._head_state(partition)
+            seg = self._load(partition, end)
+            if seg is None:
+                return end
+            # A lost race means someone else moved it: re-read either way.
+            with contextlib.suppress(PreconditionFailed, ConcurrentModification):
+                self._write_head(partition, etag, end + seg.rows, count + 1)
+
+    # -- append ------------------------------------------------------------
+
+    def append(self, partition: int, events: Sequence[SourceEvent] | pa.Table) -> AppendResult:
+        """Append events to `partition` in segments of at most `segment_events`.
+
+        Each segment lands atomically at the current log end; concurrent producers
+        (threads or processes) never lose, duplicate or interleave events within a
+        segment, and offsets stay contiguous.
+        """
+        self._check_partition(partition)
+        self._append_capability(partition)
+        table = normalize_events(partition, events)
+        refs = [
+            self._append_segment(partition, table.slice(lo, self.segment_events))
+            for lo in range(0, table.num_rows, self.segment_events)
+        ]
+        if not refs:
+            end = self.end_offset(partition)
+            return AppendResult(partition, end, end, ())
+        return AppendResult(partition, refs[0].start_offset, refs[-1].end_offset, tuple(refs))
+
+    def _append_segment(self, partition: int, chunk: pa.Table) -> SegmentRef:
+        n = chunk.num_rows
+        write_id = secrets.token_hex(8)
+        built: tuple[int, bytes] | None = None
+        while True:
+            start, count, etag = self._head_state(partition)
+            key = segment_key(partition, start)
+            if built is None or built[0] != start:
+                # Offsets are absolute, so the bytes depend on where the segment lands.
+                built = (
+                    start,
+                    encode_segment(
+                        partition,
+                        start,
+                        chunk,
+                        generation=self.generation,
+                        frame_events=self.frame_events,
+                        write_id=write_id,
+                    ),
+                )
+            data = built[1]
+            try:
+                self._log(partition).create(
+                    start, data, metadata={"events": str(n), "start-offset": str(start), "write-id": write_id}
+                )
+            except (PreconditionFailed, ConcurrentModification):
+                # Decide by what is stored, not by the error: a retried request may
+                # report a conflict with its own earlier, applied attempt.
+                existing = self._reads.get(key)
+                if existing is None:
+                    continue  # a 409 with no winner yet
+                if existing.data != data:
+                    # Another producer owns this offset; if its head move is missing
+                    # (it died, or is just slow), do it for it, then try the next offset.
+                    rows = self._parse(partition, start, existing.data).rows
+                    with contextlib.suppress(PreconditionFailed, ConcurrentModification):
+                        self._write_head(partition, etag, start + rows, count + 1)
+                    continue
+                # Our own earlier attempt landed and only its response was lost.
+            self._advance_head(partition, etag, start, start + n, count + 1)
+            return SegmentRef(key, partition, start, start + n)
+
+    def _advance_head(self, partition: int, etag: str | None, start: int, end: int, segments: int) -> None:
+        """Move the head from `start` to `end` after creating the segment at `start`."""
+        while True:
+            try:
+                self._write_head(partition, etag, end, segments)
+                return
+            except (PreconditionFailed, ConcurrentModification):
+                got = self._read_head(partition)
+                current = got[0].next_offset if got else 0
+                if current >= end:
+                    # Rolled forward past our segment by another producer (or our lost write).
+                    return
+                if current != start:
+                    raise CorruptSourceHead(
+                        source_head_key(partition),
+                        f"head at {current} while the segment at {start} was being published",
+                    ) from None
+                assert got is not None
+                etag, segments = got[1], got[0].segments + 1
+
+    # -- read ----------------------------------------------------------------
+
+    def _parse(self, partition: int, start: int, data: bytes) -> _Segment:
+        key = segment_key(partition, start)
+        frames = decode_segment(key, data, partition=partition, start_offset=start)
+        return _Segment(
+            key=key,
+            start_offset=start,
+            payloads=tuple(bytes(p) for p, _ in frames),
+            rows=sum(r for _, r in frames),
+        )
+
+    def _load(self, partition: int, start: int) -> _Segment | None:
+        with self._lock:
+            cached = self._lookahead.get(partition)
+            if cached is not None and cached.start_offset == start:
+                del self._lookahead[partition]
+                return cached
+        entry = self._log(partition).entry(start)
+        return None if entry is None else entry.value
+
+    def read(self, partition: int, from_offset: int, max_events: int) -> SourceBatch | None:
+        """Read whole segments starting exactly at `from_offset`, up to `max_events` events.
+
+        Always returns at least one segment if one starts at `from_offset`, even
+        if it alone exceeds `max_events`. Returns None when caught up (no segment
+        at `from_offset`, which is the log end). Raises `OffsetNotAtSegmentBoundary`
+        if `from_offset` is neither a segment start nor the log end.
+        """
+        self._check_partition(partition)
+        if max_events < 1:
+            raise ValueError("max_events must be >= 1")
+        if from_offset < 0:
+            raise OffsetNotAtSegmentBoundary(partition, from_offset, self.end_offset(partition))
+        for _attempt in range(2):
+            segments: list[_Segment] = []
+            offset = from_offset
+            while offset - from_offset < max_events:
+                seg = self._load(partition, offset)
+                if seg is None:
+                    break
+                if segments and offset - from_offset + seg.rows > max_events:
+                    with self._lock:
+                        self._lookahead[partition] = seg
+                    break
+                segments.append(seg)
+                offset += seg.rows
+            if segments:
+                return SourceBatch(
+                    partition=partition,
+                    start_offset=from_offset,
+                    end_offset=offset,
+                    segment_keys=tuple(s.key for s in segments),
+                    payloads=tuple(p for s in segments for p in s.payloads),
+                    segment_starts=tuple(s.start_offset for s in segments),
+                )
+            if self._at_log_end(partition, from_offset):
+                return None
+            # A producer created the segment after our probe: read again.
+        raise AssertionError("unreachable: a segment that appeared cannot disappear")
+
+    def _at_log_end(self, partition: int, offset: int) -> bool:
+        """After finding no segment at `offset`: True if it is the log end.
+
+        False if a segment appeared at `offset` meanwhile; raises
+        `OffsetNotAtSegmentBoundary` otherwise.
+        """
+        end = self.end_offset(partition)
+        if offset < end:
+            # Below the head every boundary has a segment; re-probe for a racing producer.
+            if self._reads.head(segment_key(partition, offset)) is not None:
+                return False
+            raise OffsetNotAtSegmentBoundary(partition, offset, self._walk_to_end(partition, end))
+        # At or beyond the head: the head may lag behind segments of a dead producer.
+        pos = end
+        while pos < offset:
+            seg = self._load(partition, pos)
+            if seg is None:
+                raise OffsetNotAtSegmentBoundary(partition, offset, pos)
+            pos += seg.rows
+        if pos == offset:
+            return True
+        raise OffsetNotAtSegmentBoundary(partition, offset, self._walk_to_end(partition, pos))
+
+    def _walk_to_end(self, partition: int, pos: int) -> int:
+        """Follow segments from boundary `pos` to the true log end (error paths only)."""
+        log = self._log(partition)
+        for entry in log.roll_forward(pos):
+            pos = log.next_position(entry)
+        return pos
+
+    def iter_batches(self, partition: int, from_offset: int, max_events: int) -> Iterator[SourceBatch]:
+        """Batches from `from_offset` until caught up."""
+        offset = from_offset
+        while (batch := self.read(partition, offset, max_events)) is not None:
+            yield batch
+            offset = batch.end_offset
+
+
+# --- producers -----------------------------------------------------------------
+
+
+def produce_from_jsonl(path: str | os.PathLike[str], log: SourceLog) -> dict[int, AppendResult]:
+    """Append the events of a JSONL file (one `SourceEvent` object per line).
+
+    Every line is validated before anything is appended: a bad line raises
+    `BadInputLine` naming the file and the 1-based line number, and nothing of
+    the file is appended; a file that cannot be read raises `InputFileError`.
+    Lines longer than `MAX_LINE_BYTES` are rejected without reading them
+    whole (``/dev/zero`` fails fast). Blank lines are skipped. Returns one
+    result per partition that received events. (A store failure midway can
+    still leave earlier partitions appended; each partition's append is
+    all-or-nothing per segment.)
+    """
+    keys: dict[int, list[str]] = {}
+    values: dict[int, list[float]] = {}
+    stamps: dict[int, list[int | None]] = {}
+    name = os.fspath(path)
+    try:
+        with open(path, "rb") as fh:
+            line_number = 0
+            while raw := fh.readline(MAX_LINE_BYTES + 2):  # the line, its newline (maybe CRLF), one more
+                line_number += 1
+                if len(raw.rstrip(b"\r\n")) > MAX_LINE_BYTES:
+                    raise BadInputLine(name, line_number, f"line is longer than {MAX_LINE_BYTES} bytes")
+                if not raw.strip():
+                    continue
+                ev = _parse_line(name, line_number, raw, log.partitions)
+                keys.setdefault(ev.partition, []).append(ev.key)
+                values.setdefault(ev.partition, []).append(ev.value)
+                stamps.setdefault(ev.partition, []).append(ev.ts)
+    except FileNotFoundError:
+        raise InputFileError(name, "no such file") from None
+    except IsADirectoryError:
+        raise InputFileError(name, "it is a directory, not a file") from None
+    except OSError as exc:
+        raise InputFileError(name, exc.strerror or str(exc)) from None
+    results: dict[int, AppendResult] = {}
+    for partition in sorted(keys):
+        table = pa.table(
+            {
+                "key": pa.array(keys[partition], pa.string()),
+                "value": pa.array(values[partition], pa.float64()),
+                "ts": pa.array(stamps[partition], pa.int64()),
+            }
+        )
+        results[partition] = log.append(partition, table)
+    return results
+
+
+def _parse_line(path: str, line_number: int, raw: bytes, partitions: int | None) -> SourceEvent:
+    try:
+        ev = SourceEvent.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        reason = f"{where}: {first['msg']}" if where else str(first["msg"])
+        raise BadInputLine(path, line_number, reason) from None
+    if partitions is not None and ev.partition >= partitions:
+        raise BadInputLine(path, line_number, f"partition: {ev.partition} out of range 0..{partitions - 1}")
+    return ev
+
+
+#: First timestamp of `generate_events` (2023-11-14T22:13:20Z), fixed for determinism.
+GENERATOR_START_TS = 1_700_000_000_000
+
+
+def generate_events(
+    count: int,
+    keys: int,
+    seed: int,
+    partitions: int,
+    *,
+    integer_values: bool = False,
+    start_ts: int = GENERATOR_START_TS,
+) -> dict[int, pa.Table]:
+    """Deterministic load: `count` events over keys "k0".."k{keys-1}", split by partition.
+
+    Key ``k{i}`` always goes to partition ``i % partitions`` (keyed state stays in
+    one partition). Values are uniform floats in [0, 100), or integers in [0, 100]
+    (exact sums for exactly-once checks) with `integer_values`. ``ts`` increases by
+    1 ms per event from `start_ts` in global event order. Every partition gets a
+    table (possibly empty) with columns key, value, ts, ready for `SourceLog.append`.
+    """
+    if count < 0 or keys < 1 or partitions < 1:
+        raise ValueError("need count >= 0, keys >= 1, partitions >= 1")
+    rng = np.random.default_rng(seed)
+    key_idx = rng.integers(0, keys, size=count, dtype=np.int64)
+    if integer_values:
+        vals = rng.integers(0, 101, size=count).astype(np.float64)
+    else:
+        vals = rng.random(count) * 100.0
+    ts = np.arange(start_ts, start_ts + count, dtype=np.int64)
+    names = pa.array([f"k{i}" for i in range(keys)], pa.string())
+    table = pa.Table.from_arrays([names.take(pa.array(key_idx)), pa.array(vals), pa.array(ts)], schema=_INPUT_SCHEMA)
+    part_of = key_idx % partitions
+    return {p: table.filter(pa.array(part_of == p)) for p in range(partitions)}

@@ -1,0 +1,484 @@
+"""Partition migration: the phases, the task record, and the coordinator.
+
+A migration is a `MigrationTask` stored in the partition's desired-state
+record (``ledger/partitions/p/desired.json``), advanced by compare-and-swap
+*before* each phase takes effect. Nodes read that record in their reconcile
+loop and carry out only the phase the record allows, then report completion in
+their own node record; the coordinator (driven by the Dagster ops or the CLI)
+waits on those reports. A crashed orchestrator therefore resumes from the
+recorded phase: nothing is repeated that a node already reported done, and a
+node never runs ahead of what the record allows.
+
+Graceful:  Planned → Draining → Checkpointing → Uploading → Released →
+           Downloading → Restoring → Seeking → Active
+Forced:    Planned → Released (old epoch fenced by the coordinator) →
+           Downloading → Restoring → Seeking → Active
+Any non-terminal phase may go to Failed; phases before Seeking (where the new
+owner takes the epoch) may be Cancelled. A record past its deadline
+(``started_at + timeout_s``) is failed by whoever finds it, so it never blocks
+the partition.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from laminar_orchestration.errors import ConflictError, OperationFailedError, UnavailableError
+from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
+from laminar_orchestration.protocol.capabilities import LedgerWriter, ledger_key
+from laminar_orchestration.protocol.keys import desired_state_key
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.records import (
+    LedgerError,
+    Record,
+    new_write_id,
+    now,
+    parse_record,
+)
+from laminar_orchestration.store import PreconditionFailed
+
+
+class MigrationPhase(enum.StrEnum):
+    """A migration's recorded phase. The predicates below are the one place phase order is decided."""
+
+    PLANNED = "planned"
+    DRAINING = "draining"
+    CHECKPOINTING = "checkpointing"
+    UPLOADING = "uploading"
+    RELEASED = "released"
+    DOWNLOADING = "downloading"
+    RESTORING = "restoring"
+    SEEKING = "seeking"
+    ACTIVE = "active"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    def reached(self, other: MigrationPhase) -> bool:
+        """Whether a move recorded at this phase has got to `other` (or past it).
+
+        Progress follows the graceful order; a forced move skips phases but never
+        reorders them, so one order serves both kinds. Failed and Cancelled are
+        off that order: they reach only themselves.
+        """
+        mine, theirs = _PROGRESS.get(self), _PROGRESS.get(other)
+        if mine is None or theirs is None:
+            return self == other
+        return mine >= theirs
+
+    @property
+    def needs_old_owner(self) -> bool:
+        """Carried out by the old owner (drain, checkpoint, upload, release); the others by the new owner."""
+        return self in (
+            MigrationPhase.DRAINING,
+            MigrationPhase.CHECKPOINTING,
+            MigrationPhase.UPLOADING,
+            MigrationPhase.RELEASED,
+        )
+
+    @property
+    def is_terminal(self) -> bool:
+        """Active, Failed or Cancelled: the record takes no further phase."""
+        return self in (MigrationPhase.ACTIVE, MigrationPhase.FAILED, MigrationPhase.CANCELLED)
+
+    @property
+    def is_aborted(self) -> bool:
+        """Failed or Cancelled: the move ended without completing."""
+        return self in (MigrationPhase.FAILED, MigrationPhase.CANCELLED)
+
+    @property
+    def cancellable(self) -> bool:
+        """Before Seeking, where the new owner takes the epoch: cancelling later could strand it."""
+        return not self.is_terminal and not self.reached(MigrationPhase.SEEKING)
+
+
+GRACEFUL_PHASES: tuple[MigrationPhase, ...] = (
+    MigrationPhase.PLANNED,
+    MigrationPhase.DRAINING,
+    MigrationPhase.CHECKPOINTING,
+    MigrationPhase.UPLOADING,
+    MigrationPhase.RELEASED,
+    MigrationPhase.DOWNLOADING,
+    MigrationPhase.RESTORING,
+    MigrationPhase.SEEKING,
+    MigrationPhase.ACTIVE,
+)
+FORCED_PHASES: tuple[MigrationPhase, ...] = (
+    MigrationPhase.PLANNED,
+    MigrationPhase.RELEASED,
+    MigrationPhase.DOWNLOADING,
+    MigrationPhase.RESTORING,
+    MigrationPhase.SEEKING,
+    MigrationPhase.ACTIVE,
+)
+#: Position of each phase in a move's progress (`MigrationPhase.reached`).
+_PROGRESS = {phase: i for i, phase in enumerate(GRACEFUL_PHASES)}
+
+
+class MigrationKind(enum.StrEnum):
+    GRACEFUL = "graceful"
+    FORCED = "forced"
+
+    @property
+    def grant_phase(self) -> MigrationPhase:
+        """The phase whose record lets the coordinator grant the new epoch to the target: the fence
+        (Released) of a forced move, Seeking of a graceful one (after the old owner released).
+        Once it is recorded the grant is decided: a move that ends unfinished completes it first."""
+        return MigrationPhase.SEEKING if self == MigrationKind.GRACEFUL else MigrationPhase.RELEASED
+
+
+def phase_sequence(kind: MigrationKind) -> tuple[MigrationPhase, ...]:
+    return GRACEFUL_PHASES if kind == MigrationKind.GRACEFUL else FORCED_PHASES
+
+
+def check_transition(kind: MigrationKind, current: MigrationPhase, target: MigrationPhase) -> None:
+    """The one function that decides which phase changes are allowed.
+
+    Linear and non-reversible: only the next phase of the kind's sequence,
+    Failed from any non-terminal phase, Cancelled before Seeking. Up to
+    Restoring the new owner has taken no epoch (it adopts only once Seeking is
+    recorded). A move that ends at or after its kind's `grant_phase` has its
+    grant completed first, so the target it names always holds the new epoch
+    and becomes the desired owner.
+    """
+    if current.is_terminal:
+        raise InvalidTransition(kind, current, target)
+    if target == MigrationPhase.FAILED:
+        return
+    if target == MigrationPhase.CANCELLED:
+        if current.cancellable:
+            return
+        raise InvalidTransition(kind, current, target)
+    seq = phase_sequence(kind)
+    if current in seq and target in seq and seq.index(target) == seq.index(current) + 1:
+        return
+    raise InvalidTransition(kind, current, target)
+
+
+# --- records ------------------------------------------------------------------
+
+
+class MigrationConfig(BaseModel):
+    """Timeouts and limits of migrations; the defaults keep a planned move within seconds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    migration_timeout_s: float = Field(default=30.0, gt=0)
+    release_wait_timeout_s: float = Field(default=15.0, gt=0)
+    checkpoint_transfer_timeout_s: float = Field(default=60.0, gt=0)
+    max_concurrent_migrations: int = Field(default=2, ge=1)
+    max_retries: int = Field(default=3, ge=0)
+    retry_delay_s: float = Field(default=5.0, ge=0)
+    #: A graceful move asks the old owner to drain once the target's warm copy is within this many
+    #: committed events (or after `warmup_timeout_s`), so the handoff applies only a few deltas.
+    warm_lag_events: int = Field(default=10_000, ge=0)
+    warmup_timeout_s: float = Field(default=10.0, ge=0)
+    #: Then the drain is asked for right after the old owner's next data commit (waiting at most this
+    #: long, and at most three of its commit intervals; 0 = at once): its output stops as late as possible
+    #: and the batch the drain abandons has barely begun. A partition with no commit due drains at once.
+    drain_alignment_s: float = Field(default=1.0, ge=0)
+
+
+class MigrationTask(Record):
+    """One partition move, persisted in the partition's desired-state record."""
+
+    kind: Literal["migration-task"] = "migration-task"
+    migration_id: str
+    partition: int = Field(ge=0)
+    migration_kind: MigrationKind
+    from_node: int = Field(ge=0)
+    to_node: int = Field(ge=1)
+    from_epoch: int = Field(ge=0)
+    to_epoch: int = Field(ge=1)
+    phase: MigrationPhase
+    #: For Failed (and Cancelled): the phase it ended in, and why.
+    failed_phase: MigrationPhase | None = None
+    error: str | None = None
+    commit_ulid: str | None = None
+    source_offset: int | None = None
+    started_at: datetime
+    updated_at: datetime
+    completed_at: datetime | None = None
+    timeout_s: float = Field(gt=0)
+    #: What the target downloaded while warming up, before the drain (the plan's share of the move).
+    warm_bytes: int = Field(default=0, ge=0)
+    attempt: int = Field(default=1, ge=1)
+    write_id: str = Field(default_factory=new_write_id)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.phase.is_terminal
+
+
+class DesiredState(Record):
+    """What the control plane wants for one partition: who runs it, and any move in flight."""
+
+    kind: Literal["desired-state"] = "desired-state"
+    partition: int = Field(ge=0)
+    #: The node that should run the partition (0: nobody yet).
+    owner: int = Field(ge=0)
+    migration: MigrationTask | None = None
+    updated_at: datetime
+    write_id: str = Field(default_factory=new_write_id)
+
+
+# --- errors -----------------------------------------------------------------------
+
+
+class MigrationError(LedgerError):
+    """Base of migration errors: one type per phase that can fail, plus the record conflicts."""
+
+
+@dataclass
+class InvalidTransition(MigrationError, ConflictError):
+    kind: MigrationKind
+    current: MigrationPhase
+    target: MigrationPhase
+
+    def __str__(self) -> str:
+        return f"{self.kind} migration cannot go from {self.current} to {self.target}"
+
+
+@dataclass
+class MigrationNotOwned(MigrationError, ConflictError):
+    """seed: NotOwned(partition) — the named old owner does not hold the partition."""
+
+    partition: PartitionId
+    node: NodeId
+
+    def __str__(self) -> str:
+        return f"partition {self.partition} is not owned by node {self.node}"
+
+
+@dataclass
+class MigrationTimeout(MigrationError, UnavailableError):
+    partition: PartitionId
+    phase: MigrationPhase
+    elapsed_s: float
+
+    def __str__(self) -> str:
+        return f"migration timeout for partition {self.partition} at {self.phase} after {self.elapsed_s:.1f}s"
+
+
+@dataclass
+class CheckpointFailed(MigrationError, OperationFailedError):
+    partition: PartitionId
+    source: str
+
+    def __str__(self) -> str:
+        return f"checkpoint failed for partition {self.partition}: {self.source}"
+
+
+@dataclass
+class UploadFailed(MigrationError, OperationFailedError):
+    partition: PartitionId
+    source: str
+
+    def __str__(self) -> str:
+        return f"upload failed for partition {self.partition}: {self.source}"
+
+
+@dataclass
+class DownloadFailed(MigrationError, OperationFailedError):
+    partition: PartitionId
+    checkpoint: str
+    source: str
+
+    def __str__(self) -> str:
+        return f"download failed for partition {self.partition} (checkpoint {self.checkpoint}): {self.source}"
+
+
+@dataclass
+class RestoreFailed(MigrationError, OperationFailedError):
+    partition: PartitionId
+    source: str
+
+    def __str__(self) -> str:
+        return f"restore failed for partition {self.partition}: {self.source}"
+
+
+@dataclass
+class LedgerCommitFailed(MigrationError, OperationFailedError):
+    """seed: RaftCommitFailed — the ledger write of a release or acquisition failed."""
+
+    partition: PartitionId
+    source: str
+
+    def __str__(self) -> str:
+        return f"ledger commit failed for partition {self.partition}: {self.source}"
+
+
+@dataclass
+class OldOwnerCrashed(MigrationError, UnavailableError):
+    """The old owner stopped heartbeating mid-release; fall back to the forced path."""
+
+    partition: PartitionId
+    last_known_epoch: int
+
+    def __str__(self) -> str:
+        return f"old owner crashed for partition {self.partition} at epoch {self.last_known_epoch}"
+
+
+@dataclass
+class MigrationEpochConflict(MigrationError, ConflictError):
+    """Another migration of the partition is in progress, or its epoch moved."""
+
+    partition: PartitionId
+    expected: int
+    actual: int
+    #: The migration whose record is in the way, when known (never the caller's own).
+    other_migration: str | None = None
+
+    def __str__(self) -> str:
+        text = f"epoch conflict for partition {self.partition}: expected={self.expected}, actual={self.actual}"
+        return text if self.other_migration is None else f"{text} (migration {self.other_migration} in the way)"
+
+
+@dataclass
+class FenceLost(MigrationError):
+    """A forced migration's fence found the epoch already moved: another fence or grant landed first.
+
+    The migration is recorded Failed before this is raised, so a new one can be planned.
+    """
+
+    partition: PartitionId
+    migration_id: str
+    expected: int
+    actual: int
+
+    def __str__(self) -> str:
+        return (
+            f"migration {self.migration_id} lost the fence race for partition {self.partition}: "
+            f"expected epoch {self.expected}, found {self.actual}"
+        )
+
+
+@dataclass
+class NothingToCancel(MigrationError):
+    """`cancel` found no migration in flight for the partition."""
+
+    partition: PartitionId
+    #: The last migration of the partition and how it ended, if any.
+    last_migration: str | None = None
+    last_phase: MigrationPhase | None = None
+
+    def __str__(self) -> str:
+        if self.last_migration is None:
+            return f"no migration of partition {self.partition} to cancel"
+        return (
+            f"no migration of partition {self.partition} to cancel "
+            f"(the last one, {self.last_migration}, ended {self.last_phase})"
+        )
+
+
+@dataclass
+class CancelRefused(MigrationError):
+    """The migration is past the point where cancelling is safe (the new owner may hold the epoch)."""
+
+    partition: PartitionId
+    migration_id: str
+    phase: MigrationPhase
+
+    def __str__(self) -> str:
+        return (
+            f"cannot cancel migration {self.migration_id} of partition {self.partition} at phase {self.phase}: "
+            "the new owner may already hold the epoch; let it finish or fail"
+        )
+
+
+@dataclass
+class SeekFailed(MigrationError, OperationFailedError):
+    partition: PartitionId
+    source: str
+
+    def __str__(self) -> str:
+        return f"source seek failed for partition {self.partition}: {self.source}"
+
+
+@dataclass
+class MigrationFailed(MigrationError, OperationFailedError):
+    """A node reported a failure for the phase it was carrying out."""
+
+    partition: PartitionId
+    phase: MigrationPhase
+    error: str
+
+    def __str__(self) -> str:
+        return f"migration of partition {self.partition} failed at {self.phase}: {self.error}"
+
+
+@dataclass
+class NoLiveNode(MigrationError, UnavailableError):
+    node: NodeId
+
+    def __str__(self) -> str:
+        return f"node {self.node} is not a live member: it cannot receive a partition"
+
+
+# --- desired state store -----------------------------------------------------------
+
+
+class DesiredStates:
+    """CAS access to the desired-state records (control plane writes, nodes read)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self._writer = LedgerWriter(ledger.store)
+
+    def read(self, partition: PartitionId) -> tuple[DesiredState, str | None]:
+        key = desired_state_key(partition)
+        obj = self._writer.get(key)
+        if obj is None:
+            return DesiredState(partition=partition, owner=UNASSIGNED, updated_at=now()), None
+        return parse_record(key, obj.data, DesiredState), obj.etag
+
+    def update(self, partition: PartitionId, change: Callable[[DesiredState], DesiredState | None]) -> DesiredState:
+        """Apply `change` by compare-and-swap, re-reading on conflict. `change` may raise to abort."""
+        key = ledger_key(desired_state_key(partition))
+        while True:
+            current, etag = self.read(partition)
+            new = change(current)
+            if new is None:
+                return current
+            new = new.model_copy(update={"updated_at": now(), "write_id": new_write_id()})
+            data = new.model_dump_json().encode()
+            try:
+                if etag is None:
+                    self._writer.create(key, data)
+                else:
+                    self._writer.swap(key, data, etag)
+                return new
+            except PreconditionFailed:
+                continue
+
+    def all(self) -> dict[PartitionId, DesiredState]:
+        return {p: self.read(p)[0] for p in self.ledger.partitions()}
+
+
+@dataclass(frozen=True)
+class PhaseReport:
+    """What one phase did, for the Dagster op's metadata."""
+
+    phase: MigrationPhase
+    duration_s: float
+    bytes_moved: int
+    detail: str
+
+
+def new_migration_id(partition: int, from_epoch: int) -> str:
+    return f"p{partition}-e{from_epoch}-{int(now().timestamp() * 1000)}"
+
+
+def deadline_passed(task: MigrationTask, at: datetime | None = None) -> bool:
+    """True when `task`'s overall deadline (``started_at + timeout_s``) is behind `at` (default now)."""
+    return (at or now()) - task.started_at > timedelta(seconds=task.timeout_s)
+
+
+def seconds_left(task: MigrationTask, at: datetime | None = None) -> float:
+    """Seconds until `task`'s overall deadline (negative once it passed)."""
+    return task.timeout_s - ((at or now()) - task.started_at).total_seconds()
