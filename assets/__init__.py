@@ -27,10 +27,7 @@ asset: one Dagster partition per stream partition, materialized on Spark (the
 ``pyspark`` resource) from the committed checkpoints.
 """
 
-import hashlib
-import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -52,12 +49,20 @@ from dagster import (
     asset_check,
 )
 
-from laminar_orchestration.control.placement import AssignmentError, plan_assignment
-from laminar_orchestration.control.snapshot import live_node_ids, snapshot_cluster
-from laminar_orchestration.identity import PartitionId
+from laminar_orchestration.control.operations import plan_rebalance
+from laminar_orchestration.control.placement import AssignmentError
+from laminar_orchestration.control.snapshot import (
+    LiveOwnersCheck,
+    StreamProgress,
+    check_live_owners,
+    checkpoint_rows,
+    checkpoints_version,
+    fingerprint,
+    ownership_rows,
+    report_ownership,
+)
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.source import SourceLog
 from resources import LaminarResource
 
 from .committed_state import LAMINAR_PARTITIONS, committed_state
@@ -74,85 +79,16 @@ __all__ = [
     "STREAM_FAIL_AFTER",
     "STREAM_FRESHNESS",
     "STREAM_WARN_AFTER",
-    "StreamProgress",
     "assignment_observation",
     "assignment_plan",
     "checkpoint_manifests",
     "checkpoint_observation",
-    "checkpoint_rows",
     "committed_state",
-    "fingerprint",
-    "health",
     "live_owners_evaluation",
     "ownership_map",
     "ownership_observation",
-    "ownership_rows",
     "partitions_on_live_nodes",
-    "stream_progress",
 ]
-
-
-def fingerprint(value: Any) -> str:
-    """A short stable hash of JSON-able data: the data version of an observation."""
-    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def ownership_rows(ledger: Ledger) -> list[dict[str, Any]]:
-    """One row per partition: partition, epoch, owner, status, owner_alive, migration.
-
-    From the library's ownership snapshot, without the offsets: they change
-    with every commit, and the rows are the observation's fingerprint.
-    """
-    return [
-        {
-            "partition": p.partition,
-            "epoch": p.epoch,
-            "owner": p.owner,
-            "status": p.status,
-            "owner_alive": p.owner_alive,
-            "migration": "" if p.migration is None else f"{p.migration.migration_id} ({p.migration.phase})",
-        }
-        for p in snapshot_cluster(ledger, offsets=False).partitions
-    ]
-
-
-def checkpoint_rows(ledger: Ledger, manifests: ManifestReader) -> list[dict[str, Any]]:
-    """One row per partition with a committed manifest (partitions never committed are left out)."""
-    rows = []
-    for p in ledger.partitions():
-        version = manifests.current(PartitionId(p))
-        if version is None:
-            continue
-        m = version.manifest
-        rows.append(
-            {
-                "partition": int(p),
-                "seq": m.seq,
-                "fencing_token": m.fencing_token,
-                "node": m.node,
-                "source_offset": m.source_offset,
-                "state_offset": m.state_offset,
-                "events_applied": m.events_applied,
-                "snapshot_files": len(m.snapshot.files) if m.snapshot else 0,
-                "snapshot_bytes": m.snapshot.size if m.snapshot else 0,
-                "deltas": len(m.deltas),
-                "delta_bytes": sum(d.ref.size for d in m.deltas),
-                "outputs": len(m.outputs),
-                "commit_ulid": m.commit_ulid,
-                "committed_at": m.committed_at.isoformat(),
-            }
-        )
-    return rows
-
-
-def health(row: dict[str, Any]) -> str:
-    """One word on a partition of the ownership map: what an operator must know first."""
-    if row["owner"] == 0:
-        return "unassigned"
-    if not row["owner_alive"]:
-        return "failover in flight" if row["migration"] else "owner dead: failover pending"
-    return "moving" if row["migration"] else "ok"
 
 
 def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> MetadataValue[Any]:
@@ -213,23 +149,22 @@ def ownership_observation(ledger: Ledger, rows: Sequence[dict[str, Any]] | None 
     """The `ownership_map` as the ledger shows it now (or as `rows`, read a moment ago)."""
     if rows is None and (empty := _uninitialized(ledger, ownership_map.key)) is not None:
         return empty
-    table = [{**r, "health": health(r)} for r in (rows if rows is not None else ownership_rows(ledger))]
-    # The data version covers ownership only; liveness changes do not make a new version.
-    version = fingerprint([(r["partition"], r["epoch"], r["owner"], r["status"]) for r in table])
+    report = report_ownership(ledger, rows)
     return AssetObservation(
         asset_key=ownership_map.key,
         metadata={
             # Counts first: they are what the asset page shows at a glance.
-            "on_dead_nodes": sum(1 for r in table if r["owner"] != 0 and not r["owner_alive"]),
-            "migrations_in_flight": sum(1 for r in table if r["migration"]),
-            "unassigned": sum(1 for r in table if r["owner"] == 0),
-            "partitions": len(table),
-            "ownership": _table(table, _OWNERSHIP_COLUMNS),
-            "live_nodes": ", ".join(str(n) for n in sorted(live_node_ids(ledger))) or "-",
-            "cluster_epoch": ledger.membership().cluster_epoch,
-            "store": ledger.store.url,
+            "on_dead_nodes": report.on_dead_nodes,
+            "migrations_in_flight": report.migrations_in_flight,
+            "unassigned": report.unassigned,
+            "partitions": len(report.rows),
+            "ownership": _table(list(report.rows), _OWNERSHIP_COLUMNS),
+            "live_nodes": ", ".join(str(n) for n in report.live_nodes) or "-",
+            "cluster_epoch": report.cluster_epoch,
+            "store": report.store,
         },
-        tags={DATA_VERSION_TAG: version},
+        # The data version covers ownership only; liveness changes do not make a new version.
+        tags={DATA_VERSION_TAG: report.version},
     )
 
 
@@ -237,9 +172,8 @@ def assignment_observation(ledger: Ledger) -> AssetObservation:
     """The `assignment_plan`: what a rebalance would move now."""
     if (empty := _uninitialized(ledger, assignment_plan.key)) is not None:
         return empty
-    current = {r["partition"]: r["owner"] for r in ownership_rows(ledger)}
     try:
-        plan = plan_assignment(current, live_node_ids(ledger))
+        plan = plan_rebalance(ledger).assignment
     except AssignmentError as exc:
         return AssetObservation(
             asset_key=assignment_plan.key, metadata={"error": str(exc)}, tags={DATA_VERSION_TAG: "no-plan"}
@@ -267,40 +201,6 @@ def assignment_observation(ledger: Ledger) -> AssetObservation:
     )
 
 
-@dataclass(frozen=True)
-class StreamProgress:
-    """Whether every partition kept up since the last report: committed since, or nothing left to commit."""
-
-    #: partition -> seq of its last committed manifest (absent: never committed).
-    seqs: dict[int, int]
-    #: partition -> events in its source log not committed yet.
-    lags: dict[int, int]
-    #: Partitions with events to commit and no commit since the last report.
-    behind: list[int]
-
-    @property
-    def keeping_up(self) -> bool:
-        """True when no partition is behind."""
-        return not self.behind
-
-
-def stream_progress(ledger: Ledger, rows: Sequence[dict[str, Any]], reported: Mapping[int, int]) -> StreamProgress:
-    """Each partition's progress since the manifests `reported` (partition -> seq) at the last report."""
-    source = SourceLog(ledger.store)
-    by_partition = {r["partition"]: r for r in rows}
-    seqs, lags, behind = {}, {}, []
-    for p in (int(p) for p in ledger.partitions()):
-        row = by_partition.get(p)
-        committed = row["source_offset"] if row else 0
-        lags[p] = max(0, source.end_offset(p) - committed)
-        if row is not None:
-            seqs[p] = row["seq"]
-        progressed = row is not None and reported.get(p) != row["seq"]
-        if lags[p] > 0 and not progressed:
-            behind.append(p)
-    return StreamProgress(seqs=seqs, lags=lags, behind=behind)
-
-
 def checkpoint_observation(
     ledger: Ledger,
     manifests: ManifestReader,
@@ -318,8 +218,8 @@ def checkpoint_observation(
     metadata: dict[str, Any] = {}
     if progress is not None:
         # What the Catalog shows first: is the stream keeping up, and which partitions are not.
-        metadata["partitions_behind"] = ", ".join(f"p{p} ({progress.lags[p]} events)" for p in progress.behind) or "-"
-        metadata["uncommitted_events"] = sum(progress.lags.values())
+        metadata["partitions_behind"] = progress.behind_listing()
+        metadata["uncommitted_events"] = progress.uncommitted_events
     metadata["partitions_with_commits"] = len(rows)
     metadata["manifests"] = _table(
         rows,
@@ -343,8 +243,7 @@ def checkpoint_observation(
     # One entry per partition, so each partition's history can be charted in the UI.
     for row in rows:
         metadata[f"partition_{row['partition']:05d}"] = MetadataValue.json(row)
-    version = fingerprint([(r["partition"], r["seq"], r["commit_ulid"]) for r in rows])
-    tags = {DATA_VERSION_TAG: version}
+    tags = {DATA_VERSION_TAG: checkpoints_version(rows)}
     if progress is not None and progress.keeping_up:
         return AssetMaterialization(asset_key=checkpoint_manifests.key, metadata=metadata, tags=tags)
     return AssetObservation(asset_key=checkpoint_manifests.key, metadata=metadata, tags=tags)
@@ -356,25 +255,20 @@ LIVE_OWNERS_CHECK = "partitions_on_live_nodes"
 _CHECK_DESCRIPTION = "Every partition is owned by a live node (fails while one is unassigned or on a dead node)."
 
 
-def _live_owners(rows: Sequence[dict[str, Any]]) -> tuple[bool, dict[str, Any], str]:
-    troubled = [r for r in rows if r["owner"] == 0 or not r["owner_alive"]]
-    listing = ", ".join(f"p{r['partition']} ({health(r)})" for r in troubled)
-    metadata = {"partitions_in_trouble": len(troubled), "partitions": listing or "-"}
-    if not troubled:
-        return True, metadata, f"all {len(rows)} partitions on live nodes"
-    return False, metadata, f"{len(troubled)} of {len(rows)} partitions not on a live node: {listing}"
+def _live_owners_metadata(check: LiveOwnersCheck) -> dict[str, Any]:
+    return {"partitions_in_trouble": len(check.troubled), "partitions": check.listing}
 
 
 def live_owners_evaluation(rows: Sequence[dict[str, Any]]) -> AssetCheckEvaluation:
     """The `partitions_on_live_nodes` check over ownership `rows`, as a sensor reports it."""
-    passed, metadata, description = _live_owners(rows)
+    check = check_live_owners(rows)
     return AssetCheckEvaluation(
         asset_key=ownership_map.key,
         check_name=LIVE_OWNERS_CHECK,
-        passed=passed,
-        metadata=metadata,
+        passed=check.passed,
+        metadata=_live_owners_metadata(check),
         severity=AssetCheckSeverity.ERROR,
-        description=description,
+        description=check.description,
     )
 
 
@@ -383,10 +277,13 @@ def partitions_on_live_nodes(context: AssetCheckExecutionContext, laminar: Lamin
     """On demand from the UI; the sensors report the same check with every ownership observation."""
     ledger = laminar.ledger()
     rows = ownership_rows(ledger) if ledger.is_initialized() else []
-    passed, metadata, description = _live_owners(rows)
-    context.log.info(description)
+    check = check_live_owners(rows)
+    context.log.info(check.description)
     return AssetCheckResult(
-        passed=passed, metadata=metadata, severity=AssetCheckSeverity.ERROR, description=description
+        passed=check.passed,
+        metadata=_live_owners_metadata(check),
+        severity=AssetCheckSeverity.ERROR,
+        description=check.description,
     )
 
 

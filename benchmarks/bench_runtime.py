@@ -563,7 +563,7 @@ def node_snapshots(chain: list[PartitionManifest]) -> list[tuple[int, int, int]]
 def wait_snapshot_settled(worker: PartitionWorker, timeout: float = 120.0) -> None:
     """Wake the parked worker until no snapshot is uploading or waiting to be published."""
     deadline = time.monotonic() + timeout
-    while worker._snapshot_upload is not None or worker._snapshot_ready is not None:
+    while not worker.snapshots.settled:
         if time.monotonic() > deadline:
             raise TimeoutError("the node's snapshot did not finish")
         worker.offer(None)

@@ -50,8 +50,8 @@ from dagster import (
 )
 from pydantic import Field
 
-from laminar_orchestration.control.moves import must_force, prepare_failover, record_failure, stranded
-from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.control.moves import plan_move, prepare_failover, record_failure
+from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.protocol.tasks import MigrationError, MigrationKind, MigrationPhase
 from resources import LaminarResource
 
@@ -261,50 +261,42 @@ PHASE_OPS: dict[str, OpDefinition] = {name: _phase_op(name, phase) for name, pha
 def plan(
     context: OpExecutionContext, config: MigratePartitionConfig, laminar: LaminarResource
 ) -> Iterator[Output[None]]:
-    """Plan (or resume) the graceful migration; no output (the rest skipped) if nothing is to move."""
+    """Plan (or resume) the graceful migration (the library's `plan_move`); no output (the rest
+    skipped) if nothing is to move."""
     wait_for_retry_delay(context)
     settings = config.limits.migration_config()
     coordinator = laminar.coordinator(settings)
     p = PartitionId(config.partition)
+    what = f"cannot plan moving partition {p} to node {config.to_node}"
     try:
-        expired = coordinator.expire_overdue(p)
-        if expired is not None:
-            context.log.warning(f"migration {expired.migration_id} was past its deadline: recorded Failed")
-        running = coordinator.current(p)
-        own = coordinator.ledger.ownership(p)
-        idle = running is None or running.is_terminal
-        arrived = own is not None and own.owner == config.to_node
-        if idle and arrived and own is not None and not stranded(coordinator.desired.read(p)[0], own):
-            context.log.info(f"partition {p} is already on node {config.to_node} (epoch {own.epoch}): nothing to do")
-            return
-        if not idle and running is not None and running.to_node != config.to_node:
-            # Checked here, not left to plan_or_resume, to name the migration in the way.
-            raise Failure(
-                description=f"cannot plan moving partition {p} to node {config.to_node}: migration "
-                f"{running.migration_id} to node {running.to_node} is in flight (phase {running.phase}); "
-                "wait for it to end or cancel it",
-                metadata={
-                    "partition": config.partition,
-                    "to_node": config.to_node,
-                    "in_flight": running.migration_id,
-                    "error_type": "MigrationEpochConflict",
-                },
-                allow_retries=False,
-            )
-        # Forced when nobody can drain it (owner dead, already released, stranded).
-        task = coordinator.plan_or_resume(p, NodeId(config.to_node), forced=must_force(coordinator, p))
-        handle = MigrationHandle.of(task, settings)
+        decision = plan_move(coordinator, config.partition, config.to_node)
+    except EXPECTED_ERRORS as exc:
+        raise failure(what, exc, partition=config.partition, to_node=config.to_node) from exc
+    if decision.expired is not None:
+        context.log.warning(f"migration {decision.expired.migration_id} was past its deadline: recorded Failed")
+    if decision.blocked_by is not None:
+        raise Failure(
+            description=f"{what}: {decision.reason}",
+            metadata={
+                "partition": config.partition,
+                "to_node": config.to_node,
+                "in_flight": decision.blocked_by.migration_id,
+                "error_type": "MigrationEpochConflict",
+            },
+            allow_retries=False,
+        )
+    task = decision.task
+    if task is None:
+        context.log.info(decision.reason)
+        return
+    handle = MigrationHandle.of(task, settings)
+    try:
         report = coordinator.run_phase(p, task.migration_id, MigrationPhase.PLANNED)
     except EXPECTED_ERRORS as exc:
-        raise failure(
-            f"cannot plan moving partition {p} to node {config.to_node}",
-            exc,
-            partition=config.partition,
-            to_node=config.to_node,
-        ) from exc
+        raise failure(what, exc, partition=config.partition, to_node=config.to_node) from exc
     remember(context, handle)
-    resumed = task.phase != MigrationPhase.PLANNED
-    yield Output(None, metadata={**report_metadata(report, transfer="plan" in TRANSFER_OPS), "resumed": resumed})
+    metadata = {**report_metadata(report, transfer="plan" in TRANSFER_OPS), "resumed": decision.resumed}
+    yield Output(None, metadata=metadata)
 
 
 @op(

@@ -45,12 +45,19 @@ class WorkerNodeConfig(Config):
     """Launchpad config of `worker_node`: which node, and its timing (defaults as `laminar node run`)."""
 
     node_id: int = Field(ge=1, description="The node id (unique in the cluster).")
-    heartbeat_interval_s: float = Field(default=1.0, gt=0, description="Seconds between heartbeats.")
+    heartbeat_interval_s: float = Field(
+        default=NodeConfig.model_fields["heartbeat_interval_s"].default,
+        gt=0,
+        description="Seconds between heartbeats (each a billed PUT).",
+    )
     heartbeat_timeout_s: float = Field(
         default=6.0, gt=0, description="Seconds without a heartbeat after which the node counts as dead."
     )
     refresh_interval_s: float = Field(
-        default=1.5, gt=0, description="How often the node re-checks every partition's epoch against the ledger."
+        default=NodeConfig.model_fields["refresh_interval_s"].default,
+        gt=0,
+        description="How often the node re-checks every partition's epoch against the ledger (and at once "
+        "whenever the control plane changes what it asks of the node).",
     )
     standby_for: list[int] = Field(
         default_factory=list, description="Partitions to follow as a warm standby while others own them."

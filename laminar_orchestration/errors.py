@@ -9,15 +9,33 @@ works too. The concrete errors keep their own fields and messages.
 
 The attribute is ``error_kind``, not ``kind``: some errors already carry a
 dataclass field named ``kind`` (`InvalidTransition.kind` is the migration kind).
+
+How an error is written: like a frozen dataclass, without the decorator. Typed fields
+in order, and a ``message`` template that `str.format` fills with them::
+
+    class StaleEpoch(EpochError, FencedError):
+        partition: PartitionId
+        local_epoch: int
+        current_epoch: int
+
+        message = "stale epoch for partition {partition}: local={local_epoch}, current={current_epoch}"
+
+Only where the text needs logic (a conditional, a join) does the class override
+`StructuredError._message` instead. The base makes every subclass a frozen dataclass
+(its fields compare, hash, and cannot be reassigned; ``__traceback__`` and notes still
+can), renders ``str()`` from the template, keeps ``args`` equal to the fields, and
+pickles by rebuilding from the fields, so errors cross process boundaries. An error
+class defines no ``__str__``, ``__reduce__``, ``__init__`` or ``__post_init__`` of its
+own; tests/test_errors.py holds that for every error of the package.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, dataclass_transform
 
 __all__ = [
     "EXIT_CODES",
@@ -31,6 +49,7 @@ __all__ = [
     "LaminarError",
     "NotFoundError",
     "OperationFailedError",
+    "StructuredError",
     "UnavailableError",
     "exit_code",
 ]
@@ -76,7 +95,82 @@ def exit_code(kind: ErrorKind) -> int:
     return EXIT_CODES[kind]
 
 
-class LaminarError(Exception):
+@dataclass_transform(eq_default=True, frozen_default=True, field_specifiers=(dataclasses.field,))
+class StructuredError(Exception):
+    """An exception declared as typed fields and a `message` template (see the module docstring).
+
+    Every subclass is made a frozen dataclass when it is defined. `LaminarError` is the
+    library's root; development tooling (the simulator's invariant violations) derives
+    from this directly, being no library error.
+    """
+
+    #: `str.format` template of the error's text, filled with the fields by name. Unset
+    #: (empty), the text lists the fields; a class whose text needs logic overrides `_message`.
+    message: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        dataclasses.dataclass(frozen=True)(cls)
+        # The frozen dataclass refuses every assignment on an instance of exactly `cls`, but
+        # the interpreter and contextlib assign ``__traceback__`` etc. on errors in flight:
+        # only the fields are frozen (`__setattr__` below).
+        del cls.__setattr__
+        del cls.__delattr__
+
+    def __post_init__(self) -> None:
+        # Exception.args holds the fields, also when the error was built with keywords.
+        self.args = self._field_values()
+
+    if not TYPE_CHECKING:  # hidden from mypy, which would otherwise allow any attribute assignment
+
+        def __setattr__(self, name: str, value: object) -> None:
+            if name in _field_names(self):
+                raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+            super().__setattr__(name, value)
+
+        def __delattr__(self, name: str) -> None:
+            if name in _field_names(self):
+                raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+            super().__delattr__(name)
+
+    def __str__(self) -> str:
+        # The most derived class that gives the text decides how: a template, or `_message`.
+        for klass in type(self).__mro__:
+            if "message" in vars(klass):
+                break
+            if "_message" in vars(klass):
+                return self._message()
+        return self._fill(self.message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuild from the fields: the default (``args`` and then ``__dict__`` by assignment)
+        # would hit the frozen fields. Anything else in ``__dict__`` (notes) is state.
+        names = _field_names(self)
+        state = {name: value for name, value in vars(self).items() if name not in names}
+        return type(self), self._field_values(), state or None
+
+    def _message(self) -> str:
+        """The error's text, where it needs logic (a conditional, a join): override this instead of `message`."""
+        return self._fill(self.message)
+
+    def _fill(self, template: str) -> str:
+        values = {name: getattr(self, name) for name in _field_names(self)}
+        if template:
+            return template.format_map(values)
+        return ", ".join(f"{name}={value!r}" for name, value in values.items())
+
+    def _field_values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in _field_names(self))
+
+
+def _field_names(error: StructuredError) -> tuple[str, ...]:
+    """The names of `error`'s fields, in order (its constructor's positional parameters)."""
+    if not dataclasses.is_dataclass(error):
+        return ()
+    return tuple(field.name for field in dataclasses.fields(error))
+
+
+class LaminarError(StructuredError):
     """Root of every error laminar raises on purpose. `error_kind` says what sort it is."""
 
     error_kind: ClassVar[ErrorKind] = ErrorKind.FAILED
@@ -124,7 +218,6 @@ class OperationFailedError(LaminarError):
     error_kind: ClassVar[ErrorKind] = ErrorKind.FAILED
 
 
-@dataclass(eq=False)
 class InvalidArgument(InvalidInputError, ValueError):
     """An argument out of its documented range, named by `name` (a flag like ``--partition``).
 
@@ -134,9 +227,4 @@ class InvalidArgument(InvalidInputError, ValueError):
     name: str
     reason: str
 
-    def __post_init__(self) -> None:
-        # Keep args == fields so the error pickles across processes.
-        self.args = (self.name, self.reason)
-
-    def __str__(self) -> str:
-        return f"{self.name}: {self.reason}"
+    message = "{name}: {reason}"

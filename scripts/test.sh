@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # Sets up .venv with the dev tools, then runs lint, type checks and the test suite.
+# Usage: scripts/test.sh [--fast] [pytest args...]
+#   --fast  only the tests that need no Spark, no Dagster instance, no subprocess and no minutes
+#           (pytest -m "not spark and not dagster and not processes and not slow"); CI runs them all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+marks=()
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  marks=(-m "not spark and not dagster and not processes and not slow")
+fi
 scripts/setup.sh dev
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 # Two workers, one test file each at a time: most tests wait on real processes (heartbeat
 # timeouts, Spark, Dagster), so two files side by side take about half the time of one after the other.
-# Files in the order tests/conftest.py gives them (the longest first), not by their number of tests.
-.venv/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 "$@"
+# Files in the order tests/conftest.py gives them (the costliest by their marks first), not by their number of tests.
+.venv/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 ${marks[@]+"${marks[@]}"} "$@"

@@ -9,22 +9,17 @@
   assets as observations when the ledger changes (no runs).
 * ``rebalance_schedule`` (`sensors.rebalance_schedule`) — hourly rebalance,
   stopped by default.
+
+Each decision (which partitions to fail over, driving them within a budget,
+whether to retry a failed run) is a library function of
+`laminar_orchestration.control`; the sensors only translate it into run
+requests, asset events and cursors.
 """
 
 from dagster import ScheduleDefinition, SensorDefinition
 
 from .migration_retry import decide_retry, migration_retry_sensor
-from .node_failure import (
-    HEARTBEAT_TIMEOUT_ENV,
-    DrivenFailover,
-    FailoverScan,
-    build_node_failure_sensor,
-    drive_failovers,
-    failover_run_key,
-    node_failure_sensor,
-    scan_for_failovers,
-    wait_for_suspects,
-)
+from .node_failure import HEARTBEAT_TIMEOUT_ENV, build_node_failure_sensor, failover_run_key, node_failure_sensor
 from .observation import laminar_observation_sensor
 from .rebalance_schedule import rebalance_schedule
 
@@ -32,18 +27,13 @@ __all__ = [
     "HEARTBEAT_TIMEOUT_ENV",
     "SCHEDULES",
     "SENSORS",
-    "DrivenFailover",
-    "FailoverScan",
     "build_node_failure_sensor",
     "decide_retry",
-    "drive_failovers",
     "failover_run_key",
     "laminar_observation_sensor",
     "migration_retry_sensor",
     "node_failure_sensor",
     "rebalance_schedule",
-    "scan_for_failovers",
-    "wait_for_suspects",
 ]
 
 SCHEDULES: list[ScheduleDefinition] = [rebalance_schedule]

@@ -4,10 +4,10 @@ On a failed ``migrate_partition`` run it re-launches the same config (tag
 ``laminar/attempt`` counts attempts, up to the migration's ``max_retries``;
 the new run waits ``retry_delay_s``), or falls back to ``failover_partition``
 when the old owner is dead. Failed ``failover_partition`` runs are retried
-the same way.
+the same way. The policy is the library's (`laminar_orchestration.control.retry`);
+this module turns its decision into a run request or a skip.
 """
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,19 +30,21 @@ from jobs import (
     limits_from_run_config,
     migrate_partition,
 )
-from laminar_orchestration.control.coordinator import MigrationCoordinator
-from laminar_orchestration.control.moves import stranded
-from laminar_orchestration.control.snapshot import live_node_ids
-from laminar_orchestration.identity import UNASSIGNED, PartitionId
+from laminar_orchestration.control.retry import FailedMigration, RetryAction, RetryPolicy
+from laminar_orchestration.control.retry import decide_retry as decide
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.records import LedgerError
-from laminar_orchestration.protocol.tasks import DesiredStates
+from laminar_orchestration.protocol.tasks import MigrationKind
 from laminar_orchestration.store import StoreError
 from resources import LaminarResource
 
 from .node_failure import failover_run_key
 
 __all__ = ["decide_retry", "migration_retry_sensor"]
+
+
+#: The migration each job drives, by job name.
+_KINDS = {migrate_partition.name: MigrationKind.GRACEFUL, failover_partition.name: MigrationKind.FORCED}
 
 
 def decide_retry(
@@ -54,70 +56,57 @@ def decide_retry(
     *,
     now: float | None = None,
 ) -> RunRequest | SkipReason:
-    """What to do about a failed migration run (pure but for reading the ledger).
+    """What to do about a failed migration run: the library's decision (`control.retry.decide_retry`,
+    with the migration's `max_retries` and `retry_delay_s`) as a run request.
 
     * ``migrate_partition`` whose old owner is dead -> ``failover_partition``
       (run key ``failover-p{p}-e{epoch}``, as the node-failure sensor uses);
-    * the partition already on the target (``migrate``) or owned by a live
-      node (``failover``) -> nothing;
-    * fewer than ``max_retries`` retries so far -> the same job and config
-      again, tagged with the next attempt and a not-before time
-      ``retry_delay_s`` ahead (the first op waits for it);
-    * otherwise -> give up.
+    * a retry -> the same job and config again (without a failover the sensor
+      had recorded, and without a failover's dead target), tagged with the next
+      attempt and its not-before time (the first op waits for it);
+    * nothing to do, or out of retries -> a skip with the reason.
     """
     try:
         partition = int(run_config["partition"])
     except (KeyError, TypeError, ValueError):
         return SkipReason(f"run {run_id}: no partition in its config")
-    to_node = run_config.get("to_node")
-    settings = limits_from_run_config(run_config).migration_config()
-    attempt = int(tags.get(ATTEMPT_TAG, "1") or 1)
-    own = ledger.ownership(PartitionId(partition))
-    if own is None:
-        return SkipReason(f"partition {partition} does not exist")
-    live = live_node_ids(ledger)
-    lineage = {PARTITION_TAG: str(partition), RETRY_OF_TAG: run_id}
-    # A record past its deadline would block the retry: whoever finds it fails it.
-    MigrationCoordinator(ledger).expire_overdue(PartitionId(partition))
-    state = DesiredStates(ledger).read(PartitionId(partition))[0]
-    # The owner holds an epoch nobody will run there (its migration failed after the fence): not done yet.
-    is_stranded = stranded(state, own)
-
-    if job_name == migrate_partition.name:
-        if own.owner == to_node and not is_stranded:
-            return SkipReason(f"partition {partition} is already on node {to_node}")
-        if own.owner != UNASSIGNED and own.owner not in live:
-            config: dict[str, Any] = {"partition": partition, "limits": dict(run_config.get("limits") or {})}
-            if to_node in live:
-                config["to_node"] = to_node
-            return RunRequest(
-                run_key=failover_run_key(partition, own.epoch),
-                job_name=failover_partition.name,
-                run_config=config,
-                tags={**lineage, FAILED_NODE_TAG: str(own.owner), EPOCH_TAG: str(own.epoch)},
-            )
-    elif job_name == failover_partition.name:
-        if own.owner in live and not run_config.get("allow_live_owner") and not is_stranded:
-            return SkipReason(f"partition {partition} is owned by live node {own.owner}: no failover needed")
-    else:
+    kind = _KINDS.get(job_name)
+    if kind is None:
         return SkipReason(f"run {run_id} of job {job_name} is not a migration")
-
-    if attempt > settings.max_retries:
-        return SkipReason(
-            f"{job_name} of partition {partition} failed {attempt} time(s); max_retries is "
-            f"{settings.max_retries}: giving up"
+    raw_target = run_config.get("to_node")
+    failed = FailedMigration(
+        kind=kind,
+        partition=partition,
+        to_node=raw_target if isinstance(raw_target, int) else None,
+        attempt=int(tags.get(ATTEMPT_TAG, "1") or 1),
+        allow_live_owner=bool(run_config.get("allow_live_owner")),
+        label=job_name,
+    )
+    policy = RetryPolicy.of(limits_from_run_config(run_config).migration_config())
+    decision = decide(ledger, failed, policy, now=now)
+    lineage = {PARTITION_TAG: str(partition), RETRY_OF_TAG: run_id}
+    if decision.action == RetryAction.FAILOVER:
+        config: dict[str, Any] = {"partition": partition, "limits": dict(run_config.get("limits") or {})}
+        if decision.to_node is not None:
+            config["to_node"] = decision.to_node
+        return RunRequest(
+            run_key=failover_run_key(partition, decision.epoch),
+            job_name=failover_partition.name,
+            run_config=config,
+            tags={**lineage, FAILED_NODE_TAG: str(decision.failed_node), EPOCH_TAG: str(decision.epoch)},
         )
+    if decision.action == RetryAction.STOP:
+        return SkipReason(decision.reason)
     new_config = dict(run_config)
     # The sensor-driven failover the run was recording failed: the retry plans a fresh one.
     new_config.pop("recorded", None)
-    if job_name == failover_partition.name and new_config.get("to_node") not in live:
-        new_config.pop("to_node", None)  # its target died too: let the op pick the least-loaded node
-    not_before = (now if now is not None else time.time()) + settings.retry_delay_s
+    if decision.to_node is None:
+        new_config.pop("to_node", None)  # the op picks the target
     return RunRequest(
         run_key=f"retry-{run_id}",
         job_name=job_name,
         run_config=new_config,
-        tags={**lineage, ATTEMPT_TAG: str(attempt + 1), NOT_BEFORE_TAG: f"{not_before:.3f}"},
+        tags={**lineage, ATTEMPT_TAG: str(decision.attempt), NOT_BEFORE_TAG: f"{decision.not_before:.3f}"},
     )
 
 

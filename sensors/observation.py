@@ -35,13 +35,10 @@ from assets import (
     LAMINAR_PARTITIONS,
     assignment_observation,
     checkpoint_observation,
-    checkpoint_rows,
-    fingerprint,
     live_owners_evaluation,
     ownership_observation,
-    ownership_rows,
-    stream_progress,
 )
+from laminar_orchestration.control.snapshot import checkpoint_rows, fingerprint, ownership_rows, stream_progress
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
 from resources import LaminarResource

@@ -28,30 +28,35 @@ STORE_KINDS = ["local", "s3"]
 S3_TEST_PREFIX = "laminar-test"
 
 
-#: Test files that run Spark nodes or Dagster processes for minutes, the longest first. With
-#: ``--dist loadfile --no-loadscope-reorder`` (scripts/test.sh) the two workers take these first and
-#: the short files fill in behind them, so no long file is left to run alone at the end.
-LONG_FILES_FIRST = (
-    "test_chaos.py",
-    "test_runtime.py",
-    "test_least_privilege.py",
-    "test_demo.py",
-    "test_cli.py",
-    "test_dataplane.py",
-    "test_dagster_failover.py",
-    "test_sensors.py",
-    "test_simulation.py",
-    "test_dagster_launcher.py",
-    "test_spark_cluster.py",
-    "test_dagster_definitions.py",
-    "test_dagster_spark.py",
-)
+#: What a test of each mark costs, roughly, in seconds: a `slow` test a minute or more (its own
+#: ``seconds=`` where it knows better, e.g. ``@pytest.mark.slow(seconds=270)``), a JVM (`spark`) tens
+#: of seconds to start, a Dagster instance or a subprocess a few seconds. Tests with none of these
+#: marks take well under a second: they only order files of equal marked cost, by their number.
+MARK_COST_S = {"slow": 60.0, "spark": 20.0, "dagster": 10.0, "processes": 3.0}
 
 
+def item_cost_s(item: pytest.Item) -> float:
+    """What `item` costs by its marks; 0 for a test with none of them."""
+    slow = item.get_closest_marker("slow")
+    if slow is not None:
+        return float(slow.kwargs.get("seconds", MARK_COST_S["slow"]))
+    marks = {mark.name for mark in item.iter_markers()}
+    return sum(cost for mark, cost in MARK_COST_S.items() if mark in marks)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: a file's cost counts all its tests
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # A stable sort by file: each file's tests stay together and in their order (module fixtures).
-    rank = {name: i for i, name in enumerate(LONG_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    # The costliest files first, by their tests' marks: with ``--dist loadfile --no-loadscope-reorder``
+    # (scripts/test.sh) the two workers take the long files first and the short ones fill in behind
+    # them, so no long file is left to run alone at the end. Of files of equal marked cost, the one with
+    # more tests first. A stable sort by file: each file's tests stay together and in their order
+    # (module fixtures), equal files keep their path order, and every worker computes the same order
+    # from the same items, as xdist requires.
+    cost: dict[Path, tuple[float, int]] = {}
+    for item in items:
+        marked, tests = cost.get(item.path, (0.0, 0))
+        cost[item.path] = (marked + item_cost_s(item), tests + 1)
+    items.sort(key=lambda item: (-cost[item.path][0], -cost[item.path][1]))
 
 
 def pytest_configure(config: pytest.Config) -> None:

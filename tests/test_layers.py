@@ -29,8 +29,7 @@ LAYERS: dict[str, int] = {
 MAX_ROOT_MODULES = 12
 MAX_MODULE_LINES = 800
 #: Modules still over the limit, at most as long as they are now: they may only shrink.
-#: The partition worker is next: its two sides of a migration move out of the batch loop's module.
-STILL_LONG: dict[str, int] = {"dataplane/worker.py": 945}
+STILL_LONG: dict[str, int] = {}
 
 
 def _module_name(path: Path) -> str:

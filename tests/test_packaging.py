@@ -144,6 +144,7 @@ def test_no_library_module_imports_the_development_package() -> None:
             assert not any(n.split(".")[0] == "laminar_dev" for n in names), f"{path} imports laminar_dev"
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_the_wheel_holds_the_library_and_no_test_harness(tmp_path: Path) -> None:
     # Built from a copy, so the build's own directories never land in the checkout.

@@ -1011,15 +1011,13 @@ def hold(world: World, partition: int, version: ManifestVersion | None, reader: 
             world.violated(VoidEntryHeld(partition, seq, reader))
 
 
-@dataclass
 class _RestoreFailed(LedgerError):
     """A delta the chain names could not be read (never expected: the checker reports it first)."""
 
     partition: int
     key: str
 
-    def __str__(self) -> str:
-        return f"partition {self.partition}: delta {self.key} is missing"
+    message = "partition {partition}: delta {key} is missing"
 
 
 # --- the control plane ----------------------------------------------------------------------

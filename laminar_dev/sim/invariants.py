@@ -18,6 +18,7 @@ from typing import ClassVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from laminar_orchestration.errors import StructuredError
 from laminar_orchestration.protocol.keys import (
     FENCED_OBJECT_PREFIXES,
     grant_key,
@@ -39,26 +40,20 @@ from laminar_orchestration.store import ObjectStore
 FoldState = dict[str, tuple[int, float]]
 
 
-class InvariantViolation(Exception):
-    """Base of the promises a run can break. `invariant` names the promise."""
+class InvariantViolation(StructuredError):
+    """Base of the promises a run can break. `invariant` names the promise.
+
+    Written like the library's errors (`StructuredError`), but no `LaminarError`: a broken
+    promise of the simulation has no exit code.
+    """
 
     invariant: ClassVar[str] = "invariant"
 
-    def __reduce__(self) -> tuple[object, ...]:
-        # Pickled by field (for runs in worker processes): the dataclass fields are not in `args`.
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
-        return (_rebuild, (type(self), fields))
-
     def fields(self) -> dict[str, object]:
         """The violation's fields by name."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-def _rebuild(cls: type[InvariantViolation], fields: dict[str, object]) -> InvariantViolation:
-    return cls(**fields)
-
-
-@dataclass
 class DoubleGrant(InvariantViolation):
     """Two writers acted as the owner of one (partition, epoch), or its grant was written twice."""
 
@@ -67,11 +62,10 @@ class DoubleGrant(InvariantViolation):
     epoch: int
     writers: tuple[str, ...]
 
-    def __str__(self) -> str:
+    def _message(self) -> str:
         return f"partition {self.partition} epoch {self.epoch} has more than one owner: {', '.join(self.writers)}"
 
 
-@dataclass
 class StaleManifestAccepted(InvariantViolation):
     """A manifest under an epoch created after the chain was sealed (fenced) at a later one."""
 
@@ -82,14 +76,12 @@ class StaleManifestAccepted(InvariantViolation):
     fenced_at: int
     node: int
 
-    def __str__(self) -> str:
-        return (
-            f"partition {self.partition}: manifest seq {self.seq} under epoch {self.epoch} by node {self.node} "
-            f"accepted after the chain was fenced at epoch {self.fenced_at}"
-        )
+    message = (
+        "partition {partition}: manifest seq {seq} under epoch {epoch} by node {node} "
+        "accepted after the chain was fenced at epoch {fenced_at}"
+    )
 
 
-@dataclass
 class OffsetRegression(InvariantViolation):
     """The committed source offset moved backwards along the chain."""
 
@@ -99,11 +91,9 @@ class OffsetRegression(InvariantViolation):
     previous: int
     offset: int
 
-    def __str__(self) -> str:
-        return f"partition {self.partition}: manifest seq {self.seq} moved the offset {self.previous} -> {self.offset}"
+    message = "partition {partition}: manifest seq {seq} moved the offset {previous} -> {offset}"
 
 
-@dataclass
 class ExactlyOnceViolated(InvariantViolation):
     """The committed deltas do not tile [snapshot offset, committed offset): events lost or applied twice."""
 
@@ -114,12 +104,9 @@ class ExactlyOnceViolated(InvariantViolation):
     start: int
     end: int
 
-    def __str__(self) -> str:
-        what = f"{self.kind} of source offsets [{self.start}, {self.end})"
-        return f"partition {self.partition}: manifest seq {self.seq}: {what}"
+    message = "partition {partition}: manifest seq {seq}: {kind} of source offsets [{start}, {end})"
 
 
-@dataclass
 class StateMismatch(InvariantViolation):
     """The committed state is not the fold of exactly the events below the committed offset."""
 
@@ -131,14 +118,12 @@ class StateMismatch(InvariantViolation):
     expected: tuple[int, float] | None
     actual: tuple[int, float] | None
 
-    def __str__(self) -> str:
-        return (
-            f"partition {self.partition}: manifest seq {self.seq} at offset {self.offset}: key {self.key!r} "
-            f"is {self.actual}, the fold of the source says {self.expected}"
-        )
+    message = (
+        "partition {partition}: manifest seq {seq} at offset {offset}: key {key!r} "
+        "is {actual}, the fold of the source says {expected}"
+    )
 
 
-@dataclass
 class ChainBroken(InvariantViolation):
     """A history entry that does not follow its predecessor (gap, or beyond the source log's end)."""
 
@@ -147,22 +132,18 @@ class ChainBroken(InvariantViolation):
     key: str
     reason: str
 
-    def __str__(self) -> str:
-        return f"partition {self.partition}: {self.key}: {self.reason}"
+    message = "partition {partition}: {key}: {reason}"
 
 
-@dataclass
 class ManifestArtifactDeleted(InvariantViolation):
     """An object some manifest names was deleted (before or after the manifest was published)."""
 
     invariant: ClassVar[str] = "no named object is deleted"
     key: str
 
-    def __str__(self) -> str:
-        return f"{self.key} is named by a manifest and was deleted"
+    message = "{key} is named by a manifest and was deleted"
 
 
-@dataclass
 class GarbageNotSwept(InvariantViolation):
     """Once faults stopped and a sweep ran, an object no manifest names, of a sealed epoch, is still there."""
 
@@ -172,14 +153,12 @@ class GarbageNotSwept(InvariantViolation):
     epoch: int
     sealed_at: int
 
-    def __str__(self) -> str:
-        return (
-            f"partition {self.partition}: {self.key} (epoch {self.epoch}) is named by no manifest and its epoch "
-            f"is sealed (below {self.sealed_at}), yet a sweep after the faults stopped left it"
-        )
+    message = (
+        "partition {partition}: {key} (epoch {epoch}) is named by no manifest and its epoch "
+        "is sealed (below {sealed_at}), yet a sweep after the faults stopped left it"
+    )
 
 
-@dataclass
 class MigrationWedged(InvariantViolation):
     """A migration record still unfinished well after its deadline, once faults stopped."""
 
@@ -189,14 +168,9 @@ class MigrationWedged(InvariantViolation):
     phase: str
     overdue_s: float
 
-    def __str__(self) -> str:
-        return (
-            f"partition {self.partition}: migration {self.migration_id} still {self.phase} "
-            f"{self.overdue_s:.1f}s after its deadline"
-        )
+    message = "partition {partition}: migration {migration_id} still {phase} {overdue_s:.1f}s after its deadline"
 
 
-@dataclass
 class PartitionNotLive(InvariantViolation):
     """After faults stopped, a partition was not active on a live node within the bound."""
 
@@ -207,14 +181,12 @@ class PartitionNotLive(InvariantViolation):
     reason: str
     waited_s: float
 
-    def __str__(self) -> str:
-        return (
-            f"partition {self.partition} not active on a live node {self.waited_s:.1f}s after faults stopped "
-            f"(ledger: epoch {self.epoch}, owner {self.owner}): {self.reason}"
-        )
+    message = (
+        "partition {partition} not active on a live node {waited_s:.1f}s after faults stopped "
+        "(ledger: epoch {epoch}, owner {owner}): {reason}"
+    )
 
 
-@dataclass
 class VoidEntryAdopted(InvariantViolation):
     """A genuine entry that does not follow the newest genuine one: built on a void entry (forged, or a
     writer the chain had moved past), or on an older entry."""
@@ -225,14 +197,9 @@ class VoidEntryAdopted(InvariantViolation):
     node: int
     parent: str
 
-    def __str__(self) -> str:
-        return (
-            f"partition {self.partition}: manifest seq {self.seq} by node {self.node} follows "
-            f"{self.parent}, not the newest genuine entry"
-        )
+    message = "partition {partition}: manifest seq {seq} by node {node} follows {parent}, not the newest genuine entry"
 
 
-@dataclass
 class VoidEntryHeld(InvariantViolation):
     """A reader (a standby, a fresh reader, a restoring owner) took a void entry for the chain's newest."""
 
@@ -241,11 +208,9 @@ class VoidEntryHeld(InvariantViolation):
     seq: int
     reader: str
 
-    def __str__(self) -> str:
-        return f"partition {self.partition}: {self.reader} holds void entry seq {self.seq} as the newest manifest"
+    message = "partition {partition}: {reader} holds void entry seq {seq} as the newest manifest"
 
 
-@dataclass
 class ReaderDisagrees(InvariantViolation):
     """At one instant, a fresh ManifestReader's `current` (or the last entry of its `history`, the
     audit's walk from the first entry) is not the newest genuine entry."""
@@ -256,14 +221,9 @@ class ReaderDisagrees(InvariantViolation):
     reader_seq: int | None
     genuine_seq: int | None
 
-    def __str__(self) -> str:
-        return (
-            f"partition {self.partition}: {self.reader} ends on seq {self.reader_seq}, "
-            f"the newest genuine entry is seq {self.genuine_seq}"
-        )
+    message = "partition {partition}: {reader} ends on seq {reader_seq}, the newest genuine entry is seq {genuine_seq}"
 
 
-@dataclass
 class HandoffRefused(InvariantViolation):
     """A graceful handoff failed with HandoffMismatch although the old owner's release was genuine."""
 
@@ -272,13 +232,9 @@ class HandoffRefused(InvariantViolation):
     epoch: int
     detail: str
 
-    def __str__(self) -> str:
-        return (
-            f"partition {self.partition}: the takeover at epoch {self.epoch} refused a genuine release ({self.detail})"
-        )
+    message = "partition {partition}: the takeover at epoch {epoch} refused a genuine release ({detail})"
 
 
-@dataclass
 class OwnerCommitRefused(InvariantViolation):
     """The owner's publish was refused by a succession check (not a fence): it read a void entry as the newest."""
 
@@ -288,11 +244,9 @@ class OwnerCommitRefused(InvariantViolation):
     node: int
     detail: str
 
-    def __str__(self) -> str:
-        return f"partition {self.partition}: node {self.node}'s commit at epoch {self.epoch} refused: {self.detail}"
+    message = "partition {partition}: node {node}'s commit at epoch {epoch} refused: {detail}"
 
 
-@dataclass
 class FencedEpochAccepted(InvariantViolation):
     """An entry under epoch e was accepted after grant e+1 existed and the control plane had completed it."""
 
@@ -303,14 +257,12 @@ class FencedEpochAccepted(InvariantViolation):
     completed: int
     node: int
 
-    def __str__(self) -> str:
-        return (
-            f"partition {self.partition}: manifest seq {self.seq} under epoch {self.epoch} by node {self.node} "
-            f"accepted after the control plane completed the grant of epoch {self.completed}"
-        )
+    message = (
+        "partition {partition}: manifest seq {seq} under epoch {epoch} by node {node} "
+        "accepted after the control plane completed the grant of epoch {completed}"
+    )
 
 
-@dataclass
 class UndecodableKeyAppended(InvariantViolation):
     """The source log holds an event whose key is not valid UTF-8: no worker can ever process it."""
 
@@ -318,8 +270,7 @@ class UndecodableKeyAppended(InvariantViolation):
     key: str
     detail: str
 
-    def __str__(self) -> str:
-        return f"{self.key} holds a key that is not valid UTF-8: {self.detail}"
+    message = "{key} holds a key that is not valid UTF-8: {detail}"
 
 
 class EventDecoder:

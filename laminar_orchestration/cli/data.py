@@ -16,8 +16,11 @@ from laminar_orchestration.cli.base import (
     parse_partition_list,
 )
 from laminar_orchestration.cli.output import Output
+from laminar_orchestration.dataplane.config import NodeConfig
 from laminar_orchestration.dataplane.engine import WARM_UP_BATCHES
 from laminar_orchestration.errors import InvalidArgument
+
+_NODE_DEFAULTS = NodeConfig.model_fields
 
 __all__ = ["NodeRun", "Produce", "Query", "Sweep", "Verify"]
 
@@ -40,7 +43,18 @@ class NodeRun(Command):
         parser.add_argument("--spark-master", default="local[*]", help="Spark master URL (default local[*])")
         parser.add_argument("--spark-ui", action="store_true", help="enable the Spark UI (off by default)")
         parser.add_argument("--heartbeat-timeout", type=float, default=6.0, help="seconds without heartbeat = dead")
-        parser.add_argument("--refresh-interval", type=float, default=1.5, help="guard refresh (kill-switch) seconds")
+        parser.add_argument(
+            "--refresh-interval",
+            type=float,
+            default=_NODE_DEFAULTS["refresh_interval_s"].default,
+            help="periodic guard refresh (kill-switch) seconds; a change of the node's assignment triggers one too",
+        )
+        parser.add_argument(
+            "--heartbeat-interval",
+            type=float,
+            default=_NODE_DEFAULTS["heartbeat_interval_s"].default,
+            help="seconds between heartbeats (each a billed PUT)",
+        )
         parser.add_argument("--batch-max-events", type=int, default=1_000_000, help="events per micro-batch at most")
         parser.add_argument("--checkpoint-every-batches", type=int, default=10, help="state snapshot every K batches")
         parser.add_argument("--checkpoint-every-s", type=float, default=30.0, help="state snapshot every T seconds")
@@ -71,6 +85,7 @@ class NodeRun(Command):
         positive = {
             "--heartbeat-timeout": args.heartbeat_timeout,
             "--refresh-interval": args.refresh_interval,
+            "--heartbeat-interval": args.heartbeat_interval,
             "--checkpoint-every-s": args.checkpoint_every_s,
         }
         for flag, value in positive.items():
@@ -89,7 +104,8 @@ class NodeRun(Command):
             spark_master=args.spark_master,
             spark_ui=args.spark_ui,
             heartbeat_timeout_s=args.heartbeat_timeout,
-            heartbeat_interval_s=min(1.0, args.heartbeat_timeout / 4),
+            # Several heartbeats fit in a timeout, so one lost PUT never makes a live node look dead.
+            heartbeat_interval_s=min(args.heartbeat_interval, args.heartbeat_timeout / 3),
             refresh_interval_s=args.refresh_interval,
             batch_max_events=args.batch_max_events,
             checkpoint_every_batches=args.checkpoint_every_batches,

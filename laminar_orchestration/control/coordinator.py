@@ -488,6 +488,8 @@ class MigrationCoordinator:
             )
         except (EpochConflict, NotReleased):
             return None  # someone else moved it: their grant stands
+        # The grant moves no assignment: wake the owner so it takes the partition up now.
+        self.desired.nudge([int(token.node)])
         return token.epoch
 
     def _expire(self, task: MigrationTask) -> MigrationTimeout:

@@ -25,7 +25,7 @@ from laminar_orchestration.control.placement import (
     node_loads,
 )
 from laminar_orchestration.control.snapshot import live_node_ids, ownership_map, warm_copies
-from laminar_orchestration.errors import UnavailableError
+from laminar_orchestration.errors import LaminarError, UnavailableError
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.fencing import Ownership
 from laminar_orchestration.protocol.ledger import Ledger
@@ -38,6 +38,7 @@ from laminar_orchestration.protocol.tasks import (
     MigrationNotOwned,
     MigrationPhase,
     MigrationTask,
+    MigrationTimeout,
     NoLiveNode,
     PhaseReport,
     phase_sequence,
@@ -47,13 +48,17 @@ from laminar_orchestration.store import StoreError
 R = TypeVar("R")
 
 __all__ = [
+    "DeadlineDrive",
     "FailoverDecision",
     "MoveOutcome",
+    "MovePlan",
     "NoFailoverTarget",
     "drive",
+    "drive_with_deadline",
     "moves_on_without_old_owner",
     "must_force",
     "not_admitted_nodes",
+    "plan_move",
     "prepare_failover",
     "record_failure",
     "reinstate_all",
@@ -181,6 +186,119 @@ def drive(
     return final
 
 
+@dataclass(frozen=True)
+class DeadlineDrive:
+    """How far `drive_with_deadline` got: the phases it ran, and what stopped it before the end."""
+
+    task: MigrationTask
+    reports: tuple[PhaseReport, ...] = ()
+    #: The phase the deadline passed before (not started), if that is what stopped the drive.
+    out_of_time_before: MigrationPhase | None = None
+    #: The error that stopped the drive, if any.
+    error: LaminarError | None = None
+
+    @property
+    def finished(self) -> bool:
+        """True when every phase ran: the migration is complete."""
+        return self.out_of_time_before is None and self.error is None
+
+
+def drive_with_deadline(
+    coordinator: MigrationCoordinator,
+    task: MigrationTask,
+    deadline: float,
+    *,
+    always: Collection[MigrationPhase] = (),
+) -> DeadlineDrive:
+    """`drive` `task` from its recorded phase on until it is complete or `deadline` (`time.monotonic()`) passes.
+
+    For a driver with a budget (the failure sensor) that leaves what it did not
+    finish to another (a run with the migration's own limits): each wait for a
+    node lasts at most the time left, no phase starts after the deadline except
+    those in `always` (phases that wait on no node, such as a forced move's
+    fence), and errors are returned, not raised. A timeout leaves the record
+    as it is, for the next driver to resume; any other migration error is
+    recorded Failed (`record_failure`).
+    """
+    seq = phase_sequence(task.migration_kind)
+    start = seq.index(task.phase) if task.phase in seq else 0
+    reports: list[PhaseReport] = []
+    limits = coordinator.config
+    for phase in seq[start:]:
+        left = deadline - time.monotonic()
+        if left <= 0 and phase not in always:
+            return DeadlineDrive(task, tuple(reports), out_of_time_before=phase)
+        bounded = MigrationCoordinator(
+            coordinator.ledger,
+            limits.model_copy(
+                update={
+                    "release_wait_timeout_s": max(0.01, min(left, limits.release_wait_timeout_s)),
+                    "checkpoint_transfer_timeout_s": max(0.01, min(left, limits.checkpoint_transfer_timeout_s)),
+                }
+            ),
+        )
+        try:
+            reports.append(bounded.run_phase(PartitionId(task.partition), task.migration_id, phase))
+        except MigrationTimeout as exc:
+            return DeadlineDrive(task, tuple(reports), error=exc)
+        except MigrationError as exc:
+            record_failure(coordinator, task.partition, task.migration_id, exc)
+            return DeadlineDrive(task, tuple(reports), error=exc)
+        except LaminarError as exc:
+            return DeadlineDrive(task, tuple(reports), error=exc)
+    return DeadlineDrive(task, tuple(reports))
+
+
+@dataclass(frozen=True)
+class MovePlan:
+    """What `plan_move` decided about moving a partition to a node."""
+
+    #: The migration planned or resumed (phase Planned not yet run); None when nothing is to be done.
+    task: MigrationTask | None
+    #: Why nothing is to be done (or what was planned), for logs.
+    reason: str
+    #: An unfinished migration to another node, in the way: nothing was planned.
+    blocked_by: MigrationTask | None = None
+    #: A migration past its deadline that was recorded Failed on the way.
+    expired: MigrationTask | None = None
+
+    @property
+    def resumed(self) -> bool:
+        """True when the migration was already in flight (past Planned) and is resumed."""
+        return self.task is not None and self.task.phase != MigrationPhase.PLANNED
+
+
+def plan_move(coordinator: MigrationCoordinator, partition: int, to_node: int) -> MovePlan:
+    """Plan the move of `partition` to `to_node`, or resume the one in flight to it.
+
+    * A record past its deadline is recorded Failed first (`expired`).
+    * Nothing is planned when no migration is in flight and the partition is
+      already on `to_node` (not `stranded` there), nor when an unfinished
+      migration to another node is in the way (`blocked_by`).
+    * The move is forced when nobody can drain the partition (`must_force`).
+
+    Raises what `MigrationCoordinator.plan_or_resume` raises (NoLiveNode, ...).
+    """
+    p = PartitionId(partition)
+    expired = coordinator.expire_overdue(p)
+    running = coordinator.current(p)
+    own = coordinator.ledger.ownership(p)
+    idle = running is None or running.is_terminal
+    if idle and own is not None and own.owner == to_node and not stranded(coordinator.desired.read(p)[0], own):
+        reason = f"partition {p} is already on node {to_node} (epoch {own.epoch}): nothing to do"
+        return MovePlan(None, reason, expired=expired)
+    if running is not None and not idle and running.to_node != to_node:
+        reason = (
+            f"migration {running.migration_id} to node {running.to_node} is in flight (phase {running.phase}); "
+            "wait for it to end or cancel it"
+        )
+        return MovePlan(None, reason, blocked_by=running, expired=expired)
+    task = coordinator.plan_or_resume(p, NodeId(to_node), forced=must_force(coordinator, partition))
+    verb = "resuming" if task.phase != MigrationPhase.PLANNED else "planned"
+    reason = f"{verb} {task.migration_kind} migration {task.migration_id} to node {to_node}"
+    return MovePlan(task, reason, expired=expired)
+
+
 def reinstate_all(coordinator: MigrationCoordinator) -> dict[int, int]:
     """Admit newly registered nodes, then grant every released (or unassigned) partition back to its
     live desired owner: partition -> epoch.
@@ -193,6 +311,10 @@ def reinstate_all(coordinator: MigrationCoordinator) -> dict[int, int]:
     granted: dict[int, int] = {}
     ledger = coordinator.ledger
     ledger.admit_nodes()
+    # A node learns what is asked of it from its assignment record: one written for every node
+    # (a store that predates them, a node that joined) keeps idle nodes at one read per poll.
+    if any(coordinator.desired.assignment(NodeId(v.record.node))[0] is None for v in ledger.nodes()):
+        coordinator.desired.sync_assignments()
     for p, own in ledger.ownerships(ledger.partitions()).items():
         if own is None or not (own.owner == UNASSIGNED or own.status == PartitionStatus.RELEASED):
             continue  # held: nothing to grant (the desired state is read only for the others)
@@ -275,7 +397,6 @@ def stranded(state: DesiredState, own: Ownership) -> bool:
     return state.owner != own.owner
 
 
-@dataclass
 class NoFailoverTarget(MigrationError, UnavailableError):
     """No live node other than the current owner can receive the partition: what is missing is a
     target, not the owner (which is usually dead, the reason for the failover)."""
@@ -285,7 +406,7 @@ class NoFailoverTarget(MigrationError, UnavailableError):
     #: Nodes that registered but are not members yet (the control plane has not admitted them).
     not_admitted: tuple[int, ...] = ()
 
-    def __str__(self) -> str:
+    def _message(self) -> str:
         missing = f"no live node other than node {self.owner} can receive partition {self.partition}"
         if self.not_admitted:
             waiting = ", ".join(map(str, self.not_admitted))

@@ -1,16 +1,22 @@
-"""The two cluster-wide operations: rebalance the partitions, fail a node's partitions over.
+"""The cluster-wide operations: rebalance the partitions, fail a node's partitions over, fail over
+every dead owner's partitions.
 
 Each is planned from the ledger by one function (`plan_rebalance`,
-`plan_node_failover`) and carried out by one (`run_rebalance`,
-`run_node_failover`), which the `laminar` CLI, the Dagster jobs, the demo and
-the chaos suite all call: the caller decides when and prints what happened,
-these decide what moves where.
+`plan_node_failover`, `plan_failovers`) and carried out by one
+(`run_rebalance`, `run_node_failover`, `drive_failovers`), which the `laminar`
+CLI, the Dagster jobs and sensors, the demo and the chaos suite all call: the
+caller decides when and prints what happened, these decide what moves where.
+The failure sensor's look at the ledger is `wait_for_suspects` (is a late
+owner dead?), `plan_failovers` and `drive_failovers` (within a budget; a run
+drives what is left).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from laminar_orchestration.control.coordinator import MigrationCoordinator
@@ -18,6 +24,8 @@ from laminar_orchestration.control.moves import (
     MoveOutcome,
     NoFailoverTarget,
     drive,
+    drive_with_deadline,
+    moves_on_without_old_owner,
     not_admitted_nodes,
     prepare_failover,
     run_migration,
@@ -25,22 +33,37 @@ from laminar_orchestration.control.moves import (
 )
 from laminar_orchestration.control.placement import AssignmentPlan, Move, failover_target, node_loads, plan_assignment
 from laminar_orchestration.control.snapshot import live_node_ids, migrations_in_flight, ownership_map, warm_copies
-from laminar_orchestration.errors import InvalidInputError
-from laminar_orchestration.identity import NodeId
+from laminar_orchestration.errors import InvalidInputError, LaminarError
+from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationTask, NoLiveNode, PhaseReport
+from laminar_orchestration.protocol.tasks import (
+    DesiredStates,
+    MigrationConfig,
+    MigrationPhase,
+    MigrationTask,
+    NoLiveNode,
+    PhaseReport,
+)
 
 __all__ = [
+    "SUSPECT_POLL_S",
     "CoordinatorFactory",
+    "DrivenFailover",
+    "FailoverPlan",
     "NodeFailoverPlan",
     "NodeStillAlive",
+    "PlannedFailover",
     "RebalancePlan",
+    "drive_failover",
+    "drive_failovers",
     "failover_move",
+    "plan_failovers",
     "plan_node_failover",
     "plan_rebalance",
     "rebalance_move",
     "run_node_failover",
     "run_rebalance",
+    "wait_for_suspects",
 ]
 
 #: Builds the coordinator a move runs with (one per move: coordinators are not shared between threads).
@@ -136,14 +159,12 @@ def run_rebalance(
 # --- a node's failover ----------------------------------------------------------------------------
 
 
-@dataclass
 class NodeStillAlive(InvalidInputError):
     """A failover of a node that still heartbeats was asked for without forcing it."""
 
     node: int
 
-    def __str__(self) -> str:
-        return f"node {self.node} is alive: move its partitions gracefully, or force the failover to fence it anyway"
+    message = "node {node} is alive: move its partitions gracefully, or force the failover to fence it anyway"
 
 
 @dataclass(frozen=True)
@@ -192,11 +213,9 @@ def plan_node_failover(
     warm = warm_copies(ledger.nodes())
     moves = []
     for p in sorted(p for p, owner in current.items() if owner == node):
-        target = to_node if to_node is not None else failover_target(loads, warm=warm.get(p))
+        target = _take(loads, warm.get(p), to_node)
         if target is None:  # no live node but `node`: the target is what is missing, not `node`
             raise NoFailoverTarget(p, node, not_admitted_nodes(ledger, exclude={node}))
-        # Counted as it is planned, so the partitions of one node spread over the others.
-        loads[target] = loads.get(target, 0) + 1
         moves.append(Move(p, node, target))
     return NodeFailoverPlan(node=node, live_nodes=frozenset(live_set), moves=tuple(moves), force=force)
 
@@ -233,3 +252,206 @@ def run_node_failover(
         return reports
 
     return run_moves(plan.moves, one, config.max_concurrent_migrations, live_nodes=plan.takers, on_done=on_done)
+
+
+# --- every dead owner's partitions, as the control plane's periodic look fails them over ------------
+
+#: How often `wait_for_suspects` reads the late nodes again.
+SUSPECT_POLL_S = 0.2
+
+
+def wait_for_suspects(
+    ledger: Ledger, *, heartbeat_timeout_s: float | None, watch_s: float, poll_s: float = SUSPECT_POLL_S
+) -> float:
+    """Watch owners whose heartbeat is late until each beats again or its timeout lapses (at most `watch_s`).
+
+    A node is late when its heartbeat is older than a third of its timeout
+    (`heartbeat_timeout_s`, else the node's own); the watch ends as soon as one
+    owner's timeout lapses (dead now: fail over at once) or none is late. Only
+    owning nodes count: a late node without partitions needs no failover.
+    Returns the seconds spent.
+    """
+    started = time.monotonic()
+    owners = {int(o.owner) for o in ledger.ownerships(ledger.partitions()).values() if o is not None}
+    while time.monotonic() - started < watch_s:
+        late = False
+        for view in ledger.nodes():
+            if view.record.node not in owners:
+                continue
+            timeout = heartbeat_timeout_s if heartbeat_timeout_s is not None else view.record.heartbeat_timeout_s
+            age = view.heartbeat_age_s
+            if age > timeout:
+                return time.monotonic() - started
+            late = late or age > timeout / 3
+        if not late:
+            break
+        time.sleep(poll_s)
+    return time.monotonic() - started
+
+
+@dataclass(frozen=True)
+class PlannedFailover:
+    """A partition whose owner is dead, and the live node chosen to take it."""
+
+    partition: int
+    epoch: int
+    failed_node: int
+    to_node: int
+
+
+@dataclass(frozen=True)
+class FailoverPlan:
+    """The failovers one look at the ledger found due: every dead owner's partitions, with a target each."""
+
+    failovers: tuple[PlannedFailover, ...] = ()
+    #: (partition, epoch) pairs whose failover is planned or under way (in this plan or before it).
+    handled: frozenset[tuple[int, int]] = frozenset()
+    #: Why partitions of dead owners were left alone, one line each.
+    skipped: tuple[str, ...] = ()
+    #: partition -> epoch of the grants completed on the way (their granter died before sealing).
+    completed_grants: Mapping[int, int] = field(default_factory=dict)
+
+
+def _take(loads: dict[int, int], warm: Mapping[int, int] | None, to_node: int | None = None) -> int | None:
+    """One partition's failover target (`to_node`, else the warmest or least-loaded node), counted in `loads`.
+
+    Counted as it is planned, so the partitions of one node spread over the others.
+    """
+    target = to_node if to_node is not None else failover_target(loads, warm=warm)
+    if target is not None:
+        loads[target] = loads.get(target, 0) + 1
+    return target
+
+
+def plan_failovers(
+    ledger: Ledger, handled: Collection[tuple[int, int]] = (), *, heartbeat_timeout_s: float | None = None
+) -> FailoverPlan:
+    """Find the partitions whose owner is dead and pick a target for each new (partition, epoch).
+
+    A partition is left alone when its owner is alive or unassigned, when a
+    migration that no longer needs the old owner is in flight towards a live
+    node (a forced one, or a graceful one past the release), or when its
+    (partition, epoch) is in `handled` (a failover already requested). The
+    target is a live node with a warm copy of the partition (a standby), else
+    the least-loaded live node, counting the failovers planned here. A
+    partition no live node can take is not marked handled: the next look
+    plans it again. Liveness is judged with `heartbeat_timeout_s` (None: each
+    node's own timeout).
+
+    On the way, every grant the ownership head lags (`Ownership.head_lagged`)
+    is completed (`Ledger.complete_grant`): its granter died before sealing
+    the manifest chain, and nothing else would seal it.
+    """
+    live = live_node_ids(ledger, heartbeat_timeout_s=heartbeat_timeout_s)
+    owners = ledger.ownerships(ledger.partitions())
+    loads = node_loads({int(p): (int(o.owner) if o else UNASSIGNED) for p, o in owners.items()}, live)
+    warm = warm_copies(ledger.nodes())
+    desired = DesiredStates(ledger)
+    failovers: list[PlannedFailover] = []
+    done: set[tuple[int, int]] = set()
+    skipped: list[str] = []
+    completed: dict[int, int] = {}
+    for p, own in sorted(owners.items()):
+        if own is not None and own.head_lagged:
+            try:
+                if ledger.complete_grant(p, own):
+                    completed[int(p)] = own.epoch
+            except LaminarError as exc:
+                skipped.append(f"p{p}: the grant at epoch {own.epoch} is not sealed: {type(exc).__name__}: {exc}")
+        if own is None or own.owner == UNASSIGNED or own.owner in live:
+            continue
+        key = (int(p), own.epoch)
+        task = desired.read(PartitionId(p))[0].migration
+        if task is not None and moves_on_without_old_owner(task, live):
+            skipped.append(f"p{p}: migration {task.migration_id} to node {task.to_node} in flight")
+            done.add(key)
+            continue
+        if key in handled:
+            done.add(key)
+            continue
+        target = _take(loads, warm.get(int(p)))
+        if target is None:
+            skipped.append(f"p{p}: owner node {own.owner} is dead and no live node can take it")
+            continue
+        done.add(key)
+        failovers.append(PlannedFailover(int(p), own.epoch, int(own.owner), target))
+    return FailoverPlan(tuple(failovers), frozenset(done), tuple(skipped), completed)
+
+
+@dataclass(frozen=True)
+class DrivenFailover:
+    """One planned failover as `drive_failovers` left it: its migration, the phases done, what stopped it."""
+
+    planned: PlannedFailover
+    migration_id: str | None = None
+    from_epoch: int = 0
+    to_epoch: int = 0
+    to_node: int = 0
+    reports: tuple[PhaseReport, ...] = ()
+    #: Why the drive stopped before Active (budget spent, an error); None when it finished.
+    left_to_run: str | None = None
+
+    @property
+    def done(self) -> bool:
+        """True when the failover is complete (the new owner is active)."""
+        return self.left_to_run is None
+
+
+def drive_failover(
+    ledger: Ledger, planned: PlannedFailover, deadline: float, limits: MigrationConfig, live: Collection[int] | None
+) -> DrivenFailover:
+    """Fence and drive one planned failover until Active or `deadline` (`time.monotonic()`).
+
+    The fence never waits for a node, so it is done whatever the deadline:
+    nothing the dead owner may still do is accepted; only the waits for the
+    new owner are bounded (`drive_with_deadline`). The first phase's report
+    counts the decision's ledger reads too. Errors are returned, not raised.
+    """
+    coordinator = MigrationCoordinator(ledger, limits)
+    started = time.monotonic()
+    try:
+        decision = prepare_failover(coordinator, planned.partition, planned.to_node, live=live)
+    except LaminarError as exc:
+        return DrivenFailover(planned, left_to_run=f"{type(exc).__name__}: {exc}")
+    task = decision.task
+    if task is None:
+        return DrivenFailover(planned, left_to_run=decision.reason)
+    deciding_s = time.monotonic() - started
+    driven = drive_with_deadline(coordinator, task, deadline, always=(MigrationPhase.PLANNED, MigrationPhase.RELEASED))
+    reports = list(driven.reports)
+    if reports and reports[0].phase == MigrationPhase.PLANNED:
+        # The fence follows the decision at once: its ledger reads count in the first phase.
+        first = reports[0]
+        reports[0] = PhaseReport(first.phase, deciding_s + first.duration_s, first.bytes_moved, decision.reason)
+    left: str | None = None
+    if driven.error is not None:
+        left = f"{type(driven.error).__name__}: {driven.error}"
+    elif driven.out_of_time_before is not None:
+        left = f"the budget ran out before {driven.out_of_time_before}"
+    return DrivenFailover(
+        planned, task.migration_id, task.from_epoch, task.to_epoch, task.to_node, tuple(reports), left
+    )
+
+
+def drive_failovers(
+    ledger: Ledger,
+    failovers: Iterable[PlannedFailover],
+    *,
+    budget_s: float,
+    limits: MigrationConfig | None = None,
+    heartbeat_timeout_s: float | None = None,
+) -> list[DrivenFailover]:
+    """Drive every failover at once (one thread each) for at most `budget_s`; one result per failover, in order.
+
+    Liveness is judged with `heartbeat_timeout_s` (None: each node's own), as
+    `plan_failovers` judged it. What is left undone is for a driver with the
+    migration's full limits (a run) to resume from the record.
+    """
+    todo = list(failovers)
+    if not todo:
+        return []
+    deadline = time.monotonic() + budget_s
+    settings = limits or MigrationConfig()
+    live = live_node_ids(ledger, heartbeat_timeout_s=heartbeat_timeout_s)
+    with ThreadPoolExecutor(len(todo), thread_name_prefix="failover") as pool:
+        return list(pool.map(lambda f: drive_failover(ledger, f, deadline, settings, live), todo))

@@ -41,6 +41,10 @@ __all__ = [
 class AssignmentError(InvalidInputError, ValueError):
     """The inputs admit no assignment (no live node, bad weights)."""
 
+    reason: str
+
+    message = "{reason}"
+
 
 @dataclass(frozen=True, order=True)
 class Move:

@@ -5,16 +5,24 @@
 print: per partition the owner, epoch, status, owner liveness, the migration in
 flight, committed offset, log end, lag and standbys, and whether a failover is
 pending (the owner is dead and no migration has taken the partition yet).
+
+What the Dagster assets show is computed here too, the code location only
+translating it into observations and checks: the ownership rows and their
+health (`report_ownership`), the live-owner check (`check_live_owners`), each
+partition's last committed manifest (`checkpoint_rows`) and whether the stream
+keeps up (`stream_progress`), with the data versions (`fingerprint`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from laminar_orchestration.identity import UNASSIGNED
+from laminar_orchestration.identity import UNASSIGNED, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger, NodeView
 from laminar_orchestration.protocol.records import NodeStatus
@@ -25,12 +33,23 @@ from laminar_orchestration.store.metering import RequestPrices
 __all__ = [
     "WARM_STATES",
     "ClusterSnapshot",
+    "LiveOwnersCheck",
     "NodeSnapshot",
+    "OwnershipReport",
     "PartitionSnapshot",
+    "StreamProgress",
+    "check_live_owners",
+    "checkpoint_rows",
+    "checkpoints_version",
+    "fingerprint",
     "live_node_ids",
     "migrations_in_flight",
+    "ownership_health",
     "ownership_map",
+    "ownership_rows",
+    "report_ownership",
     "snapshot_cluster",
+    "stream_progress",
     "warm_copies",
 ]
 
@@ -295,3 +314,195 @@ def snapshot_cluster(
         partitions=tuple(partitions),
         nodes=nodes,
     )
+
+
+# --- what the Dagster assets show: ownership rows, the live-owner check, the manifests, progress ------
+
+
+def fingerprint(value: Any) -> str:
+    """A short stable hash of JSON-able data: the data version of an observation."""
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def ownership_rows(ledger: Ledger) -> list[dict[str, Any]]:
+    """One row per partition: partition, epoch, owner, status, owner_alive, migration ("" or "id (phase)").
+
+    From `snapshot_cluster` without the offsets: they change with every
+    commit, and the rows are what an observer fingerprints.
+    """
+    return [
+        {
+            "partition": p.partition,
+            "epoch": p.epoch,
+            "owner": p.owner,
+            "status": p.status,
+            "owner_alive": p.owner_alive,
+            "migration": "" if p.migration is None else f"{p.migration.migration_id} ({p.migration.phase})",
+        }
+        for p in snapshot_cluster(ledger, offsets=False).partitions
+    ]
+
+
+def ownership_health(row: Mapping[str, Any]) -> str:
+    """One word on an `ownership_rows` row: what an operator must know first."""
+    if row["owner"] == UNASSIGNED:
+        return "unassigned"
+    if not row["owner_alive"]:
+        return "failover in flight" if row["migration"] else "owner dead: failover pending"
+    return "moving" if row["migration"] else "ok"
+
+
+@dataclass(frozen=True)
+class OwnershipReport:
+    """The ownership map as an operator reads it: the rows with their health, and the figures that matter."""
+
+    #: `ownership_rows` with a "health" word each (`ownership_health`).
+    rows: tuple[dict[str, Any], ...]
+    live_nodes: tuple[int, ...]
+    cluster_epoch: int
+    store: str
+
+    @property
+    def on_dead_nodes(self) -> int:
+        """Partitions whose owner is dead."""
+        return sum(1 for r in self.rows if r["owner"] != UNASSIGNED and not r["owner_alive"])
+
+    @property
+    def migrations_in_flight(self) -> int:
+        """Partitions a migration is moving."""
+        return sum(1 for r in self.rows if r["migration"])
+
+    @property
+    def unassigned(self) -> int:
+        """Partitions nobody owns."""
+        return sum(1 for r in self.rows if r["owner"] == UNASSIGNED)
+
+    @property
+    def version(self) -> str:
+        """The data version: ownership only (partition, epoch, owner, status); liveness makes no new version."""
+        return fingerprint([(r["partition"], r["epoch"], r["owner"], r["status"]) for r in self.rows])
+
+
+def report_ownership(ledger: Ledger, rows: Sequence[Mapping[str, Any]] | None = None) -> OwnershipReport:
+    """The ownership map as the ledger shows it now (or as `rows`, read a moment ago), with the live nodes."""
+    table = [{**r, "health": ownership_health(r)} for r in (rows if rows is not None else ownership_rows(ledger))]
+    return OwnershipReport(
+        rows=tuple(table),
+        live_nodes=tuple(sorted(live_node_ids(ledger))),
+        cluster_epoch=ledger.membership().cluster_epoch,
+        store=ledger.store.url,
+    )
+
+
+@dataclass(frozen=True)
+class LiveOwnersCheck:
+    """Whether every partition is owned by a live node; the others named with their health."""
+
+    partitions: int
+    #: "p3 (owner dead: failover pending)", one per partition unassigned or on a dead node.
+    troubled: tuple[str, ...]
+
+    @property
+    def passed(self) -> bool:
+        """True when no partition is unassigned or on a dead node."""
+        return not self.troubled
+
+    @property
+    def listing(self) -> str:
+        """The troubled partitions in one line ("-": none)."""
+        return ", ".join(self.troubled) or "-"
+
+    @property
+    def description(self) -> str:
+        """The check's one-line verdict."""
+        if self.passed:
+            return f"all {self.partitions} partitions on live nodes"
+        return f"{len(self.troubled)} of {self.partitions} partitions not on a live node: {self.listing}"
+
+
+def check_live_owners(rows: Sequence[Mapping[str, Any]]) -> LiveOwnersCheck:
+    """The live-owner check over `ownership_rows` rows."""
+    troubled = tuple(
+        f"p{r['partition']} ({ownership_health(r)})" for r in rows if r["owner"] == UNASSIGNED or not r["owner_alive"]
+    )
+    return LiveOwnersCheck(partitions=len(rows), troubled=troubled)
+
+
+def checkpoint_rows(ledger: Ledger, manifests: ManifestReader) -> list[dict[str, Any]]:
+    """One row per partition with a committed manifest (partitions never committed are left out):
+    seq, fencing token, node, offsets, snapshot and delta sizes, outputs, commit id and time."""
+    rows = []
+    for p in ledger.partitions():
+        version = manifests.current(PartitionId(p))
+        if version is None:
+            continue
+        m = version.manifest
+        rows.append(
+            {
+                "partition": int(p),
+                "seq": m.seq,
+                "fencing_token": m.fencing_token,
+                "node": m.node,
+                "source_offset": m.source_offset,
+                "state_offset": m.state_offset,
+                "events_applied": m.events_applied,
+                "snapshot_files": len(m.snapshot.files) if m.snapshot else 0,
+                "snapshot_bytes": m.snapshot.size if m.snapshot else 0,
+                "deltas": len(m.deltas),
+                "delta_bytes": sum(d.ref.size for d in m.deltas),
+                "outputs": len(m.outputs),
+                "commit_ulid": m.commit_ulid,
+                "committed_at": m.committed_at.isoformat(),
+            }
+        )
+    return rows
+
+
+def checkpoints_version(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The data version of `checkpoint_rows`: each partition's last commit."""
+    return fingerprint([(r["partition"], r["seq"], r["commit_ulid"]) for r in rows])
+
+
+@dataclass(frozen=True)
+class StreamProgress:
+    """Whether every partition kept up since the last report: committed since, or nothing left to commit."""
+
+    #: partition -> seq of its last committed manifest (absent: never committed).
+    seqs: dict[int, int]
+    #: partition -> events in its source log not committed yet.
+    lags: dict[int, int]
+    #: Partitions with events to commit and no commit since the last report.
+    behind: list[int]
+
+    @property
+    def keeping_up(self) -> bool:
+        """True when no partition is behind."""
+        return not self.behind
+
+    @property
+    def uncommitted_events(self) -> int:
+        """Events in all the source logs not committed yet."""
+        return sum(self.lags.values())
+
+    def behind_listing(self) -> str:
+        """The partitions behind with their uncommitted events, in one line ("-": none)."""
+        return ", ".join(f"p{p} ({self.lags[p]} events)" for p in self.behind) or "-"
+
+
+def stream_progress(ledger: Ledger, rows: Sequence[Mapping[str, Any]], reported: Mapping[int, int]) -> StreamProgress:
+    """Each partition's progress since the manifests `reported` (partition -> seq) at the last report,
+    from its `checkpoint_rows` row and its source log's end."""
+    source = SourceLog(ledger.store)
+    by_partition = {r["partition"]: r for r in rows}
+    seqs, lags, behind = {}, {}, []
+    for p in (int(p) for p in ledger.partitions()):
+        row = by_partition.get(p)
+        committed = row["source_offset"] if row else 0
+        lags[p] = max(0, source.end_offset(p) - committed)
+        if row is not None:
+            seqs[p] = row["seq"]
+        progressed = row is not None and reported.get(p) != row["seq"]
+        if lags[p] > 0 and not progressed:
+            behind.append(p)
+    return StreamProgress(seqs=seqs, lags=lags, behind=behind)

@@ -61,7 +61,6 @@ class BackpressureState:
         return Accept(lag)
 
 
-@dataclass
 class Backpressure(UnavailableError):
     """Raised to a producer when a partition's lag is past the hard threshold."""
 
@@ -70,11 +69,10 @@ class Backpressure(UnavailableError):
     hard_threshold: int
     retry_after_s: float
 
-    def __str__(self) -> str:
-        return (
-            f"partition {self.partition} is {self.pending_lag} events behind "
-            f"(hard limit {self.hard_threshold}); retry after {self.retry_after_s:.1f}s"
-        )
+    message = (
+        "partition {partition} is {pending_lag} events behind "
+        "(hard limit {hard_threshold}); retry after {retry_after_s:.1f}s"
+    )
 
 
 def partition_backpressure(

@@ -21,7 +21,6 @@ import secrets
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -44,25 +43,21 @@ BATCH_START_METADATA = "x-laminar-batch-start"
 BATCH_END_METADATA = "x-laminar-batch-end"
 
 
-@dataclass
 class CheckpointCorrupt(CorruptDataError):
     """A checkpoint or output object whose bytes do not match its manifest entry."""
 
     key: str
     reason: str
 
-    def __str__(self) -> str:
-        return f"checkpoint object {self.key!r} is unusable: {self.reason}"
+    message = "checkpoint object {key!r} is unusable: {reason}"
 
 
-@dataclass
 class SnapshotCancelled(ConflictError):
     """A snapshot upload stopped because its partition is moving or stopping (nothing was published)."""
 
     partition: int
 
-    def __str__(self) -> str:
-        return f"snapshot upload of partition {self.partition} cancelled"
+    message = "snapshot upload of partition {partition} cancelled"
 
 
 def next_checkpoint(

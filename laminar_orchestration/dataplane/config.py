@@ -22,13 +22,25 @@ class NodeConfig(BaseModel):
     #: Synthetic batches Spark runs in the background at start, until the node's first real batch:
     #: a target or standby that owned nothing yet is then as fast as a busy node at a handoff.
     spark_warm_up_batches: int = Field(default=WARM_UP_BATCHES, ge=0)
-    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    #: Each heartbeat is a billed PUT; the failure sensor judges a node dead after `heartbeat_timeout_s`.
+    heartbeat_interval_s: float = Field(default=2.0, gt=0)
     heartbeat_timeout_s: float = Field(default=6.0, gt=0)
+    #: How often the node looks at its records while a migration involves it.
     reconcile_interval_s: float = Field(default=0.05, gt=0)
+    #: How often an idle node reads its assignment record (one GET); a nudge wakes it at once.
+    assignment_poll_s: float = Field(default=2.0, gt=0)
+    #: Every this often the node reads every partition's desired state (a repair path).
+    full_reconcile_interval_s: float = Field(default=900.0, gt=0)
+    #: Where the node listens for the control plane's nudges (None: it does not; it still converges).
+    nudge_host: str | None = "127.0.0.1"
     #: Kill-switch refresh of every guard against the ledger (1-5 s: a zombie is stopped within seconds).
-    refresh_interval_s: float = Field(default=1.5, gt=0)
+    #: The periodic check runs this often; a change of this node's assignment triggers one at once.
+    refresh_interval_s: float = Field(default=5.0, gt=0)
     batch_max_events: int = Field(default=1_000_000, ge=1)
+    #: An idle partition's first poll of its source comes after this long; each empty poll doubles
+    #: the wait up to `idle_poll_max_s` (every poll is a billed GET), and a batch resets it.
     idle_poll_s: float = Field(default=0.05, gt=0)
+    idle_poll_max_s: float = Field(default=2.0, gt=0)
     #: How often a node re-reads the records of a migration it takes part in (the full reconcile is
     #: slower): each phase waits up to this long for the node to see it. Every poll is a GET.
     migration_poll_s: float = Field(default=0.01, gt=0)

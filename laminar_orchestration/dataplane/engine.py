@@ -46,7 +46,6 @@ Aggregate = Callable[[Any], Any]
 Merge = Callable[[pa.Table, pa.Table], pa.Table]
 
 
-@dataclass
 class MergeResultInvalid(InvalidInputError, ValueError):
     """A processor's merge broke the contract: one row per touched key, every state column."""
 
@@ -56,11 +55,10 @@ class MergeResultInvalid(InvalidInputError, ValueError):
     columns: list[str]
     missing: list[str]
 
-    def __str__(self) -> str:
-        return (
-            f"processor {self.processor!r}: merge must return {self.expected_rows} rows with columns "
-            f"{self.columns}; got {self.rows} rows, missing {self.missing}"
-        )
+    message = (
+        "processor {processor!r}: merge must return {expected_rows} rows with columns "
+        "{columns}; got {rows} rows, missing {missing}"
+    )
 
 
 @dataclass(frozen=True)

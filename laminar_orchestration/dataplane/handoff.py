@@ -197,7 +197,6 @@ def partition_duty(
     return PartitionDuty.NONE
 
 
-@dataclass
 class HandoffMismatch(CorruptDataError):
     """A graceful handoff whose manifest chain does not continue from the commit the old owner released."""
 
@@ -205,7 +204,7 @@ class HandoffMismatch(CorruptDataError):
     released_commit: str
     found_commit: str | None
 
-    def __str__(self) -> str:
+    def _message(self) -> str:
         return (
             f"partition {self.partition}: the old owner released commit {self.released_commit}, "
             f"but the manifest chain continues from {self.found_commit or 'nothing'}"

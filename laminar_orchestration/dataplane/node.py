@@ -65,6 +65,7 @@ from laminar_orchestration.protocol.fencing import (
     StaleEpoch,
 )
 from laminar_orchestration.protocol.ledger import Ledger, NodeHandle, NodeIdentityConflict
+from laminar_orchestration.protocol.nudge import NudgeListener
 from laminar_orchestration.protocol.records import NodeStatus, PartitionProgress, RequestReport
 from laminar_orchestration.protocol.segments import UndecodableSegment
 from laminar_orchestration.protocol.source import SourceLog
@@ -148,6 +149,16 @@ class Node:
         self._backoff: dict[PartitionId, RestartBackoff] = {}
         self._stop = threading.Event()
         self._report_now = threading.Event()
+        #: Set by a nudge, a worker's report or a stop: the reconcile loop looks at once.
+        self._wake = threading.Event()
+        #: The assignment version this node last acted on, and the revision of each desired state it
+        #: last read: a pass reads only the states whose revision moved (`_states_to_read`).
+        self._assignment_version: int | None = None
+        self._seen_revisions: dict[PartitionId, int] = {}
+        self._next_full_pass = 0.0
+        #: Partitions whose state names this node while it can do nothing for them yet.
+        self._pending: set[PartitionId] = set()
+        self._nudges: NudgeListener | None = None
         self._lock = threading.Lock()
         self.cluster_epoch = 0
         #: Commits are accepted for the last two cluster epochs, so a rebalance
@@ -239,7 +250,13 @@ class Node:
             self._install_signal_handlers()
         self.ledger.cluster()  # fail fast with a clear error if the store has no cluster
         self.start_spark()
-        self.handle = self.ledger.register_node(self.id, heartbeat_timeout_s=self.config.heartbeat_timeout_s)
+        if self.config.nudge_host is not None:
+            self._nudges = NudgeListener(self._wake, host=self.config.nudge_host)
+        self.handle = self.ledger.register_node(
+            self.id,
+            heartbeat_timeout_s=self.config.heartbeat_timeout_s,
+            nudge_url=self._nudges.url if self._nudges else None,
+        )
         self.observe_cluster_epoch(self.ledger.membership().cluster_epoch)
         log.info("node %s: joined as generation %s (store %s)", self.id, self.generation, self.store_url)
         threads = [
@@ -250,16 +267,22 @@ class Node:
             t.start()
         try:
             while not self._stop.is_set():
-                full_pass_at = time.monotonic() + self.config.reconcile_interval_s
+                # Fast while a move involves this node, slow when idle: a nudge or a worker's report
+                # wakes the loop at once, and a missed nudge costs at most one slow poll.
+                self._wake.clear()
+                interval = self.config.reconcile_interval_s if self._moving() else self.config.assignment_poll_s
+                next_pass_at = min(time.monotonic() + interval, self._next_restart_at())
                 try:
                     self._reconcile()
-                    self._follow_moves(until=full_pass_at)
+                    self._follow_moves(until=next_pass_at)
                 except NodeIdentityConflict:
                     raise
                 except (StoreError, EpochError) as exc:
                     log.warning("node %s: reconcile failed: %s", self.id, exc)
-                self._stop.wait(max(0.0, full_pass_at - time.monotonic()))
+                self._wake.wait(max(0.0, next_pass_at - time.monotonic()))
         finally:
+            if self._nudges is not None:
+                self._nudges.close()
             self._drain_all()
             self.snapshot_pool.shutdown(wait=False, cancel_futures=True)
             self.speculation.shutdown()
@@ -278,6 +301,7 @@ class Node:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
 
     def _install_signal_handlers(self) -> None:
         def handler(signum: int, _frame: FrameType | None) -> None:
@@ -304,6 +328,7 @@ class Node:
 
     def report_now(self) -> None:
         self._report_now.set()
+        self._wake.set()  # a worker changed phase or ended: the reconcile loop looks again
 
     def _progress(self) -> dict[int, PartitionProgress]:
         with self._lock:
@@ -388,8 +413,61 @@ class Node:
 
     # -- reconcile ------------------------------------------------------------------------
 
+    def _next_restart_at(self) -> float:
+        """When the earliest failed partition may be restarted (`math.inf` if none waits)."""
+        with self._lock:
+            return min((b.retry_at for b in self._backoff.values() if not b.permanent), default=math.inf)
+
+    def _moving(self) -> bool:
+        """Whether a migration involves this node, or a worker just ended: the loop then looks fast."""
+        return any(w.migrating or w.finished for w in list(self.workers.values()))
+
+    def _states_to_read(self) -> dict[PartitionId, DesiredState]:
+        """The desired states this pass looks at: those whose revision moved in this node's
+        assignment, those it no longer appears in, and those whose worker may be restarted now.
+
+        One GET of the assignment when nothing changed. Every `full_reconcile_interval_s` (and
+        while the control plane has written no assignment for this node yet) every partition's
+        state is read instead: a repair path, never the steady state.
+        """
+        assignment, _ = self.desired.assignment(self.id)
+        at = time.monotonic()
+        if assignment is None and self._assignment_version is None and at < self._next_full_pass:
+            return {}
+        if (assignment is None and self._assignment_version is None) or at >= self._next_full_pass:
+            self._next_full_pass = at + self.config.full_reconcile_interval_s
+            states = self.desired.all()
+            self._assignment_version = assignment.version if assignment else None
+            self._seen_revisions = {p: s.revision for p, s in states.items() if self.id in s.named_nodes()}
+            return states
+        assert assignment is not None
+        if assignment.version != self._assignment_version:
+            self._assignment_version = assignment.version
+            self._assignment_moved()
+        named = {PartitionId(p): r for p, r in assignment.partitions.items()}
+        wanted = {p for p, r in named.items() if self._seen_revisions.get(p) != r}
+        wanted |= {p for p in self._seen_revisions if p not in named}
+        wanted |= {p for p, b in self._backoff.items() if not b.permanent and at >= b.retry_at and p in named}
+        wanted |= self._pending & set(named)
+        states = {p: self.desired.read(p)[0] for p in sorted(wanted)}
+        for p, state in states.items():
+            if self.id in state.named_nodes():
+                self._seen_revisions[p] = state.revision
+            else:
+                self._seen_revisions.pop(p, None)
+        return states
+
+    def _assignment_moved(self) -> None:
+        """The control plane changed what it asks of this node: check every guard and the
+        cluster epoch now rather than at the next periodic refresh."""
+        self.refresh_guards()
+        try:
+            self.observe_cluster_epoch(self.ledger.membership().cluster_epoch)
+        except StoreError as exc:
+            log.warning("node %s: cluster epoch refresh failed: %s", self.id, exc)
+
     def _reconcile(self) -> None:
-        desired = self.desired.all()
+        desired = self._states_to_read()
         with self._lock:
             for p, w in list(self.workers.items()):
                 if w.finished and not w.is_alive():
@@ -409,6 +487,7 @@ class Node:
         task = state.migration
         worker = self.workers.get(p)
         if worker is not None:
+            self._pending.discard(p)
             worker.offer(task)
             return
         if self._stop.is_set() or self._backing_off(p, task):
@@ -424,6 +503,12 @@ class Node:
             self._start(PartitionWorker(self, p, rising=task))
         elif duty == PartitionDuty.RECOVER:
             self._start(PartitionWorker(self, p))
+        elif self.id in state.named_nodes():
+            # Asked of this node but not yet possible (the grant comes after the state): look again
+            # at every poll until it is, since the grant itself moves no assignment.
+            self._pending.add(p)
+            return
+        self._pending.discard(p)
 
     def _note_failure(self, p: PartitionId, worker: PartitionWorker) -> None:
         """Count a failed worker and schedule its restart: doubling delays, capped. Caller holds `_lock`."""

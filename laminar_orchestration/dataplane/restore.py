@@ -32,7 +32,6 @@ from laminar_orchestration.protocol.manifest import PartitionManifest, SnapshotF
 from laminar_orchestration.store import ObjectStore
 
 
-@dataclass
 class StateGap(CorruptDataError):
     """A manifest whose snapshot and deltas do not add up to its source offset."""
 
@@ -40,8 +39,7 @@ class StateGap(CorruptDataError):
     seq: int
     reason: str
 
-    def __str__(self) -> str:
-        return f"manifest seq {self.seq} of partition {self.partition} names an unusable checkpoint: {self.reason}"
+    message = "manifest seq {seq} of partition {partition} names an unusable checkpoint: {reason}"
 
 
 @dataclass

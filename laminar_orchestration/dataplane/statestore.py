@@ -18,7 +18,6 @@ import os
 import shutil
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,40 +40,33 @@ _NUMPY_TYPES: dict[pa.DataType, str] = {
 }
 
 
-@dataclass
 class InvalidStateSchema(InvalidInputError):
     """A processor's state schema the local store cannot hold (only fixed-width numbers)."""
 
     column: str
     type: str
 
-    def __str__(self) -> str:
-        return (
-            f"state column {self.column!r} has type {self.type}; keyed state holds int64, int32, "
-            "float64, float32 or bool columns"
-        )
+    message = (
+        "state column {column!r} has type {type}; keyed state holds int64, int32, float64, float32 or bool columns"
+    )
 
 
-@dataclass
 class LocalStateUnusable(CorruptDataError):
     """A local store directory that cannot be opened or does not hold a valid applied marker."""
 
     path: str
     reason: str
 
-    def __str__(self) -> str:
-        return f"local state store {self.path} is unusable: {self.reason}"
+    message = "local state store {path} is unusable: {reason}"
 
 
-@dataclass
 class LocalStateWriteFailed(UnavailableError):
     """Writing the local store failed (disk full, I/O error): the batch is not applied."""
 
     path: str
     reason: str
 
-    def __str__(self) -> str:
-        return f"cannot write local state store {self.path}: {self.reason}"
+    message = "cannot write local state store {path}: {reason}"
 
 
 class AppliedMarker(BaseModel):

@@ -71,6 +71,10 @@ class Tracker:
 class Fenced(FencedError):
     """Raised inside a worker when its tracker is fenced; unwinds without side effects."""
 
+    reason: str
+
+    message = "{reason}"
+
 
 class PhaseAborted(OperationFailedError):
     """The migration this worker was carrying out was cancelled or failed."""

@@ -3,29 +3,15 @@ side of a migration (see `dataplane.node` for the process that hosts the workers
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-import shutil
 import tempfile
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
-from laminar_orchestration.dataplane.batches import (
-    InFlightBatch,
-    ReadAhead,
-    cancel,
-    poison_check,
-    read_ahead,
-    remove_after_grace,
-    start_aggregate,
-)
-from laminar_orchestration.dataplane.checkpoint import next_checkpoint
+from laminar_orchestration.dataplane.batches import poison_check, remove_after_grace
 from laminar_orchestration.dataplane.engine import BatchFold
 from laminar_orchestration.dataplane.handoff import (
     HandoffMismatch,
@@ -38,7 +24,9 @@ from laminar_orchestration.dataplane.handoff import (
     take_over,
 )
 from laminar_orchestration.dataplane.host import WorkerHost
+from laminar_orchestration.dataplane.pipeline import BatchPipeline
 from laminar_orchestration.dataplane.restore import CatchUp
+from laminar_orchestration.dataplane.snapshots import SnapshotSchedule
 from laminar_orchestration.dataplane.tracking import BatchSteps, BatchTimings, Fenced, PhaseAborted, Tracker, elapsed_ms
 from laminar_orchestration.dataplane.worker_state import WorkerState as WorkerState
 from laminar_orchestration.dataplane.worker_state import check_transition
@@ -53,9 +41,8 @@ from laminar_orchestration.protocol.fencing import (
     PartitionGuard,
     StaleEpoch,
 )
-from laminar_orchestration.protocol.manifest import DeltaRef, SnapshotRef, StaleFencingToken
+from laminar_orchestration.protocol.manifest import StaleFencingToken
 from laminar_orchestration.protocol.records import PartitionProgress, PartitionStatus, now
-from laminar_orchestration.protocol.segments import SourceBatch
 from laminar_orchestration.protocol.tasks import (
     MigrationKind,
     MigrationPhase,
@@ -84,15 +71,8 @@ class PartitionWorker(threading.Thread):
         self._committed_offset = 0
         self._events_applied = 0
         self._manifest: ManifestVersion | None = None
-        #: The committed checkpoint: the newest published snapshot and every delta after it.
-        self._snapshot: SnapshotRef | None = None
-        self._deltas: list[DeltaRef] = []
-        #: A snapshot being uploaded in the background, and one uploaded but not yet published.
-        self._snapshot_upload: Future[SnapshotRef] | None = None
-        self._snapshot_cancel = threading.Event()
-        self._snapshot_dir: Path | None = None
-        self._snapshot_ready: SnapshotRef | None = None
-        self._last_snapshot_at = time.monotonic()
+        #: The committed checkpoint, and when the local store is snapshotted.
+        self.snapshots = SnapshotSchedule(node, partition, self.replica)
         self.last_catch_up: CatchUp | None = None
         #: Where the last committed batch's time went.
         self.last_batch: BatchTimings | None = None
@@ -105,22 +85,10 @@ class PartitionWorker(threading.Thread):
         self._bytes_moved = 0
         self._error: str | None = None
         self._workdir = Path(tempfile.mkdtemp(prefix=f"p{partition}-", dir=node.scratch))
-        self._batch_group: str | None = None
-        self._batch_seq = 0
-        self._abandoned = threading.Event()
-        #: A batch started ahead (a handoff's first batch); committed only if it matches then.
-        self._prefetched: InFlightBatch | None = None
-        if speculative is not None:
-            self._prefetched = speculative
-            speculative.future.add_done_callback(lambda _: self._wake())
-        #: The prefetched batch's keys' values, read while the worker waited on the handoff.
-        self._read_ahead: ReadAhead | None = ahead
-        #: That read while it runs: off the worker's thread, which must answer each handoff step at once
-        #: (a first read of a just-restored 100 MB store takes about a second).
-        self._reading_ahead: tuple[str, int, Future[ReadAhead | None]] | None = None  # (batch group, offset, read)
-        self._read_thread = ThreadPoolExecutor(1, thread_name_prefix=f"partition-{partition}-read")
-        #: Runs the batch's Spark job, so the worker can drop it without waiting for it.
-        self._batch_thread = ThreadPoolExecutor(1, thread_name_prefix=f"partition-{partition}-batch")
+        #: The batches on their way to a commit (a standby's takeover batch among them).
+        self.batches = BatchPipeline(
+            node, partition, self.replica, self._workdir, self._task_changed, prefetched=speculative, ahead=ahead
+        )
         #: Why the thread ended in FAILED (the node logs it with the restart delay).
         self.failure: BaseException | None = None
 
@@ -141,16 +109,8 @@ class PartitionWorker(threading.Thread):
         self.abandon_batch()
 
     def abandon_batch(self) -> None:
-        """Cancel the in-flight Spark batch: nothing of it was written, so dropping it is safe
-        and makes a drain (or a kill-switch) take milliseconds instead of a batch's duration."""
-        group = self._batch_group
-        if group is not None and not self._abandoned.is_set():
-            self._abandoned.set()
-            self._wake()
-            try:
-                self.node.engine.cancel(group)
-            except Exception as exc:  # the job then runs to its end in the background, unused
-                log.warning("node %s: partition %s: cancel failed: %s", self.node.id, self.partition, exc)
+        """Drop the in-flight Spark batch at once (`BatchPipeline.abandon`)."""
+        self.batches.abandon()
 
     @property
     def epoch(self) -> int:
@@ -233,10 +193,8 @@ class PartitionWorker(threading.Thread):
             self.node.report_now()
         finally:
             self._drop_guard()
-            self._batch_thread.shutdown(wait=False)
-            self._collect_read_ahead()  # the local store is closed or handed on next: no read may be inside it
-            self._read_thread.shutdown(wait=False)
-            self._abandon_snapshot()
+            self.batches.close()  # the local store is closed or handed on next: no read may be inside it
+            self.snapshots.abandon()
             if self.state_name in (WorkerState.REVOKED, WorkerState.RELEASED):
                 # Another node owns the partition now. It holds only committed state, so a standby
                 # of this node goes on from it instead of downloading the partition again.
@@ -300,11 +258,6 @@ class PartitionWorker(threading.Thread):
                     return None
                 self._task_changed.wait(min(left, 0.5))
 
-    def _phase(self, phase: MigrationPhase) -> MigrationTask:
-        task = self._wait_phase(phase)
-        assert task is not None
-        return task
-
     def _warm_up(self) -> MigrationTask:
         """Until the task allows Downloading, follow the chain like a standby and report the lag.
 
@@ -328,7 +281,7 @@ class PartitionWorker(threading.Thread):
             current = self._publisher.current(self.partition)
             if final is not None:
                 # The batch needs the events, not the state: its Spark work overlaps the download.
-                self._prefetch(final.to_epoch, current.manifest.source_offset if current else 0)
+                self.batches.prefetch(final.to_epoch, current.manifest.source_offset if current else 0)
             if current is not None:
                 stats = self.replica.catch_up(current.manifest)
                 # The target counts every byte it downloads for this move, warm-up and handoff alike;
@@ -441,9 +394,9 @@ class PartitionWorker(threading.Thread):
                     self._install(token)
                     self._takeover(restored, released=released)
                     self._report(MigrationPhase.SEEKING)
-                    self._prefetch(token.epoch, self._committed_offset)
+                    self.batches.prefetch(token.epoch, self._committed_offset)
                 case NewOwnerAction.WAIT:
-                    self._read_ahead_of(self._prefetched, self.replica.source_offset)
+                    self.batches.read_ahead_of(self.batches.prefetched, self.replica.source_offset)
                     self._await_task_change(task)
                 case NewOwnerAction.RUN:
                     assert task is not None
@@ -480,11 +433,11 @@ class PartitionWorker(threading.Thread):
                 raise HandoffMismatch(self.partition, released, manifest.manifest.commit_ulid if manifest else None)
         self.state_name = WorkerState.RESTORING
         # The batch needs the events, not the state: its Spark work overlaps the download.
-        self._prefetch(task.to_epoch, manifest.manifest.source_offset if manifest else 0)
+        self.batches.prefetch(task.to_epoch, manifest.manifest.source_offset if manifest else 0)
         # Snapshot (files this node does not hold yet) + deltas: the restore is done with the download.
         stats = self._restore(manifest)
         self._report(done, self._bytes_moved + stats.bytes_downloaded)
-        self._prefetch(task.to_epoch, self._committed_offset)
+        self.batches.prefetch(task.to_epoch, self._committed_offset)
         return manifest, released
 
     def _await_grant(self, task: MigrationTask) -> FencingToken:
@@ -519,9 +472,7 @@ class PartitionWorker(threading.Thread):
         m = manifest.manifest if manifest else None
         self._committed_offset = m.source_offset if m else 0
         self._events_applied = m.events_applied if m else 0
-        self._snapshot = m.snapshot if m else None
-        self._deltas = list(m.deltas) if m else []
-        self._snapshot_ready = None
+        self.snapshots.restored(m)
         self._log_catch_up("restored", stats)
         return stats
 
@@ -560,7 +511,7 @@ class PartitionWorker(threading.Thread):
                 self.guard.observe_epoch(exc.actual_epoch)
             raise
         if takeover.restore_again:
-            self._collect_read_ahead()
+            self.batches.collect_read_ahead()
             log.warning(
                 "node %s: partition %s: the chain moved past what was restored (seq %s); re-restoring",
                 self.node.id,
@@ -574,8 +525,8 @@ class PartitionWorker(threading.Thread):
         """The manifest of the committed state as it stands, with `changes`."""
         current = ManifestUpdate(
             source_offset=self._committed_offset,
-            snapshot=self._snapshot,
-            deltas=tuple(self._deltas),
+            snapshot=self.snapshots.snapshot,
+            deltas=tuple(self.snapshots.deltas),
             events_applied=self._events_applied,
             cluster_epoch=self.node.cluster_epoch,
             generation=self.node.generation,
@@ -588,33 +539,35 @@ class PartitionWorker(threading.Thread):
         self.state_name = WorkerState.RUNNING
         self.node.report_now()
         cfg = self.node.config
+        idle_wait = cfg.idle_poll_s
         while not self._stop_requested.is_set() and not self._draining_requested():
             self._check()
-            inflight, self._prefetched = self._prefetched, None
-            if inflight is not None and not inflight.matches(self._committed_offset, self.epoch):
-                # Started for a handoff that went differently (another offset or epoch): not ours to commit.
-                self._cancel(inflight)
-                inflight = None
-            if inflight is not None:
-                self._batch_group = inflight.group  # a drain abandons it like one started here
+            # A batch started ahead for a handoff that went differently (another offset or epoch) is dropped.
+            inflight = self.batches.take_prefetched(self._committed_offset, self.epoch)
             if inflight is None:
                 read_at = time.monotonic()
-                batch = self.node.source.read(self.partition, self._committed_offset, cfg.batch_max_events)
+                batch = self.node.source.read(
+                    self.partition, self._committed_offset, cfg.batch_max_events, at_boundary=True
+                )
                 if batch is None:
                     self._snapshot_step(idle=True)
                     with self._task_changed:
                         # Re-checked under the lock: an offer/stop just before the wait is not lost.
                         if not self._stop_requested.is_set() and not self._draining_requested():
-                            self._task_changed.wait(cfg.idle_poll_s)
+                            self._task_changed.wait(idle_wait)
+                    # An idle partition polls ever less often (each poll is a billed GET), up to
+                    # `idle_poll_max_s`; the first batch after a pause brings it back to `idle_poll_s`.
+                    idle_wait = min(idle_wait * 2, max(cfg.idle_poll_s, cfg.idle_poll_max_s))
                     continue
-                inflight = self._start_batch(batch, read_at=read_at)
+                idle_wait = cfg.idle_poll_s
+                inflight = self.batches.start(batch, read_at=read_at, epoch=self.epoch)
             # The touched keys' values are read while Spark aggregates the batch.
-            self._read_ahead_of(inflight, self._committed_offset)
+            self.batches.read_ahead_of(inflight, self._committed_offset)
             waited_from = time.monotonic()
             # A batch that fails on an event it cannot decode fails the same way every time: it fails
             # the partition with `UndecodableSegment`, which the node does not restart.
             with poison_check(inflight.batch):
-                done = self._await_batch(inflight)
+                done = self.batches.await_batch(inflight, self._asked_to_leave)
                 if done is None:
                     # Nothing of the batch is written: dropping it is safe, and a drain (or a kill-switch)
                     # takes milliseconds instead of a batch's duration. Whoever runs next reads it again.
@@ -625,11 +578,7 @@ class PartitionWorker(threading.Thread):
                 aggregate, spark_done_at = done
                 merging_at = time.monotonic()
                 engine = self.node.engine
-                self._collect_read_ahead()
-                ahead, self._read_ahead = self._read_ahead, None
-                previous: pa.Table | None = None
-                if ahead is not None and ahead.serves(inflight, self._committed_offset):
-                    previous = ahead.previous(aggregate["key"])
+                previous = self.batches.values_read_ahead(inflight, self._committed_offset, aggregate["key"])
                 if previous is None and self.replica.store is not None:
                     previous = self.replica.store.get_many(aggregate["key"].to_pylist())
                 assert previous is not None, "restored before processing"
@@ -655,97 +604,6 @@ class PartitionWorker(threading.Thread):
             self._snapshot_step(idle=False)
         self.state_name = WorkerState.DRAINING if not self._stop_requested.is_set() else self.state_name
 
-    def _prefetch(self, epoch: int, offset: int) -> None:
-        """Start the first batch's Spark work (from `offset`, stamped `epoch`) as soon as the committed
-        offset is final; it commits only once the move is Active, and only if it began at the offset
-        and epoch this worker then holds."""
-        current = self._prefetched
-        if current is not None and current.matches(offset, epoch):
-            return
-        if current is not None:
-            self._cancel(current)
-            self._prefetched = None
-        read_at = time.monotonic()
-        batch = self.node.source.read(self.partition, offset, self.node.config.batch_max_events)
-        if batch is not None:
-            self._prefetched = self._start_batch(batch, read_at=read_at, epoch=epoch)
-
-    def _read_ahead_of(self, inflight: InFlightBatch | None, offset: int) -> None:
-        """Start reading `inflight`'s keys' values from the copy at committed `offset` on the read thread,
-        unless values that serve it are read or being read. Never blocks: the worker must answer a drain,
-        a stop or a handoff step at once. A write before `_collect_read_ahead` only wastes the read:
-        the store reads nothing once it holds another offset (`get_many_at`)."""
-        if self._reading_ahead is not None and self._reading_ahead[2].done():
-            self._collect_read_ahead()
-        if inflight is None:
-            return
-        ahead = self._read_ahead
-        if ahead is not None and ahead.serves(inflight, offset):
-            return
-        if self._reading_ahead is not None and self._reading_ahead[:2] == (inflight.group, offset):
-            return
-        # One read thread: a read still running for a dropped batch ends before this one starts.
-        future = self._read_thread.submit(read_ahead, inflight, self.replica)
-        self._reading_ahead = (inflight.group, offset, future)
-
-    def _collect_read_ahead(self) -> None:
-        """Wait for the last read `_read_ahead_of` started (before anything writes the copy)."""
-        reading, self._reading_ahead = self._reading_ahead, None
-        if reading is None:
-            return
-        try:
-            self._read_ahead = reading[2].result()
-        except Exception:  # an optimisation only: the commit reads the values itself
-            log.debug("node %s: partition %s: read-ahead failed", self.node.id, self.partition, exc_info=True)
-            self._read_ahead = None
-
-    def _cancel(self, inflight: InFlightBatch) -> None:
-        cancel(self.node.engine, inflight)
-
-    def _start_batch(self, batch: SourceBatch, *, read_at: float, epoch: int | None = None) -> InFlightBatch:
-        """Stage the batch's files and start its aggregate on this worker's batch thread.
-
-        The thread lets the worker drop the batch without waiting for it: a Spark cancel only
-        reaches a job already submitted, and planning takes most of a small batch. An abandoned
-        job winds down in the background; its files go with it.
-        """
-        self._batch_seq += 1
-        self._abandoned.clear()
-        self._batch_group = group = f"laminar-n{self.node.id}-p{self.partition}-b{self._batch_seq}"
-        return start_aggregate(
-            self.node.engine,
-            self._batch_thread,
-            batch,
-            # Unique per attempt: an abandoned job of the same offsets removes only its own files.
-            self._workdir / f"batch-{batch.start_offset}-{self._batch_seq}",
-            epoch=self.epoch if epoch is None else epoch,
-            generation=self.node.generation,
-            group=group,
-            # The cluster epoch this batch began under; its commit must still be inside the window.
-            cluster_epoch=self.node.cluster_epoch,
-            read_at=read_at,
-            on_done=self._wake,
-        )
-
-    def _await_batch(self, inflight: InFlightBatch) -> tuple[pa.Table, float] | None:
-        """The batch's aggregate (and when it finished), or None as soon as the batch is abandoned
-        (drain, stop, fence)."""
-        try:
-            with self._task_changed:
-                while not inflight.future.done() and not self._abandoned.is_set() and not self._asked_to_leave():
-                    self._task_changed.wait(0.5)
-            if not inflight.future.done() and self._asked_to_leave():
-                self.abandon_batch()  # asked while the batch was staged, before it had a group to abandon
-            if self._abandoned.is_set():
-                return None
-            return inflight.future.result()
-        finally:
-            self._batch_group = None
-
-    def _wake(self) -> None:
-        with self._task_changed:
-            self._task_changed.notify_all()
-
     def _commit(self, fold: BatchFold, start: int, end: int, cluster_epoch: int, steps: BatchSteps) -> None:
         """Output and delta uploaded, then one manifest names them with the offset; then the local store."""
         assert self.guard is not None and self.token is not None
@@ -754,7 +612,7 @@ class PartitionWorker(threading.Thread):
         t1 = time.monotonic()
         delta = self.node.checkpoints.upload_delta(self.guard, fold.delta, start, end)
         t2 = time.monotonic()
-        snapshot, deltas = self._checkpoint_with(delta)
+        snapshot, deltas = self.snapshots.next_checkpoint(delta)
         self._check()
         update = self._update(
             source_offset=end,
@@ -784,82 +642,18 @@ class PartitionWorker(threading.Thread):
         self._commits += 1
         self._last_commit_at = now()
 
-    def _checkpoint_with(self, delta: DeltaRef | None) -> tuple[SnapshotRef | None, list[DeltaRef]]:
-        """The checkpoint the next manifest names: an uploaded snapshot replaces the deltas it covers."""
-        return next_checkpoint(self._snapshot_ready or self._snapshot, self._deltas, delta)
-
     def _committed(self, version: ManifestVersion) -> None:
         m = version.manifest
         self._manifest = version
         self._committed_offset = m.source_offset
-        if self._snapshot_ready is not None and m.snapshot == self._snapshot_ready:
-            self.replica.adopt_snapshot(self._snapshot_ready)
-            self._snapshot_ready = None
-        self._snapshot, self._deltas = m.snapshot, list(m.deltas)
-
-    # -- snapshots (off the batch's critical path) ------------------------------------
+        self.snapshots.committed(m)
 
     def _snapshot_step(self, *, idle: bool) -> None:
-        """Start a snapshot when one is due; publish one that finished uploading when idle."""
-        upload = self._snapshot_upload
-        if upload is not None and upload.done():
-            self._snapshot_upload = None
-            self._remove_snapshot_dir()
-            try:
-                self._snapshot_ready = upload.result()
-            except (Fenced, EpochError):
-                raise
-            except Exception as exc:  # the deltas keep the state committed; try again later
-                log.warning("node %s: partition %s: snapshot upload failed: %s", self.node.id, self.partition, exc)
-                self._last_snapshot_at = time.monotonic()
-        if idle and self._snapshot_ready is not None and self.guard is not None:
+        """Start a snapshot when one is due (`SnapshotSchedule`); publish one that finished uploading when idle."""
+        if self.snapshots.step(self.guard, idle=idle):
             self._check()
-            snapshot, deltas = self._checkpoint_with(None)
+            snapshot, deltas = self.snapshots.next_checkpoint()
             self._committed(self._publish(self._update(snapshot=snapshot, deltas=tuple(deltas), note="snapshot")))
-            return
-        if self._snapshot_upload is None and self._snapshot_ready is None and self._snapshot_due():
-            self._start_snapshot()
-
-    def _snapshot_due(self) -> bool:
-        if not self._deltas or self.guard is None:
-            return False
-        cfg = self.node.config
-        delta_bytes = sum(d.ref.size for d in self._deltas)
-        snapshot_bytes = self._snapshot.size if self._snapshot else 0
-        return (
-            len(self._deltas) >= cfg.checkpoint_every_batches
-            or (
-                snapshot_bytes > 0
-                and delta_bytes >= max(cfg.checkpoint_delta_fraction * snapshot_bytes, cfg.checkpoint_min_delta_bytes)
-            )
-            or time.monotonic() - self._last_snapshot_at >= cfg.checkpoint_every_s
-        )
-
-    def _start_snapshot(self) -> None:
-        assert self.guard is not None
-        files, offset, directory = self.replica.snapshot_files()
-        self._snapshot_dir = directory
-        self._last_snapshot_at = time.monotonic()
-        known, guard = self.replica.lineage_files, self.guard
-        self._snapshot_cancel = cancel = threading.Event()
-        self._snapshot_upload = self.node.snapshot_pool.submit(
-            self.node.checkpoints.upload_snapshot, guard, files, offset, known, cancel
-        )
-
-    def _remove_snapshot_dir(self) -> None:
-        if self._snapshot_dir is not None:
-            shutil.rmtree(self._snapshot_dir, ignore_errors=True)
-            self._snapshot_dir = None
-
-    def _abandon_snapshot(self) -> None:
-        upload, self._snapshot_upload = self._snapshot_upload, None
-        if upload is not None:
-            self._snapshot_cancel.set()
-            upload.cancel()
-            with contextlib.suppress(Exception):
-                # At most the file in flight: its source is the directory removed below.
-                upload.result(timeout=30)
-        self._remove_snapshot_dir()
 
     def _publish(self, update: ManifestUpdate) -> ManifestVersion:
         """The fenced commit (`commit.commit`); a refused one fences this worker's tracker."""
@@ -915,10 +709,10 @@ class PartitionWorker(threading.Thread):
     def _finish_upload(self) -> int:
         """Publish the snapshot whose upload has finished (its bytes), drop one still uploading."""
         uploaded = 0
-        if self._snapshot_upload is not None and self._snapshot_upload.done():
+        if self.snapshots.uploaded:
             self._snapshot_step(idle=True)
-            uploaded = self._snapshot.size if self._snapshot else 0
-        self._abandon_snapshot()
+            uploaded = self.snapshots.snapshot.size if self.snapshots.snapshot else 0
+        self.snapshots.abandon()
         return uploaded
 
     def _release(self) -> None:
@@ -933,7 +727,7 @@ class PartitionWorker(threading.Thread):
         if self.token is None or self.guard is None:
             self.state_name = WorkerState.STOPPED
             return
-        self._abandon_snapshot()
+        self.snapshots.abandon()
         self._release()
         log.info(
             "node %s: partition %s released at epoch %s (shutdown, offset %s)",

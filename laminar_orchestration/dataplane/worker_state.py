@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 
 from laminar_orchestration.errors import OperationFailedError
@@ -63,14 +62,13 @@ TRANSITIONS: Mapping[WorkerState, frozenset[WorkerState]] = MappingProxyType(
 )
 
 
-@dataclass
 class IllegalWorkerTransition(OperationFailedError):
     """A partition worker was moved from `old` to a state that may not follow it (a bug in the node)."""
 
     old: WorkerState
     new: WorkerState
 
-    def __str__(self) -> str:
+    def _message(self) -> str:
         allowed = ", ".join(sorted(TRANSITIONS[self.old])) or "nothing"
         return f"partition worker cannot go from {self.old} to {self.new} (allowed: {allowed})"
 

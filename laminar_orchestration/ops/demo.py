@@ -73,6 +73,10 @@ WEBSERVER_START_TIMEOUT_S = 180.0
 class DemoError(OperationFailedError):
     """The demo cannot go on (a port in use, a node that exited, ...)."""
 
+    reason: str
+
+    message = "{reason}"
+
 
 class _Aborted(Exception):
     """Ctrl-C, SIGTERM or the end of `--duration`: stop wherever the demo is."""
@@ -135,7 +139,8 @@ def find_code_location(start: Path | None = None) -> Path | None:
     package (an editable install). None when neither holds it.
     """
     here = (start or Path.cwd()).resolve()
-    for root in (here, *here.parents, Path(__file__).resolve().parent.parent):
+    package = Path(__file__).resolve().parents[1]  # laminar_orchestration/ (this module is in ops/)
+    for root in (here, *here.parents, package.parent):
         if all((root / name).is_file() for name in CODE_LOCATION_FILES):
             return root
     return None

@@ -47,14 +47,12 @@ PARTITION_METADATA = "x-laminar-partition"
 EPOCH_METADATA = "x-laminar-epoch"
 
 
-@dataclass
 class InvalidGracePeriod(InvalidInputError, ValueError):
     """The sweep's grace period is not a number of seconds >= 0."""
 
     grace_s: float
 
-    def __str__(self) -> str:
-        return f"grace period must be a number of seconds >= 0, got {self.grace_s!r}"
+    message = "grace period must be a number of seconds >= 0, got {grace_s!r}"
 
 
 @dataclass

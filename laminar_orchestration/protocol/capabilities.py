@@ -204,6 +204,7 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
                 keys.OWNERSHIP_HEADS_PATTERN,
                 keys.GRANTS_PATTERN,
                 keys.DESIRED_STATES_PATTERN,
+                keys.ASSIGNMENTS_PATTERN,
                 keys.MANIFEST_HISTORY_PATTERN,
                 keys.MANIFEST_POINTERS_PATTERN,
                 keys.SIGNING_KEYS_PATTERN,
@@ -260,6 +261,7 @@ CAS_PATTERNS: tuple[str, ...] = (
     keys.NODE_RECORDS_PATTERN,
     keys.OWNERSHIP_HEADS_PATTERN,
     keys.DESIRED_STATES_PATTERN,
+    keys.ASSIGNMENTS_PATTERN,
     keys.MANIFEST_POINTERS_PATTERN,
     keys.SOURCE_HEADS_PATTERN,
 )

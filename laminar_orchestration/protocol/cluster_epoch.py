@@ -50,8 +50,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import FrozenInstanceError, dataclass
-from typing import TypeVar
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -77,40 +76,7 @@ _log = logging.getLogger(__name__)
 class ClusterEpochError(LaminarError):
     """Base of the cluster-epoch fencing errors (typed values: compare fields, never messages)."""
 
-    def __reduce__(self) -> tuple[type[ClusterEpochError], tuple[object, ...]]:
-        # Rebuild from the constructor arguments: the default reduce restores
-        # ``__dict__`` by assignment, which the frozen fields refuse.
-        return type(self), self.args
 
-
-_E = TypeVar("_E", bound=ClusterEpochError)
-
-
-def _frozen_fields_setattr(self: ClusterEpochError, name: str, value: object) -> None:
-    if name in getattr(self, "__dataclass_fields__", ()):
-        raise FrozenInstanceError(f"cannot assign to field {name!r}")
-    Exception.__setattr__(self, name, value)
-
-
-def _frozen_fields_delattr(self: ClusterEpochError, name: str) -> None:
-    if name in getattr(self, "__dataclass_fields__", ()):
-        raise FrozenInstanceError(f"cannot delete field {name!r}")
-    Exception.__delattr__(self, name)
-
-
-def _error_dataclass(cls: type[_E]) -> type[_E]:
-    """Freeze only the dataclass fields of an exception.
-
-    A frozen dataclass refuses *every* assignment, but contextlib and the
-    interpreter's helpers assign ``__traceback__`` etc. on exceptions in flight.
-    """
-    type.__setattr__(cls, "__setattr__", _frozen_fields_setattr)
-    type.__setattr__(cls, "__delattr__", _frozen_fields_delattr)
-    return cls
-
-
-@_error_dataclass
-@dataclass(frozen=True)
 class StaleClusterEpoch(ClusterEpochError, FencedError):
     """The epoch is below the acceptance window: the commit must be abandoned.
 
@@ -122,29 +88,16 @@ class StaleClusterEpoch(ClusterEpochError, FencedError):
     oldest_accepted: int
     latest_seen: int
 
-    def __post_init__(self) -> None:
-        # ``args`` holds the fields (also when built with keywords), for `__reduce__`.
-        Exception.__init__(self, self.epoch, self.oldest_accepted, self.latest_seen)
-
-    def __str__(self) -> str:
-        return (
-            f"stale cluster epoch {self.epoch}: below the accepted window [{self.oldest_accepted}, {self.latest_seen}]"
-        )
+    message = "stale cluster epoch {epoch}: below the accepted window [{oldest_accepted}, {latest_seen}]"
 
 
-@_error_dataclass
-@dataclass(frozen=True)
 class ClusterEpochFenceTimeout(ClusterEpochError, UnavailableError):
     """The fence could not be acquired within ``timeout`` seconds (holders did not finish)."""
 
     epoch: int
     timeout: float
 
-    def __post_init__(self) -> None:
-        Exception.__init__(self, self.epoch, self.timeout)
-
-    def __str__(self) -> str:
-        return f"timed out after {self.timeout}s waiting to fence cluster epoch {self.epoch}"
+    message = "timed out after {timeout}s waiting to fence cluster epoch {epoch}"
 
 
 # --- values ---------------------------------------------------------------

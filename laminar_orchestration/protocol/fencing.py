@@ -27,13 +27,14 @@ class EpochError(LaminarError):
 
     partition: PartitionId
 
+    message = "fencing error for partition {partition}"
+
     StaleEpoch: ClassVar[type[StaleEpoch]]
     UnknownPartition: ClassVar[type[UnknownPartition]]
     NotOwned: ClassVar[type[NotOwned]]
     ConditionalPutFailed: ClassVar[type[ConditionalPutFailed]]
 
 
-@dataclass(eq=True)
 class StaleEpoch(EpochError, FencedError):
     """Another node holds the partition at a higher epoch; abort all in-flight work."""
 
@@ -41,31 +42,25 @@ class StaleEpoch(EpochError, FencedError):
     local_epoch: int
     current_epoch: int
 
-    def __str__(self) -> str:
-        return f"stale epoch for partition {self.partition}: local={self.local_epoch}, current={self.current_epoch}"
+    message = "stale epoch for partition {partition}: local={local_epoch}, current={current_epoch}"
 
 
-@dataclass(eq=True)
 class UnknownPartition(EpochError, NotFoundError):
     """The partition does not exist in the ledger."""
 
     partition: PartitionId
 
-    def __str__(self) -> str:
-        return f"unknown partition: {self.partition}"
+    message = "unknown partition: {partition}"
 
 
-@dataclass(eq=True)
 class NotOwned(EpochError, FencedError):
     """This node does not own the partition (another node, or node 0: unassigned)."""
 
     partition: PartitionId
 
-    def __str__(self) -> str:
-        return f"partition {self.partition} not owned by this node"
+    message = "partition {partition} not owned by this node"
 
 
-@dataclass(eq=True)
 class ConditionalPutFailed(EpochError, FencedError):
     """The store rejected a fenced write because the partition's epoch moved on."""
 
@@ -73,11 +68,7 @@ class ConditionalPutFailed(EpochError, FencedError):
     expected_epoch: int
     actual_epoch: int
 
-    def __str__(self) -> str:
-        return (
-            f"conditional PUT failed for partition {self.partition}: "
-            f"expected epoch={self.expected_epoch}, actual={self.actual_epoch}"
-        )
+    message = "conditional PUT failed for partition {partition}: expected epoch={expected_epoch}, actual={actual_epoch}"
 
 
 EpochError.StaleEpoch = StaleEpoch

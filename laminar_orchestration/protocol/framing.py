@@ -24,7 +24,6 @@ never skip ahead (the next "header" could be payload bytes) or guess.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import struct
 from collections.abc import Iterator
@@ -71,62 +70,48 @@ assert HEADER_SIZE == 32  # the on-disk layout is fixed; a struct typo must not 
 
 # --- errors -----------------------------------------------------------------
 
+#: Where a frame error is, the start of every frame error's message. The messages below
+#: are f-strings only to take in the module's constants: their fields are in double braces.
+_AT = "frame at offset {offset} of {source!r}"
 
-@dataclass(eq=False)
+
 class FrameError(CorruptDataError):
     """Base of frame errors: `source` (object key or file name) and byte `offset` of the frame."""
 
     source: str
     offset: int
 
-    def __post_init__(self) -> None:
-        # Exception.args drives pickling; dataclass __init__ leaves it empty, which would
-        # make these errors unpicklable across process boundaries (multiprocessing).
-        self.args = tuple(getattr(self, f.name) for f in dataclasses.fields(self))
-
-    def _where(self) -> str:
-        return f"frame at offset {self.offset} of {self.source!r}"
-
-    def __str__(self) -> str:
-        return f"bad {self._where()}"
+    message = f"bad {_AT}"
 
 
-@dataclass(eq=False)
 class BadMagic(FrameError):
     """The bytes at `offset` do not start with the frame magic: corruption or a foreign file."""
 
     magic: int
 
-    def __str__(self) -> str:
-        return f"{self._where()}: bad magic 0x{self.magic:08X} (expected 0x{MAGIC:08X})"
+    message = f"{_AT}: bad magic 0x{{magic:08X}} (expected 0x{MAGIC:08X})"
 
 
-@dataclass(eq=False)
 class UnsupportedVersion(FrameError):
     """A frame written by a protocol version this reader does not speak."""
 
     version: int
 
-    def __str__(self) -> str:
-        return f"{self._where()}: unsupported frame version {self.version} (this reader speaks {VERSION})"
+    message = f"{_AT}: unsupported frame version {{version}} (this reader speaks {VERSION})"
 
 
-@dataclass(eq=False)
 class UnpublishedFrame(FrameError):
     """A frame whose published flag is clear: the writer died between its two phases."""
 
     flags: int
     length: int
 
-    def __str__(self) -> str:
-        return (
-            f"{self._where()}: frame is not published "
-            f"(flags=0x{self.flags:04X}, length={self.length}); "
-            "the writer stopped before completing the two-phase publish"
-        )
+    message = (
+        f"{_AT}: frame is not published (flags=0x{{flags:04X}}, length={{length}}); "
+        "the writer stopped before completing the two-phase publish"
+    )
 
 
-@dataclass(eq=False)
 class TruncatedFrame(FrameError):
     """The data ends inside the header or the payload.
 
@@ -136,12 +121,12 @@ class TruncatedFrame(FrameError):
     needed: int
     available: int
 
-    def __str__(self) -> str:
+    def _message(self) -> str:
         what = "header" if self.needed == HEADER_SIZE else "payload"
-        return f"{self._where()}: truncated {what}: needs {self.needed} bytes, only {self.available} available"
+        at = _AT.format(offset=self.offset, source=self.source)
+        return f"{at}: truncated {what}: needs {self.needed} bytes, only {self.available} available"
 
 
-@dataclass(eq=False)
 class FrameMismatch(FrameError):
     """A well-formed frame whose `field` (partition/generation/epoch) is not the expected value."""
 
@@ -149,8 +134,7 @@ class FrameMismatch(FrameError):
     expected: int
     actual: int
 
-    def __str__(self) -> str:
-        return f"{self._where()}: {self.field} is {self.actual}, expected {self.expected}"
+    message = f"{_AT}: {{field}} is {{actual}}, expected {{expected}}"
 
 
 # --- header -----------------------------------------------------------------

@@ -118,6 +118,23 @@ def desired_state_key(partition: int) -> str:
     return f"{ledger_partition_prefix(partition)}/desired.json"
 
 
+ASSIGNMENTS_PREFIX = f"{LEDGER_PREFIX}assignments/"
+
+
+def assignment_key(node: int) -> str:
+    """The control plane's index of the desired states that name `node`: all a node polls when idle."""
+    return f"{ASSIGNMENTS_PREFIX}{node:05d}.json"
+
+
+_ASSIGNMENT_KEY_RE = re.compile(r"^ledger/assignments/(\d{5,})\.json$")
+
+
+def parse_assignment_key(key: str) -> int | None:
+    """The node id of an assignment record's key; None for any other key."""
+    match = _ASSIGNMENT_KEY_RE.match(key)
+    return int(match.group(1)) if match else None
+
+
 # --- manifests ----------------------------------------------------------------------
 
 
@@ -209,15 +226,13 @@ def output_object_key(partition: int, node: int, epoch: int, start: int, end: in
 _FENCED_RE = re.compile(r"^(sink|checkpoints)/(\d{5,})/n-(\d{5,})/(\d{10})-([^/]+)$")
 
 
-@dataclass
 class UnparseableObjectKey(InvalidInputError, ValueError):
     """A fenced object's name does not carry a partition, an epoch and a ULID."""
 
     key: str
     reason: str
 
-    def __str__(self) -> str:
-        return f"object {self.key!r}: {self.reason}"
+    message = "object {key!r}: {reason}"
 
 
 @dataclass(frozen=True)
@@ -270,6 +285,7 @@ OWNERSHIP_HEADS_PATTERN = f"{LEDGER_PREFIX}partitions/{PARTITION_SEGMENT_PATTERN
 GRANTS_PATTERN = f"{LEDGER_PREFIX}partitions/{PARTITION_SEGMENT_PATTERN}/grants/*"
 RELEASES_PATTERN = f"{LEDGER_PREFIX}partitions/{PARTITION_SEGMENT_PATTERN}/releases/*"
 DESIRED_STATES_PATTERN = f"{LEDGER_PREFIX}partitions/{PARTITION_SEGMENT_PATTERN}/desired.json"
+ASSIGNMENTS_PATTERN = f"{ASSIGNMENTS_PREFIX}?????.json"
 MANIFEST_HISTORY_PATTERN = f"{MANIFESTS_PREFIX}{PARTITION_SEGMENT_PATTERN}/history/*"
 MANIFEST_POINTERS_PATTERN = f"{MANIFESTS_PREFIX}{PARTITION_SEGMENT_PATTERN}/current.json"
 SEGMENTS_PATTERN = f"{SOURCE_PREFIX}{PARTITION_SEGMENT_PATTERN}/*.seg"

@@ -113,27 +113,22 @@ M = TypeVar("M", bound=BaseModel)
 # --- errors ---------------------------------------------------------------
 
 
-@dataclass
 class ClusterNotInitialized(LedgerError, NotFoundError):
     store_url: str
 
-    def __str__(self) -> str:
-        return f"no cluster in {self.store_url}: run `laminar init --store {self.store_url} --partitions N`"
+    message = "no cluster in {store_url}: run `laminar init --store {store_url} --partitions N`"
 
 
-@dataclass
 class ClusterAlreadyInitialized(LedgerError, ConflictError):
     store_url: str
     partitions: int
 
-    def __str__(self) -> str:
-        return (
-            f"a cluster with {self.partitions} partitions already exists in {self.store_url}; "
-            "pass --force to re-initialize (epochs are kept, partitions can only be added)"
-        )
+    message = (
+        "a cluster with {partitions} partitions already exists in {store_url}; "
+        "pass --force to re-initialize (epochs are kept, partitions can only be added)"
+    )
 
 
-@dataclass
 class EpochConflict(LedgerError, ConflictError):
     """Someone else moved the partition's epoch first: the caller's `expected` epoch is no longer current."""
 
@@ -141,11 +136,9 @@ class EpochConflict(LedgerError, ConflictError):
     expected: int
     actual: int
 
-    def __str__(self) -> str:
-        return f"epoch conflict for partition {self.partition}: expected={self.expected}, actual={self.actual}"
+    message = "epoch conflict for partition {partition}: expected={expected}, actual={actual}"
 
 
-@dataclass
 class NotReleased(LedgerError, ConflictError):
     """A graceful acquisition of a partition whose current owner has not released it."""
 
@@ -153,25 +146,19 @@ class NotReleased(LedgerError, ConflictError):
     epoch: int
     owner: NodeId
 
-    def __str__(self) -> str:
-        return (
-            f"partition {self.partition} is held by node {self.owner} at epoch {self.epoch} "
-            "and has not been released; use a forced failover to take it"
-        )
+    message = (
+        "partition {partition} is held by node {owner} at epoch {epoch} "
+        "and has not been released; use a forced failover to take it"
+    )
 
 
-@dataclass
 class NodeIdentityConflict(LedgerError, ConflictError):
     """Another process wrote this node's record: two processes claim one node id."""
 
     node: NodeId
     generation: int
 
-    def __str__(self) -> str:
-        return (
-            f"node {self.node} (generation {self.generation}) lost its ledger record to another "
-            "process with the same node id"
-        )
+    message = "node {node} (generation {generation}) lost its ledger record to another process with the same node id"
 
 
 # --- values ---------------------------------------------------------------
@@ -659,8 +646,11 @@ class Ledger:
         heartbeat_timeout_s: float = 10.0,
         host: str | None = None,
         pid: int | None = None,
+        nudge_url: str | None = None,
     ) -> NodeHandle:
         """Write this node's own record (a new generation on each call) and return the handle that heartbeats.
+
+        `nudge_url` is where the control plane may wake the node (advisory, `protocol.nudge`).
 
         The node touches nothing else: the control plane admits it to the member
         set (`admit_nodes`), and `nodes` lists it meanwhile.
@@ -682,6 +672,7 @@ class Ledger:
                 started_at=ts,
                 heartbeat_at=ts,
                 heartbeat_timeout_s=heartbeat_timeout_s,
+                nudge_url=nudge_url,
             )
             try:
                 if got is None:

@@ -43,7 +43,6 @@ it took moves on to the next, and nothing it names is ever read or restored.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
@@ -189,18 +188,12 @@ class SuccessionError(LedgerError, ConflictError):
     """A manifest that may not follow its predecessor."""
 
 
-@dataclass
 class StaleFencingToken(ConditionalPutFailed):
     """Publish with a fencing token below the current manifest's: the writer lost ownership."""
 
-    def __str__(self) -> str:
-        return (
-            f"stale fencing token for partition {self.partition}: attempted {self.expected_epoch} "
-            f"< current {self.actual_epoch}"
-        )
+    message = "stale fencing token for partition {partition}: attempted {expected_epoch} < current {actual_epoch}"
 
 
-@dataclass
 class StaleGeneration(ConditionalPutFailed):
     """Publish by an earlier incarnation of the owner: a restarted process of the same node re-adopted
     the epoch and sealed the chain at its newer generation."""
@@ -208,54 +201,44 @@ class StaleGeneration(ConditionalPutFailed):
     generation: int
     current_generation: int
 
-    def __str__(self) -> str:
-        return (
-            f"stale generation for partition {self.partition} at epoch {self.actual_epoch}: "
-            f"attempted generation {self.generation} < current {self.current_generation}"
-        )
+    message = (
+        "stale generation for partition {partition} at epoch {actual_epoch}: "
+        "attempted generation {generation} < current {current_generation}"
+    )
 
 
-@dataclass
 class SequenceGap(SuccessionError):
     partition: PartitionId
     previous: int
     attempted: int
 
-    def __str__(self) -> str:
-        return f"manifest seq of partition {self.partition} must follow {self.previous}, got {self.attempted}"
+    message = "manifest seq of partition {partition} must follow {previous}, got {attempted}"
 
 
-@dataclass
 class CommitUlidRegression(SuccessionError):
     partition: PartitionId
     previous: str
     attempted: str
 
-    def __str__(self) -> str:
-        return f"commit_ulid regression on partition {self.partition}: {self.previous} -> {self.attempted}"
+    message = "commit_ulid regression on partition {partition}: {previous} -> {attempted}"
 
 
-@dataclass
 class ParentHashMismatch(SuccessionError):
     partition: PartitionId
     expected: str
     actual: str | None
 
-    def __str__(self) -> str:
-        return f"parent hash mismatch on partition {self.partition}: expected {self.expected}, got {self.actual}"
+    message = "parent hash mismatch on partition {partition}: expected {expected}, got {actual}"
 
 
-@dataclass
 class SourceOffsetRegression(SuccessionError):
     partition: PartitionId
     previous: int
     attempted: int
 
-    def __str__(self) -> str:
-        return f"source offset regression on partition {self.partition}: {self.previous} -> {self.attempted}"
+    message = "source offset regression on partition {partition}: {previous} -> {attempted}"
 
 
-@dataclass
 class SupersededEntry(LedgerError, ConflictError):
     """A genuinely signed entry written after the chain moved past its writer: under an epoch lower
     than the entry before it (a former owner, with its old epoch's key, after the seal that fenced
@@ -270,14 +253,9 @@ class SupersededEntry(LedgerError, ConflictError):
     node: int
     reason: str
 
-    def __str__(self) -> str:
-        return (
-            f"superseded entry {self.key!r} of partition {self.partition} "
-            f"(node {self.node}, epoch {self.epoch}): {self.reason}"
-        )
+    message = "superseded entry {key!r} of partition {partition} (node {node}, epoch {epoch}): {reason}"
 
 
-@dataclass
 class BrokenManifestChain(SuccessionError):
     """A stored history entry that may not follow its predecessor: readers refuse to roll past it.
 
@@ -289,11 +267,9 @@ class BrokenManifestChain(SuccessionError):
     key: str
     reason: str
 
-    def __str__(self) -> str:
-        return f"manifest chain of partition {self.partition} is broken at {self.key!r}: {self.reason}"
+    message = "manifest chain of partition {partition} is broken at {key!r}: {reason}"
 
 
-@dataclass
 class SealContended(SuccessionError):
     """The seal kept losing its sequence number to concurrent publishes under the old epoch."""
 
@@ -301,14 +277,12 @@ class SealContended(SuccessionError):
     epoch: int
     attempts: int
 
-    def __str__(self) -> str:
-        return (
-            f"could not seal the manifest chain of partition {self.partition} at epoch {self.epoch}: "
-            f"lost the next sequence number {self.attempts} times"
-        )
+    message = (
+        "could not seal the manifest chain of partition {partition} at epoch {epoch}: "
+        "lost the next sequence number {attempts} times"
+    )
 
 
-@dataclass
 class PublishContended(SuccessionError):
     """A publish kept losing its sequence number to forged entries (a writer without the grant's key)."""
 
@@ -316,30 +290,25 @@ class PublishContended(SuccessionError):
     epoch: int
     attempts: int
 
-    def __str__(self) -> str:
-        return (
-            f"could not publish to the manifest chain of partition {self.partition} at epoch {self.epoch}: "
-            f"forged entries took the next sequence number {self.attempts} times"
-        )
+    message = (
+        "could not publish to the manifest chain of partition {partition} at epoch {epoch}: "
+        "forged entries took the next sequence number {attempts} times"
+    )
 
 
-@dataclass
 class ArtifactMissing(LedgerError, CorruptDataError):
     key: str
 
-    def __str__(self) -> str:
-        return f"artifact {self.key!r} named by a manifest does not exist"
+    message = "artifact {key!r} named by a manifest does not exist"
 
 
-@dataclass
 class ArtifactMismatch(LedgerError, CorruptDataError):
     key: str
     field: str
     expected: str
     actual: str
 
-    def __str__(self) -> str:
-        return f"artifact {self.key!r}: {self.field} is {self.actual}, manifest says {self.expected}"
+    message = "artifact {key!r}: {field} is {actual}, manifest says {expected}"
 
 
 def artifact_ref(key: str, data: bytes) -> ArtifactRef:

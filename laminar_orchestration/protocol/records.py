@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, TypeVar
 
@@ -24,15 +23,13 @@ class LedgerError(LaminarError):
     """Base of ledger errors."""
 
 
-@dataclass
 class CorruptLedgerObject(LedgerError, CorruptDataError):
     """A ledger object that cannot be parsed. Nothing overwrites it."""
 
     key: str
     reason: str
 
-    def __str__(self) -> str:
-        return f"corrupt ledger object {self.key!r}: {self.reason}"
+    message = "corrupt ledger object {key!r}: {reason}"
 
 
 def parse_record(key: str, data: bytes, model: type[M]) -> M:
@@ -218,6 +215,8 @@ class NodeRecord(Record):
     partitions: dict[int, PartitionProgress] = Field(default_factory=dict)
     #: The node's store requests (None from nodes that predate request reports).
     requests: RequestReport | None = None
+    #: Where the control plane may nudge the node to read its assignment now (advisory; None: nowhere).
+    nudge_url: str | None = None
     write_id: str = Field(default_factory=new_write_id)
 
 

@@ -4,7 +4,6 @@ segment encoding the source log stores (`protocol.source`)."""
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import math
 import os
 import secrets
@@ -58,25 +57,18 @@ SEGMENT_DICTIONARY_COLUMNS = ["key", "ts"]
 # --- errors -------------------------------------------------------------------
 
 
-@dataclass(eq=False)
 class SourceError(LaminarError):
-    """Base of source-log errors. Fields are positional args too, so errors pickle."""
-
-    def __post_init__(self) -> None:
-        self.args = tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+    """Base of source-log errors."""
 
 
-@dataclass(eq=False)
 class SourceNotWritable(SourceError, InvalidInputError):
     """An append through a log opened without the `SourceAppender` capability (a node's reading log)."""
 
     partition: int
 
-    def __str__(self) -> str:
-        return f"cannot append to partition {self.partition}: this source log reads only (no SourceAppender)"
+    message = "cannot append to partition {partition}: this source log reads only (no SourceAppender)"
 
 
-@dataclass(eq=False)
 class OffsetNotAtSegmentBoundary(SourceError, InvalidInputError):
     """`offset` is neither the start of a segment nor the end of the log (`log_end`)."""
 
@@ -84,7 +76,7 @@ class OffsetNotAtSegmentBoundary(SourceError, InvalidInputError):
     offset: int
     log_end: int
 
-    def __str__(self) -> str:
+    def _message(self) -> str:
         where = "beyond the end of" if self.offset > self.log_end else "inside a segment of"
         return (
             f"source offset {self.offset} is {where} partition {self.partition} "
@@ -92,29 +84,24 @@ class OffsetNotAtSegmentBoundary(SourceError, InvalidInputError):
         )
 
 
-@dataclass(eq=False)
 class CorruptSegment(SourceError, CorruptDataError):
     """A segment object that does not decode into the expected frames and events."""
 
     key: str
     reason: str
 
-    def __str__(self) -> str:
-        return f"corrupt source segment {self.key!r}: {self.reason}"
+    message = "corrupt source segment {key!r}: {reason}"
 
 
-@dataclass(eq=False)
 class CorruptSourceHead(SourceError, CorruptDataError):
     """A head pointer that does not parse (or moved backwards). Nothing overwrites it."""
 
     key: str
     reason: str
 
-    def __str__(self) -> str:
-        return f"corrupt source head {self.key!r}: {self.reason}"
+    message = "corrupt source head {key!r}: {reason}"
 
 
-@dataclass(eq=False)
 class InvalidEvents(SourceError, InvalidInputError):
     """Events handed to `SourceLog.append` that do not fit the event schema.
 
@@ -126,11 +113,9 @@ class InvalidEvents(SourceError, InvalidInputError):
     row: int | None = None
     column: str | None = None
 
-    def __str__(self) -> str:
-        return f"invalid events for partition {self.partition}: {self.reason}"
+    message = "invalid events for partition {partition}: {reason}"
 
 
-@dataclass(eq=False)
 class UndecodableSegment(SourceError, CorruptDataError):
     """A segment whose events cannot be decoded: a key that is not valid UTF-8, or unreadable column data.
 
@@ -146,26 +131,23 @@ class UndecodableSegment(SourceError, CorruptDataError):
     offset: int
     reason: str
 
-    def __str__(self) -> str:
-        return (
-            f"undecodable source segment {self.key!r} (partition {self.partition}, segment at offset "
-            f"{self.start_offset}): event at offset {self.offset}: {self.reason}; every read of it fails the same way"
-        )
+    message = (
+        "undecodable source segment {key!r} (partition {partition}, segment at offset "
+        "{start_offset}): event at offset {offset}: {reason}; every read of it fails the same way"
+    )
 
 
-@dataclass(eq=False)
 class PartitionOutOfRange(SourceError, InvalidInputError):
     """A partition id below 0 or not below the configured partition count."""
 
     partition: int
     partitions: int | None
 
-    def __str__(self) -> str:
+    def _message(self) -> str:
         limit = f"0..{self.partitions - 1}" if self.partitions is not None else ">= 0"
         return f"partition {self.partition} out of range (expected {limit})"
 
 
-@dataclass(eq=False)
 class BadInputLine(SourceError, InvalidInputError):
     """A JSONL input line that is not a valid `SourceEvent`; nothing of the file was appended."""
 
@@ -173,19 +155,16 @@ class BadInputLine(SourceError, InvalidInputError):
     line_number: int
     reason: str
 
-    def __str__(self) -> str:
-        return f"{self.path}, line {self.line_number}: {self.reason} (nothing from this file was appended)"
+    message = "{path}, line {line_number}: {reason} (nothing from this file was appended)"
 
 
-@dataclass(eq=False)
 class InputFileError(SourceError, InvalidInputError):
     """An input file that cannot be read (missing, a directory, no permission); nothing was appended."""
 
     path: str
     reason: str
 
-    def __str__(self) -> str:
-        return f"cannot read input file {self.path}: {self.reason} (nothing was appended)"
+    message = "cannot read input file {path}: {reason} (nothing was appended)"
 
 
 # --- records and values ---------------------------------------------------------

@@ -27,7 +27,6 @@ no part of any chain and nothing it names is read, restored or counted
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, TypeVar
 
@@ -70,7 +69,6 @@ __all__ = [
 # --- errors ---------------------------------------------------------------
 
 
-@dataclass
 class ForgedRecord(LedgerError, CorruptDataError):
     """A manifest entry, manifest pointer or release record that its claimed epoch's grant key did not sign.
 
@@ -83,14 +81,9 @@ class ForgedRecord(LedgerError, CorruptDataError):
     claimed_epoch: int
     reason: str
 
-    def __str__(self) -> str:
-        return (
-            f"forged record {self.key!r} of partition {self.partition} "
-            f"(claims epoch {self.claimed_epoch}): {self.reason}"
-        )
+    message = "forged record {key!r} of partition {partition} (claims epoch {claimed_epoch}): {reason}"
 
 
-@dataclass
 class SigningKeyUnavailable(LedgerError, UnavailableError):
     """The private key of a grant cannot be read: the node does not take up the grant."""
 
@@ -100,11 +93,10 @@ class SigningKeyUnavailable(LedgerError, UnavailableError):
     key: str
     reason: str
 
-    def __str__(self) -> str:
-        return (
-            f"signing key {self.key!r} of the grant of partition {self.partition} at epoch {self.epoch} "
-            f"to node {self.node} is unavailable: {self.reason}"
-        )
+    message = (
+        "signing key {key!r} of the grant of partition {partition} at epoch {epoch} "
+        "to node {node} is unavailable: {reason}"
+    )
 
 
 # --- keys -------------------------------------------------------------------

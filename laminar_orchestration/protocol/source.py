@@ -280,13 +280,18 @@ class SourceLog:
         entry = self._log(partition).entry(start)
         return None if entry is None else entry.value
 
-    def read(self, partition: int, from_offset: int, max_events: int) -> SourceBatch | None:
+    def read(
+        self, partition: int, from_offset: int, max_events: int, *, at_boundary: bool = False
+    ) -> SourceBatch | None:
         """Read whole segments starting exactly at `from_offset`, up to `max_events` events.
 
         Always returns at least one segment if one starts at `from_offset`, even
         if it alone exceeds `max_events`. Returns None when caught up (no segment
         at `from_offset`, which is the log end). Raises `OffsetNotAtSegmentBoundary`
         if `from_offset` is neither a segment start nor the log end.
+
+        `at_boundary`: the caller knows `from_offset` is a segment boundary (a committed
+        offset always is), so a missing segment there means caught up: one GET, no head read.
         """
         self._check_partition(partition)
         if max_events < 1:
@@ -315,7 +320,7 @@ class SourceLog:
                     payloads=tuple(p for s in segments for p in s.payloads),
                     segment_starts=tuple(s.start_offset for s in segments),
                 )
-            if self._at_log_end(partition, from_offset):
+            if at_boundary or self._at_log_end(partition, from_offset):
                 return None
             # A producer created the segment after our probe: read again.
         raise AssertionError("unreachable: a segment that appeared cannot disappear")

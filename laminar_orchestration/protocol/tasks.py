@@ -22,7 +22,7 @@ the partition.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
@@ -32,8 +32,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from laminar_orchestration.errors import ConflictError, OperationFailedError, UnavailableError
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.capabilities import LedgerWriter, ledger_key
-from laminar_orchestration.protocol.keys import desired_state_key
+from laminar_orchestration.protocol.keys import (
+    ASSIGNMENTS_PREFIX,
+    assignment_key,
+    desired_state_key,
+    parse_assignment_key,
+)
 from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.nudge import nudge_in_background
 from laminar_orchestration.protocol.records import (
     LedgerError,
     Record,
@@ -223,6 +229,29 @@ class DesiredState(Record):
     #: The node that should run the partition (0: nobody yet).
     owner: int = Field(ge=0)
     migration: MigrationTask | None = None
+    #: Bumped by every write: a node's assignment names the revision it last saw written.
+    revision: int = Field(default=0, ge=0)
+    updated_at: datetime
+    write_id: str = Field(default_factory=new_write_id)
+
+    def named_nodes(self) -> set[int]:
+        """The nodes this state asks something of: the owner and both ends of a move in flight."""
+        named = {self.owner}
+        if self.migration is not None and not self.migration.is_terminal:
+            named |= {self.migration.from_node, self.migration.to_node}
+        return named - {UNASSIGNED}
+
+
+class NodeAssignment(Record):
+    """The control plane's index of what it asks of one node: the partitions whose desired state
+    names the node, each with the revision of that state. A node polls only this record when idle
+    and reads a partition's desired state only when its revision here moved."""
+
+    kind: Literal["node-assignment"] = "node-assignment"
+    node: int = Field(ge=1)
+    #: Bumped by every write, so "nothing changed" is one comparison.
+    version: int = Field(ge=1)
+    partitions: dict[int, int] = Field(default_factory=dict)
     updated_at: datetime
     write_id: str = Field(default_factory=new_write_id)
 
@@ -234,97 +263,78 @@ class MigrationError(LedgerError):
     """Base of migration errors: one type per phase that can fail, plus the record conflicts."""
 
 
-@dataclass
 class InvalidTransition(MigrationError, ConflictError):
     kind: MigrationKind
     current: MigrationPhase
     target: MigrationPhase
 
-    def __str__(self) -> str:
-        return f"{self.kind} migration cannot go from {self.current} to {self.target}"
+    message = "{kind} migration cannot go from {current} to {target}"
 
 
-@dataclass
 class MigrationNotOwned(MigrationError, ConflictError):
     """seed: NotOwned(partition) — the named old owner does not hold the partition."""
 
     partition: PartitionId
     node: NodeId
 
-    def __str__(self) -> str:
-        return f"partition {self.partition} is not owned by node {self.node}"
+    message = "partition {partition} is not owned by node {node}"
 
 
-@dataclass
 class MigrationTimeout(MigrationError, UnavailableError):
     partition: PartitionId
     phase: MigrationPhase
     elapsed_s: float
 
-    def __str__(self) -> str:
-        return f"migration timeout for partition {self.partition} at {self.phase} after {self.elapsed_s:.1f}s"
+    message = "migration timeout for partition {partition} at {phase} after {elapsed_s:.1f}s"
 
 
-@dataclass
 class CheckpointFailed(MigrationError, OperationFailedError):
     partition: PartitionId
     source: str
 
-    def __str__(self) -> str:
-        return f"checkpoint failed for partition {self.partition}: {self.source}"
+    message = "checkpoint failed for partition {partition}: {source}"
 
 
-@dataclass
 class UploadFailed(MigrationError, OperationFailedError):
     partition: PartitionId
     source: str
 
-    def __str__(self) -> str:
-        return f"upload failed for partition {self.partition}: {self.source}"
+    message = "upload failed for partition {partition}: {source}"
 
 
-@dataclass
 class DownloadFailed(MigrationError, OperationFailedError):
     partition: PartitionId
     checkpoint: str
     source: str
 
-    def __str__(self) -> str:
-        return f"download failed for partition {self.partition} (checkpoint {self.checkpoint}): {self.source}"
+    message = "download failed for partition {partition} (checkpoint {checkpoint}): {source}"
 
 
-@dataclass
 class RestoreFailed(MigrationError, OperationFailedError):
     partition: PartitionId
     source: str
 
-    def __str__(self) -> str:
-        return f"restore failed for partition {self.partition}: {self.source}"
+    message = "restore failed for partition {partition}: {source}"
 
 
-@dataclass
 class LedgerCommitFailed(MigrationError, OperationFailedError):
     """seed: RaftCommitFailed — the ledger write of a release or acquisition failed."""
 
     partition: PartitionId
     source: str
 
-    def __str__(self) -> str:
-        return f"ledger commit failed for partition {self.partition}: {self.source}"
+    message = "ledger commit failed for partition {partition}: {source}"
 
 
-@dataclass
 class OldOwnerCrashed(MigrationError, UnavailableError):
     """The old owner stopped heartbeating mid-release; fall back to the forced path."""
 
     partition: PartitionId
     last_known_epoch: int
 
-    def __str__(self) -> str:
-        return f"old owner crashed for partition {self.partition} at epoch {self.last_known_epoch}"
+    message = "old owner crashed for partition {partition} at epoch {last_known_epoch}"
 
 
-@dataclass
 class MigrationEpochConflict(MigrationError, ConflictError):
     """Another migration of the partition is in progress, or its epoch moved."""
 
@@ -334,12 +344,11 @@ class MigrationEpochConflict(MigrationError, ConflictError):
     #: The migration whose record is in the way, when known (never the caller's own).
     other_migration: str | None = None
 
-    def __str__(self) -> str:
+    def _message(self) -> str:
         text = f"epoch conflict for partition {self.partition}: expected={self.expected}, actual={self.actual}"
         return text if self.other_migration is None else f"{text} (migration {self.other_migration} in the way)"
 
 
-@dataclass
 class FenceLost(MigrationError):
     """A forced migration's fence found the epoch already moved: another fence or grant landed first.
 
@@ -351,14 +360,12 @@ class FenceLost(MigrationError):
     expected: int
     actual: int
 
-    def __str__(self) -> str:
-        return (
-            f"migration {self.migration_id} lost the fence race for partition {self.partition}: "
-            f"expected epoch {self.expected}, found {self.actual}"
-        )
+    message = (
+        "migration {migration_id} lost the fence race for partition {partition}: "
+        "expected epoch {expected}, found {actual}"
+    )
 
 
-@dataclass
 class NothingToCancel(MigrationError):
     """`cancel` found no migration in flight for the partition."""
 
@@ -367,7 +374,7 @@ class NothingToCancel(MigrationError):
     last_migration: str | None = None
     last_phase: MigrationPhase | None = None
 
-    def __str__(self) -> str:
+    def _message(self) -> str:
         if self.last_migration is None:
             return f"no migration of partition {self.partition} to cancel"
         return (
@@ -376,7 +383,6 @@ class NothingToCancel(MigrationError):
         )
 
 
-@dataclass
 class CancelRefused(MigrationError):
     """The migration is past the point where cancelling is safe (the new owner may hold the epoch)."""
 
@@ -384,23 +390,19 @@ class CancelRefused(MigrationError):
     migration_id: str
     phase: MigrationPhase
 
-    def __str__(self) -> str:
-        return (
-            f"cannot cancel migration {self.migration_id} of partition {self.partition} at phase {self.phase}: "
-            "the new owner may already hold the epoch; let it finish or fail"
-        )
+    message = (
+        "cannot cancel migration {migration_id} of partition {partition} at phase {phase}: "
+        "the new owner may already hold the epoch; let it finish or fail"
+    )
 
 
-@dataclass
 class SeekFailed(MigrationError, OperationFailedError):
     partition: PartitionId
     source: str
 
-    def __str__(self) -> str:
-        return f"source seek failed for partition {self.partition}: {self.source}"
+    message = "source seek failed for partition {partition}: {source}"
 
 
-@dataclass
 class MigrationFailed(MigrationError, OperationFailedError):
     """A node reported a failure for the phase it was carrying out."""
 
@@ -408,27 +410,38 @@ class MigrationFailed(MigrationError, OperationFailedError):
     phase: MigrationPhase
     error: str
 
-    def __str__(self) -> str:
-        return f"migration of partition {self.partition} failed at {self.phase}: {self.error}"
+    message = "migration of partition {partition} failed at {phase}: {error}"
 
 
-@dataclass
 class NoLiveNode(MigrationError, UnavailableError):
     node: NodeId
 
-    def __str__(self) -> str:
-        return f"node {self.node} is not a live member: it cannot receive a partition"
+    message = "node {node} is not a live member: it cannot receive a partition"
 
 
 # --- desired state store -----------------------------------------------------------
 
 
-class DesiredStates:
-    """CAS access to the desired-state records (control plane writes, nodes read)."""
+#: How long the control plane trusts a node's nudge address before it reads the node's record again.
+_NUDGE_URL_TTL_S = 10.0
 
-    def __init__(self, ledger: Ledger) -> None:
+
+class DesiredStates:
+    """CAS access to the desired-state records (control plane writes, nodes read).
+
+    Every write also moves the assignment record (`NodeAssignment`) of each node the old or
+    the new state names, after the state itself, and nudges those nodes (advisory). A writer
+    that dies in between leaves an assignment behind its state: `sync_assignments` (run by the
+    control plane's periodic pass) repairs it, and the next write of the partition does too.
+    """
+
+    def __init__(self, ledger: Ledger, *, nudge: bool = True) -> None:
         self.ledger = ledger
         self._writer = LedgerWriter(ledger.store)
+        self._nudge = nudge
+        #: Each node's nudge address as last read from its record, and when (the project's clock,
+        #: which the simulator drives: its runs stay deterministic).
+        self._nudge_urls: dict[int, tuple[str | None, datetime]] = {}
 
     def read(self, partition: PartitionId) -> tuple[DesiredState, str | None]:
         key = desired_state_key(partition)
@@ -445,19 +458,103 @@ class DesiredStates:
             new = change(current)
             if new is None:
                 return current
-            new = new.model_copy(update={"updated_at": now(), "write_id": new_write_id()})
+            revision = current.revision + 1
+            new = new.model_copy(update={"updated_at": now(), "write_id": new_write_id(), "revision": revision})
             data = new.model_dump_json().encode()
             try:
                 if etag is None:
                     self._writer.create(key, data)
                 else:
                     self._writer.swap(key, data, etag)
-                return new
             except PreconditionFailed:
                 continue
+            self._assign(partition, current.named_nodes() | new.named_nodes(), new)
+            return new
 
     def all(self) -> dict[PartitionId, DesiredState]:
         return {p: self.read(p)[0] for p in self.ledger.partitions()}
+
+    # -- assignments -------------------------------------------------------------------
+
+    def assignment(self, node: NodeId) -> tuple[NodeAssignment | None, str | None]:
+        """`node`'s assignment record and its ETag (None, None before the control plane wrote one)."""
+        key = assignment_key(node)
+        obj = self._writer.get(key)
+        if obj is None:
+            return None, None
+        return parse_record(key, obj.data, NodeAssignment), obj.etag
+
+    def _assign(self, partition: PartitionId, nodes: set[int], state: DesiredState) -> None:
+        """Bring the assignment of each of `nodes` in line with `state` of `partition`, then nudge them."""
+        moved = [n for n in sorted(nodes) if self._assign_one(NodeId(n), {partition: state})]
+        if moved and self._nudge:
+            self.nudge(moved)
+
+    def _assign_one(self, node: NodeId, states: Mapping[PartitionId, DesiredState]) -> bool:
+        """CAS `node`'s assignment to name exactly the `states` that name it; True if it changed."""
+        key = ledger_key(assignment_key(node))
+        while True:
+            current, etag = self.assignment(node)
+            partitions = dict(current.partitions) if current else {}
+            for p, state in states.items():
+                if node in state.named_nodes():
+                    partitions[int(p)] = state.revision
+                else:
+                    partitions.pop(int(p), None)
+            if current is not None and partitions == current.partitions:
+                return False
+            version = current.version + 1 if current else 1
+            record = NodeAssignment(node=node, version=version, partitions=partitions, updated_at=now())
+            data = record.model_dump_json().encode()
+            try:
+                if etag is None:
+                    self._writer.create(key, data)
+                else:
+                    self._writer.swap(key, data, etag)
+                return True
+            except PreconditionFailed:
+                continue
+
+    def sync_assignments(self) -> list[NodeId]:
+        """Rebuild every node's assignment from the desired states (a repair pass: O(partitions) reads).
+
+        Returns the nodes whose assignment changed (a writer died between a state and its
+        assignments, or the store predates assignment records); they are nudged.
+        """
+        states = self.all()
+        named = {n for s in states.values() for n in s.named_nodes()}
+        listed = (parse_assignment_key(k) for k in self.ledger.store.list(ASSIGNMENTS_PREFIX))
+        nodes = named | {n for n in listed if n} | {int(v.record.node) for v in self.ledger.nodes()}
+        changed = []
+        for n in sorted(nodes):
+            current, _ = self.assignment(NodeId(n))
+            stale = {PartitionId(p) for p in (current.partitions if current else {}) if PartitionId(p) not in states}
+            wanted = dict(states)
+            for p in stale:
+                wanted[p] = DesiredState(partition=p, owner=UNASSIGNED, updated_at=now())
+            if self._assign_one(NodeId(n), wanted):
+                changed.append(NodeId(n))
+        if changed and self._nudge:
+            self.nudge(changed)
+        return changed
+
+    def nudge(self, nodes: Iterable[int]) -> None:
+        """Wake `nodes` to read their assignment now (advisory: best effort, in the background).
+
+        A node's address is read from its record at most every `_NUDGE_URL_TTL_S`: a node that
+        restarted meanwhile misses a nudge and converges at its next poll.
+        """
+        urls = []
+        at = now()
+        for n in nodes:
+            cached = self._nudge_urls.get(n)
+            if cached is None or (at - cached[1]).total_seconds() > _NUDGE_URL_TTL_S:
+                record = self.ledger.node(NodeId(n))
+                cached = (record.nudge_url if record is not None else None, at)
+                self._nudge_urls[n] = cached
+            if cached[0]:
+                urls.append(cached[0])
+        nudge_in_background(urls)
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,6 @@ class StoreError(LaminarError):
     """Base of every error an object store raises."""
 
 
-@dataclass
 class PreconditionFailed(StoreError, ConflictError):
     """A conditional write lost: the object exists (create-only) or its ETag moved (CAS).
 
@@ -54,33 +53,28 @@ class PreconditionFailed(StoreError, ConflictError):
     key: str
     expected_etag: str | None
 
-    def __str__(self) -> str:
+    def _message(self) -> str:
         if self.expected_etag is None:
             return f"create-only write of {self.key!r} failed: the object already exists"
         return f"conditional write of {self.key!r} failed: ETag is no longer {self.expected_etag}"
 
 
-@dataclass
 class ConcurrentModification(StoreError, ConflictError):
     """Another conditional write on the same key was in flight (HTTP 409 on S3). Retry after re-reading."""
 
     key: str
 
-    def __str__(self) -> str:
-        return f"concurrent conditional write on {self.key!r} (409 conflict)"
+    message = "concurrent conditional write on {key!r} (409 conflict)"
 
 
-@dataclass
 class ObjectNotFound(StoreError, NotFoundError):
     """The key does not exist."""
 
     key: str
 
-    def __str__(self) -> str:
-        return f"object {self.key!r} not found"
+    message = "object {key!r} not found"
 
 
-@dataclass
 class TransientStoreError(StoreError, UnavailableError):
     """A failure worth retrying: 5xx, throttling, a reset connection, a timeout."""
 
@@ -88,11 +82,9 @@ class TransientStoreError(StoreError, UnavailableError):
     key: str
     detail: str
 
-    def __str__(self) -> str:
-        return f"transient failure in {self.operation} of {self.key!r}: {self.detail}"
+    message = "transient failure in {operation} of {key!r}: {detail}"
 
 
-@dataclass
 class StoreUnavailable(StoreError, UnavailableError):
     """Retries were exhausted, or the store is misconfigured/unreachable."""
 
@@ -100,31 +92,27 @@ class StoreUnavailable(StoreError, UnavailableError):
     key: str
     detail: str
 
-    def __str__(self) -> str:
+    def _message(self) -> str:
         where = f" of {self.key!r}" if self.key else ""
         return f"store unavailable during {self.operation}{where}: {self.detail}"
 
 
-@dataclass
 class InvalidStoreUrl(StoreError, InvalidInputError):
     """A store URL that names no supported backend or lacks a part."""
 
     url: str
     reason: str
 
-    def __str__(self) -> str:
-        return f"invalid store URL {self.url!r}: {self.reason}"
+    message = "invalid store URL {url!r}: {reason}"
 
 
-@dataclass
 class InvalidKey(StoreError, InvalidInputError):
     """A key that is empty, absolute, or escapes the store root."""
 
     key: str
     reason: str
 
-    def __str__(self) -> str:
-        return f"invalid object key {self.key!r}: {self.reason}"
+    message = "invalid object key {key!r}: {reason}"
 
 
 def check_key(key: str) -> str:

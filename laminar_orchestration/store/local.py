@@ -67,14 +67,11 @@ _OBJ_SUFFIX = "%"
 class CorruptObject(StoreError, CorruptDataError):
     """A file in the local store that is not a well-formed object (torn or foreign)."""
 
-    def __init__(self, key: str, path: Path, reason: str) -> None:
-        super().__init__(key, path, reason)
-        self.key = key
-        self.path = path
-        self.reason = reason
+    key: str
+    path: Path
+    reason: str
 
-    def __str__(self) -> str:
-        return f"corrupt object {self.key!r} at {self.path}: {self.reason}"
+    message = "corrupt object {key!r} at {path}: {reason}"
 
 
 class NoSuchStore(StoreUnavailable):

@@ -65,11 +65,10 @@ class AmbiguousWrite(PreconditionFailed):
     not assume either outcome.
     """
 
-    def __str__(self) -> str:
-        return (
-            f"conditional write of {self.key!r} (expected ETag {self.expected_etag}) has an "
-            "unknown outcome and the object has since changed: re-read it"
-        )
+    message = (
+        "conditional write of {key!r} (expected ETag {expected_etag}) has an "
+        "unknown outcome and the object has since changed: re-read it"
+    )
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,346 @@
+"""What a cluster costs in store requests, counted the way S3 bills them, from the server's own log.
+
+    python -m benchmarks.bench_cost [--only demo-idle,demo-load,scale] [--window S]
+                                    [--scale-partitions 1000] [--scale-nodes 10]
+
+Against the S3-protocol server on loopback (`laminar_dev.s3server`):
+
+* **demo shape, idle**: 3 nodes, 4 partitions placed by `laminar rebalance`, no events;
+* **demo shape, loaded**: the same with the demo's producer appending 200 events/s
+  (its requests count too), and the steady lag behind the log;
+* **scale**: 1,000 partitions on 10 nodes, idle; the idle rate of one node at 10 and at
+  1,000 partitions; one graceful migration from launch to Active; a node holding about
+  100 partitions killed with SIGKILL, then `laminar failover` until every one of its
+  partitions is active elsewhere.
+
+Nodes are the real node runtime with a pyarrow fold instead of Spark
+(`python -m laminar_dev.arrownode --node-defaults`, so their timing is `laminar node
+run`'s): a node's requests do not depend on what aggregates its batches. Every figure
+is a rate over a steady window, printed by method and key family, with the monthly
+cost at S3 list prices (PUT/LIST $0.005 and GET/HEAD $0.0004 per 1,000).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+from benchmarks.common import REPO_ROOT, Row, format_table, progress, verdict, write_result
+from laminar_dev.s3server import start_s3_server
+from laminar_orchestration.ops.demo_processes import Producer
+from laminar_orchestration.store.metering import RequestPrices, key_family
+
+BUCKET = "laminar-cost"
+PYTHON = sys.executable
+_LINE = re.compile(r'"(?:\x1b\[[0-9;]*m)?(GET|PUT|HEAD|DELETE|POST) (/\S*) HTTP')
+
+
+@dataclass(frozen=True)
+class Window:
+    """Requests the server logged over `seconds`, by method and by "METHOD family"."""
+
+    seconds: float
+    methods: Counter[str]
+    families: Counter[str]
+
+    @property
+    def rate(self) -> float:
+        return sum(self.methods.values()) / self.seconds
+
+    def rates(self) -> dict[str, float]:
+        return {m: n / self.seconds for m, n in self.methods.items()}
+
+    def monthly(self) -> float:
+        return RequestPrices().monthly_cost(self.rates())
+
+    def busiest(self, top: int = 8) -> str:
+        return ", ".join(f"{k} {n / self.seconds:.1f}/s" for k, n in self.families.most_common(top))
+
+
+class ServerLog:
+    """The S3-protocol server's request log, read from an offset: each line is one billed request."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+
+    def mark(self) -> None:
+        self._offset = self.path.stat().st_size
+
+    def since_mark(self, seconds: float) -> Window:
+        with open(self.path, "rb") as fh:
+            fh.seek(self._offset)
+            text = fh.read().decode(errors="replace")
+        methods: Counter[str] = Counter()
+        families: Counter[str] = Counter()
+        for match in _LINE.finditer(text):
+            verb, path = match.groups()
+            target, _, query = path.partition("?")
+            # /bucket/prefix/key...: the store's key starts after the store's prefix.
+            key = target.split("/", 3)[3] if target.count("/") >= 3 else ""
+            method = "LIST" if verb == "GET" and "list-type" in query else verb
+            methods[method] += 1
+            families[f"{method} {key_family(key)}"] += 1
+        return Window(seconds, methods, families)
+
+
+class Cluster:
+    """A store on the S3 server, and node processes with their own logs."""
+
+    def __init__(self, url: str, workdir: Path) -> None:
+        self.url = url
+        self.workdir = workdir
+        self.nodes: dict[int, subprocess.Popen[bytes]] = {}
+
+    def laminar(self, *args: str, timeout: float = 600) -> str:
+        done = subprocess.run(
+            [PYTHON, "-m", "laminar_orchestration.cli", *args, "--store", self.url],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO_ROOT,
+        )
+        if done.returncode != 0:
+            out = (done.stdout + done.stderr)[-2000:]
+            raise RuntimeError(f"laminar {' '.join(args)} failed ({done.returncode}): {out}")
+        return done.stdout
+
+    def start_node(self, node: int) -> None:
+        log = open(self.workdir / f"node{node}.log", "wb")  # noqa: SIM115 - closed with the process
+        self.nodes[node] = subprocess.Popen(
+            [PYTHON, "-m", "laminar_dev.arrownode", "--store", self.url, "--node-id", str(node), "--node-defaults"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO_ROOT,
+        )
+
+    def status(self) -> Any:
+        """`laminar status --json`, as parsed JSON."""
+        return json.loads(self.laminar("status", "--json"))
+
+    def wait(self, what: str, ready: Callable[[], bool], timeout: float) -> float:
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if ready():
+                return time.monotonic() - started
+            time.sleep(0.25)
+        raise TimeoutError(f"{what}: not within {timeout:.0f}s")
+
+    def all_active(self) -> bool:
+        parts = self.status()["partitions"]
+        return all(p["owner"] and p["status"] == "active" and p["owner_alive"] for p in parts)
+
+    def stop(self) -> None:
+        for proc in self.nodes.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.nodes.values():
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@contextlib.contextmanager
+def s3_store(prefix: str) -> Iterator[tuple[str, ServerLog, Path]]:
+    with tempfile.TemporaryDirectory(prefix="laminar-bench-cost-") as tmp, start_s3_server(Path(tmp) / "s3") as url:
+        os.environ["AWS_ENDPOINT_URL"] = url
+        client = boto3.client("s3", endpoint_url=url)
+        with contextlib.suppress(Exception):
+            client.create_bucket(Bucket=BUCKET)
+        yield f"s3://{BUCKET}/{prefix}", ServerLog(Path(tmp) / "s3" / "server.log"), Path(tmp)
+
+
+def measure(log: ServerLog, seconds: float) -> Window:
+    log.mark()
+    time.sleep(seconds)
+    return log.since_mark(seconds)
+
+
+def _rows_for(name: str, window: Window, target: float) -> list[Row]:
+    return [
+        Row(
+            f"{name}: requests/s", "s3 server log", f"{window.rate:.1f}", f"<= {target:g}", verdict(window.rate, target)
+        ),
+        Row(f"{name}: $/month at S3 list prices", "s3 server log", f"{window.monthly():,.2f}"),
+    ]
+
+
+def demo_shape(window_s: float, *, loaded: bool) -> tuple[list[Row], list[str]]:
+    name = "demo shape, 200 events/s" if loaded else "demo shape, idle"
+    with s3_store("demo") as (url, log, tmp):
+        cluster = Cluster(url, tmp)
+        try:
+            cluster.laminar("init", "--partitions", "4")
+            for n in (1, 2, 3):
+                cluster.start_node(n)
+            time.sleep(3)
+            cluster.laminar("rebalance")
+            cluster.wait("placement", cluster.all_active, 120)
+            producer = None
+            if loaded:
+                producer = Producer(url, 4, 200.0, 100, lambda line: progress(line))
+                producer.start()
+            time.sleep(10)  # the idle polls reach their slowest; a producer's first appends commit
+            progress(f"{name}: measuring {window_s:.0f}s")
+            window = measure(log, window_s)
+            notes = [f"{name}: busiest {window.busiest()}"]
+            lag_events = None
+            if producer is not None:
+                status = cluster.status()
+                parts = status["partitions"]
+                lag_events = max(int(p["lag"] or 0) for p in parts)
+                producer.stop()
+            rows = _rows_for(name, window, 40.0 if loaded else 10.0)
+            if lag_events is not None:
+                lag_s = lag_events / 200.0 * 4  # events behind on the most lagging partition, in its seconds of input
+                rows.append(
+                    Row(
+                        f"{name}: lag (worst partition)",
+                        "status",
+                        f"{lag_events} ev = {lag_s:.1f} s",
+                        "<= 1 s of input",
+                        verdict(lag_s, 1.0),
+                    )
+                )
+            return rows, notes
+        finally:
+            cluster.stop()
+
+
+def scale(window_s: float, partitions: int, nodes: int) -> tuple[list[Row], list[str]]:
+    rows: list[Row] = []
+    notes: list[str] = []
+    with s3_store("scale") as (url, log, tmp):
+        cluster = Cluster(url, tmp)
+        try:
+            cluster.laminar("init", "--partitions", str(partitions))
+            for n in range(1, nodes + 1):
+                cluster.start_node(n)
+            time.sleep(5)
+            progress(f"scale: placing {partitions} partitions on {nodes} nodes")
+            started = time.monotonic()
+            cluster.laminar("rebalance", timeout=3600)
+            cluster.wait("placement", cluster.all_active, 1800)
+            notes.append(f"scale: {partitions} partitions placed in {time.monotonic() - started:.0f}s")
+            time.sleep(15)
+            progress(f"scale: measuring idle {window_s:.0f}s")
+            window = measure(log, window_s)
+            rows += _rows_for(f"{partitions} partitions on {nodes} nodes, idle", window, 50.0)
+            notes.append(f"scale idle: busiest {window.busiest()}")
+            status = cluster.status()
+            per_node = {int(n["node"]): sum(n["requests_per_s"].values()) for n in status["nodes"]}
+            one = per_node.get(1, 0.0)
+            rows.append(Row(f"one node's idle requests/s at {partitions} partitions", "heartbeat", f"{one:.2f}"))
+
+            owned = {p["partition"] for p in status["partitions"] if p["owner"] == 2}
+            target = next(iter(sorted(owned)))
+            progress(f"scale: migrating partition {target} from node 2 to node 3")
+            started = time.monotonic()
+            cluster.laminar("migrate", "--partition", str(target), "--to", "3")
+            took = time.monotonic() - started
+            rows.append(
+                Row(
+                    f"graceful migration at {partitions} partitions (launch -> Active)",
+                    "laminar migrate",
+                    f"{took:.2f} s",
+                    "<= 1.5 s",
+                    verdict(took, 1.5),
+                )
+            )
+
+            victim = 4
+            status = cluster.status()
+            held = [p["partition"] for p in status["partitions"] if p["owner"] == victim]
+            progress(f"scale: kill -9 node {victim} holding {len(held)} partitions")
+            cluster.nodes[victim].kill()
+            killed = time.monotonic()
+            timeout_s = 6.0
+
+            def moved() -> bool:
+                with contextlib.suppress(RuntimeError):
+                    cluster.laminar("failover", "--node", str(victim))
+                s = cluster.status()
+                owners = {p["partition"]: (p["owner"], p["status"], p["owner_alive"]) for p in s["partitions"]}
+                return all(owners[p][0] != victim and owners[p][1] == "active" and owners[p][2] for p in held)
+
+            cluster.wait("failover", moved, 600)
+            took = time.monotonic() - killed
+            rows.append(
+                Row(
+                    f"kill -9 of a node with {len(held)} partitions -> all active elsewhere",
+                    "laminar failover",
+                    f"{took:.1f} s",
+                    f"<= {timeout_s + 10:g} s",
+                    verdict(took, timeout_s + 10),
+                )
+            )
+        finally:
+            cluster.stop()
+    # The same node at 10 partitions, for the "does not grow with partitions" figure.
+    with s3_store("small") as (url, log, tmp):
+        cluster = Cluster(url, tmp)
+        try:
+            cluster.laminar("init", "--partitions", str(nodes))
+            for n in range(1, nodes + 1):
+                cluster.start_node(n)
+            time.sleep(5)
+            cluster.laminar("rebalance")
+            cluster.wait("placement", cluster.all_active, 300)
+            time.sleep(15)
+            status = cluster.status()
+            small = {int(n["node"]): sum(n["requests_per_s"].values()) for n in status["nodes"]}
+            rows.append(
+                Row(f"one node's idle requests/s at {nodes} partitions", "heartbeat", f"{small.get(1, 0.0):.2f}")
+            )
+        finally:
+            cluster.stop()
+    return rows, notes
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--only", default="demo-idle,demo-load,scale")
+    parser.add_argument("--window", type=float, default=30.0, help="seconds of each steady window")
+    parser.add_argument("--scale-partitions", type=int, default=1000)
+    parser.add_argument("--scale-nodes", type=int, default=10)
+    args = parser.parse_args(argv)
+    only = set(args.only.split(","))
+    rows: list[Row] = []
+    notes: list[str] = []
+    if "demo-idle" in only:
+        r, n = demo_shape(args.window, loaded=False)
+        rows += r
+        notes += n
+    if "demo-load" in only:
+        r, n = demo_shape(args.window, loaded=True)
+        rows += r
+        notes += n
+    if "scale" in only:
+        r, n = scale(args.window, args.scale_partitions, args.scale_nodes)
+        rows += r
+        notes += n
+    text = format_table(rows, "store requests (S3 billing classes), from the S3 server's log", notes)
+    print(text)
+    write_result("bench_cost.txt", text)
+
+
+if __name__ == "__main__":
+    threading.excepthook = lambda a: progress(f"thread {a.thread}: {a.exc_value}")
+    main()

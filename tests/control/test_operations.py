@@ -1,0 +1,169 @@
+"""The failure sensor's operations in the library: detecting dead owners, planning and driving their failovers.
+
+Nodes are ledger records only (registered with a heartbeat timeout, left to
+lapse): no node process ever reports a phase, so a drive stops at the first
+wait for the new owner.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.control.operations import (
+    PlannedFailover,
+    drive_failovers,
+    plan_failovers,
+    wait_for_suspects,
+)
+from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
+from laminar_orchestration.protocol.capabilities import OutputCommitter
+from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.manifest import StaleFencingToken
+from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase
+from laminar_orchestration.store import ObjectStore
+
+P, N = PartitionId, NodeId
+
+
+@pytest.fixture
+def ledger(store: ObjectStore) -> Ledger:
+    led = Ledger(store)
+    led.init_cluster(4)
+    return led
+
+
+def make_dead(ledger: Ledger, node: int) -> None:
+    """A node record whose heartbeat has lapsed."""
+    ledger.register_node(N(node), heartbeat_timeout_s=0.05)
+    time.sleep(0.1)
+
+
+def make_alive(ledger: Ledger, *nodes: int) -> None:
+    for n in nodes:
+        ledger.register_node(N(n), heartbeat_timeout_s=60)
+
+
+def test_plan_failovers_targets_each_dead_owners_partition_once(ledger: Ledger) -> None:
+    make_alive(ledger, 2, 3)
+    make_dead(ledger, 1)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    ledger.acquire(P(1), N(1), expected_epoch=0)
+    ledger.acquire(P(2), N(2), expected_epoch=0)  # a live owner; p3 stays unassigned
+    plan = plan_failovers(ledger)
+    # Least loaded first, counting what this plan assigned: node 3 holds nothing, then 2 and 3 tie.
+    assert plan.failovers == (PlannedFailover(0, 1, 1, 3), PlannedFailover(1, 1, 1, 2))
+    assert plan.handled == {(0, 1), (1, 1)} and plan.skipped == () and dict(plan.completed_grants) == {}
+    # A failover already requested is not planned again (nor counted: its run picks its target), and stays handled.
+    again = plan_failovers(ledger, {(0, 1)})
+    assert again.failovers == (PlannedFailover(1, 1, 1, 3),) and again.handled == {(0, 1), (1, 1)}
+    # A forced migration in flight to a live node needs no failover: it is left to finish.
+    MigrationCoordinator(ledger).plan(P(0), N(2), forced=True)
+    moving = plan_failovers(ledger)
+    assert [f.partition for f in moving.failovers] == [1]
+    assert (0, 1) in moving.handled and any("in flight" in note for note in moving.skipped)
+
+
+def test_plan_failovers_leaves_a_partition_no_live_node_can_take_for_the_next_look(ledger: Ledger) -> None:
+    make_dead(ledger, 1)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    plan = plan_failovers(ledger)
+    assert plan.failovers == () and plan.handled == frozenset()
+    assert plan.skipped == ("p0: owner node 1 is dead and no live node can take it",)
+    make_alive(ledger, 2)
+    assert plan_failovers(ledger).failovers == (PlannedFailover(0, 1, 1, 2),)
+    # The caller's heartbeat timeout judges liveness: under a strict one, node 2 is dead too.
+    time.sleep(0.3)
+    assert plan_failovers(ledger, heartbeat_timeout_s=0.2).failovers == ()
+
+
+class _GranterDied(BaseException):
+    """The granting process dies (a BaseException: nothing on the way catches it)."""
+
+
+def _dies_at_the_seal(*_args: object, **_kwargs: object) -> ManifestVersion:
+    raise _GranterDied
+
+
+def test_plan_failovers_completes_a_grant_whose_granter_died_before_sealing(
+    ledger: Ledger, store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = ledger.acquire(P(0), N(1), expected_epoch=0)
+    old_owner = ManifestPublisher(OutputCommitter(store), store)
+    old_owner.publish(token, ManifestUpdate(source_offset=10))
+    granter = Ledger(store)
+    monkeypatch.setattr(granter.sealer, "seal", _dies_at_the_seal)
+    with pytest.raises(_GranterDied):
+        granter.fence(P(0), UNASSIGNED, expected_epoch=1, reason="drain node 1")
+    own = ledger.ownership(P(0))
+    assert own is not None and own.head_lagged
+
+    plan = plan_failovers(ledger)
+    assert dict(plan.completed_grants) == {0: 2}
+    assert plan.failovers == ()  # unassigned: nothing to fail over, but the fence now holds
+    own = ledger.ownership(P(0))
+    assert own is not None and (own.epoch, own.owner, own.head_lagged) == (2, UNASSIGNED, False)
+    sealed = ManifestReader(store).current(P(0))
+    assert sealed is not None and sealed.manifest.is_seal and sealed.manifest.fencing_token == 2
+    with pytest.raises(StaleFencingToken):
+        old_owner.publish(token, ManifestUpdate(source_offset=20))
+    assert dict(plan_failovers(ledger).completed_grants) == {}  # nothing lags any more
+
+
+def test_wait_for_suspects_watches_a_late_owner_until_its_timeout_lapses(ledger: Ledger) -> None:
+    make_alive(ledger, 1, 2)
+    ledger.acquire(P(0), N(1), expected_epoch=0)  # node 2 owns nothing: never watched
+    # Nobody is late: no watch at all.
+    assert wait_for_suspects(ledger, heartbeat_timeout_s=None, watch_s=5.0) < 0.5
+    # Under a 0.6 s timeout node 1 is late after 0.2 s: watched until it is dead (0.6 s), not 5 s.
+    time.sleep(0.3)
+    spent = wait_for_suspects(ledger, heartbeat_timeout_s=0.6, watch_s=5.0, poll_s=0.02)
+    assert 0.1 < spent < 3.0
+    assert next(v for v in ledger.nodes() if v.record.node == 1).heartbeat_age_s > 0.6
+    # The watch never outlasts `watch_s`.
+    make_alive(ledger, 1)
+    time.sleep(0.1)
+    assert wait_for_suspects(ledger, heartbeat_timeout_s=0.24, watch_s=0.0) < 0.5
+
+
+def test_drive_failovers_fences_at_once_and_leaves_the_new_owners_wait_to_another_driver(ledger: Ledger) -> None:
+    make_alive(ledger, 2)
+    make_dead(ledger, 1)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    ledger.acquire(P(1), N(1), expected_epoch=0)
+    plan = plan_failovers(ledger)
+    assert drive_failovers(ledger, [], budget_s=1.0) == []
+    first, second = drive_failovers(ledger, plan.failovers, budget_s=1.0)
+    for driven, p in ((first, 0), (second, 1)):
+        assert driven.planned.partition == p and not driven.done
+        assert (driven.from_epoch, driven.to_epoch, driven.to_node) == (1, 2, 2)
+        assert [r.phase for r in driven.reports] == [MigrationPhase.PLANNED, MigrationPhase.RELEASED]
+        assert driven.reports[0].detail.startswith("forced migration") and "epoch 1 fenced" in driven.reports[1].detail
+        # No node reports the download within the budget (the wait times out, or on a slow store the
+        # fence spent the budget): the record is left for another driver to resume.
+        left = driven.left_to_run or ""
+        assert left.startswith("MigrationTimeout") or left == "the budget ran out before downloading", left
+        task = MigrationCoordinator(ledger).current(P(p))
+        assert task is not None and task.migration_id == driven.migration_id and not task.is_terminal
+        own = ledger.ownership(P(p))
+        assert own is not None and (own.owner, own.epoch) == (2, 2)
+
+
+def test_a_spent_budget_still_fences(ledger: Ledger) -> None:
+    make_alive(ledger, 2)
+    make_dead(ledger, 1)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    (driven,) = drive_failovers(ledger, plan_failovers(ledger).failovers, budget_s=0.0)
+    assert driven.left_to_run == "the budget ran out before downloading"
+    assert [r.phase for r in driven.reports] == [MigrationPhase.PLANNED, MigrationPhase.RELEASED]
+    own = ledger.ownership(P(0))
+    assert own is not None and (own.owner, own.epoch) == (2, 2)
+    # A failover whose owner came back needs nothing: the decision says why, nothing is driven.
+    make_alive(ledger, 1)
+    late = PlannedFailover(1, 0, 1, 2)
+    ledger.acquire(P(1), N(1), expected_epoch=0)
+    (nothing,) = drive_failovers(ledger, [late], budget_s=0.2, limits=MigrationConfig())
+    assert nothing.migration_id is None and "alive" in (nothing.left_to_run or "")

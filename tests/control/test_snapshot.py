@@ -1,0 +1,115 @@
+"""What the Dagster assets show, computed by the library: ownership rows and health, the live-owner check,
+the committed manifests and whether the stream keeps up."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.control.snapshot import (
+    check_live_owners,
+    checkpoint_rows,
+    checkpoints_version,
+    fingerprint,
+    ownership_health,
+    ownership_rows,
+    report_ownership,
+    stream_progress,
+)
+from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.tasks import MigrationConfig
+from laminar_orchestration.store import ObjectStore
+from tests.commits import commit_all
+
+P, N = PartitionId, NodeId
+
+
+def row(partition: int, owner: int, alive: bool, migration: str = "", epoch: int = 1) -> dict[str, Any]:
+    status = "active" if owner else "unassigned"
+    return {
+        "partition": partition,
+        "epoch": epoch,
+        "owner": owner,
+        "status": status,
+        "owner_alive": alive,
+        "migration": migration,
+    }
+
+
+def test_health_and_the_live_owner_check_are_pure() -> None:
+    rows = [row(0, 1, True), row(1, 1, True, "m1 (draining)"), row(2, 2, False), row(3, 2, False, "m2")]
+    rows.append(row(4, 0, False))
+    assert [ownership_health(r) for r in rows] == [
+        "ok",
+        "moving",
+        "owner dead: failover pending",
+        "failover in flight",
+        "unassigned",
+    ]
+    check = check_live_owners(rows)
+    assert not check.passed and check.partitions == 5
+    assert check.listing == "p2 (owner dead: failover pending), p3 (failover in flight), p4 (unassigned)"
+    assert check.description == f"3 of 5 partitions not on a live node: {check.listing}"
+    fine = check_live_owners(rows[:2])
+    assert fine.passed and fine.listing == "-" and fine.description == "all 2 partitions on live nodes"
+    # A data version: stable, whatever the key order; a change of value is a new version.
+    assert fingerprint({"a": 1, "b": [1, 2]}) == fingerprint({"b": [1, 2], "a": 1}) != fingerprint({"a": 2})
+    assert len(fingerprint(rows)) == 16
+    assert checkpoints_version([]) == fingerprint([])
+
+
+@pytest.fixture
+def ledger(store: ObjectStore) -> Ledger:
+    led = Ledger(store)
+    led.init_cluster(4)
+    return led
+
+
+def test_the_ownership_report_counts_what_an_operator_looks_at_first(ledger: Ledger) -> None:
+    ledger.register_node(N(1), heartbeat_timeout_s=0.05)
+    ledger.register_node(N(2), heartbeat_timeout_s=60)
+    time.sleep(0.1)  # node 1 is dead
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    ledger.acquire(P(1), N(2), expected_epoch=0)
+    report = report_ownership(ledger)
+    assert [r["health"] for r in report.rows] == ["owner dead: failover pending", "ok", "unassigned", "unassigned"]
+    assert (report.on_dead_nodes, report.migrations_in_flight, report.unassigned) == (1, 0, 2)
+    assert report.live_nodes == (2,) and report.cluster_epoch == ledger.membership().cluster_epoch
+    assert report.store == ledger.store.url
+    # Rows read a moment ago are reported as they are; liveness makes no new data version.
+    revived = [{**r, "owner_alive": True} for r in ownership_rows(ledger)]
+    assert report_ownership(ledger, revived).version == report.version
+    task = MigrationCoordinator(ledger, MigrationConfig()).plan(P(0), N(2), forced=True)
+    moving = report_ownership(ledger)
+    assert moving.rows[0]["migration"] == f"{task.migration_id} (planned)"
+    assert moving.rows[0]["health"] == "failover in flight" and moving.migrations_in_flight == 1
+
+
+def test_the_manifests_and_the_streams_progress(ledger: Ledger) -> None:
+    manifests = ManifestReader(ledger.store)
+    source = SourceLog(ledger.store)
+    assert checkpoint_rows(ledger, manifests) == []
+    idle = stream_progress(ledger, [], {})
+    assert idle.keeping_up and idle.uncommitted_events == 0 and idle.behind_listing() == "-"
+    events = generate_events(20, 5, 1, 4)[0]
+    source.append(0, events)
+    behind = stream_progress(ledger, [], {})
+    assert behind.behind == [0] and behind.lags[0] == events.num_rows
+    assert behind.behind_listing() == f"p0 ({events.num_rows} events)"
+    token = ledger.acquire(P(0), N(1), expected_epoch=0)
+    commit_all(ledger.store, token)
+    rows = checkpoint_rows(ledger, manifests)
+    assert [r["partition"] for r in rows] == [0] and rows[0]["fencing_token"] == 1
+    assert rows[0]["source_offset"] == events.num_rows and rows[0]["seq"] > 1
+    progress = stream_progress(ledger, rows, {})
+    assert progress.keeping_up and progress.seqs == {0: rows[0]["seq"]}
+    # More events and no commit since the last report: behind again.
+    source.append(0, generate_events(20, 5, 2, 4)[0])
+    assert stream_progress(ledger, rows, progress.seqs).behind == [0]
+    assert checkpoints_version(rows) != checkpoints_version([])

@@ -1,0 +1,458 @@
+"""The Dagster sensors and schedule against a real ledger in a temporary local store.
+
+Nodes here are only ledger records (registered with `Ledger.register_node`,
+made stale by a tiny heartbeat timeout): the sensors only read them. The
+run-failure sensor is fed real failed runs of the migration jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dagster import (
+    AssetCheckEvaluation,
+    AssetKey,
+    AssetMaterialization,
+    AssetObservation,
+    DagsterInstance,
+    DefaultScheduleStatus,
+    DefaultSensorStatus,
+    MetadataValue,
+    RunRequest,
+    SensorResult,
+    SkipReason,
+    build_run_status_sensor_context,
+    build_schedule_context,
+    build_sensor_context,
+)
+from dagster._core.definitions.freshness import TimeWindowFreshnessPolicy
+
+from assets import STREAM_FAIL_AFTER, STREAM_FRESHNESS, STREAM_WARN_AFTER, checkpoint_manifests
+from jobs import ATTEMPT_TAG, NOT_BEFORE_TAG, RETRY_OF_TAG, failover_partition, migrate_partition
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase
+from laminar_orchestration.store import LocalObjectStore
+from resources import LaminarResource
+from sensors import (
+    build_node_failure_sensor,
+    decide_retry,
+    laminar_observation_sensor,
+    migration_retry_sensor,
+    node_failure_sensor,
+    rebalance_schedule,
+)
+from sensors.observation import ObservationCursor, observe
+from tests.commits import commit_all
+
+P, N = PartitionId, NodeId
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    led = Ledger(LocalObjectStore(tmp_path / "store"))
+    led.init_cluster(4)
+    return led
+
+
+@pytest.fixture
+def laminar(ledger: Ledger) -> LaminarResource:
+    return LaminarResource(store_url=ledger.store.url)
+
+
+def make_dead(ledger: Ledger, node: int) -> None:
+    """A node record whose heartbeat has lapsed."""
+    ledger.register_node(N(node), heartbeat_timeout_s=0.05)
+    time.sleep(0.1)
+
+
+def make_alive(ledger: Ledger, *nodes: int) -> None:
+    for n in nodes:
+        ledger.register_node(N(n), heartbeat_timeout_s=60)
+
+
+@dataclass
+class Tick:
+    """One sensor evaluation, normalized: what it requested, its cursor afterwards, why it skipped."""
+
+    requests: list[RunRequest]
+    cursor: str | None
+    skip: str | None
+
+
+def tick(sensor: Any, laminar: LaminarResource, cursor: str | None = None) -> Tick:
+    """Evaluate `sensor` once as the daemon would, carrying the cursor however the sensor set it."""
+    with build_sensor_context(cursor=cursor, resources={"laminar": laminar}) as context:
+        result = sensor(context)
+        new_cursor = context.cursor
+    if isinstance(result, SensorResult):
+        skip = result.skip_reason.skip_message if result.skip_reason else None
+        return Tick(list(result.run_requests or []), result.cursor or new_cursor, skip)
+    if isinstance(result, RunRequest):
+        return Tick([result], new_cursor, None)
+    assert isinstance(result, SkipReason)
+    return Tick([], new_cursor, result.skip_message)
+
+
+# --- node failure ----------------------------------------------------------------------------
+
+
+#: The node-failure sensor as the daemon runs it, but with no watch of late nodes and a short drive
+#: budget: the nodes here are ledger records only and never report a phase.
+quick_failure_sensor = build_node_failure_sensor(name="quick_failure_sensor", watch_s=0, drive_budget_s=0.3)
+
+
+def test_dead_owner_is_fenced_by_the_sensor_and_recorded_as_one_run_per_partition(
+    ledger: Ledger, laminar: LaminarResource
+) -> None:
+    make_alive(ledger, 2, 3)
+    make_dead(ledger, 1)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    ledger.acquire(P(1), N(1), expected_epoch=0)
+    ledger.acquire(P(2), N(2), expected_epoch=0)  # live owner: nothing to do; p3 stays unassigned
+
+    first = tick(quick_failure_sensor, laminar)
+    reqs = first.requests
+    assert [r.run_key for r in reqs] == ["failover-p0-e1", "failover-p1-e1"]
+    assert all(r.job_name == failover_partition.name for r in reqs)
+    # Least load first, counting what this tick assigned: node 3 holds nothing, then 2 and 3 tie.
+    assert [(r.run_config["partition"], r.run_config["to_node"]) for r in reqs] == [(0, 3), (1, 2)]
+    assert reqs[0].tags["laminar/failed_node"] == "1"
+    # The sensor fenced both at once: the new owners hold epoch 2 before any run starts...
+    assert [(ledger.ownership(P(p)).owner, ledger.ownership(P(p)).epoch) for p in (0, 1)] == [(3, 2), (2, 2)]  # type: ignore[union-attr]
+    # ...and each run gets what was done: fenced, then no node reported downloading within the budget.
+    recorded = reqs[0].run_config["recorded"]
+    assert recorded["migration_id"] == MigrationCoordinator(ledger).current(P(0)).migration_id  # type: ignore[union-attr]
+    assert (recorded["from_node"], recorded["to_node"], recorded["from_epoch"], recorded["to_epoch"]) == (1, 3, 1, 2)
+    assert [ph["phase"] for ph in recorded["phases"]] == ["planned", "released"]
+    assert "epoch 1 fenced" in recorded["phases"][1]["detail"]
+    assert first.cursor is not None and json.loads(first.cursor) == {"handled": [[0, 1], [1, 1]]}
+
+    second = tick(quick_failure_sensor, laminar, first.cursor)
+    assert second.requests == [], "a second tick must not request the same failovers"
+
+    # Node 3 dies too, before p0's failover finished: a new (partition, epoch), so a new run key,
+    # and the failover to the dead node is superseded.
+    make_dead(ledger, 3)
+    third = tick(quick_failure_sensor, laminar, second.cursor)
+    assert [(r.run_key, r.run_config["to_node"]) for r in third.requests] == [("failover-p0-e2", 2)]
+    assert ledger.ownership(P(0)).owner == 2  # type: ignore[union-attr]
+
+
+def test_the_sensor_reports_the_dead_owner_then_the_failover(ledger: Ledger, laminar: LaminarResource) -> None:
+    make_alive(ledger, 2)
+    make_dead(ledger, 1)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    with build_sensor_context(resources={"laminar": laminar}) as context:
+        result = quick_failure_sensor(context)
+    assert isinstance(result, SensorResult)
+    before_obs, before_check, after_obs, after_check = result.asset_events
+    assert isinstance(before_obs, AssetObservation) and isinstance(after_obs, AssetObservation)
+    assert before_obs.metadata["on_dead_nodes"].value == 1
+    rows = {r.data["partition"]: r.data for r in before_obs.metadata["ownership"].value.records}  # type: ignore[union-attr]
+    assert rows[0]["health"] == "owner dead: failover pending"
+    assert isinstance(before_check, AssetCheckEvaluation) and not before_check.passed
+    assert after_obs.metadata["on_dead_nodes"].value == 0
+    assert after_obs.metadata["migrations_in_flight"].value == 1
+    assert isinstance(after_check, AssetCheckEvaluation) and not after_check.passed  # p1..p3 unassigned
+
+
+def test_live_owners_need_nothing(ledger: Ledger, laminar: LaminarResource) -> None:
+    make_alive(ledger, 1, 2)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    ledger.acquire(P(1), N(2), expected_epoch=0)
+    result = tick(node_failure_sensor, laminar)
+    assert result.requests == []
+    assert result.skip == "every partition's owner is alive"
+
+
+def test_sensor_heartbeat_timeout_overrides_the_nodes_own(ledger: Ledger, laminar: LaminarResource) -> None:
+    make_alive(ledger, 1, 2)  # each node says 60 s
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    time.sleep(2.1)
+    strict = build_node_failure_sensor(
+        name="strict_failure_sensor", heartbeat_timeout_s=2.0, watch_s=0, drive_budget_s=0.3
+    )
+    # Both nodes look dead to the strict sensor, so nobody can take the partition yet...
+    result = tick(strict, laminar)
+    assert result.requests == [] and result.skip is not None and "no live node" in result.skip
+    # ...and it is not marked handled: once node 2 heartbeats, the failover is requested.
+    make_alive(ledger, 2)
+    assert [r.run_key for r in tick(strict, laminar, result.cursor).requests] == ["failover-p0-e1"]
+    assert tick(node_failure_sensor, laminar).requests == []  # node 1 is alive by its own timeout
+
+
+def test_partition_already_failing_over_is_left_alone(ledger: Ledger, laminar: LaminarResource) -> None:
+    make_alive(ledger, 2)
+    make_dead(ledger, 1)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    MigrationCoordinator(ledger).plan(P(0), N(2), forced=True)  # a failover in flight (phase planned)
+    result = tick(quick_failure_sensor, laminar)
+    assert result.requests == [] and result.skip is not None and "in flight" in result.skip
+
+
+def test_a_grant_whose_granter_died_before_sealing_is_completed_within_a_tick(
+    ledger: Ledger, laminar: LaminarResource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_alive(ledger, 1, 2)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    granter = Ledger(ledger.store)
+
+    class GranterDied(BaseException):
+        """The granting process dies between its grant and its seal (nothing on the way catches it)."""
+
+    def dies(*_args: Any, **_kwargs: Any) -> Any:
+        raise GranterDied
+
+    monkeypatch.setattr(granter.sealer, "seal", dies)
+    with pytest.raises(GranterDied):
+        granter.fence(P(0), N(2), expected_epoch=1, reason="move to node 2")
+    assert ledger.ownership(P(0)).head_lagged  # type: ignore[union-attr]
+    result = tick(quick_failure_sensor, laminar)
+    assert result.requests == []  # node 2 is alive: no failover, only the grant sealed
+    own = ledger.ownership(P(0))
+    assert own is not None and (own.owner, own.epoch, own.head_lagged) == (2, 2, False)
+    sealed = ManifestReader(ledger.store).current(P(0))
+    assert sealed is not None and sealed.manifest.is_seal and sealed.manifest.fencing_token == 2
+
+
+def test_uninitialized_store_is_a_skip(tmp_path: Path) -> None:
+    result = tick(node_failure_sensor, LaminarResource(store_url=(tmp_path / "empty").as_uri()))
+    assert result.requests == [] and result.skip is not None and "laminar init" in result.skip
+
+
+def test_default_statuses() -> None:
+    assert rebalance_schedule.default_status == DefaultScheduleStatus.STOPPED
+    assert rebalance_schedule.description and "Off by default" in rebalance_schedule.description
+    assert node_failure_sensor.default_status == DefaultSensorStatus.RUNNING
+    assert migration_retry_sensor.default_status == DefaultSensorStatus.RUNNING
+    when = datetime(2026, 11, 22, 7, 0, tzinfo=UTC)
+    request = rebalance_schedule(build_schedule_context(scheduled_execution_time=when))
+    assert isinstance(request, RunRequest) and request.run_config == {}
+    assert request.run_key == "rebalance-20261122T0700"
+
+
+# --- failed runs ------------------------------------------------------------------------------
+
+
+def failed_run(
+    job: Any, laminar: LaminarResource, run_config: dict[str, Any], tags: dict[str, str] | None = None
+) -> tuple[DagsterInstance, Any]:
+    instance = DagsterInstance.ephemeral()
+    result = job.execute_in_process(
+        run_config=run_config,
+        instance=instance,
+        resources={"laminar": laminar},
+        raise_on_error=False,
+        tags=tags or {},
+    )
+    assert not result.success
+    return instance, result
+
+
+def evaluate_retry_sensor(instance: DagsterInstance, result: Any, laminar: LaminarResource) -> RunRequest | SkipReason:
+    context = build_run_status_sensor_context(
+        sensor_name=migration_retry_sensor.name,
+        dagster_instance=instance,
+        dagster_run=result.dagster_run,
+        dagster_event=result.get_run_failure_event(),
+        resources={"laminar": laminar},
+    ).for_run_failure()
+    with context:
+        out = migration_retry_sensor(context)
+    assert isinstance(out, RunRequest | SkipReason)
+    return out
+
+
+@pytest.mark.dagster
+def test_failed_migration_is_relaunched_with_the_same_config(ledger: Ledger, laminar: LaminarResource) -> None:
+    make_alive(ledger, 1, 2)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    # Node 1 is only a record, so it never reports the drain: the run fails by timeout.
+    config = {"partition": 0, "to_node": 2, "limits": {"release_wait_timeout_s": 0.05, "retry_delay_s": 7.0}}
+    instance, result = failed_run(migrate_partition, laminar, config)
+    before = time.time()
+    out = evaluate_retry_sensor(instance, result, laminar)
+    assert isinstance(out, RunRequest)
+    assert out.job_name == migrate_partition.name
+    assert out.run_key == f"retry-{result.run_id}"
+    assert out.run_config == config
+    assert out.tags[ATTEMPT_TAG] == "2" and out.tags[RETRY_OF_TAG] == result.run_id
+    assert before + 6.5 < float(out.tags[NOT_BEFORE_TAG]) < time.time() + 7.5
+
+    # The last allowed attempt failing: give up.
+    config["limits"]["max_retries"] = 1  # type: ignore[index]
+    instance, result = failed_run(migrate_partition, laminar, config, tags={ATTEMPT_TAG: "2"})
+    out = evaluate_retry_sensor(instance, result, laminar)
+    assert isinstance(out, SkipReason) and "giving up" in str(out.skip_message)
+
+
+@pytest.mark.dagster
+def test_failed_migration_falls_back_to_failover_when_the_old_owner_died(
+    ledger: Ledger, laminar: LaminarResource
+) -> None:
+    make_alive(ledger, 1, 2)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    config = {"partition": 0, "to_node": 2, "limits": {"release_wait_timeout_s": 0.05}}
+    instance, result = failed_run(migrate_partition, laminar, config)
+    make_dead(ledger, 1)  # a fresh record of node 1 with a lapsed heartbeat
+    out = evaluate_retry_sensor(instance, result, laminar)
+    assert isinstance(out, RunRequest)
+    assert out.job_name == failover_partition.name
+    assert out.run_key == "failover-p0-e1"
+    assert out.run_config == {"partition": 0, "to_node": 2, "limits": {"release_wait_timeout_s": 0.05}}
+
+
+def test_decide_retry_branches(ledger: Ledger) -> None:
+    make_alive(ledger, 2, 3)
+    make_dead(ledger, 1)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    ledger.acquire(P(1), N(2), expected_epoch=0)
+    migrate, failover = migrate_partition.name, failover_partition.name
+    # Old owner dead, target dead too: the failover picks its own target.
+    out = decide_retry(migrate, {"partition": 0, "to_node": 9}, {}, "r1", ledger)
+    assert isinstance(out, RunRequest) and out.job_name == failover and out.run_config == {"partition": 0, "limits": {}}
+    # Already where it should be.
+    out = decide_retry(migrate, {"partition": 1, "to_node": 2}, {}, "r2", ledger)
+    assert isinstance(out, SkipReason) and "already on node 2" in str(out.skip_message)
+    # A failed failover whose target died: retried without the target.
+    out = decide_retry(failover, {"partition": 0, "to_node": 9}, {ATTEMPT_TAG: "3"}, "r3", ledger, now=100.0)
+    assert isinstance(out, RunRequest) and out.job_name == failover
+    assert out.run_config == {"partition": 0}
+    assert out.tags[ATTEMPT_TAG] == "4" and out.tags[NOT_BEFORE_TAG] == "105.000"
+    out = decide_retry(failover, {"partition": 0}, {ATTEMPT_TAG: "4"}, "r4", ledger)
+    assert isinstance(out, SkipReason) and "max_retries is 3" in str(out.skip_message)
+    # A failover of a partition a live node owns is not retried.
+    out = decide_retry(failover, {"partition": 1}, {}, "r5", ledger)
+    assert isinstance(out, SkipReason) and "live node 2" in str(out.skip_message)
+    assert isinstance(decide_retry("other_job", {"partition": 1}, {}, "r6", ledger), SkipReason)
+    assert isinstance(decide_retry(migrate, {}, {}, "r7", ledger), SkipReason)
+
+
+def test_a_failed_recording_run_is_retried_as_a_fresh_failover(ledger: Ledger) -> None:
+    make_alive(ledger, 2)
+    make_dead(ledger, 1)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    recorded = {"migration_id": "gone", "from_node": 1, "to_node": 2, "from_epoch": 1, "to_epoch": 2, "phases": []}
+    config = {"partition": 0, "to_node": 2, "recorded": recorded}
+    decision = decide_retry(failover_partition.name, config, {}, "run-1", ledger)
+    assert isinstance(decision, RunRequest) and decision.run_config == {"partition": 0, "to_node": 2}
+
+
+@pytest.mark.dagster
+def test_a_stranded_failover_is_retried(ledger: Ledger, laminar: LaminarResource) -> None:
+    make_alive(ledger, 2)
+    make_dead(ledger, 1)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    # The fence succeeds (the coordinator's own part); node 2 never reports the download.
+    config = {"partition": 0, "limits": {"checkpoint_transfer_timeout_s": 0.05}}
+    instance, result = failed_run(failover_partition, laminar, config)
+    own = ledger.ownership(P(0))
+    assert own is not None and (own.owner, own.epoch) == (2, 2)
+    out = evaluate_retry_sensor(instance, result, laminar)
+    assert isinstance(out, RunRequest) and out.job_name == failover_partition.name
+    assert out.run_config == config
+
+
+# --- observation ------------------------------------------------------------------------------
+
+
+def observe_tick(laminar: LaminarResource, cursor: str | None = None) -> tuple[SensorResult | SkipReason, str | None]:
+    with build_sensor_context(cursor=cursor, resources={"laminar": laminar}) as context:
+        result = laminar_observation_sensor(context)
+    assert isinstance(result, SensorResult | SkipReason)
+    return result, result.cursor if isinstance(result, SensorResult) else cursor
+
+
+def test_observation_sensor_reports_asset_events_only_on_change(ledger: Ledger, laminar: LaminarResource) -> None:
+    first, cursor = observe_tick(laminar)
+    assert isinstance(first, SensorResult) and not first.run_requests, "observing must launch no run"
+    keys = [e.asset_key.to_user_string() for e in first.asset_events]
+    assert keys == ["ownership_map", "ownership_map", "assignment_plan", "checkpoint_manifests"]
+    check = first.asset_events[1]
+    assert isinstance(check, AssetCheckEvaluation) and check.check_name == "partitions_on_live_nodes"
+    assert not check.passed and "4 of 4 partitions not on a live node" in (check.description or "")
+    (request,) = first.dynamic_partitions_requests or []
+    assert list(request.partition_keys) == ["0", "1", "2", "3"]
+
+    again, same = observe_tick(laminar, cursor)
+    assert isinstance(again, SkipReason) and same == cursor
+
+    make_alive(ledger, 1)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    changed, _ = observe_tick(laminar, cursor)
+    assert isinstance(changed, SensorResult)
+    assert [e.asset_key.to_user_string() for e in changed.asset_events] == [
+        "ownership_map",
+        "ownership_map",
+        "assignment_plan",
+    ]  # the manifests are observed at most once a minute
+    assert not changed.dynamic_partitions_requests
+
+
+def test_the_manifests_stay_fresh_only_while_every_partition_keeps_up(ledger: Ledger) -> None:
+    manifests = ManifestReader(ledger.store)
+    source = SourceLog(ledger.store)
+    cursor, at = ObservationCursor(), 1_000_000.0
+
+    def checkpoint_event(now: float) -> AssetMaterialization | AssetObservation | None:
+        nonlocal cursor
+        out = observe(ledger, manifests, cursor, now=now)
+        cursor = out.cursor
+        got = [e for e in out.events if e.asset_key == AssetKey("checkpoint_manifests")]
+        assert len(got) <= 1
+        return got[0] if got else None  # type: ignore[return-value]
+
+    # Nothing to commit anywhere: keeping up, even with nothing committed.
+    assert isinstance(checkpoint_event(at), AssetMaterialization)
+    assert checkpoint_event(at + 30) is None  # at most once a minute
+    # Events for partition 0 and no commit: behind; nothing changed, so nothing is reported.
+    source.append(0, generate_events(20, 5, 1, 4)[0])
+    assert checkpoint_event(at + 61) is None
+    # Partition 0 commits: materialized again, the others have nothing to commit.
+    token = ledger.acquire(P(0), N(1), expected_epoch=0)
+    commit_all(ledger.store, token)
+    fresh = checkpoint_event(at + 122)
+    assert isinstance(fresh, AssetMaterialization)
+    assert fresh.metadata["partitions_behind"] == MetadataValue.text("-")
+    # Idle and caught up: still fresh a minute later, with the manifests unchanged.
+    assert isinstance(checkpoint_event(at + 183), AssetMaterialization)
+    # Partition 1 gets events nobody commits while partition 0 commits: observed, naming partition 1.
+    stuck = generate_events(40, 8, 2, 4)[1]
+    source.append(1, stuck)
+    source.append(0, generate_events(20, 5, 3, 4)[0])
+    commit_all(ledger.store, token)
+    behind = checkpoint_event(at + 244)
+    assert isinstance(behind, AssetObservation)
+    assert behind.metadata["partitions_behind"] == MetadataValue.text(f"p1 ({stuck.num_rows} events)")
+    assert checkpoint_event(at + 305) is None  # still behind, nothing changed: no report keeps it fresh
+
+
+def test_the_stream_freshness_policy_is_on_the_manifests() -> None:
+    spec = checkpoint_manifests
+    assert spec.freshness_policy == STREAM_FRESHNESS
+    assert isinstance(STREAM_FRESHNESS, TimeWindowFreshnessPolicy)
+    assert STREAM_FRESHNESS.warn_window is not None
+    assert STREAM_FRESHNESS.warn_window.to_timedelta() == STREAM_WARN_AFTER < STREAM_FAIL_AFTER
+    assert STREAM_FRESHNESS.fail_window.to_timedelta() == STREAM_FAIL_AFTER
+
+
+def test_the_retry_sensor_fails_a_record_past_its_deadline(ledger: Ledger) -> None:
+    make_alive(ledger, 1, 2)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    stale = MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=0.05)).plan(P(0), N(2))
+    time.sleep(0.1)  # the run driving it died without recording anything
+    out = decide_retry(migrate_partition.name, {"partition": 0, "to_node": 2}, {}, "r1", ledger)
+    assert isinstance(out, RunRequest) and out.job_name == migrate_partition.name
+    current = MigrationCoordinator(ledger).current(P(0))
+    assert current is not None and current.migration_id == stale.migration_id
+    assert current.phase == MigrationPhase.FAILED and (current.error or "").startswith("deadline exceeded")

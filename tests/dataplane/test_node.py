@@ -1,0 +1,125 @@
+"""An idle node's store requests follow changes, not partitions: it polls its assignment record, is
+woken by an advisory nudge, and converges without one. The node is the real runtime with a pyarrow
+fold instead of Spark (`ArrowNode`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from laminar_dev.chaos import ArrowNode
+from laminar_orchestration.dataplane.config import NodeConfig
+from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.tasks import DesiredStates
+from laminar_orchestration.store import ObjectStore
+from laminar_orchestration.store.metering import RequestMeter
+
+P, N = PartitionId, NodeId
+
+
+@pytest.fixture
+def meter(store: ObjectStore, monkeypatch: pytest.MonkeyPatch) -> RequestMeter:
+    """The requests of this test alone (the node shares the test's store object)."""
+    own = RequestMeter()
+    layer: object = store
+    while isinstance(layer, ObjectStore):
+        monkeypatch.setattr(layer, "meter", own)
+        layer = getattr(layer, "inner", None)
+    return own
+
+
+@contextmanager
+def running(node: ArrowNode) -> Iterator[ArrowNode]:
+    runner = threading.Thread(target=node.run, kwargs={"install_signals": False}, daemon=True)
+    runner.start()
+    try:
+        yield node
+    finally:
+        node.stop()
+        runner.join(30)
+        assert not runner.is_alive()
+
+
+def _node(store: ObjectStore, tmp_path: Path, **config: object) -> ArrowNode:
+    settings: dict[str, object] = {"heartbeat_interval_s": 0.5, "idle_poll_max_s": 0.5, **config}
+    return ArrowNode(
+        NodeConfig(store_url=store.url, node_id=1, workdir=str(tmp_path / "node1"), **settings),  # type: ignore[arg-type]
+        store=store,
+    )
+
+
+def _place(ledger: Ledger, partition: int, node: int) -> None:
+    """What the control plane does to place a partition (`MigrationCoordinator.reinstate`): the
+    desired owner, the grant, and a nudge (the grant itself moves no assignment)."""
+    desired = DesiredStates(ledger)
+    desired.update(P(partition), lambda s: s.model_copy(update={"owner": node}))
+    ledger.acquire(P(partition), N(node), expected_epoch=0, reason="place")
+    desired.nudge([node])
+
+
+def _wait_running(node: ArrowNode, partitions: set[int], timeout_s: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        states = {p for p, pr in node._progress().items() if pr.state == "running"}
+        if partitions <= states:
+            return time.monotonic() - started
+        time.sleep(0.02)
+    raise AssertionError(f"partitions {sorted(partitions)} not running after {timeout_s}s: {node._progress()}")
+
+
+def test_an_idle_node_reads_its_assignment_and_no_partitions_desired_state(
+    store: ObjectStore, tmp_path: Path, meter: RequestMeter
+) -> None:
+    ledger = Ledger(store)
+    ledger.init_cluster(6)
+    for p in range(4):
+        _place(ledger, p, 1)
+    with running(_node(store, tmp_path, assignment_poll_s=0.2)) as node:
+        _wait_running(node, {0, 1, 2, 3}, 30)
+        time.sleep(1.0)  # the idle source polls reach their slowest
+        before = meter.snapshot()
+        time.sleep(3.0)
+        after = meter.snapshot()
+
+    families = {fam: n - before.by_family.get((m, fam), 0) for (m, fam), n in after.by_family.items() if m == "GET"}
+    assert families.get("ledger/partitions/desired.json", 0) == 0  # nothing changed: no state read
+    assert families.get("ledger/cluster.json", 0) == 0  # nor the partition count
+    assert 5 <= families.get("ledger/assignments", 0) <= 3.0 / 0.2 + 3  # one GET per poll
+    # Four idle partitions poll their source at most every idle_poll_max_s, one GET each.
+    assert families.get("source", 0) <= 4 * (3.0 / 0.5 + 1)
+
+
+def test_a_nudge_wakes_an_idle_node_long_before_its_next_poll(store: ObjectStore, tmp_path: Path) -> None:
+    ledger = Ledger(store)
+    ledger.init_cluster(2)
+    with running(_node(store, tmp_path, assignment_poll_s=60.0)) as node:
+        time.sleep(0.5)  # registered, idle: its next poll is a minute away
+        _place(ledger, 0, 1)
+        took = _wait_running(node, {0}, 20)
+    assert took < 10, took
+
+
+@pytest.mark.parametrize("how", ["no endpoint", "unreachable endpoint"])
+def test_a_node_that_misses_every_nudge_still_converges_at_its_poll(
+    store: ObjectStore, tmp_path: Path, how: str
+) -> None:
+    ledger = Ledger(store)
+    ledger.init_cluster(2)
+    config: dict[str, object] = {"assignment_poll_s": 1.0}
+    if how == "no endpoint":
+        config["nudge_host"] = None
+    with running(_node(store, tmp_path, **config)) as node:
+        time.sleep(0.5)
+        if how == "unreachable endpoint":
+            assert node._nudges is not None
+            node._nudges.close()  # its record still names the address: every nudge fails
+        _place(ledger, 0, 1)
+        _wait_running(node, {0}, 20)
+        _place(ledger, 1, 1)
+        _wait_running(node, {0, 1}, 20)

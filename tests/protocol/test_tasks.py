@@ -1,0 +1,533 @@
+"""Unit tests of the migration record: its phases, config defaults and errors."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from laminar_orchestration import cli
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.control.moves import drive, run_migration
+from laminar_orchestration.dataplane.handoff import PartitionDuty, partition_duty
+from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.protocol.ledger import Ledger, NodeHandle
+from laminar_orchestration.protocol.records import PartitionProgress, ReleaseRecord, now
+from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.tasks import (
+    FORCED_PHASES,
+    GRACEFUL_PHASES,
+    CheckpointFailed,
+    DesiredState,
+    DesiredStates,
+    DownloadFailed,
+    FenceLost,
+    InvalidTransition,
+    LedgerCommitFailed,
+    MigrationConfig,
+    MigrationEpochConflict,
+    MigrationKind,
+    MigrationNotOwned,
+    MigrationPhase,
+    MigrationTask,
+    MigrationTimeout,
+    NoLiveNode,
+    OldOwnerCrashed,
+    RestoreFailed,
+    SeekFailed,
+    UploadFailed,
+    check_transition,
+)
+from laminar_orchestration.store import LocalObjectStore, ObjectStore, open_store
+from tests.commits import commit_all
+
+P, N = PartitionId, NodeId
+G, F = MigrationKind.GRACEFUL, MigrationKind.FORCED
+
+
+def test_migration_phase_transitions_linear() -> None:
+    for kind, seq in ((G, GRACEFUL_PHASES), (F, FORCED_PHASES)):
+        for current, nxt in itertools.pairwise(seq):
+            check_transition(kind, current, nxt)
+        for i, current in enumerate(seq):
+            for j, target in enumerate(seq):
+                if j != i + 1:
+                    with pytest.raises(InvalidTransition):
+                        check_transition(kind, current, target)  # no skipping, no going back
+    assert GRACEFUL_PHASES == (
+        MigrationPhase.PLANNED, MigrationPhase.DRAINING, MigrationPhase.CHECKPOINTING, MigrationPhase.UPLOADING,
+        MigrationPhase.RELEASED, MigrationPhase.DOWNLOADING, MigrationPhase.RESTORING, MigrationPhase.SEEKING,
+        MigrationPhase.ACTIVE,
+    )  # fmt: skip
+    # Cancelling is possible until the new owner may take the epoch (Seeking); terminal phases are final.
+    for kind, seq in ((G, GRACEFUL_PHASES), (F, FORCED_PHASES)):
+        for phase in seq[: seq.index(MigrationPhase.SEEKING)]:
+            check_transition(kind, phase, MigrationPhase.CANCELLED)
+        for phase in (MigrationPhase.SEEKING, MigrationPhase.ACTIVE):
+            with pytest.raises(InvalidTransition):
+                check_transition(kind, phase, MigrationPhase.CANCELLED)
+    for terminal in (MigrationPhase.ACTIVE, MigrationPhase.FAILED, MigrationPhase.CANCELLED):
+        with pytest.raises(InvalidTransition):
+            check_transition(G, terminal, MigrationPhase.FAILED)
+
+
+def test_phase_predicates_follow_each_kinds_sequence() -> None:
+    """`reached` agrees with the order of both sequences; the aborted phases reach only themselves."""
+    for seq in (GRACEFUL_PHASES, FORCED_PHASES):
+        for i, a in enumerate(seq):
+            for j, b in enumerate(seq):
+                assert a.reached(b) == (i >= j), (a, b)
+    aborted = (MigrationPhase.FAILED, MigrationPhase.CANCELLED)
+    for phase in aborted:
+        assert phase.is_aborted and phase.is_terminal and not phase.cancellable
+        assert phase.reached(phase)
+        assert not any(phase.reached(p) for p in GRACEFUL_PHASES)
+        assert not any(p.reached(phase) for p in GRACEFUL_PHASES)
+    assert [p for p in MigrationPhase if p.is_terminal] == [MigrationPhase.ACTIVE, *aborted]
+    # The old owner's phases are exactly those of a graceful move that a forced move skips, plus Released.
+    old_owner = [p for p in GRACEFUL_PHASES if p.needs_old_owner]
+    assert old_owner == [p for p in GRACEFUL_PHASES if p not in FORCED_PHASES] + [MigrationPhase.RELEASED]
+    assert [p for p in GRACEFUL_PHASES if p.cancellable] == list(
+        GRACEFUL_PHASES[: GRACEFUL_PHASES.index(MigrationPhase.SEEKING)]
+    )
+
+
+def test_migration_phase_failed_captures_context(store: ObjectStore) -> None:
+    ledger = Ledger(store)
+    ledger.init_cluster(1)
+    ledger.register_node(N(1))
+    ledger.register_node(N(2))
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    coordinator = MigrationCoordinator(ledger)
+    task = coordinator.plan(P(0), N(2))
+    coordinator._transition(P(0), task.migration_id, MigrationPhase.DRAINING)
+    failed = coordinator.fail(P(0), task.migration_id, "disk full")
+    assert failed.phase == MigrationPhase.FAILED
+    assert (failed.failed_phase, failed.error) == (MigrationPhase.DRAINING, "disk full")
+    assert failed.completed_at is not None
+    stored = coordinator.current(P(0))
+    assert stored == failed  # persisted before anything else happens
+    # A failed migration frees the partition for the next one.
+    assert coordinator.plan(P(0), N(2)).migration_id != task.migration_id
+
+
+def test_migration_task_creation(store: ObjectStore) -> None:
+    ledger = Ledger(store)
+    ledger.init_cluster(2)
+    ledger.register_node(N(1))
+    ledger.register_node(N(2))
+    ledger.acquire(P(1), N(1), expected_epoch=0)
+    coordinator = MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=12))
+    task = coordinator.plan(P(1), N(2))
+    assert (task.partition, task.from_node, task.to_node) == (1, 1, 2)
+    assert (task.from_epoch, task.to_epoch) == (1, 2)
+    assert task.phase == MigrationPhase.PLANNED and task.migration_kind == G
+    assert task.timeout_s == 12 and task.completed_at is None and task.started_at <= now()
+    with pytest.raises(MigrationEpochConflict):
+        coordinator.plan(P(1), N(2))  # one migration per partition at a time
+    with pytest.raises(NoLiveNode):
+        coordinator.plan(P(0), N(7))
+    unassigned = coordinator.plan(P(0), N(2))
+    assert unassigned.migration_kind == F and unassigned.from_node == 0  # placement is a forced move
+
+
+def test_task_and_desired_state_round_trip_and_reject_typos() -> None:
+    ts = now()
+    task = MigrationTask(
+        migration_id="m", partition=3, migration_kind=G, from_node=1, to_node=2, from_epoch=4, to_epoch=5,
+        phase=MigrationPhase.SEEKING, started_at=ts, updated_at=ts, timeout_s=30,
+    )  # fmt: skip
+    state = DesiredState(partition=3, owner=1, migration=task, updated_at=ts)
+    assert DesiredState.model_validate_json(state.model_dump_json()) == state
+    with pytest.raises(ValueError, match="phaze"):
+        MigrationTask.model_validate({**task.model_dump(), "phaze": "active"})
+
+
+def test_release_info_serialization() -> None:
+    record = ReleaseRecord(
+        partition=2, epoch=7, node=3, commit_ulid="01J0000000000000000000000A", source_offset=1234, released_at=now()
+    )
+    assert ReleaseRecord.model_validate_json(record.model_dump_json()) == record
+
+
+def test_migration_config_defaults() -> None:
+    config = MigrationConfig()
+    assert (config.migration_timeout_s, config.release_wait_timeout_s, config.checkpoint_transfer_timeout_s) == (
+        30.0, 15.0, 60.0,
+    )  # fmt: skip
+    assert (config.max_concurrent_migrations, config.max_retries, config.retry_delay_s) == (2, 3, 5.0)
+    with pytest.raises(ValueError, match="max_retrys"):
+        MigrationConfig.model_validate({"max_retrys": 2})
+    with pytest.raises(ValueError):
+        MigrationConfig(max_concurrent_migrations=0)
+
+
+def test_migration_error_display() -> None:
+    p = P(4)
+    errors = [
+        (MigrationNotOwned(p, N(2)), "partition 4 is not owned by node 2"),
+        (
+            MigrationTimeout(p, MigrationPhase.DRAINING, 15.0),
+            "migration timeout for partition 4 at draining after 15.0s",
+        ),
+        (CheckpointFailed(p, "disk full"), "checkpoint failed for partition 4: disk full"),
+        (UploadFailed(p, "503"), "upload failed for partition 4: 503"),
+        (DownloadFailed(p, "ckpt-1", "missing"), "download failed for partition 4 (checkpoint ckpt-1): missing"),
+        (RestoreFailed(p, "bad parquet"), "restore failed for partition 4: bad parquet"),
+        (LedgerCommitFailed(p, "412"), "ledger commit failed for partition 4: 412"),
+        (OldOwnerCrashed(p, 9), "old owner crashed for partition 4 at epoch 9"),
+        (MigrationEpochConflict(p, 3, 5), "epoch conflict for partition 4: expected=3, actual=5"),
+        (SeekFailed(p, "offset gone"), "source seek failed for partition 4: offset gone"),
+    ]
+    for error, text in errors:
+        assert str(error) == text
+    assert OldOwnerCrashed(p, 9).last_known_epoch == 9  # fields, not strings to parse
+
+
+# --- wedged and overdue migrations ------------------------------------------------------
+
+
+def report_done(handle: NodeHandle, task: MigrationTask) -> None:
+    """What the target node's process reports when it finished every phase of `task`."""
+    progress = PartitionProgress(
+        partition=task.partition,
+        epoch=task.to_epoch,
+        state="running",
+        migration_id=task.migration_id,
+        phase_done=MigrationPhase.ACTIVE.value,
+    )
+    handle.heartbeat(partitions={task.partition: progress})
+
+
+def rival_fence_first(ledger: Ledger, monkeypatch: pytest.MonkeyPatch, winner: NodeId) -> None:
+    """Make the next `ledger.fence` lose the race: another fence of the same epoch lands just before it."""
+    real = ledger.fence
+
+    def racing(partition: PartitionId, node: NodeId, *, expected_epoch: int, **kw: Any) -> Any:
+        monkeypatch.setattr(ledger, "fence", real)
+        real(partition, winner, expected_epoch=expected_epoch, reason="a rival failover")
+        return real(partition, node, expected_epoch=expected_epoch, **kw)
+
+    monkeypatch.setattr(ledger, "fence", racing)
+
+
+def three_nodes(store: ObjectStore) -> tuple[Ledger, dict[int, NodeHandle]]:
+    ledger = Ledger(store)
+    ledger.init_cluster(1)
+    handles = {n: ledger.register_node(N(n), heartbeat_timeout_s=60) for n in (1, 2, 3)}
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    return ledger, handles
+
+
+def test_forced_migration_that_loses_the_fence_race_fails_and_a_new_one_succeeds(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger, handles = three_nodes(store)
+    coordinator = MigrationCoordinator(ledger, MigrationConfig(checkpoint_transfer_timeout_s=5))
+    task = coordinator.plan(P(0), N(2), forced=True)
+    rival_fence_first(ledger, monkeypatch, N(3))
+    with pytest.raises(FenceLost) as info:
+        drive(coordinator, task)
+    assert (info.value.migration_id, info.value.expected, info.value.actual) == (task.migration_id, 1, 2)
+    failed = coordinator.current(P(0))
+    assert failed is not None and failed.migration_id == task.migration_id
+    assert failed.phase == MigrationPhase.FAILED and failed.failed_phase == MigrationPhase.RELEASED
+    assert failed.error is not None and "lost the fence race" in failed.error
+    # Not wedged: a new forced migration is planned from the epoch the rival left, and completes.
+    retry = coordinator.plan(P(0), N(2), forced=True)
+    assert (retry.from_node, retry.from_epoch, retry.to_epoch) == (3, 2, 3)
+    report_done(handles[2], retry)
+    final = drive(coordinator, retry)
+    assert final.phase == MigrationPhase.ACTIVE and final.migration_id == retry.migration_id
+    own = ledger.ownership(P(0))
+    assert own is not None and (own.owner, own.epoch) == (2, 3)
+
+
+def test_two_drivers_of_one_forced_migration_both_pass_its_fence(store: ObjectStore) -> None:
+    """Two coordinators (a sensor tick and a retried run) drive the same forced move at once: both
+    check the ledger, both fence; the one that loses the create finds this very migration's grant
+    there, and neither fails the move."""
+    ledger, handles = three_nodes(store)
+    task = MigrationCoordinator(ledger).plan(P(0), N(2), forced=True)
+    both_checked = threading.Barrier(2, timeout=10)
+
+    class PausedLedger(Ledger):
+        def fence(self, *args: Any, **kwargs: Any) -> Any:
+            both_checked.wait()  # each driver has read the epoch and is about to fence
+            return super().fence(*args, **kwargs)
+
+    outcomes: list[object] = []
+
+    def drive_fence() -> None:
+        coordinator = MigrationCoordinator(PausedLedger(store), MigrationConfig(checkpoint_transfer_timeout_s=5))
+        try:
+            outcomes.append(coordinator.begin_phase(P(0), task.migration_id, MigrationPhase.RELEASED).phase)
+        except Exception as exc:
+            outcomes.append(exc)
+
+    drivers = [threading.Thread(target=drive_fence) for _ in range(2)]
+    for t in drivers:
+        t.start()
+    for t in drivers:
+        t.join(timeout=30)
+    assert outcomes == [MigrationPhase.RELEASED, MigrationPhase.RELEASED]
+    grants = [(g.epoch, g.node) for g in ledger.grants(P(0))]
+    assert grants.count((task.to_epoch, 2)) == 1 and max(e for e, _ in grants) == task.to_epoch
+    report_done(handles[2], task)
+    final = drive(MigrationCoordinator(ledger), task)
+    assert final.phase == MigrationPhase.ACTIVE and final.migration_id == task.migration_id
+
+
+def held_in(store: ObjectStore, method: str) -> tuple[Ledger, threading.Event, threading.Event]:
+    """A ledger whose calls of `method` signal the first event, then wait for the second: a driver
+    held just before its grant."""
+    reached, go_on = threading.Event(), threading.Event()
+    ledger = Ledger(store)
+    real = getattr(ledger, method)
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        reached.set()
+        go_on.wait(10)
+        return real(*args, **kwargs)
+
+    setattr(ledger, method, held)
+    return ledger, reached, go_on
+
+
+def test_a_move_ended_while_its_driver_is_about_to_fence_completes_the_grant_first(store: ObjectStore) -> None:
+    """A second driver of a forced move recorded Released, checked the record and is held just
+    before its fence while the move is ended (a sensor timed it out). The end completes the grant
+    itself before recording the outcome, so the grant and the record agree: the target holds the
+    epoch and is the desired owner (its node takes the partition up), and the late fence creates
+    nothing. Without that, the late grant would land after the outcome and strand the partition."""
+    ledger, handles = three_nodes(store)
+    coordinator = MigrationCoordinator(ledger, MigrationConfig(checkpoint_transfer_timeout_s=5))
+    first = coordinator.plan(P(0), N(3), forced=True)
+    held, at_fence, go_on = held_in(store, "fence")
+    late = MigrationCoordinator(held)
+    outcome: list[object] = []
+    driver = threading.Thread(
+        target=lambda: outcome.append(late.begin_phase(P(0), first.migration_id, MigrationPhase.RELEASED).phase)
+    )
+    driver.start()
+    assert at_fence.wait(10)
+    failed = coordinator.fail(P(0), first.migration_id, "timed out by the sensor")
+    assert failed.phase == MigrationPhase.FAILED
+    own = ledger.ownership(P(0))
+    assert own is not None and (own.owner, own.epoch) == (3, first.to_epoch)
+    state = DesiredStates(ledger).read(P(0))[0]
+    assert state.owner == 3
+    assert partition_duty(state, node=N(3), finished_migration=None, ownership=lambda: own) == PartitionDuty.RECOVER
+
+    second = coordinator.plan(P(0), N(2), forced=True)
+    assert (second.from_node, second.from_epoch) == (3, first.to_epoch)
+    go_on.set()
+    driver.join(timeout=10)
+    # The late fence found this very migration's grant: it created nothing and did not fail.
+    assert outcome == [MigrationPhase.RELEASED]
+    assert [(g.epoch, g.node) for g in ledger.grants(P(0))] == [(1, 1), (first.to_epoch, 3)]
+    report_done(handles[2], second)
+    final = drive(coordinator, second)
+    assert final.phase == MigrationPhase.ACTIVE
+    own = ledger.ownership(P(0))
+    assert own is not None and (own.owner, own.epoch) == (2, second.to_epoch)
+    assert DesiredStates(ledger).read(P(0))[0].owner == 2
+
+
+def test_a_graceful_move_failed_while_its_grant_is_in_flight_leaves_the_target_the_owner(store: ObjectStore) -> None:
+    """Seeking is recorded before the target's grant; a move failed from then on completes the grant
+    first. Staged: the driver is held inside its grant while the move's deadline is enforced."""
+    ledger, _ = three_nodes(store)
+    coordinator = MigrationCoordinator(ledger, MigrationConfig(checkpoint_transfer_timeout_s=5))
+    task = coordinator.plan(P(0), N(2))
+    assert task.migration_kind == MigrationKind.GRACEFUL
+    for phase in GRACEFUL_PHASES[: GRACEFUL_PHASES.index(MigrationPhase.SEEKING)]:
+        coordinator.begin_phase(P(0), task.migration_id, phase)
+    ledger.release(ledger.adopt(P(0), N(1)), commit_ulid=None, source_offset=0)
+    held, in_grant, go_on = held_in(store, "acquire")
+    driver = threading.Thread(
+        target=MigrationCoordinator(held).begin_phase,
+        args=(P(0), task.migration_id, MigrationPhase.SEEKING),
+    )
+    driver.start()
+    assert in_grant.wait(10)
+    seeking = coordinator.current(P(0))
+    assert seeking is not None and seeking.phase == MigrationPhase.SEEKING  # recorded before the grant
+    coordinator.fail(P(0), task.migration_id, "deadline exceeded")
+    go_on.set()
+    driver.join(timeout=10)
+
+    own = ledger.ownership(P(0))
+    assert own is not None and (own.owner, own.epoch) == (2, task.to_epoch)
+    assert DesiredStates(ledger).read(P(0))[0].owner == 2
+    assert [(g.epoch, g.node) for g in ledger.grants(P(0))] == [(1, 1), (task.to_epoch, 2)]
+
+
+def test_an_abort_that_reads_the_record_before_the_grant_phase_completes_the_grant_once_it_is_recorded(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The abort read the record at Planned; the driver records Released (and is about to fence)
+    before the abort's write. The abort's write finds the grant phase recorded, completes the
+    grant, and records the outcome with the target as the desired owner."""
+    ledger, _ = three_nodes(store)
+    coordinator = MigrationCoordinator(ledger)
+    task = coordinator.plan(P(0), N(3), forced=True)
+    driver = MigrationCoordinator(ledger)
+    real_ownership = ledger.ownership
+    calls = 0
+
+    def ownership_then_the_driver_records_released(partition: PartitionId) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            # The driver records Released in the abort's read-to-write window (its fence comes later).
+            driver._transition(P(0), task.migration_id, MigrationPhase.RELEASED)
+        return real_ownership(partition)
+
+    monkeypatch.setattr(ledger, "ownership", ownership_then_the_driver_records_released)
+    failed = coordinator.fail(P(0), task.migration_id, "timed out")
+    monkeypatch.setattr(ledger, "ownership", real_ownership)
+
+    assert failed.phase == MigrationPhase.FAILED and failed.failed_phase == MigrationPhase.RELEASED
+    own = ledger.ownership(P(0))
+    assert own is not None and (own.owner, own.epoch) == (3, task.to_epoch)
+    assert DesiredStates(ledger).read(P(0))[0].owner == 3
+
+
+def test_a_conflict_with_another_migrations_record_leaves_that_record_alone(store: ObjectStore) -> None:
+    ledger, _ = three_nodes(store)
+    coordinator = MigrationCoordinator(ledger)
+    theirs = coordinator.plan(P(0), N(2))
+    with pytest.raises(MigrationEpochConflict) as info:
+        run_migration(coordinator, 0, 3)
+    assert info.value.other_migration == theirs.migration_id
+    current = coordinator.current(P(0))
+    assert current is not None and current.migration_id == theirs.migration_id and not current.is_terminal
+
+
+def test_a_record_past_its_deadline_is_failed_by_the_next_coordinator_call(store: ObjectStore) -> None:
+    ledger, _ = three_nodes(store)
+    hasty = MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=0.05))
+    stale = hasty.plan(P(0), N(2))
+    time.sleep(0.1)  # its driver died: nobody will ever finish or fail it
+    coordinator = MigrationCoordinator(ledger)
+    fresh = coordinator.plan_or_resume(P(0), N(3))  # another target: a live record would conflict
+    assert fresh.migration_id != stale.migration_id and fresh.phase == MigrationPhase.PLANNED
+    # `plan` alone does the same.
+    coordinator.desired.update(
+        P(0), lambda s: s.model_copy(update={"migration": stale.model_copy(update={"migration_id": "old"})})
+    )
+    assert coordinator.plan(P(0), N(3)).migration_id != "old"
+
+
+def test_run_phase_enforces_the_records_overall_deadline(store: ObjectStore) -> None:
+    ledger, _ = three_nodes(store)
+    # The phase limit is generous; only the migration's own deadline can stop the wait.
+    coordinator = MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=0.3, release_wait_timeout_s=20))
+    task = coordinator.plan(P(0), N(2))
+    started = time.monotonic()
+    with pytest.raises(MigrationTimeout):
+        coordinator.run_phase(P(0), task.migration_id, MigrationPhase.DRAINING)  # node 1 never reports
+    assert time.monotonic() - started < 5
+    failed = coordinator.current(P(0))
+    assert failed is not None and failed.phase == MigrationPhase.FAILED
+    assert failed.failed_phase == MigrationPhase.DRAINING
+    assert failed.error is not None and failed.error.startswith("deadline exceeded")
+    # A driver resuming a record already past its deadline fails it without waiting.
+    late = MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=0.05)).plan(P(0), N(2))
+    time.sleep(0.1)
+    with pytest.raises(MigrationTimeout):
+        coordinator.run_phase(P(0), late.migration_id, MigrationPhase.DRAINING)
+    expired = coordinator.current(P(0))
+    assert expired is not None and expired.phase == MigrationPhase.FAILED
+    assert expired.failed_phase == MigrationPhase.PLANNED
+
+
+def wedge(ledger: Ledger, coordinator: MigrationCoordinator) -> MigrationTask:
+    """A forced migration stuck at Released whose fence lost, as older releases left it."""
+    task = coordinator.plan(P(0), N(2), forced=True)
+    coordinator._transition(P(0), task.migration_id, MigrationPhase.RELEASED)
+    ledger.fence(P(0), N(3), expected_epoch=1, reason="a rival failover")
+    return task
+
+
+def test_cli_migrate_cancel_ends_a_wedged_migration(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    ledger, handles = three_nodes(open_store(store_url, create=True))
+    coordinator = MigrationCoordinator(ledger)
+    wedged = wedge(ledger, coordinator)
+    with pytest.raises(MigrationEpochConflict):
+        coordinator.plan(P(0), N(2))
+    assert cli.main(["migrate", "--store", store_url, "--partition", "0", "--cancel"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == f"cancelled migration {wedged.migration_id} of partition 0 (node 1 -> 2) at phase released"
+    cancelled = coordinator.current(P(0))
+    assert cancelled is not None and cancelled.phase == MigrationPhase.CANCELLED
+    # The partition can be moved again.
+    retry = coordinator.plan(P(0), N(2), forced=True)
+    report_done(handles[2], retry)
+    assert drive(coordinator, retry).phase == MigrationPhase.ACTIVE
+    # Nothing in flight: a clear message and a non-zero exit.
+    assert cli.main(["migrate", "--store", store_url, "--partition", "0", "--cancel"]) == 1
+    err = capsys.readouterr().err
+    assert f"no migration of partition 0 to cancel (the last one, {retry.migration_id}, ended active)" in err
+
+
+def test_cli_migrate_cancel_refuses_once_the_new_owner_may_hold_the_epoch(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ledger, _ = three_nodes(open_store(store_url, create=True))
+    coordinator = MigrationCoordinator(ledger)
+    task = coordinator.plan(P(0), N(2))
+    for phase in GRACEFUL_PHASES[1 : GRACEFUL_PHASES.index(MigrationPhase.SEEKING) + 1]:
+        coordinator._transition(P(0), task.migration_id, phase)
+    assert cli.main(["migrate", "--store", store_url, "--partition", "0", "--cancel"]) == 1
+    assert f"cannot cancel migration {task.migration_id} of partition 0 at phase seeking" in capsys.readouterr().err
+    current = coordinator.current(P(0))
+    assert current is not None and current.phase == MigrationPhase.SEEKING
+    assert cli.main(["migrate", "--store", store_url, "--partition", "0"]) == 2
+    assert "--to: give the node to move the partition to" in capsys.readouterr().err
+
+
+# --- the drain's alignment with the old owner's commits ---------------------------------------------
+
+
+def test_the_drain_waits_for_the_old_owners_next_commit_when_the_last_is_older_than_the_limit(
+    tmp_path: Path,
+) -> None:
+    """The drain is asked right after the old owner's next data commit. The wait is bounded from when
+    it starts (and by three commit intervals after the last commit), so a commit due 0.6 s later is
+    waited for although the last one is 1.2 s old with a 1.5 s limit. Bounding it from the last
+    commit asked the drain at once, abandoning the batch about to commit."""
+    store = LocalObjectStore(tmp_path / "store")  # the coordinator's timing, not the store, is under test
+    ledger, _ = three_nodes(store)
+    token = ledger.adopt(P(0), N(1))
+    source = SourceLog(store, partitions=1)
+
+    def commit_one(seed: int) -> None:
+        source.append(0, generate_events(100, 10, seed, 1)[0])
+        commit_all(store, token, snapshot_every=None)
+
+    commit_one(1)
+    time.sleep(1.0)
+    commit_one(2)  # a commit every second: the next one is due within three seconds of this one
+    time.sleep(1.2)
+    coordinator = MigrationCoordinator(ledger, MigrationConfig(drain_alignment_s=1.5, warmup_timeout_s=0.0))
+    task = coordinator.plan(P(0), N(2))
+    committer = threading.Timer(0.6, commit_one, args=(3,))
+    committer.start()
+    try:
+        report = coordinator.run_phase(P(0), task.migration_id, MigrationPhase.PLANNED)
+    finally:
+        committer.join()
+    assert "right after the old owner's commit" in report.detail, report.detail
+
+    # Right after a commit, with a limit shorter than the cadence, no commit is waited for.
+    coordinator.cancel(P(0), task.migration_id)
+    impatient = MigrationCoordinator(ledger, MigrationConfig(drain_alignment_s=0.3, warmup_timeout_s=0.0))
+    task = impatient.plan(P(0), N(2))
+    report = impatient.run_phase(P(0), task.migration_id, MigrationPhase.PLANNED)
+    assert "next commit not expected within 0.3s" in report.detail, report.detail
