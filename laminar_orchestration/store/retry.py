@@ -151,13 +151,18 @@ class RetryingStore(ObjectStore):
             delay = self.policy.delay(failed_attempt, self._rng)
         self._sleep(delay)
 
-    def _read(self, op: str, key: str, fn: Callable[[], T]) -> T:
-        """Run a read, retrying transient failures; StoreUnavailable when exhausted."""
-        last: TransientStoreError | None = None
+    def _attempts(self) -> Iterator[int]:
+        """Each attempt's 0-based number, once it is counted (and, from the second on, backed off for)."""
         for attempt in range(self.policy.max_attempts):
             if attempt:
                 self._backoff(attempt - 1)
             self._count(attempt=True, retry=attempt > 0)
+            yield attempt
+
+    def _read(self, op: str, key: str, fn: Callable[[], T]) -> T:
+        """Run a read, retrying transient failures; StoreUnavailable when exhausted."""
+        last: TransientStoreError | None = None
+        for _ in self._attempts():
             try:
                 return fn()
             except TransientStoreError as exc:
@@ -188,10 +193,7 @@ class RetryingStore(ObjectStore):
         op = "put_if_absent"
         last: Exception | None = None
         uncertain = False  # has an earlier attempt possibly been applied?
-        for attempt in range(self.policy.max_attempts):
-            if attempt:
-                self._backoff(attempt - 1)
-            self._count(attempt=True, retry=attempt > 0)
+        for _ in self._attempts():
             try:
                 return self.inner.put_if_absent(key, data, metadata)
             except PreconditionFailed:
@@ -219,10 +221,7 @@ class RetryingStore(ObjectStore):
         op = "put_if_match"
         last: Exception | None = None
         uncertain = False
-        for attempt in range(self.policy.max_attempts):
-            if attempt:
-                self._backoff(attempt - 1)
-            self._count(attempt=True, retry=attempt > 0)
+        for _ in self._attempts():
             try:
                 return self.inner.put_if_match(key, data, etag, metadata)
             except PreconditionFailed:
@@ -248,10 +247,7 @@ class RetryingStore(ObjectStore):
         op = "delete_if_match"
         last: Exception | None = None
         uncertain = False
-        for attempt in range(self.policy.max_attempts):
-            if attempt:
-                self._backoff(attempt - 1)
-            self._count(attempt=True, retry=attempt > 0)
+        for _ in self._attempts():
             try:
                 self.inner.delete_if_match(key, etag)
                 return

@@ -52,7 +52,16 @@ from laminar_orchestration.store.base import (
 from laminar_orchestration.store.metering import RequestMethod
 
 if TYPE_CHECKING:
+    from typing import TypedDict, Unpack
+
     from mypy_boto3_s3 import S3Client
+
+    class _PutCondition(TypedDict, total=False):
+        """The precondition header of a conditional PutObject."""
+
+        IfNoneMatch: str
+        IfMatch: str
+
 
 __all__ = ["S3ObjectStore", "make_s3_client"]
 
@@ -235,32 +244,29 @@ class S3ObjectStore(ObjectStore):
 
     # -- ObjectStore ------------------------------------------------------------
 
-    def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
+    def _put_object(
+        self, key: str, data: bytes, metadata: Mapping[str, str] | None, **condition: Unpack[_PutCondition]
+    ) -> str:
+        """One metered conditional PutObject (`condition`: IfNoneMatch or IfMatch); its ETag.
+
+        botocore's errors pass through untranslated: each caller maps them for its own operation.
+        """
         self.meter.count(RequestMethod.PUT, key)
         full = self._full(key)
-        try:
-            resp = self._client.put_object(
-                Bucket=self.bucket,
-                Key=full,
-                Body=data,
-                Metadata=_lower_keys(metadata),
-                IfNoneMatch="*",
-            )
-        except (bce.ClientError, bce.BotoCoreError) as exc:
-            self._translate(exc, "put_if_absent", key)
+        resp = self._client.put_object(
+            Bucket=self.bucket, Key=full, Body=data, Metadata=_lower_keys(metadata), **condition
+        )
         return _unquote_etag(resp["ETag"])
 
-    def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
-        self.meter.count(RequestMethod.PUT, key)
-        full = self._full(key)
+    def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
         try:
-            resp = self._client.put_object(
-                Bucket=self.bucket,
-                Key=full,
-                Body=data,
-                Metadata=_lower_keys(metadata),
-                IfMatch=f'"{_unquote_etag(etag)}"',
-            )
+            return self._put_object(key, data, metadata, IfNoneMatch="*")
+        except (bce.ClientError, bce.BotoCoreError) as exc:
+            self._translate(exc, "put_if_absent", key)
+
+    def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
+        try:
+            return self._put_object(key, data, metadata, IfMatch=f'"{_unquote_etag(etag)}"')
         except (bce.ClientError, bce.BotoCoreError) as exc:
             try:
                 self._translate(exc, "put_if_match", key, expected_etag=etag)
@@ -268,7 +274,6 @@ class S3ObjectStore(ObjectStore):
                 # S3 answers 404 for If-Match on a missing key; for the caller the
                 # precondition "the ETag is `etag`" simply failed.
                 raise PreconditionFailed(key, etag) from exc
-        return _unquote_etag(resp["ETag"])
 
     def delete_if_match(self, key: str, etag: str) -> None:
         self.meter.count(RequestMethod.DELETE, key)

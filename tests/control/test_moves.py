@@ -22,6 +22,7 @@ from laminar_orchestration.protocol.tasks import (
     NoLiveNode,
 )
 from laminar_orchestration.store import ObjectStore
+from tests.ledgers import make_alive, make_dead, new_ledger
 
 P, N = PartitionId, NodeId
 NO_WARMUP = MigrationConfig(warmup_timeout_s=0, drain_alignment_s=0)
@@ -29,20 +30,7 @@ NO_WARMUP = MigrationConfig(warmup_timeout_s=0, drain_alignment_s=0)
 
 @pytest.fixture
 def ledger(store: ObjectStore) -> Ledger:
-    led = Ledger(store)
-    led.init_cluster(4)
-    return led
-
-
-def make_dead(ledger: Ledger, node: int) -> None:
-    """A node record whose heartbeat has lapsed."""
-    ledger.register_node(N(node), heartbeat_timeout_s=0.05)
-    time.sleep(0.1)
-
-
-def make_alive(ledger: Ledger, *nodes: int) -> None:
-    for n in nodes:
-        ledger.register_node(N(n), heartbeat_timeout_s=60)
+    return new_ledger(store)
 
 
 # --- plan_move ------------------------------------------------------------------------------

@@ -25,26 +25,14 @@ from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import StaleFencingToken
 from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase
 from laminar_orchestration.store import ObjectStore
+from tests.ledgers import make_alive, make_dead, new_ledger
 
 P, N = PartitionId, NodeId
 
 
 @pytest.fixture
 def ledger(store: ObjectStore) -> Ledger:
-    led = Ledger(store)
-    led.init_cluster(4)
-    return led
-
-
-def make_dead(ledger: Ledger, node: int) -> None:
-    """A node record whose heartbeat has lapsed."""
-    ledger.register_node(N(node), heartbeat_timeout_s=0.05)
-    time.sleep(0.1)
-
-
-def make_alive(ledger: Ledger, *nodes: int) -> None:
-    for n in nodes:
-        ledger.register_node(N(n), heartbeat_timeout_s=60)
+    return new_ledger(store)
 
 
 def test_plan_failovers_targets_each_dead_owners_partition_once(ledger: Ledger) -> None:

@@ -50,6 +50,7 @@ from laminar_orchestration.protocol.tasks import (
     NoLiveNode,
 )
 from laminar_orchestration.store import LocalObjectStore
+from tests.ledgers import make_alive, make_dead, new_ledger
 
 P, N = PartitionId, NodeId
 
@@ -289,20 +290,20 @@ def test_run_moves_with_limit_one_serializes_a_shared_node() -> None:
 
 @pytest.fixture
 def ledger(tmp_path: Path) -> Ledger:
-    led = Ledger(LocalObjectStore(tmp_path / "store"))
-    led.init_cluster(4)
-    return led
+    return new_ledger(LocalObjectStore(tmp_path / "store"))
 
 
-def make_dead(ledger: Ledger, node: int) -> None:
-    """Register `node` with a tiny heartbeat timeout and let it lapse (a node record, no process)."""
-    ledger.register_node(N(node), heartbeat_timeout_s=0.05)
-    time.sleep(0.1)
+def _dead_node_1_holds_p0_to_p2(ledger: Ledger) -> None:
+    """Node 1 is dead holding p0, p1 and p2; nodes 2 and 3 are alive, node 2 holding p3."""
+    make_dead(ledger, 1)
+    make_alive(ledger, 2, 3)
+    for p in range(3):
+        ledger.acquire(P(p), N(1), expected_epoch=0)
+    ledger.acquire(P(3), N(2), expected_epoch=0)
 
 
 def test_failover_of_a_dead_owner_fences_it_towards_the_least_loaded_node(ledger: Ledger) -> None:
-    for n in (2, 3):
-        ledger.register_node(N(n), heartbeat_timeout_s=60)
+    make_alive(ledger, 2, 3)
     make_dead(ledger, 1)
     ledger.acquire(P(0), N(1), expected_epoch=0)
     ledger.acquire(P(1), N(2), expected_epoch=0)
@@ -381,12 +382,7 @@ def test_cli_rebalance_dry_run_prints_the_plan(ledger: Ledger, capsys: pytest.Ca
 def test_cli_failover_fences_every_partition_of_the_dead_node(
     ledger: Ledger, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    make_dead(ledger, 1)
-    for n in (2, 3):
-        ledger.register_node(N(n), heartbeat_timeout_s=60)
-    for p in range(3):
-        ledger.acquire(P(p), N(1), expected_epoch=0)
-    ledger.acquire(P(3), N(2), expected_epoch=0)
+    _dead_node_1_holds_p0_to_p2(ledger)
     # No node process reports the download: every failover times out after its fence.
     argv = ["failover", "--store", ledger.store.url, "--node", "1", "--transfer-timeout", "0.1", "--json"]
     rc = cli.main(argv)
@@ -496,12 +492,7 @@ def test_a_failover_with_no_node_to_receive_names_the_missing_target(ledger: Led
 
 
 def test_node_failover_plan_spreads_a_dead_nodes_partitions(ledger: Ledger) -> None:
-    make_dead(ledger, 1)
-    for n in (2, 3):
-        ledger.register_node(N(n), heartbeat_timeout_s=60)
-    for p in range(3):
-        ledger.acquire(P(p), N(1), expected_epoch=0)
-    ledger.acquire(P(3), N(2), expected_epoch=0)
+    _dead_node_1_holds_p0_to_p2(ledger)
     plan = plan_node_failover(ledger, 1)
     # Least loaded first, counted as planned: node 3 had nothing, node 2 had p3.
     assert plan.moves == (Move(0, 1, 3), Move(1, 1, 2), Move(2, 1, 3))

@@ -14,6 +14,7 @@ from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.records import PartitionStatus
 from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationKind, MigrationPhase
 from laminar_orchestration.store import ObjectStore
+from tests.ledgers import new_ledger
 
 P, N = PartitionId, NodeId
 G, F = MigrationKind.GRACEFUL, MigrationKind.FORCED
@@ -71,9 +72,7 @@ def test_the_policy_of_a_migrations_limits() -> None:
 
 @pytest.fixture
 def ledger(store: ObjectStore) -> Ledger:
-    led = Ledger(store)
-    led.init_cluster(2)
-    return led
+    return new_ledger(store, 2)
 
 
 def test_decide_retry_reads_the_ledger_and_fails_an_overdue_record_first(ledger: Ledger) -> None:

@@ -26,6 +26,7 @@ from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.protocol.tasks import MigrationConfig
 from laminar_orchestration.store import ObjectStore
 from tests.commits import commit_all
+from tests.ledgers import new_ledger
 
 P, N = PartitionId, NodeId
 
@@ -66,9 +67,7 @@ def test_health_and_the_live_owner_check_are_pure() -> None:
 
 @pytest.fixture
 def ledger(store: ObjectStore) -> Ledger:
-    led = Ledger(store)
-    led.init_cluster(4)
-    return led
+    return new_ledger(store)
 
 
 def test_the_ownership_report_counts_what_an_operator_looks_at_first(ledger: Ledger) -> None:

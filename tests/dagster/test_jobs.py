@@ -42,7 +42,6 @@ from laminar_orchestration.protocol.keys import desired_state_key, grant_key
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import DeltaRef, SnapshotFile, SnapshotRef, artifact_ref
 from laminar_orchestration.protocol.tasks import MigrationPhase
-from laminar_orchestration.store import LocalObjectStore
 from laminar_orchestration.store.retry import RetryingStore
 from laminar_orchestration.store.s3 import S3ObjectStore
 from resources import LaminarResource, build_resources, laminar_resource_from_env
@@ -50,18 +49,6 @@ from resources import LaminarResource, build_resources, laminar_resource_from_en
 P, N = PartitionId, NodeId
 REPO = Path(__file__).resolve().parents[2]
 DAGSTER = Path(sys.executable).with_name("dagster")
-
-
-@pytest.fixture
-def ledger(tmp_path: Path) -> Ledger:
-    led = Ledger(LocalObjectStore(tmp_path / "store"))
-    led.init_cluster(4)
-    return led
-
-
-@pytest.fixture
-def laminar(ledger: Ledger) -> LaminarResource:
-    return LaminarResource(store_url=ledger.store.url)
 
 
 def run(job: Any, laminar: LaminarResource, run_config: dict[str, Any], instance: DagsterInstance | None = None) -> Any:

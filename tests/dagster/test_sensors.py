@@ -41,7 +41,6 @@ from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase
-from laminar_orchestration.store import LocalObjectStore
 from resources import LaminarResource
 from sensors import (
     build_node_failure_sensor,
@@ -53,31 +52,9 @@ from sensors import (
 )
 from sensors.observation import ObservationCursor, observe
 from tests.commits import commit_all
+from tests.ledgers import make_alive, make_dead
 
 P, N = PartitionId, NodeId
-
-
-@pytest.fixture
-def ledger(tmp_path: Path) -> Ledger:
-    led = Ledger(LocalObjectStore(tmp_path / "store"))
-    led.init_cluster(4)
-    return led
-
-
-@pytest.fixture
-def laminar(ledger: Ledger) -> LaminarResource:
-    return LaminarResource(store_url=ledger.store.url)
-
-
-def make_dead(ledger: Ledger, node: int) -> None:
-    """A node record whose heartbeat has lapsed."""
-    ledger.register_node(N(node), heartbeat_timeout_s=0.05)
-    time.sleep(0.1)
-
-
-def make_alive(ledger: Ledger, *nodes: int) -> None:
-    for n in nodes:
-        ledger.register_node(N(n), heartbeat_timeout_s=60)
 
 
 @dataclass

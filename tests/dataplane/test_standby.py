@@ -56,6 +56,29 @@ from tests.scenarios.test_dataplane import (
 )
 
 
+def _owned_by_node_1(tmp_path: Path) -> LocalObjectStore:
+    """A local store with the test lineage, its writer fenced and partition 0 assigned to node 1."""
+    store = LocalObjectStore(tmp_path / "store")
+    fence_writer(store, build_lineage(store))
+    assign(store, 0, 1)
+    return store
+
+
+def _wait_running_p0(node: ArrowNode) -> None:
+    """Until `node` (node 1) runs partition 0 with a token."""
+    wait_until(lambda: P0 in node.workers and node.workers[P0].token is not None, 30, "node 1 to run p0")
+
+
+def _assert_audited(store: ObjectStore) -> None:
+    assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
+
+
+def _assert_exact_and_audited(store: ObjectStore) -> None:
+    """Partition 0's committed state is exactly the reference (nothing lost or doubled) and the audit passes."""
+    assert as_dict(committed_state(store, 0)[0]) == reference_state(store)
+    _assert_audited(store)
+
+
 def _caught_up(store: ObjectStore, node: int) -> bool:
     """The node's standby copy reported the committed offset (a lag of 0 alone may predate the last commit)."""
     record = Ledger(store).node(NodeId(node))
@@ -124,10 +147,7 @@ def test_a_standby_applies_only_what_published_manifests_name(store: ObjectStore
 
 
 def test_a_failover_goes_to_the_standby_and_applies_only_the_missing_deltas(tmp_path: Path) -> None:
-    store = LocalObjectStore(tmp_path / "store")
-    lineage = build_lineage(store)
-    fence_writer(store, lineage)
-    assign(store, 0, 1)
+    store = _owned_by_node_1(tmp_path)
     owner = ArrowNode(node_config(store, 1, tmp_path / "n1"), store=store)
     standby = ArrowNode(node_config(store, 2, tmp_path / "n2", standby_for=(0,)), store=store)
     bystander = ArrowNode(node_config(store, 3, tmp_path / "n3"), store=store)
@@ -148,7 +168,7 @@ def test_a_failover_goes_to_the_standby_and_applies_only_the_missing_deltas(tmp_
         assert restore is not None and not restore.full_restore and restore.bytes_downloaded < 10_000
         source.append(0, events([f"k{i % 5}" for i in range(100)]))
         wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 2 to commit")
-    assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
+    _assert_audited(store)
 
 
 def test_a_forced_move_to_a_node_without_a_copy_starts_its_first_batch_before_the_download(
@@ -191,8 +211,7 @@ def test_a_forced_move_to_a_node_without_a_copy_starts_its_first_batch_before_th
     assert reads_at_restore and committed in reads_at_restore[0], (
         f"the restore began before the first batch was read from offset {committed}: reads {reads_at_restore[0]}"
     )
-    assert as_dict(committed_state(store, 0)[0]) == reference_state(store)
-    assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
+    _assert_exact_and_audited(store)
 
 
 def test_a_targets_handoff_steps_do_not_wait_for_the_read_of_its_first_batchs_keys(
@@ -201,10 +220,7 @@ def test_a_targets_handoff_steps_do_not_wait_for_the_read_of_its_first_batchs_ke
     """The target reads its first batch's keys' values while it waits on the handoff, but on a thread
     of its own: with that read held (a just-restored large store takes about a second), the move still
     goes Active; the batch commits once the read is let go, exactly once."""
-    store = LocalObjectStore(tmp_path / "store")
-    lineage = build_lineage(store)
-    fence_writer(store, lineage)
-    assign(store, 0, 1)  # node 1 never runs: the owner is dead
+    store = _owned_by_node_1(tmp_path)  # node 1 never runs: the owner is dead
     source = SourceLog(store, segment_events=100)
     source.append(0, events([f"k{i % 13}" for i in range(200)]))
     held, release = threading.Event(), threading.Event()
@@ -233,21 +249,17 @@ def test_a_targets_handoff_steps_do_not_wait_for_the_read_of_its_first_batchs_ke
             release.set()
         wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 2 to commit")
     monkeypatch.undo()
-    assert as_dict(committed_state(store, 0)[0]) == reference_state(store)
-    assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
+    _assert_exact_and_audited(store)
 
 
 def test_a_graceful_move_warms_the_target_before_the_old_owner_drains(tmp_path: Path) -> None:
-    store = LocalObjectStore(tmp_path / "store")
-    lineage = build_lineage(store)
-    fence_writer(store, lineage)
-    assign(store, 0, 1)
+    store = _owned_by_node_1(tmp_path)
     old = ArrowNode(node_config(store, 1, tmp_path / "n1"), store=store)
     new = ArrowNode(node_config(store, 2, tmp_path / "n2"), store=store)
     source = SourceLog(store, segment_events=100)
     reports: list[PhaseReport] = []
     with running(old), running(new):
-        wait_until(lambda: P0 in old.workers and old.workers[P0].token is not None, 30, "node 1 to run p0")
+        _wait_running_p0(old)
         source.append(0, events([f"k{i % 17}" for i in range(300)]))
         wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 1 to commit")
         coordinator = MigrationCoordinator(Ledger(store), MigrationConfig(migration_timeout_s=60))
@@ -260,7 +272,7 @@ def test_a_graceful_move_warms_the_target_before_the_old_owner_drains(tmp_path: 
         assert download.bytes_moved < 10_000, download
         restore = new.workers[P0].last_catch_up
         assert restore is not None and not restore.full_restore
-    assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
+    _assert_audited(store)
 
 
 class _HeldWhenArmed(ArrowBatchEngine):
@@ -282,10 +294,7 @@ def test_an_owner_drains_while_its_batchs_keys_are_still_being_read(
     """The owner reads a batch's keys' values from its local store while Spark aggregates the batch,
     on a thread of its own: with both held (a just-opened large store on a busy node reads for about a
     second), a drain still abandons the batch and the move goes Active; nothing is lost or doubled."""
-    store = LocalObjectStore(tmp_path / "store")
-    lineage = build_lineage(store)
-    fence_writer(store, lineage)
-    assign(store, 0, 1)
+    store = _owned_by_node_1(tmp_path)
     engine = _HeldWhenArmed()
     read_held, read_release = threading.Event(), threading.Event()
     get_many = PartitionStateStore.get_many
@@ -305,7 +314,7 @@ def test_an_owner_drains_while_its_batchs_keys_are_still_being_read(
     new = ArrowNode(node_config(store, 2, tmp_path / "n2"), store=store)
     source = SourceLog(store, segment_events=100)
     with running(old), running(new):
-        wait_until(lambda: P0 in old.workers and old.workers[P0].token is not None, 30, "node 1 to run p0")
+        _wait_running_p0(old)
         engine.armed.set()
         source.append(0, events([f"k{i % 17}" for i in range(300)]))
         try:
@@ -319,19 +328,15 @@ def test_an_owner_drains_while_its_batchs_keys_are_still_being_read(
             engine.release.set()
         wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 2 to commit the batch")
     monkeypatch.undo()
-    assert as_dict(committed_state(store, 0)[0]) == reference_state(store)
-    assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
+    _assert_exact_and_audited(store)
 
 
 def test_an_owner_that_hands_a_partition_over_keeps_following_it_from_its_own_copy(tmp_path: Path) -> None:
-    store = LocalObjectStore(tmp_path / "store")
-    lineage = build_lineage(store)
-    fence_writer(store, lineage)
-    assign(store, 0, 1)
+    store = _owned_by_node_1(tmp_path)
     owner = ArrowNode(node_config(store, 1, tmp_path / "n1", standby_for=(0,)), store=store)
     target = ArrowNode(node_config(store, 2, tmp_path / "n2"), store=store)
     with running(owner), running(target):
-        wait_until(lambda: P0 in owner.workers and owner.workers[P0].token is not None, 30, "node 1 to run p0")
+        _wait_running_p0(owner)
         copy = owner.workers[P0].replica
         coordinator = MigrationCoordinator(Ledger(store), MigrationConfig(migration_timeout_s=60))
         assert coordinator.run(P0, NodeId(2)).phase == MigrationPhase.ACTIVE
@@ -375,10 +380,7 @@ def test_a_targets_first_batch_starts_once_the_old_owner_is_asked_to_drain_and_c
     """The target aggregates the events the old owner left behind while the handoff is still being
     recorded (from the drain request, before Seeking), stamped with its coming epoch; they are
     committed once, by the target."""
-    store = LocalObjectStore(tmp_path / "store")
-    lineage = build_lineage(store)
-    fence_writer(store, lineage)
-    assign(store, 0, 1)
+    store = _owned_by_node_1(tmp_path)
     old_engine, new_engine = _SlowOwnerEngine(), _RecordingEngine(store)
 
     class OldNode(ArrowNode):
@@ -393,7 +395,7 @@ def test_a_targets_first_batch_starts_once_the_old_owner_is_asked_to_drain_and_c
     new = NewNode(node_config(store, 2, tmp_path / "n2"), store=store)
     source = SourceLog(store, segment_events=100)
     with running(old), running(new):
-        wait_until(lambda: P0 in old.workers and old.workers[P0].token is not None, 30, "node 1 to run p0")
+        _wait_running_p0(old)
         source.append(0, events([f"k{i % 17}" for i in range(300)]))
         wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 1 to commit")
         final_offset = committed_offset(store)
@@ -414,16 +416,13 @@ def test_a_targets_first_batch_starts_once_the_old_owner_is_asked_to_drain_and_c
         at_new_epoch = [m for m in data if m.fencing_token == task.to_epoch]
         assert at_new_epoch and at_new_epoch[0].source_offset == source.end_offset(0)
         assert max(m.source_offset for m in data if m.fencing_token < task.to_epoch) == final_offset
-    assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
+    _assert_audited(store)
 
 
 def test_a_graceful_drain_follows_an_old_owner_commit_under_load(tmp_path: Path) -> None:
     """Under steady traffic the coordinator asks for the drain right after one of the old owner's data
     commits, so the partition's output stops as late as possible; nothing is lost or applied twice."""
-    store = LocalObjectStore(tmp_path / "store")
-    lineage = build_lineage(store)
-    fence_writer(store, lineage)
-    assign(store, 0, 1)
+    store = _owned_by_node_1(tmp_path)
     old = ArrowNode(node_config(store, 1, tmp_path / "n1"), store=store)
     new = ArrowNode(node_config(store, 2, tmp_path / "n2"), store=store)
     source = SourceLog(store, segment_events=100)
@@ -452,7 +451,7 @@ def test_a_graceful_drain_follows_an_old_owner_commit_under_load(tmp_path: Path)
         # The drain followed that commit: at most one more slipped in between seeing it and the drain.
         assert aligned in old_commits and len([o for o in old_commits if o > aligned]) <= 1, (aligned, old_commits)
         wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 2 to commit the rest")
-    assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
+    _assert_audited(store)
 
 
 class _HangingEngine(ArrowBatchEngine):
@@ -520,7 +519,7 @@ def _commit_then_hang(
 ) -> tuple[int, int]:
     """Node 1 commits 300 events over 17 keys and node 2's standby catches up; then node 1 hangs in
     its batch of 50 more events over 5 keys. Returns the committed offset and epoch before the hang."""
-    wait_until(lambda: P0 in owner.workers and owner.workers[P0].token is not None, 30, "node 1 to run p0")
+    _wait_running_p0(owner)
     source.append(0, events([f"k{i % 17}" for i in range(300)]))
     wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 1 to commit")
     wait_until(lambda: _caught_up(store, 2), 30, "node 2's standby to catch up")
@@ -537,10 +536,7 @@ def test_a_standby_starts_the_takeover_batch_while_the_owner_looks_dead_and_it_c
     """Once the owner's heartbeat is overdue, the standby aggregates the events after its copy at the
     epoch the fence will mint; the failover's first commit is that batch, and the hung owner's own
     batch of the same events is fenced out when it wakes up."""
-    store = LocalObjectStore(tmp_path / "store")
-    lineage = build_lineage(store)
-    fence_writer(store, lineage)
-    assign(store, 0, 1)
+    store = _owned_by_node_1(tmp_path)
     owner, hung, owner_engine, standby, standby_engine = _hung_owner_and_standby(store, tmp_path)
     source = SourceLog(store, segment_events=100)
     with running(owner), running(standby):
@@ -566,17 +562,14 @@ def test_a_standby_starts_the_takeover_batch_while_the_owner_looks_dead_and_it_c
         owner_engine.release.set()  # the zombie wakes up with a batch of the same events
         wait_until(lambda: owner.workers.get(P0) is None or owner.workers[P0].finished, 30, "node 1 to be fenced")
         assert committed_offset(store) == source.end_offset(0)
-    assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
+    _assert_audited(store)
 
 
 def test_the_takeover_batch_reads_its_keys_from_the_standby_copy_before_the_failover(tmp_path: Path) -> None:
     """While the owner looks dead, the standby also reads the takeover batch's keys from its copy
     once the aggregate is done: the failover's first commit only merges (no read of the local store),
     and the committed state is still exactly the fold of every event."""
-    store = LocalObjectStore(tmp_path / "store")
-    lineage = build_lineage(store)
-    fence_writer(store, lineage)
-    assign(store, 0, 1)
+    store = _owned_by_node_1(tmp_path)
     owner, hung, owner_engine, standby, _ = _hung_owner_and_standby(store, tmp_path)
     source = SourceLog(store, segment_events=100)
     with running(owner), running(standby):
@@ -609,7 +602,7 @@ def test_the_takeover_batch_reads_its_keys_from_the_standby_copy_before_the_fail
         assert replica_state(copy_at) == reference_state(store)
         owner_engine.release.set()
         wait_until(lambda: owner.workers.get(P0) is None or owner.workers[P0].finished, 30, "node 1 to be fenced")
-    assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
+    _assert_audited(store)
 
 
 def test_values_read_ahead_serve_only_their_batch_at_the_offset_they_were_read_at() -> None:
@@ -672,14 +665,11 @@ def test_a_read_ahead_never_labels_values_of_a_later_offset_with_its_batchs_star
 
 def test_a_takeover_batch_is_dropped_when_the_owner_turns_out_alive(tmp_path: Path) -> None:
     """A slow owner that commits after all: the standby drops the batch it started, nothing else changes."""
-    store = LocalObjectStore(tmp_path / "store")
-    lineage = build_lineage(store)
-    fence_writer(store, lineage)
-    assign(store, 0, 1)
+    store = _owned_by_node_1(tmp_path)
     owner, hung, owner_engine, standby, standby_engine = _hung_owner_and_standby(store, tmp_path)
     source = SourceLog(store, segment_events=100)
     with running(owner), running(standby):
-        wait_until(lambda: P0 in owner.workers and owner.workers[P0].token is not None, 30, "node 1 to run p0")
+        _wait_running_p0(owner)
         wait_until(lambda: _caught_up(store, 2), 30, "node 2's standby to catch up")
         owner_engine.hang.set()
         hung.set()
@@ -694,4 +684,4 @@ def test_a_takeover_batch_is_dropped_when_the_owner_turns_out_alive(tmp_path: Pa
         wait_until(lambda: follower.speculative is None, 30, "node 2 to drop its takeover batch")
         assert all("speculative" in c[1] for c in standby_engine.calls)  # it never ran p0 itself
         assert Ledger(store).ownership(P0).owner == 1  # type: ignore[union-attr]
-    assert all(a.ok for a in audit_store(store)), [a.issues for a in audit_store(store)]
+    _assert_audited(store)

@@ -8,7 +8,6 @@ The node is the real runtime with a pyarrow fold instead of Spark (`ArrowNode`).
 from __future__ import annotations
 
 import io
-import threading
 import time
 from pathlib import Path
 
@@ -21,11 +20,11 @@ from laminar_orchestration.dataplane.config import NodeConfig
 from laminar_orchestration.dataplane.worker import PartitionWorker
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.keys import segment_key
-from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.segments import encode_segment
 from laminar_orchestration.protocol.source import SourceLog
-from laminar_orchestration.protocol.tasks import DesiredStates
 from laminar_orchestration.store import ObjectStore
+from tests.ledgers import new_ledger, place_on_node_1
+from tests.scenarios.test_dataplane import running
 
 P, N = PartitionId, NodeId
 
@@ -48,14 +47,12 @@ def _poison_segment(store: ObjectStore, partition: int, start: int) -> None:
 
 
 def test_an_undecodable_segment_fails_its_partition_once_and_is_reported(store: ObjectStore, tmp_path: Path) -> None:
-    ledger = Ledger(store)
-    ledger.init_cluster(1)
+    ledger = new_ledger(store, 1)
     log = SourceLog(store, partitions=1)
     log.append(0, pa.table({"key": ["a", "b", "c"], "value": [1.0, 2.0, 3.0]}))
     _poison_segment(store, 0, 3)
     assert log.roll_forward(0) == 5
-    DesiredStates(ledger).update(P(0), lambda s: s.model_copy(update={"owner": 1}))
-    ledger.acquire(P(0), N(1), expected_epoch=0, reason="place", generation=1)  # the control plane grants
+    place_on_node_1(ledger)
     node = CountingNode(
         NodeConfig(
             store_url=store.url,
@@ -71,9 +68,7 @@ def test_an_undecodable_segment_fails_its_partition_once_and_is_reported(store: 
         ),
         store=store,
     )
-    runner = threading.Thread(target=node.run, kwargs={"install_signals": False}, daemon=True)
-    runner.start()
-    try:
+    with running(node):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             progress = node._progress().get(0)
@@ -84,10 +79,6 @@ def test_an_undecodable_segment_fails_its_partition_once_and_is_reported(store: 
         progress = node._progress().get(0)
         reported = ledger.node(N(1))
         status = snapshot_cluster(ledger)
-    finally:
-        node.stop()
-        runner.join(30)
-    assert not runner.is_alive()
     assert node.starts == 1  # never restarted
     assert progress is not None and progress.state == "failed"
     assert (progress.consecutive_failures, progress.retry_delay_s) == (1, None)

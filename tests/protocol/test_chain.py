@@ -30,9 +30,10 @@ from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.records import PartitionProgress
 from laminar_orchestration.protocol.signing import sign_record
 from laminar_orchestration.protocol.source import SourceLog, generate_events
-from laminar_orchestration.protocol.tasks import DesiredStates
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 from laminar_orchestration.ulid import next_ulid
+from tests.ledgers import new_ledger, place_on_node_1
+from tests.scenarios.test_dataplane import running
 from tests.stores import PausingStore
 
 P, N = PartitionId, NodeId
@@ -184,11 +185,9 @@ class PoisonNode(ArrowNode):
 
 def test_a_failing_partition_backs_off_and_publishes_no_manifest_per_restart(tmp_path: Path) -> None:
     store = LocalObjectStore(tmp_path / "store")
-    ledger = Ledger(store)
-    ledger.init_cluster(1)
+    ledger = new_ledger(store, 1)
     SourceLog(store, partitions=1).append(0, generate_events(500, 5, 1, 1)[0])
-    DesiredStates(ledger).update(P(0), lambda s: s.model_copy(update={"owner": 1}))
-    ledger.acquire(P(0), N(1), expected_epoch=0, reason="place", generation=1)  # the control plane grants
+    place_on_node_1(ledger)
     node = PoisonNode(
         NodeConfig(
             store_url=store.url,
@@ -201,10 +200,8 @@ def test_a_failing_partition_backs_off_and_publishes_no_manifest_per_restart(tmp
         ),
         store=store,
     )
-    runner = threading.Thread(target=node.run, kwargs={"install_signals": False}, daemon=True)
-    runner.start()
     seen: list[PartitionProgress] = []
-    try:
+    with running(node):
         deadline = time.monotonic() + 3.5
         while time.monotonic() < deadline:
             progress = node._progress().get(0)
@@ -214,10 +211,6 @@ def test_a_failing_partition_backs_off_and_publishes_no_manifest_per_restart(tmp
             time.sleep(0.02)
         reported = ledger.node(N(1))
         status = snapshot_cluster(ledger)
-    finally:
-        node.stop()
-        runner.join(30)
-    assert not runner.is_alive()
     # One seal when the partition was first acquired; the restarts at the same epoch write nothing.
     assert len(list(ManifestReader(store).history(P(0)))) <= 2
     assert [g.epoch for g in ledger.grants(P(0))] == [1]  # restarts adopt the epoch, never re-fence it

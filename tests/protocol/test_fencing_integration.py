@@ -17,6 +17,7 @@ from laminar_orchestration.protocol.keys import manifest_history_key
 from laminar_orchestration.protocol.ledger import EpochConflict, Ledger
 from laminar_orchestration.protocol.manifest import DeltaRef, StaleFencingToken, artifact_ref
 from laminar_orchestration.store import ObjectStore, open_store
+from tests.ledgers import new_ledger
 from tests.stores import PausingStore
 
 P, N = PartitionId, NodeId
@@ -24,9 +25,7 @@ P, N = PartitionId, NodeId
 
 @pytest.fixture
 def ledger(store: ObjectStore) -> Ledger:
-    led = Ledger(store)
-    led.init_cluster(2)
-    return led
+    return new_ledger(store, 2)
 
 
 def test_end_to_end_assign_guard_validate_release(ledger: Ledger) -> None:

@@ -24,6 +24,7 @@ from laminar_orchestration.protocol.ledger import (
 from laminar_orchestration.protocol.manifest import StaleFencingToken
 from laminar_orchestration.protocol.records import CorruptLedgerObject, EpochGrant, GrantKind, PartitionStatus, now
 from laminar_orchestration.store import ObjectStore
+from tests.ledgers import new_ledger
 from tests.stores import PausingStore
 
 P, N = PartitionId, NodeId
@@ -31,9 +32,7 @@ P, N = PartitionId, NodeId
 
 @pytest.fixture
 def ledger(store: ObjectStore) -> Ledger:
-    led = Ledger(store)
-    led.init_cluster(4)
-    return led
+    return new_ledger(store)
 
 
 def test_init_creates_unassigned_partitions(ledger: Ledger) -> None:
