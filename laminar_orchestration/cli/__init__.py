@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from laminar_orchestration.cli.base import Command
 from laminar_orchestration.cli.cluster import Init, Status
 from laminar_orchestration.cli.data import NodeRun, Produce, Query, Sweep, Verify
-from laminar_orchestration.cli.moves import Failover, Migrate, Rebalance
+from laminar_orchestration.cli.migrations import Failover, Migrate, Rebalance
 from laminar_orchestration.cli.output import output_for
 from laminar_orchestration.cli.tools import Demo, Policies, Report
 from laminar_orchestration.errors import LaminarError, exit_code
