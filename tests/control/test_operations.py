@@ -106,11 +106,13 @@ def test_wait_for_suspects_watches_a_late_owner_until_its_timeout_lapses(ledger:
     ledger.acquire(P(0), N(1), expected_epoch=0)  # node 2 owns nothing: never watched
     # Nobody is late: no watch at all.
     assert wait_for_suspects(ledger, heartbeat_timeout_s=None, watch_s=5.0) < 0.5
-    # Under a 0.6 s timeout node 1 is late after 0.2 s: watched until it is dead (0.6 s), not 5 s.
-    time.sleep(0.3)
-    spent = wait_for_suspects(ledger, heartbeat_timeout_s=0.6, watch_s=5.0, poll_s=0.02)
-    assert 0.1 < spent < 3.0
-    assert next(v for v in ledger.nodes() if v.record.node == 1).heartbeat_age_s > 0.6
+    # Under a 1.5 s timeout node 1 is late after 0.5 s: watched until it is dead (1.5 s), not 5 s. Its
+    # heartbeat is fresh right before the sleep, so a slow store before it cannot make it dead already.
+    make_alive(ledger, 1)
+    time.sleep(0.7)
+    spent = wait_for_suspects(ledger, heartbeat_timeout_s=1.5, watch_s=5.0, poll_s=0.02)
+    assert 0.2 < spent < 4.0
+    assert next(v for v in ledger.nodes() if v.record.node == 1).heartbeat_age_s > 1.5
     # The watch never outlasts `watch_s`.
     make_alive(ledger, 1)
     time.sleep(0.1)
