@@ -126,8 +126,12 @@ class Rebalance(Command):
         weights = parse_weights(args.weight)
         ledger = open_ledger(args)
         if not args.dry_run:
+            coordinator = MigrationCoordinator(ledger, config)
+            # Every node's assignment rebuilt from the desired states first (a repair: a writer that
+            # died between a state and its assignments, or a store that predates them).
+            coordinator.desired.sync_assignments()
             # Released partitions of a restarted node go back to it first: only the control plane grants.
-            reinstate_all(MigrationCoordinator(ledger, config))
+            reinstate_all(coordinator)
         plan = plan_rebalance(ledger, weights)
         out.rebalance_planned(plan, args.dry_run)
         outcomes = []

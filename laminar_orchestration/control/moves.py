@@ -310,11 +310,10 @@ def reinstate_all(coordinator: MigrationCoordinator) -> dict[int, int]:
     """
     granted: dict[int, int] = {}
     ledger = coordinator.ledger
-    ledger.admit_nodes()
-    # A node learns what is asked of it from its assignment record: one written for every node
-    # (a store that predates them, a node that joined) keeps idle nodes at one read per poll.
-    if any(coordinator.desired.assignment(NodeId(v.record.node))[0] is None for v in ledger.nodes()):
-        coordinator.desired.sync_assignments()
+    # A node learns what is asked of it from its assignment record: each node gets one (empty) as
+    # it joins, so an idle node reads one record per poll even before anything names it.
+    for node in ledger.admit_nodes():
+        coordinator.desired.ensure_assignment(node)
     for p, own in ledger.ownerships(ledger.partitions()).items():
         if own is None or not (own.owner == UNASSIGNED or own.status == PartitionStatus.RELEASED):
             continue  # held: nothing to grant (the desired state is read only for the others)

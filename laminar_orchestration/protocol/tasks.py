@@ -515,6 +515,10 @@ class DesiredStates:
             except PreconditionFailed:
                 continue
 
+    def ensure_assignment(self, node: NodeId) -> bool:
+        """Give `node` an assignment record if it has none (an empty one); True if one was written."""
+        return self._assign_one(node, {})
+
     def sync_assignments(self) -> list[NodeId]:
         """Rebuild every node's assignment from the desired states (a repair pass: O(partitions) reads).
 
