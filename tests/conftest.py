@@ -17,6 +17,7 @@ import pytest
 
 from laminar_dev.s3server import start_s3_server
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
+from laminar_orchestration.store.metering import RequestMeter
 from laminar_orchestration.store.s3 import S3ObjectStore, make_s3_client
 
 if TYPE_CHECKING:
@@ -134,3 +135,14 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytes
     assert isinstance(bucket, str)
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
     return f"s3://{bucket}/{S3_TEST_PREFIX}"
+
+
+@pytest.fixture
+def meter(store: ObjectStore, monkeypatch: pytest.MonkeyPatch) -> RequestMeter:
+    """The store requests of this test alone: the backend counts them (each wrapper names its meter)."""
+    own = RequestMeter()
+    layer: object = store
+    while isinstance(layer, ObjectStore):
+        monkeypatch.setattr(layer, "meter", own)
+        layer = getattr(layer, "inner", None)
+    return own

@@ -28,7 +28,6 @@ class NudgeListener:
 
     def __init__(self, event: threading.Event, *, host: str = "127.0.0.1", port: int = 0) -> None:
         self.event = event
-        self.received = 0
 
         listener = self
 
@@ -38,7 +37,6 @@ class NudgeListener:
                     self.send_response(404)
                     self.end_headers()
                     return
-                listener.received += 1
                 listener.event.set()
                 self.send_response(204)
                 self.end_headers()

@@ -74,10 +74,6 @@ class RequestCounts:
     by_method: Mapping[str, int]
     by_family: Mapping[tuple[str, str], int]
 
-    @property
-    def total(self) -> int:
-        return sum(self.by_method.values())
-
     def rates_since(self, earlier: RequestCounts) -> dict[str, float]:
         """Requests per second by method between `earlier` and this count."""
         span = max(self.at - earlier.at, 1e-9)

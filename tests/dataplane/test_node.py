@@ -23,17 +23,6 @@ from laminar_orchestration.store.metering import RequestMeter
 P, N = PartitionId, NodeId
 
 
-@pytest.fixture
-def meter(store: ObjectStore, monkeypatch: pytest.MonkeyPatch) -> RequestMeter:
-    """The requests of this test alone (the node shares the test's store object)."""
-    own = RequestMeter()
-    layer: object = store
-    while isinstance(layer, ObjectStore):
-        monkeypatch.setattr(layer, "meter", own)
-        layer = getattr(layer, "inner", None)
-    return own
-
-
 @contextmanager
 def running(node: ArrowNode) -> Iterator[ArrowNode]:
     runner = threading.Thread(target=node.run, kwargs={"install_signals": False}, daemon=True)

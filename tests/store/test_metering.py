@@ -19,16 +19,6 @@ from laminar_orchestration.store.metering import (
 from laminar_orchestration.store.retry import RetryingStore, RetryPolicy
 
 
-@pytest.fixture
-def meter(store: ObjectStore, monkeypatch: pytest.MonkeyPatch) -> RequestMeter:
-    own = RequestMeter()
-    layer: object = store
-    while isinstance(layer, ObjectStore):  # the backend counts; wrappers name the backend's meter
-        monkeypatch.setattr(layer, "meter", own)
-        layer = getattr(layer, "inner", None)
-    return own
-
-
 def test_each_request_is_counted_once_by_method_and_family(store: ObjectStore, meter: RequestMeter) -> None:
     etag = store.put_if_absent("ledger/partitions/00003/desired.json", b"a")
     with pytest.raises(PreconditionFailed):
