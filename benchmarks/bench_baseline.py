@@ -65,7 +65,6 @@ import contextlib
 import itertools
 import json
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -76,7 +75,6 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +113,7 @@ from .bench_migration import (
     wait_dead,
     wait_standby,
 )
-from .common import REPO_ROOT, Row, format_table, median, progress, verdict, write_result
+from .common import REPO_ROOT, Row, format_table, median, progress, publish, run_title, verdict
 
 SPARK_MASTER = "local[1]"
 KEYS = 1_000
@@ -797,11 +795,6 @@ class SplitBrain:
     restart_error: str | None = None
     # laminar only
     zombie_commits_after_takeover: int = 0
-    audit_duplicates: int = 0
-    audit_losses: int = 0
-    audit_issues: int = 0
-    orphan_outputs: int = 0
-    final_mismatch: int = 0
     revoked_after_s: float | None = None
 
 
@@ -1078,6 +1071,27 @@ def standby_of(cluster: Cluster, partition: int) -> int:
     return pick_target(cluster, {cluster.owner(partition)})
 
 
+def laminar_moves(
+    cluster: Cluster,
+    hist: History,
+    moves: int,
+    what: str,
+    into: list[MigrationRun],
+    *,
+    warm_commits: int,
+    timeout: float,
+    standby_wait: float,
+) -> None:
+    """`moves` planned moves of `hist.partition`, each to the other node once its standby copy is caught
+    up; every run is appended to `into` as it ends (a later failure keeps the earlier ones)."""
+    for i in range(moves):
+        target = standby_of(cluster, hist.partition)
+        wait_standby(cluster, target, hist.partition, standby_wait)
+        progress(f"  laminar {what} {i + 1}/{moves}: {cluster.owner(hist.partition)} -> {target}")
+        into.append(graceful_run(cluster, hist, target, warm_commits=warm_commits, timeout=timeout))
+        progress(f"    launch->Active {into[-1].total_s:.2f} s, unavailable {into[-1].unavailable_s:.2f} s")
+
+
 def run_laminar(p: Params, workdir: Path, res: Results) -> None:
     progress("laminar: starting nodes 1 and 2 (both --standby-for 0,1)")
     t0 = time.perf_counter()
@@ -1102,15 +1116,7 @@ def run_laminar(p: Params, workdir: Path, res: Results) -> None:
         )
         hist = History(cluster.store, 0)
         load.start(SEED + 1)
-        for i in range(p.moves):
-            target = standby_of(cluster, 0)
-            wait_standby(cluster, target, 0, 300)
-            progress(f"  laminar move {i + 1}/{p.moves}: {cluster.owner(0)} -> {target}")
-            res.lam_moves.append(graceful_run(cluster, hist, target, warm_commits=3, timeout=120))
-            progress(
-                f"    launch->Active {res.lam_moves[-1].total_s:.2f} s, "
-                f"unavailable {res.lam_moves[-1].unavailable_s:.2f} s"
-            )
+        laminar_moves(cluster, hist, p.moves, "move", res.lam_moves, warm_commits=3, timeout=120, standby_wait=300)
         load.stop()
         progress("laminar: zombie (SIGSTOP owner, forced failover, SIGCONT)")
         load.start(SEED + 2)
@@ -1129,13 +1135,9 @@ def run_laminar(p: Params, workdir: Path, res: Results) -> None:
         progress("laminar (~100 MB): planned moves, killed node")
         big = History(cluster.store, 1)
         big_load.start(SEED + 4)
-        for i in range(p.moves):
-            target = standby_of(cluster, 1)
-            wait_standby(cluster, target, 1, 600)
-            progress(f"  laminar big move {i + 1}/{p.moves}: {cluster.owner(1)} -> {target}")
-            res.lam_big_moves.append(graceful_run(cluster, big, target, warm_commits=2, timeout=300))
-            m = res.lam_big_moves[-1]
-            progress(f"    launch->Active {m.total_s:.2f} s, unavailable {m.unavailable_s:.2f} s")
+        laminar_moves(
+            cluster, big, p.moves, "big move", res.lam_big_moves, warm_commits=2, timeout=300, standby_wait=600
+        )
         wait_standby(cluster, standby_of(cluster, 1), 1, 600)
         res.lam_big_kill = failover_run(cluster, big, warm_commits=2, timeout=300)
         k = res.lam_big_kill
@@ -1458,16 +1460,8 @@ def main(argv: list[str] | None = None) -> None:
         run_laminar(p, workdir / "laminar", res)
     elapsed = time.perf_counter() - started
     rows, notes = build_rows(res)
-    title = (
-        f"laminar vs Spark Structured Streaming baseline ({'quick' if args.quick else 'full'}), "
-        f"{datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%SZ')}, Python {platform.python_version()}, "
-        f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
-        f"load average (1/5/15 min) {'/'.join(f'{x:.1f}' for x in load_before)} before, "
-        f"{'/'.join(f'{x:.1f}' for x in os.getloadavg())} after"
-    )
-    text = format_table(rows, title, notes) + f"\ntotal benchmark time: {elapsed:.1f} s"
-    print(text, flush=True)
-    progress(f"written to {write_result('baseline.txt', text)}")
+    title = run_title("laminar vs Spark Structured Streaming baseline", args.quick, load_before)
+    publish(format_table(rows, title, notes), elapsed, "baseline.txt")
 
 
 if __name__ == "__main__":

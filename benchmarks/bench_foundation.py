@@ -26,13 +26,11 @@ import ctypes
 import itertools
 import multiprocessing
 import os
-import platform
 import random
 import tempfile
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass, field, replace
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
@@ -49,11 +47,12 @@ from .common import (
     median,
     now_ns,
     progress,
+    publish,
+    run_title,
     runs,
     start_s3_server,
     time_ns,
     verdict,
-    write_result,
 )
 
 NODE = NodeId(1)
@@ -70,53 +69,40 @@ S3 = "s3/moto"
 
 
 @dataclass(frozen=True)
+class StoreWork:
+    """How much work the store figures (3 to 5) do on one backend."""
+
+    partitions: int
+    refresh_runs: int
+    fence_n: int
+    cas_n: int
+    race_rounds: int
+
+
+@dataclass(frozen=True)
 class Params:
     """How much work each figure does; `--quick` scales it down."""
 
     micro_runs: int
     micro_calls: int
-    partitions: int
     acquire_samples: int
-    refresh_runs: int
-    fence_n: int
-    cas_n: int
-    race_rounds: int
-    s3_partitions: int
-    s3_refresh_runs: int
-    s3_fence_n: int
-    s3_cas_n: int
-    s3_race_rounds: int
+    local: StoreWork
+    s3: StoreWork
 
 
 FULL = Params(
     micro_runs=7,
     micro_calls=1_000_000,
-    partitions=1000,
     acquire_samples=300,
-    refresh_runs=9,
-    fence_n=500,
-    cas_n=1000,
-    race_rounds=500,
-    s3_partitions=300,
-    s3_refresh_runs=3,
-    s3_fence_n=100,
-    s3_cas_n=200,
-    s3_race_rounds=30,
+    local=StoreWork(partitions=1000, refresh_runs=9, fence_n=500, cas_n=1000, race_rounds=500),
+    s3=StoreWork(partitions=300, refresh_runs=3, fence_n=100, cas_n=200, race_rounds=30),
 )
-QUICK = Params(
+QUICK = replace(
+    FULL,
     micro_runs=5,
-    micro_calls=1_000_000,
-    partitions=1000,
     acquire_samples=100,
-    refresh_runs=5,
-    fence_n=200,
-    cas_n=300,
-    race_rounds=100,
-    s3_partitions=60,
-    s3_refresh_runs=2,
-    s3_fence_n=30,
-    s3_cas_n=50,
-    s3_race_rounds=8,
+    local=StoreWork(partitions=1000, refresh_runs=5, fence_n=200, cas_n=300, race_rounds=100),
+    s3=StoreWork(partitions=60, refresh_runs=2, fence_n=30, cas_n=50, race_rounds=8),
 )
 
 
@@ -477,10 +463,10 @@ def bench_race(report: Report, spec: StoreSpec, rounds: int, backend: str) -> No
 
 
 def run_local(report: Report, p: Params, workdir: Path) -> None:
-    progress(f"local: cluster of {p.partitions} partitions, acquired by node {NODE}")
+    progress(f"local: cluster of {p.local.partitions} partitions, acquired by node {NODE}")
     path = str(workdir / "cluster")
     cluster = build_cluster(
-        LocalObjectStore(path), p.partitions, p.acquire_samples, LocalObjectStore(path, fsync=False)
+        LocalObjectStore(path), p.local.partitions, p.acquire_samples, LocalObjectStore(path, fsync=False)
     )
     report.add(4, *_latency_rows("4. Ledger.acquire, graceful, epoch 0->1", LOCAL, cluster.acquire))
     report.note(
@@ -495,11 +481,11 @@ def run_local(report: Report, p: Params, workdir: Path) -> None:
     progress("2. guard_set.check(p)")
     bench_set_check(report, cluster.guards, p)
     progress("3. refresh_all (local)")
-    bench_refresh(report, cluster, p.refresh_runs, LOCAL)
+    bench_refresh(report, cluster, p.local.refresh_runs, LOCAL)
     progress("4. fence / CAS latency (local)")
-    bench_latencies(report, StoreSpec("local", str(workdir / "latency")), p.fence_n, p.cas_n, LOCAL)
-    progress(f"5. race, {p.race_rounds} rounds (local)")
-    bench_race(report, StoreSpec("local", str(workdir / "race")), p.race_rounds, LOCAL)
+    bench_latencies(report, StoreSpec("local", str(workdir / "latency")), p.local.fence_n, p.local.cas_n, LOCAL)
+    progress(f"5. race, {p.local.race_rounds} rounds (local)")
+    bench_race(report, StoreSpec("local", str(workdir / "race")), p.local.race_rounds, LOCAL)
 
 
 def run_s3(report: Report, p: Params) -> None:
@@ -515,16 +501,16 @@ def run_s3(report: Report, p: Params) -> None:
         def spec(prefix: str) -> StoreSpec:
             return StoreSpec("s3", endpoint=endpoint, bucket=bucket, prefix=prefix)
 
-        progress(f"s3: cluster of {p.s3_partitions} partitions")
-        cluster = build_cluster(spec("cluster").open(), p.s3_partitions, p.s3_partitions)
+        progress(f"s3: cluster of {p.s3.partitions} partitions")
+        cluster = build_cluster(spec("cluster").open(), p.s3.partitions, p.s3.partitions)
         report.add(4, *_latency_rows("4. Ledger.acquire, graceful, epoch 0->1", S3, cluster.acquire))
         progress("3. refresh_all (s3)")
-        bench_refresh(report, cluster, p.s3_refresh_runs, S3)
+        bench_refresh(report, cluster, p.s3.refresh_runs, S3)
         cluster.ledger.store.close()
         progress("4. fence / CAS latency (s3)")
-        bench_latencies(report, spec("latency"), p.s3_fence_n, p.s3_cas_n, S3)
-        progress(f"5. race, {p.s3_race_rounds} rounds (s3)")
-        bench_race(report, spec("race"), p.s3_race_rounds, S3)
+        bench_latencies(report, spec("latency"), p.s3.fence_n, p.s3.cas_n, S3)
+        progress(f"5. race, {p.s3.race_rounds} rounds (s3)")
+        bench_race(report, spec("race"), p.s3.race_rounds, S3)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -534,7 +520,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     p = QUICK if args.quick else FULL
 
-    load_before = os.getloadavg()[0]
+    load_before = os.getloadavg()
     t0 = now_ns()
     report = Report()
     with tempfile.TemporaryDirectory(prefix="laminar-bench-") as tmp:
@@ -544,15 +530,7 @@ def main(argv: list[str] | None = None) -> None:
     report.note(6, "S3 = moto's single-threaded server on loopback (laminar_dev/s3server.py): not AWS latency")
     elapsed = (now_ns() - t0) / 1e9
 
-    title = (
-        f"laminar foundation benchmark ({'quick' if args.quick else 'full'}), "
-        f"{datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%SZ')}, Python {platform.python_version()}, "
-        f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
-        f"1-min load average {load_before:.1f} before / {os.getloadavg()[0]:.1f} after"
-    )
-    text = report.table(title) + f"\ntotal benchmark time: {elapsed:.1f} s"
-    print(text, flush=True)
-    progress(f"written to {write_result('foundation.txt', text)}")
+    publish(report.table(run_title("laminar foundation benchmark", args.quick, load_before)), elapsed, "foundation.txt")
 
 
 if __name__ == "__main__":

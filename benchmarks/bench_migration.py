@@ -47,7 +47,6 @@ import argparse
 import contextlib
 import itertools
 import os
-import platform
 import re
 import signal
 import tempfile
@@ -55,7 +54,6 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -73,7 +71,7 @@ from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.protocol.tasks import FORCED_PHASES, GRACEFUL_PHASES, MigrationPhase, PhaseReport
 from laminar_orchestration.store import ObjectStore
 
-from .common import Row, format_table, median, progress, verdict, write_result
+from .common import Row, TableReport, median, progress, verdict
 
 MB = 1_000_000
 #: What a node logs when its background Spark warm-up has ended (`SparkBatchEngine.keep_warming`).
@@ -672,16 +670,9 @@ def wait_warmed_up(cluster: Cluster, node: int) -> None:
 # --- the report ----------------------------------------------------------------------------------------
 
 
-@dataclass
-class Report:
-    rows: list[Row] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
+class Report(TableReport):
     def add(self, figure: str, value: str, target: str = "-", verdict_: str = "info") -> None:
         self.rows.append(Row(figure, LOCAL, value, target, verdict_))
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
 
 
 def s(seconds: float) -> str:
@@ -723,6 +714,14 @@ def report_first_batch(report: Report, prefix: str, lines: Sequence[BatchLine | 
     report.add(f"{prefix}: new owner's first batch: events (median)", f"{median([b.events for b in found]):,.0f}")
 
 
+def report_phases(
+    report: Report, prefix: str, phases: Sequence[MigrationPhase], runs: Sequence[Mapping[MigrationPhase, float]]
+) -> None:
+    """The median time of each of `phases` over the runs' phase timings (0 where a run lacks one)."""
+    for phase in phases:
+        report.add(f"{prefix}: phase {phase.value} (median)", s(median([r.get(phase, 0.0) for r in runs])))
+
+
 def report_graceful(report: Report, label: str, kind: str, runs: Sequence[MigrationRun]) -> None:
     n = len(runs)
     tag = f"{label}, {kind}"
@@ -739,9 +738,7 @@ def report_graceful(report: Report, label: str, kind: str, runs: Sequence[Migrat
         f"1.   {tag}: launch -> Active (median)", s(total), f"<= {GRACEFUL_TOTAL_TARGET_S:.0f} s",
         verdict(total, GRACEFUL_TOTAL_TARGET_S),
     )  # fmt: skip
-    for phase in GRACEFUL_PHASES:
-        values = [r.phases.get(phase, 0.0) for r in runs]
-        report.add(f"1.     {tag}: phase {phase.value} (median)", s(median(values)))
+    report_phases(report, f"1.     {tag}", GRACEFUL_PHASES, [r.phases for r in runs])
     report.add(
         f"1.   {tag}: checkpoint bytes moved by the handoff (DOWNLOADING bytes_moved, median)",
         size(median([r.download_bytes for r in runs])),
@@ -792,9 +789,7 @@ def report_failover(report: Report, label: str, kind: str, runs: Sequence[Failov
     report.add(
         f"2.   {tag}: forced MigrationCoordinator.run, launch -> Active (median)", s(median([r.run_s for r in runs]))
     )
-    for phase in FORCED_PHASES:
-        values = [r.phases.get(phase, 0.0) for r in runs]
-        report.add(f"2.     {tag}: phase {phase.value} (median)", s(median(values)))
+    report_phases(report, f"2.     {tag}", FORCED_PHASES, [r.phases for r in runs])
     report.add(f"2.   {tag}: launch -> seal (median)", s(median([r.launch_to_seal_s for r in runs])))
     report.add(
         f"2.   {tag}: Active -> first data commit, i.e. the new owner's first batch (median)",
@@ -1027,17 +1022,7 @@ def main(argv: list[str] | None = None) -> None:
         "already fences the old owner but is not counted as data; unavailability includes the new owner's "
         "first batch (the events queued during the move)"
     )
-    load_after = os.getloadavg()
-    title = (
-        f"laminar migration benchmark ({'quick' if args.quick else 'full'}), "
-        f"{datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%SZ')}, Python {platform.python_version()}, "
-        f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
-        f"load average (1/5/15 min) {'/'.join(f'{x:.1f}' for x in load_before)} before, "
-        f"{'/'.join(f'{x:.1f}' for x in load_after)} after"
-    )
-    text = format_table(report.rows, title, report.notes) + f"\ntotal benchmark time: {elapsed:.1f} s"
-    print(text, flush=True)
-    progress(f"written to {write_result('migration.txt', text)}")
+    report.publish("laminar migration benchmark", args.quick, load_before, elapsed, "migration.txt")
 
 
 if __name__ == "__main__":

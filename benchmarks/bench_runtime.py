@@ -58,7 +58,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -102,7 +101,7 @@ from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.protocol.tasks import MigrationPhase
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 
-from .common import Row, format_table, median, progress, verdict, write_result
+from .common import Row, TableReport, median, progress, verdict
 
 P0 = PartitionId(0)
 NODE1 = NodeId(1)
@@ -179,19 +178,12 @@ QUICK = Params(
 # --- the report ------------------------------------------------------------------------------
 
 
-@dataclass
-class Report:
-    rows: list[Row] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
+class Report(TableReport):
     def add(self, *rows: Row) -> None:
         self.rows.extend(rows)
 
     def info(self, figure: str, value: str, backend: str = LOCAL) -> None:
         self.rows.append(Row(figure, backend, value, "-", "info"))
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
 
 
 def _eps(eps: float) -> str:
@@ -1561,17 +1553,7 @@ def main(argv: list[str] | None = None) -> None:
         "the old checkpoint MB/s figures (upload_bytes/download_bytes, local and moto S3) are gone with "
         "upload_bytes: snapshot upload and restore download times are in figures 3 and 4 (local store only)"
     )
-    load_after = os.getloadavg()
-    title = (
-        f"laminar runtime benchmark ({'quick' if args.quick else 'full'}), "
-        f"{datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%SZ')}, Python {platform.python_version()}, "
-        f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
-        f"load average (1/5/15 min) {'/'.join(f'{x:.1f}' for x in load_before)} before, "
-        f"{'/'.join(f'{x:.1f}' for x in load_after)} after"
-    )
-    text = format_table(report.rows, title, report.notes) + f"\ntotal benchmark time: {elapsed:.1f} s"
-    print(text, flush=True)
-    progress(f"written to {write_result('runtime.txt', text)}")
+    report.publish("laminar runtime benchmark", args.quick, load_before, elapsed, "runtime.txt")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .common import REPO_ROOT, Row, format_table, median, progress, verdict, write_result
+from .common import REPO_ROOT, Row, format_table, median, progress, publish, verdict
 
 BATCH_EVENTS = 4_000
 BATCH_KEYS = 1_000
@@ -165,9 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         "JVM CPU includes the JIT compiler and GC threads",
         "the 'warm wall' target allows 10 %: the options must not make a warm node slower",
     ]
-    text = format_table(rows, title, notes) + f"\ntotal benchmark time: {time.perf_counter() - started:.1f} s"
-    print(text, flush=True)
-    progress(f"written to {write_result('spark_jvm.txt', text)}")
+    publish(format_table(rows, title, notes), time.perf_counter() - started, "spark_jvm.txt")
 
 
 if __name__ == "__main__":

@@ -54,14 +54,13 @@ import argparse
 import importlib.util
 import multiprocessing
 import os
-import platform
 import resource
 import shutil
 import sqlite3
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
@@ -78,7 +77,7 @@ from rocksdict import (
     WriteOptions,
 )
 
-from .common import Row, format_table, median, now_ns, percentile, progress, write_result
+from .common import Row, format_table, median, now_ns, percentile, progress, publish, run_title
 
 #: The value record: 48 bytes, little-endian, no padding.
 RECORD = np.dtype(
@@ -205,6 +204,15 @@ class Store(abc.ABC):
     def close(self) -> None: ...
 
 
+def _count_found(get: Callable[[bytes], object], keys: list[bytes]) -> int:
+    """`Store.lookups` over a backend's point lookup `get`: a plain loop, one call per key."""
+    found = 0
+    for k in keys:
+        if get(k) is not None:
+            found += 1
+    return found
+
+
 def _rocks_options(cache_bytes: int) -> Options:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
@@ -234,11 +242,7 @@ class RocksStore(Store):
         self.db.set_write_options(_no_wal())
 
     def load(self, items: list[tuple[bytes, bytes]]) -> None:
-        wb = WriteBatch(raw_mode=True)
-        put = wb.put
-        for k, v in items:
-            put(k, v)
-        self.db.write(wb)
+        self.write(items)
 
     def finish_load(self) -> None:
         self.db.flush(True)
@@ -255,12 +259,7 @@ class RocksStore(Store):
         self.db.write(wb)
 
     def lookups(self, keys: list[bytes]) -> int:
-        get = self.db.get
-        found = 0
-        for k in keys:
-            if get(k) is not None:
-                found += 1
-        return found
+        return _count_found(self.db.get, keys)
 
     def close(self) -> None:
         self.db.close()
@@ -296,13 +295,8 @@ class LmdbStore(Store):
             txn.cursor().putmulti(items)
 
     def lookups(self, keys: list[bytes]) -> int:
-        found = 0
         with self.env.begin() as txn:  # one read transaction per round, as a batch would hold one
-            get = txn.get
-            for k in keys:
-                if get(k) is not None:
-                    found += 1
-        return found
+            return _count_found(txn.get, keys)
 
     def close(self) -> None:
         self.env.close()
@@ -744,7 +738,7 @@ def main(argv: list[str] | None = None) -> None:
         report.notes.append("lmdb SKIPPED: the `lmdb` package is not installed (pip install lmdb)")
         progress("lmdb is not installed: skipping it")
 
-    load_before = os.getloadavg()[0]
+    load_before = os.getloadavg()
     t0 = now_ns()
     with tempfile.TemporaryDirectory(prefix="laminar-bench-statestore-") as tmp:
         for size in sizes:
@@ -789,15 +783,8 @@ def main(argv: list[str] | None = None) -> None:
         "(lmdb: one read txn per round)",
         "cold open: the page cache is warm (the copy was just written); a real restore also downloads",
     ]
-    title = (
-        f"laminar state-store benchmark ({'quick' if args.quick else 'full'}), "
-        f"{datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%SZ')}, Python {platform.python_version()}, "
-        f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
-        f"1-min load average {load_before:.1f} before / {os.getloadavg()[0]:.1f} after"
-    )
-    text = format_table(report.rows(backends, sizes), title, report.notes) + f"\ntotal benchmark time: {elapsed:.1f} s"
-    print(text, flush=True)
-    progress(f"written to {write_result('statestore.txt', text)}")
+    title = run_title("laminar state-store benchmark", args.quick, load_before)
+    publish(format_table(report.rows(backends, sizes), title, report.notes), elapsed, "statestore.txt")
 
 
 if __name__ == "__main__":

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import platform
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from laminar_dev.s3server import start_s3_server as s3_server
@@ -133,6 +136,40 @@ def write_result(name: str, text: str) -> Path:
     path = RESULTS_DIR / name
     path.write_text(text if text.endswith("\n") else text + "\n")
     return path
+
+
+def run_title(benchmark: str, quick: bool, load_before: Sequence[float]) -> str:
+    """A results table's title: which benchmark in which mode, when, on what machine, and the load
+    average before the run and now (figures are only comparable at a similar load)."""
+    before, after = ("/".join(f"{x:.1f}" for x in load) for load in (load_before, os.getloadavg()))
+    return (
+        f"{benchmark} ({'quick' if quick else 'full'}), "
+        f"{datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%SZ')}, Python {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
+        f"load average (1/5/15 min) {before} before, {after} after"
+    )
+
+
+def publish(table: str, elapsed_s: float, name: str) -> None:
+    """Print a results table with the run's total time and write it to ``results/<name>``."""
+    text = table + f"\ntotal benchmark time: {elapsed_s:.1f} s"
+    print(text, flush=True)
+    progress(f"written to {write_result(name, text)}")
+
+
+@dataclass
+class TableReport:
+    """A benchmark's rows and notes, published as one results table."""
+
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def publish(self, benchmark: str, quick: bool, load_before: Sequence[float], elapsed_s: float, name: str) -> None:
+        """Print the table under its `run_title` and write it to ``results/<name>`` (`publish`)."""
+        publish(format_table(self.rows, run_title(benchmark, quick, load_before), self.notes), elapsed_s, name)
 
 
 def progress(msg: str) -> None:

@@ -11,6 +11,8 @@ import argparse
 import logging
 
 from laminar_orchestration.dataplane.config import NodeConfig
+from laminar_orchestration.store import open_store
+from laminar_orchestration.table import TableCommitter
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -31,11 +33,14 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="run with `laminar node run`'s timing (the cost benchmark measures what a user runs)",
     )
+    parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.node_defaults:
+        # As `laminar node run` runs: its output table too.
         ArrowNode(
-            NodeConfig(store_url=args.store, node_id=args.node_id, heartbeat_timeout_s=args.heartbeat_timeout)
+            NodeConfig(store_url=args.store, node_id=args.node_id, heartbeat_timeout_s=args.heartbeat_timeout),
+            table_sync=TableCommitter(open_store(args.store)).sync,
         ).run()
         return
     config = NodeConfig(
@@ -49,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         idle_poll_s=args.poll_interval,
         standby_poll_s=args.poll_interval,
         migration_poll_s=args.poll_interval / 5,
+        metrics_port=args.metrics_port,
     )
     ArrowNode(config).run()
 

@@ -23,15 +23,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar, get_args
 
-from laminar_orchestration.store.base import (
-    ConcurrentModification,
-    ObjectMeta,
-    ObjectNotFound,
-    ObjectStore,
-    PreconditionFailed,
-    StoredObject,
-    TransientStoreError,
-)
+import laminar_orchestration.store.base as base
+from laminar_orchestration.store.base import ObjectMeta, ObjectStore, StoredObject
 
 __all__ = ["FaultInjectingStore", "FaultKind", "Op"]
 
@@ -177,16 +170,16 @@ class FaultInjectingStore(ObjectStore):
         if fault.lose_response:
             # The store handles the request; whatever it answered - success, 412,
             # 404, 409 - the caller never hears back.
-            with contextlib.suppress(PreconditionFailed, ObjectNotFound, ConcurrentModification):
+            with contextlib.suppress(base.PreconditionFailed, base.ObjectNotFound, base.ConcurrentModification):
                 fn()
             with self._lock:
                 self.lost_responses += 1
-            raise TransientStoreError(op, key, "injected: connection reset after the request")
+            raise base.TransientStoreError(op, key, "injected: connection reset after the request")
         with self._lock:
             self.injected_failures += 1
         if fault.kind == "conflict":
-            raise ConcurrentModification(key)
-        raise TransientStoreError(op, key, _DETAIL[fault.kind])
+            raise base.ConcurrentModification(key)
+        raise base.TransientStoreError(op, key, _DETAIL[fault.kind])
 
     # -- ObjectStore ----------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -172,20 +173,20 @@ class Cluster:
 
     def expected_counts(self) -> dict[str, int]:
         """Per key, how many events were produced (computed without the library's audit)."""
-        counts: dict[str, int] = {}
-        for table in self.produced:
-            grouped = table.group_by("key").aggregate([("value", "count")])
-            for key, n in zip(grouped["key"].to_pylist(), grouped["value_count"].to_pylist(), strict=True):
-                counts[key] = counts.get(key, 0) + n
-        return counts
+        return self._produced_per_key("count")
 
     def expected_sums(self) -> dict[str, float]:
-        sums: dict[str, float] = {}
+        return self._produced_per_key("sum")
+
+    def _produced_per_key(self, aggregation: str) -> dict[str, Any]:
+        """Per key, the `aggregation` ("count" or "sum") of the produced values, over every produced table."""
+        totals: dict[str, Any] = {}
         for table in self.produced:
-            grouped = table.group_by("key").aggregate([("value", "sum")])
-            for key, s in zip(grouped["key"].to_pylist(), grouped["value_sum"].to_pylist(), strict=True):
-                sums[key] = sums.get(key, 0.0) + s
-        return sums
+            grouped = table.group_by("key").aggregate([("value", aggregation)])
+            column = grouped[f"value_{aggregation}"].to_pylist()
+            for key, value in zip(grouped["key"].to_pylist(), column, strict=True):
+                totals[key] = totals.get(key, 0) + value
+        return totals
 
     def verify(self) -> list[PartitionAudit]:
         return audit_store(self.store)

@@ -148,5 +148,11 @@ def spark_resource_from_env() -> PySparkResource:
 
 
 def build_resources() -> dict[str, Any]:
-    """The resources of the code location, keyed as the ops and sensors ask for them."""
+    """The resources of the code location, keyed as the ops and sensors ask for them.
+
+    Also serves the control plane's /metrics when ``LAMINAR_METRICS_PORT`` is set (`resources.metrics`).
+    """
+    from resources.metrics import start_control_plane_metrics
+
+    start_control_plane_metrics()
     return {"laminar": laminar_resource_from_env(), "pyspark": spark_resource_from_env()}

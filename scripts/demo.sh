@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+echo "setup: starting the demo (.venv/bin/laminar demo $*)"
 exec .venv/bin/laminar demo "$@"

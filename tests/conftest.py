@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING
 import pytest
 
 from laminar_dev.s3server import start_s3_server
+from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 from laminar_orchestration.store.metering import RequestMeter
 from laminar_orchestration.store.s3 import S3ObjectStore, make_s3_client
+from tests.ledgers import new_ledger
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -135,6 +137,12 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytes
     assert isinstance(bucket, str)
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
     return f"s3://{bucket}/{S3_TEST_PREFIX}"
+
+
+@pytest.fixture
+def ledger(store: ObjectStore) -> Ledger:
+    """A cluster of 4 partitions on each backend in turn (a test module may define its own)."""
+    return new_ledger(store)
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
 """The package's layout is its architecture: layers that import only downwards, no cycles, small rooms.
 
-Layers, bottom up: the shared root (errors, identity, clock, ulid), `store`,
-`protocol`, then `dataplane` and `control` side by side (neither imports the
-other), `ops`, and `cli` on top. The package's face (`__init__`) may re-export.
+Layers, bottom up: the shared root (errors, identity, clock, ulid, metrics), `store`,
+`protocol`, then `dataplane`, `control` and `table` side by side (none imports
+another), `ops`, and `cli` on top. The package's face (`__init__`) may re-export.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ LAYERS: dict[str, int] = {
     "identity": 0,
     "clock": 0,
     "ulid": 0,
+    "metrics": 0,
     "store": 1,
     "protocol": 2,
     "dataplane": 3,
     "control": 3,
+    "table": 3,
     "ops": 4,
     "cli": 5,
 }
@@ -120,6 +122,6 @@ def test_no_module_is_over_the_size_a_newcomer_can_read() -> None:
 
 
 def test_every_layer_says_what_lives_there_and_what_it_may_import() -> None:
-    for room in ("store", "protocol", "dataplane", "control", "ops", "cli"):
+    for room in ("store", "protocol", "dataplane", "control", "table", "ops", "cli"):
         doc = ast.get_docstring(ast.parse((PACKAGE / room / "__init__.py").read_text()))
         assert doc, room

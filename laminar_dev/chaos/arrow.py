@@ -26,8 +26,12 @@ class ArrowBatchEngine:
         """Nothing to warm up: no JVM."""
         return 0.0
 
+    def before_batch(self, epoch: int, job_group: str | None) -> None:
+        """Runs before each aggregate: nothing here; a test's engine holds, slows or records the batch."""
+
     def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
         """The batch aggregate of `events` (the audit's reference fold of the batch)."""
+        self.before_batch(epoch, job_group)
         table = events if isinstance(events, pa.Table) else pa.concat_tables([pq.read_table(f) for f in events])
         return reference_batch_aggregate(table)
 

@@ -181,13 +181,30 @@ class Actor:
 
     def crash(self) -> None:
         """Lose all in-memory state (the process died)."""
+        self._fresh()
 
     def restart(self) -> None:
         """Start again after a crash, from nothing but the store."""
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """Set up the in-memory state a new process starts with (none by default)."""
 
     def idle(self, low: float, high: float) -> None:
         """Sleep (in simulated time) for a random while before the next step."""
         self.wake_at = self.world.clock.seconds + self.world.rng.uniform(low, high)
+
+
+class ObserverActor(Actor):
+    """An actor outside the protocol that reads through a store client of its own, new after a crash."""
+
+    def __init__(self, world: World, name: str) -> None:
+        super().__init__(world, name)
+        self.observer = True
+        self._fresh()
+
+    def _fresh(self) -> None:
+        self.store = self.world.client_store()
 
 
 # --- producers -------------------------------------------------------------------------
@@ -248,22 +265,8 @@ CALM_SWEEP_INTERVAL_S = (2.0, 8.0)
 SWEEP_GRACE_S = (0.0, 0.0, 0.25, 1.0)
 
 
-class SweeperActor(Actor):
+class SweeperActor(ObserverActor):
     """The auditor role: runs `antientropy.sweep` through its own store client, between everything else."""
-
-    def __init__(self, world: World, name: str) -> None:
-        super().__init__(world, name)
-        self.observer = True
-        self._fresh()
-
-    def _fresh(self) -> None:
-        self.store = self.world.client_store()
-
-    def crash(self) -> None:
-        self._fresh()
-
-    def restart(self) -> None:
-        self._fresh()
 
     def step(self) -> str:
         self.idle(*(SWEEP_INTERVAL_S if self.world.faults_on else CALM_SWEEP_INTERVAL_S))
@@ -285,25 +288,14 @@ class SweeperActor(Actor):
 # --- readers and intruders ------------------------------------------------------------------
 
 
-class StandbyActor(Actor):
+class StandbyActor(ObserverActor):
     """Follows the manifest chains as a warm standby does (one long-lived `ManifestReader`), and
     with fresh readers (a node restoring, a CLI). Whatever it reads must be genuine; and at any
     instant a fresh reader over the store must end on the chain's newest genuine entry."""
 
-    def __init__(self, world: World, name: str) -> None:
-        super().__init__(world, name)
-        self.observer = True
-        self._fresh()
-
     def _fresh(self) -> None:
-        self.store = self.world.client_store()
+        super()._fresh()
         self.follower = ManifestReader(self.store)
-
-    def crash(self) -> None:
-        self._fresh()
-
-    def restart(self) -> None:
-        self._fresh()
 
     def step(self) -> str:
         rng = self.world.rng
@@ -557,12 +549,6 @@ class NodeActor(Actor):
     @property
     def generation(self) -> int:
         return self.handle.generation if self.handle else 0
-
-    def crash(self) -> None:
-        self._fresh()
-
-    def restart(self) -> None:
-        self._fresh()
 
     def running_epoch(self, partition: int) -> int | None:
         """The epoch this node runs `partition` at, if it runs it."""
@@ -1072,9 +1058,6 @@ class CoordinatorActor(Actor):
         self.driving: dict[int, Driving] = {}
         #: A restarted driver first resumes every unfinished record (a retried Dagster run).
         self.resume_pending = resume
-
-    def crash(self) -> None:
-        self._fresh()
 
     def restart(self) -> None:
         # Not every dead run is retried (retries run out; a killed run worker is not seen failing):

@@ -24,6 +24,7 @@ from laminar_orchestration.cli.cluster import Init, Status
 from laminar_orchestration.cli.data import NodeRun, Produce, Query, Sweep, Verify
 from laminar_orchestration.cli.migrations import Failover, Migrate, Rebalance
 from laminar_orchestration.cli.output import output_for
+from laminar_orchestration.cli.table import Table
 from laminar_orchestration.cli.tools import Demo, Policies, Report
 from laminar_orchestration.errors import LaminarError, exit_code
 from laminar_orchestration.store import default_store_url
@@ -42,6 +43,7 @@ COMMANDS: tuple[Command, ...] = (
     Failover(),
     Rebalance(),
     Sweep(),
+    Table(),
     Demo(),
     Report(),
     Policies(),

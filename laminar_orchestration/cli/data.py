@@ -47,7 +47,13 @@ class NodeRun(Command):
             "--refresh-interval",
             type=float,
             default=_NODE_DEFAULTS["refresh_interval_s"].default,
-            help="periodic guard refresh (kill-switch) seconds; a change of the node's assignment triggers one too",
+            help="seconds between cluster-epoch reads and a committing partition's successor probes",
+        )
+        parser.add_argument(
+            "--table-sync-interval",
+            type=float,
+            default=_NODE_DEFAULTS["table_sync_interval_s"].default,
+            help="seconds between the node's appends to the output table (one Delta commit each)",
         )
         parser.add_argument(
             "--heartbeat-interval",
@@ -71,6 +77,16 @@ class NodeRun(Command):
             help="node log level (debug: where each batch's time went)",
         )
         parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            metavar="PORT",
+            help="serve Prometheus metrics at http://HOST:PORT/metrics (default: none; 0: any free port)",
+        )
+        parser.add_argument(
+            "--metrics-host", default="127.0.0.1", help="address the metrics are served on (default 127.0.0.1)"
+        )
+        parser.add_argument(
             "--standby-for",
             default="",
             metavar="P[,P...]",
@@ -80,11 +96,14 @@ class NodeRun(Command):
     def run(self, args: argparse.Namespace, out: Output) -> int:
         from laminar_orchestration.dataplane.config import NodeConfig
         from laminar_orchestration.dataplane.node import run_node
+        from laminar_orchestration.store import open_store
+        from laminar_orchestration.table import TableCommitter
 
         check_node_id("--node-id", args.node_id)
         positive = {
             "--heartbeat-timeout": args.heartbeat_timeout,
             "--refresh-interval": args.refresh_interval,
+            "--table-sync-interval": args.table_sync_interval,
             "--heartbeat-interval": args.heartbeat_interval,
             "--checkpoint-every-s": args.checkpoint_every_s,
         }
@@ -94,26 +113,39 @@ class NodeRun(Command):
         check_at_least("--batch-max-events", args.batch_max_events, 1)
         check_at_least("--checkpoint-every-batches", args.checkpoint_every_batches, 1)
         check_at_least("--spark-warm-up-batches", args.spark_warm_up_batches, 0)
+        if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+            raise InvalidArgument("--metrics-port", f"{args.metrics_port} must be in 0..65535")
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         # Only our own loggers follow --log-level: py4j's debug output would drown the node's.
         for name in ("laminar", "laminar_orchestration"):
             logging.getLogger(name).setLevel(args.log_level.upper())
+        # py4j logs every closed Spark gateway connection at INFO: library noise in the node's log.
+        logging.getLogger("py4j").setLevel(logging.WARNING)
+        # The flags named as the config's fields take their values as given; the others are translated.
+        same = (
+            "node_id",
+            "spark_master",
+            "spark_ui",
+            "batch_max_events",
+            "checkpoint_every_batches",
+            "checkpoint_every_s",
+            "spark_warm_up_batches",
+        )
         config = NodeConfig(
             store_url=args.store,
-            node_id=args.node_id,
-            spark_master=args.spark_master,
-            spark_ui=args.spark_ui,
             heartbeat_timeout_s=args.heartbeat_timeout,
             # Several heartbeats fit in a timeout, so one lost PUT never makes a live node look dead.
             heartbeat_interval_s=min(args.heartbeat_interval, args.heartbeat_timeout / 3),
             refresh_interval_s=args.refresh_interval,
-            batch_max_events=args.batch_max_events,
-            checkpoint_every_batches=args.checkpoint_every_batches,
-            checkpoint_every_s=args.checkpoint_every_s,
-            spark_warm_up_batches=args.spark_warm_up_batches,
+            table_sync_interval_s=args.table_sync_interval,
             standby_for=parse_partition_list("--standby-for", args.standby_for),
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
+            **{name: getattr(args, name) for name in same},
         )
-        run_node(config)
+        # The committed output is also a Delta table beside the store (`laminar table`).
+        committer = TableCommitter(open_store(config.store_url))
+        run_node(config, table_sync=committer.sync)
         return 0
 
 
@@ -167,8 +199,8 @@ class Produce(Command):
             for p, res in produce_from_jsonl(args.from_file, log).items():
                 counts[p] = res.events
         else:
-            for p, table in generate_events(args.count, args.keys, args.seed, partitions).items():
-                counts[p] = log.append(p, table).events
+            appended = log.append_many(generate_events(args.count, args.keys, args.seed, partitions))
+            counts = {p: res.events for p, res in appended.items()}
         out.produced(counts, {p: log.end_offset(p) for p in counts})
         return 0
 

@@ -50,23 +50,25 @@ class Demo(Command):
         )
         parser.add_argument("--spark-master", default="local[1]", help="Spark master of each node (default local[1])")
         parser.add_argument("--no-dagster", action="store_true", help="run without the Dagster webserver and daemon")
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=9100,
+            help="Prometheus /metrics: the control plane on this port, node N on this port + N (default 9100; 0: none)",
+        )
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
         from laminar_orchestration.ops.demo import DemoOptions, run_demo
 
+        # The flags named as the options take their values as given; the others are translated.
+        same = ("partitions", "nodes", "rate", "keys", "port", "duration", "interval", "spark_master")
         options = DemoOptions(
             store=args.demo_store,
-            partitions=args.partitions,
-            nodes=args.nodes,
-            rate=args.rate,
-            keys=args.keys,
-            port=args.port,
-            duration=args.duration,
-            interval=args.interval,
             heartbeat_timeout_s=args.heartbeat_timeout,
-            spark_master=args.spark_master,
             dagster=not args.no_dagster,
             base_dir=Path.cwd(),
+            metrics_port=args.metrics_port or None,
+            **{name: getattr(args, name) for name in same},
         )
         try:
             options.check()

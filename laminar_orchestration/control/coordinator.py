@@ -3,6 +3,7 @@ phase before it takes effect (see `protocol.tasks`), and waits on the nodes' rep
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -220,21 +221,10 @@ class MigrationCoordinator:
 
     def _complete_grant(self, task: MigrationTask) -> None:
         """Make the grant `task` decided, as its driver would; nothing if the epoch moved otherwise."""
-        p = PartitionId(task.partition)
-        target = self.ledger.node(NodeId(task.to_node))
-        generation = target.generation if target else None
         reason = f"migration {task.migration_id} ended after its grant was decided: grant completed"
-        try:
-            if task.migration_kind == MigrationKind.FORCED:
-                self.ledger.fence(
-                    p, NodeId(task.to_node), expected_epoch=task.from_epoch, reason=reason, generation=generation
-                )
-            else:
-                self.ledger.acquire(
-                    p, NodeId(task.to_node), expected_epoch=task.from_epoch, reason=reason, generation=generation
-                )
-        except (EpochConflict, NotReleased):
-            pass  # made already (by the driver), or someone else moved the epoch: their grant stands
+        # Refused when made already (by the driver), or someone else moved the epoch: their grant stands.
+        with contextlib.suppress(EpochConflict, NotReleased):
+            self._grant_to_target(task, reason, fence=task.migration_kind == MigrationKind.FORCED)
 
     def fail(self, partition: PartitionId, migration_id: str, error: str) -> MigrationTask:
         """Record migration `migration_id` Failed with `error` (and the phase it failed in)."""
@@ -306,10 +296,14 @@ class MigrationCoordinator:
         if phase not in phase_sequence(task.migration_kind):
             return PhaseReport(phase, 0.0, 0, f"not part of a {task.migration_kind} migration")
         if task.migration_kind == MigrationKind.FORCED and phase == MigrationPhase.RELEASED:
-            return PhaseReport(phase, time.monotonic() - started, 0, f"epoch {task.from_epoch} fenced")
+            fenced = f"epoch {task.from_epoch} fenced: node {task.to_node} granted epoch {task.to_epoch}"
+            return PhaseReport(phase, time.monotonic() - started, 0, fenced)
         if phase == MigrationPhase.PLANNED:
             if task.migration_kind != MigrationKind.GRACEFUL:
-                return PhaseReport(phase, time.monotonic() - started, 0, "planned")
+                planned = (
+                    f"planned node {task.from_node} -> node {task.to_node}, epoch {task.from_epoch} -> {task.to_epoch}"
+                )
+                return PhaseReport(phase, time.monotonic() - started, 0, planned)
             detail = self._wait_warm(task)
             aligned = self._align_drain(task)
             warmed = self._record_warm_bytes(task)
@@ -321,9 +315,9 @@ class MigrationCoordinator:
             moved = max(0, moved - task.warm_bytes)
         elif phase != MigrationPhase.UPLOADING:
             moved = 0  # only the transfer phases move bytes
-        return PhaseReport(
-            phase, time.monotonic() - started, moved, f"node {self._responsible(task, phase)} reported {phase}"
-        )
+        offset = progress.source_offset if progress else 0
+        detail = _phase_detail(task, phase, self._responsible(task, phase), moved, offset)
+        return PhaseReport(phase, time.monotonic() - started, moved, detail)
 
     def _wait_warm(self, task: MigrationTask) -> str:
         """Wait (bounded) until the target reports a warm copy of the partition; never fails the move."""
@@ -405,19 +399,12 @@ class MigrationCoordinator:
         if own.epoch == task.to_epoch and own.owner == task.to_node:
             return  # done before a crash of the orchestrator
         self._still_running(task, MigrationPhase.RELEASED)  # cancelled meanwhile: do not fence
-        target = self.ledger.node(NodeId(task.to_node))
+        if task.from_node == UNASSIGNED:
+            reason = f"migration {task.migration_id}: place on node {task.to_node}"
+        else:
+            reason = f"migration {task.migration_id}: fence node {task.from_node}"
         try:
-            self.ledger.fence(
-                p,
-                NodeId(task.to_node),
-                expected_epoch=task.from_epoch,
-                reason=(
-                    f"migration {task.migration_id}: place on node {task.to_node}"
-                    if task.from_node == UNASSIGNED
-                    else f"migration {task.migration_id}: fence node {task.from_node}"
-                ),
-                generation=target.generation if target else None,
-            )
+            self._grant_to_target(task, reason, fence=True)
         except EpochConflict as exc:
             if self._granted_as_planned(task):
                 return  # another driver of this same migration fenced first
@@ -427,6 +414,20 @@ class MigrationCoordinator:
             self._fail_if_current(p, task.migration_id, str(lost))
             raise lost from None
 
+    def _grant_to_target(self, task: MigrationTask, reason: str, *, fence: bool) -> None:
+        """Grant `task`'s new epoch to its target at the target's current generation: by fencing the old
+        owner, or by acquiring the epoch it released."""
+        target = self.ledger.node(NodeId(task.to_node))
+        grant = self.ledger.fence if fence else self.ledger.acquire
+        generation = target.generation if target else None
+        grant(
+            PartitionId(task.partition),
+            NodeId(task.to_node),
+            expected_epoch=task.from_epoch,
+            reason=reason,
+            generation=generation,
+        )
+
     def _granted_as_planned(self, task: MigrationTask) -> bool:
         """Whether the ledger holds exactly the grant `task` was to make (its epoch, to its target)."""
         own = self.ledger.ownership(PartitionId(task.partition))
@@ -435,19 +436,11 @@ class MigrationCoordinator:
     def _grant_target(self, task: MigrationTask) -> None:
         """Grant a graceful move's new epoch to its target, after the old owner released it."""
         p = PartitionId(task.partition)
-        own = self.ledger.ownership(p)
-        if own is not None and own.epoch == task.to_epoch and own.owner == task.to_node:
+        if self._granted_as_planned(task):
             return  # done before a crash of the orchestrator
         self._still_running(task, MigrationPhase.SEEKING)
-        target = self.ledger.node(NodeId(task.to_node))
         try:
-            self.ledger.acquire(
-                p,
-                NodeId(task.to_node),
-                expected_epoch=task.from_epoch,
-                reason=f"migration {task.migration_id}: hand over to node {task.to_node}",
-                generation=target.generation if target else None,
-            )
+            self._grant_to_target(task, f"migration {task.migration_id}: hand over to node {task.to_node}", fence=False)
         except EpochConflict as exc:
             if self._granted_as_planned(task):
                 return  # another driver of this same migration granted it first
@@ -546,7 +539,7 @@ class MigrationCoordinator:
                 raise MigrationFailed(p, phase, progress.error)
             done = progress.phase_done
             if done is not None and MigrationPhase(done).reached(phase):
-                return PartitionProgressView(progress.bytes_moved)
+                return PartitionProgressView(progress.bytes_moved, progress.source_offset)
         # Judged from the record just read: no listing of every node on each poll.
         if phase.needs_old_owner and record is not None and not NodeView.judge(record).alive:
             raise OldOwnerCrashed(p, task.from_epoch)
@@ -585,3 +578,31 @@ class MigrationCoordinator:
 @dataclass(frozen=True)
 class PartitionProgressView:
     bytes_moved: int
+    #: The source offset the node reported with the phase (its committed position).
+    source_offset: int = 0
+
+
+def _size(n: int) -> str:
+    """`n` bytes as a human size: 512 B, 1.2 KiB, 3.4 MiB."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # unreachable
+
+
+def _phase_detail(task: MigrationTask, phase: MigrationPhase, node: int, moved: int, offset: int) -> str:
+    """What a node-reported phase did, in words: who, how many bytes, which offset, which epoch."""
+    at = f"offset {offset:,}"
+    what = {
+        MigrationPhase.DRAINING: f"stopped taking batches of epoch {task.from_epoch} at {at}",
+        MigrationPhase.CHECKPOINTING: f"wrote its final checkpoint of epoch {task.from_epoch} at {at}",
+        MigrationPhase.UPLOADING: f"uploaded {_size(moved)} of state for the handoff",
+        MigrationPhase.RELEASED: f"released epoch {task.from_epoch} at {at}",
+        MigrationPhase.DOWNLOADING: f"downloaded {_size(moved)} of state",
+        MigrationPhase.RESTORING: f"restored the state committed up to {at}",
+        MigrationPhase.SEEKING: f"positioned the source at {at} for epoch {task.to_epoch}",
+        MigrationPhase.ACTIVE: f"processing from {at} at epoch {task.to_epoch}",
+    }.get(phase, f"reported {phase}")
+    return f"node {node} {what}"

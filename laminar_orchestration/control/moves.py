@@ -27,19 +27,15 @@ from laminar_orchestration.control.placement import (
 from laminar_orchestration.control.snapshot import live_node_ids, ownership_map, warm_copies
 from laminar_orchestration.errors import LaminarError, UnavailableError
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
+from laminar_orchestration.protocol import tasks
 from laminar_orchestration.protocol.fencing import Ownership
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.records import LedgerError, PartitionStatus
 from laminar_orchestration.protocol.tasks import (
     DesiredState,
-    MigrationEpochConflict,
-    MigrationError,
     MigrationKind,
-    MigrationNotOwned,
     MigrationPhase,
     MigrationTask,
-    MigrationTimeout,
-    NoLiveNode,
     PhaseReport,
     phase_sequence,
 )
@@ -178,7 +174,7 @@ def drive(
             report = coordinator.run_phase(PartitionId(task.partition), task.migration_id, phase)
             if on_phase is not None:
                 on_phase(report)
-    except MigrationError as exc:
+    except tasks.MigrationError as exc:
         record_failure(coordinator, task.partition, task.migration_id, exc)
         raise
     final = coordinator.current(PartitionId(task.partition))
@@ -239,9 +235,9 @@ def drive_with_deadline(
         )
         try:
             reports.append(bounded.run_phase(PartitionId(task.partition), task.migration_id, phase))
-        except MigrationTimeout as exc:
+        except tasks.MigrationTimeout as exc:
             return DeadlineDrive(task, tuple(reports), error=exc)
-        except MigrationError as exc:
+        except tasks.MigrationError as exc:
             record_failure(coordinator, task.partition, task.migration_id, exc)
             return DeadlineDrive(task, tuple(reports), error=exc)
         except LaminarError as exc:
@@ -396,7 +392,7 @@ def stranded(state: DesiredState, own: Ownership) -> bool:
     return state.owner != own.owner
 
 
-class NoFailoverTarget(MigrationError, UnavailableError):
+class NoFailoverTarget(tasks.MigrationError, UnavailableError):
     """No live node other than the current owner can receive the partition: what is missing is a
     target, not the owner (which is usually dead, the reason for the failover)."""
 
@@ -464,7 +460,7 @@ def prepare_failover(
     live_set = set(live) if live is not None else live_node_ids(ledger)
     own = ledger.ownership(p)
     if own is None:
-        raise MigrationNotOwned(p, UNASSIGNED)
+        raise tasks.MigrationNotOwned(p, UNASSIGNED)
     superseded = []
     coordinator.expire_overdue(p)  # a record past its deadline never blocks a failover
     running = coordinator.current(p)
@@ -472,11 +468,11 @@ def prepare_failover(
         if moves_on_without_old_owner(running, live_set):
             if to_node is None or to_node == running.to_node:
                 return FailoverDecision(running, f"resuming migration {running.migration_id} to node {running.to_node}")
-            raise MigrationEpochConflict(p, own.epoch, running.from_epoch, running.migration_id)
+            raise tasks.MigrationEpochConflict(p, own.epoch, running.from_epoch, running.migration_id)
         if running.from_node in live_set and running.to_node in live_set:
             # A healthy graceful move still needing its (live) old owner: leave it alone.
             if allow_live_owner:
-                raise MigrationEpochConflict(p, own.epoch, running.from_epoch, running.migration_id)
+                raise tasks.MigrationEpochConflict(p, own.epoch, running.from_epoch, running.migration_id)
             return FailoverDecision(None, f"graceful migration {running.migration_id} between live nodes is in flight")
         dead = sorted({running.from_node, running.to_node} - live_set - {UNASSIGNED})
         coordinator.fail(p, running.migration_id, f"superseded by a failover: node(s) {dead} not alive")
@@ -497,7 +493,7 @@ def prepare_failover(
     if target == own.owner and not is_stranded:
         raise NoFailoverTarget(partition, own.owner)
     if target not in live_set:
-        raise NoLiveNode(NodeId(target))
+        raise tasks.NoLiveNode(NodeId(target))
     task = coordinator.plan(p, NodeId(target), forced=True)
     reason = f"forced migration {task.migration_id}: node {own.owner} -> {target}"
     return FailoverDecision(task, reason, superseded)

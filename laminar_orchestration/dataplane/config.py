@@ -33,14 +33,24 @@ class NodeConfig(BaseModel):
     full_reconcile_interval_s: float = Field(default=900.0, gt=0)
     #: Where the node listens for the control plane's nudges (None: it does not; it still converges).
     nudge_host: str | None = "127.0.0.1"
-    #: Kill-switch refresh of every guard against the ledger (1-5 s: a zombie is stopped within seconds).
-    #: The periodic check runs this often; a change of this node's assignment triggers one at once.
+    #: How often the node reads the cluster epoch, and how often a committing partition looks for a
+    #: successor's grant before its commit (an early exit; the chain is the fence). Every guard is
+    #: checked against the ledger when this node's assignment changes (the control plane moved a
+    #: partition) and at each full pass (`full_reconcile_interval_s`).
     refresh_interval_s: float = Field(default=5.0, gt=0)
     batch_max_events: int = Field(default=1_000_000, ge=1)
     #: An idle partition's first poll of its source comes after this long; each empty poll doubles
     #: the wait up to `idle_poll_max_s` (every poll is a billed GET), and a batch resets it.
     idle_poll_s: float = Field(default=0.05, gt=0)
     idle_poll_max_s: float = Field(default=2.0, gt=0)
+    #: How often the node reads the log ends producers record (one GET, whatever it owns): a
+    #: partition whose end moved is read at once; while they are recorded, a caught-up partition
+    #: polls its own log only every `source_fallback_poll_s` (a producer may die before recording).
+    log_ends_poll_s: float = Field(default=2.0, gt=0)
+    #: How often the node appends its partitions' new committed batches to the output table, in one
+    #: Delta commit (when it keeps the table): the table's lag, traded against its requests.
+    table_sync_interval_s: float = Field(default=10.0, gt=0)
+    source_fallback_poll_s: float = Field(default=300.0, gt=0)
     #: How often a node re-reads the records of a migration it takes part in (the full reconcile is
     #: slower): each phase waits up to this long for the node to see it. Every poll is a GET.
     migration_poll_s: float = Field(default=0.01, gt=0)
@@ -61,3 +71,6 @@ class NodeConfig(BaseModel):
     standby_for: tuple[int, ...] = ()
     #: How often a standby (or a migration's warming target) reads the partition's newest manifest.
     standby_poll_s: float = Field(default=0.1, gt=0)
+    #: Where the node serves Prometheus metrics (``/metrics``; None: it does not, 0: any free port).
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"

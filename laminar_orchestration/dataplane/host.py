@@ -15,6 +15,7 @@ from laminar_orchestration.dataplane.config import NodeConfig
 from laminar_orchestration.dataplane.engine import BatchEngine
 from laminar_orchestration.dataplane.restore import StateReplica
 from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.metrics import NodeMetrics
 from laminar_orchestration.protocol.chain import ManifestPublisher
 from laminar_orchestration.protocol.cluster_epoch import ClusterEpochWindow
 from laminar_orchestration.protocol.fencing import (
@@ -44,6 +45,7 @@ class WorkerHost(Protocol):
     snapshot_pool: ThreadPoolExecutor
     scratch: Path
     cluster_epoch: int
+    metrics: NodeMetrics
 
     @property
     def generation(self) -> int:

@@ -47,15 +47,19 @@ from laminar_orchestration.dataplane.engine import (
     SparkBatchEngine,
     build_spark_session,
 )
+from laminar_orchestration.dataplane.exporter import expose_node
 from laminar_orchestration.dataplane.handoff import (
     PartitionDuty,
     partition_duty,
 )
 from laminar_orchestration.dataplane.restore import StateReplica
 from laminar_orchestration.dataplane.standby import StandbyFollower, TakeoverSpeculation
+from laminar_orchestration.dataplane.table_feed import TableFeed, TableSync
 from laminar_orchestration.dataplane.worker import PartitionWorker
 from laminar_orchestration.dataplane.worker_state import WorkerState as WorkerState
+from laminar_orchestration.errors import CorruptDataError
 from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.metrics import NodeMetrics
 from laminar_orchestration.protocol.capabilities import CheckpointWriter, OutputCommitter, ReadStore
 from laminar_orchestration.protocol.chain import ManifestPublisher
 from laminar_orchestration.protocol.cluster_epoch import ClusterEpochWindow
@@ -109,15 +113,20 @@ class Node:
         store: ObjectStore | None = None,
         processor: KeyedProcessor | None = None,
         spark: Any = None,
+        table_sync: TableSync | None = None,
     ) -> None:
         self.config = config
         self.id = NodeId(config.node_id)
+        #: Catches the output table up with this node's commits (None: no table is kept).
+        self.table_feed = TableFeed(table_sync) if table_sync is not None else None
         # No attribute holds the store: each part gets only its capability, and the source reads only.
         opened = store or open_store(config.store_url)
         self.store_url = opened.url
         #: Where this process's store requests are counted (reported with each heartbeat).
         self._meter = opened.meter
         self._last_requests = self._meter.snapshot()
+        #: This node's Prometheus metrics (its own registry); served when `config.metrics_port` is set.
+        self.metrics = NodeMetrics(config.node_id)
         self.ledger = Ledger(opened)
         self.desired = DesiredStates(self.ledger)
         self.reader = ReadStore(opened)
@@ -197,6 +206,13 @@ class Node:
         root = self.workdir / "state" / f"p{int(partition):05d}"
         return StateReplica(root, partition, self.engine.processor.state_schema, self.reader)
 
+    def _source_rang(self, ends: dict[int, int]) -> None:
+        """A producer's doorbell: wake the workers of the partitions whose logs grew."""
+        for p, end in ends.items():
+            worker = self.workers.get(PartitionId(p))
+            if worker is not None:
+                worker.source_advanced(end)
+
     def _follow_moves(self, *, until: float) -> None:
         """A move waits on this node at every phase: until the next full pass, re-read only the
         records of the partitions this node is moving, every `migration_poll_s`."""
@@ -249,9 +265,11 @@ class Node:
         if install_signals:
             self._install_signal_handlers()
         self.ledger.cluster()  # fail fast with a clear error if the store has no cluster
+        port = self.config.metrics_port
+        exporter = None if port is None else expose_node(self, port, self.config.metrics_host)
         self.start_spark()
         if self.config.nudge_host is not None:
-            self._nudges = NudgeListener(self._wake, host=self.config.nudge_host)
+            self._nudges = NudgeListener(self._wake, host=self.config.nudge_host, on_source=self._source_rang)
         self.handle = self.ledger.register_node(
             self.id,
             heartbeat_timeout_s=self.config.heartbeat_timeout_s,
@@ -262,7 +280,10 @@ class Node:
         threads = [
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
             threading.Thread(target=self._refresh_loop, name="guard-refresh", daemon=True),
+            threading.Thread(target=self._log_ends_loop, name="log-ends", daemon=True),
         ]
+        if self.table_feed is not None:
+            threads.append(threading.Thread(target=self._table_loop, name="output-table", daemon=True))
         for t in threads:
             t.start()
         try:
@@ -284,6 +305,10 @@ class Node:
             if self._nudges is not None:
                 self._nudges.close()
             self._drain_all()
+            if self.table_feed is not None:
+                # After the last commits: a clean stop leaves the table caught up with them.
+                self.table_feed.note(self.workers)
+                self.table_feed.flush(self.id)
             self.snapshot_pool.shutdown(wait=False, cancel_futures=True)
             self.speculation.shutdown()
             if self._spark_engine is not None:
@@ -297,6 +322,8 @@ class Node:
                     log.warning("node %s: could not mark itself left: %s", self.id, exc)
             if self._owns_workdir:
                 shutil.rmtree(self.workdir, ignore_errors=True)
+            if exporter is not None:
+                exporter.close()
             log.info("node %s: stopped", self.id)
 
     def stop(self) -> None:
@@ -381,12 +408,38 @@ class Node:
             self._report_now.clear()
 
     def _refresh_loop(self) -> None:
+        """The cluster epoch every `refresh_interval_s`; every guard once per full pass. A fence
+        reaches this node sooner through its assignment (`_assignment_moved`), and a committing
+        partition looks for a successor's grant itself: this pass is the repair path."""
+        next_guard_pass = time.monotonic() + self.config.full_reconcile_interval_s
         while not self._stop.wait(self.config.refresh_interval_s):
-            self.refresh_guards()
+            if time.monotonic() >= next_guard_pass:
+                next_guard_pass = time.monotonic() + self.config.full_reconcile_interval_s
+                self.refresh_guards()
             try:
                 self.observe_cluster_epoch(self.ledger.membership().cluster_epoch)
             except StoreError as exc:
                 log.warning("node %s: cluster epoch refresh failed: %s", self.id, exc)
+
+    def _table_loop(self) -> None:
+        """One output-table sync per `table_sync_interval_s` for the partitions that committed."""
+        assert self.table_feed is not None
+        while not self._stop.wait(self.config.table_sync_interval_s):
+            self.table_feed.note(self.workers)
+            self.table_feed.flush(self.id)
+
+    def _log_ends_loop(self) -> None:
+        """Read the log ends producers record (one GET) and hand each worker its partition's."""
+        while not self._stop.wait(self.config.log_ends_poll_s):
+            try:
+                ends = self.source.log_ends()
+            except (StoreError, CorruptDataError) as exc:
+                log.warning("node %s: could not read the log ends (its partitions poll their logs): %s", self.id, exc)
+                continue
+            # None: no producer appended yet (every append records its end), so every log is empty.
+            ends = ends or {}
+            for p, worker in list(self.workers.items()):
+                worker.source_advanced(ends.get(int(p), 0), from_log_ends=True)
 
     def observe_cluster_epoch(self, epoch: int) -> None:
         """Slide the acceptance window to a newer cluster epoch (waits for commits in flight)."""
@@ -525,6 +578,7 @@ class Node:
         cfg = self.config
         delay = min(cfg.restart_backoff_initial_s * 2.0 ** min(failures - 1, 32), cfg.restart_backoff_max_s)
         self._backoff[p] = RestartBackoff(failures, reason, delay, time.monotonic() + delay)
+        self.metrics.count_restart(int(p))
         log.error(
             "node %s: partition %s failed (%s in a row): %s; restarting in %.1fs",
             self.id,
@@ -553,6 +607,8 @@ class Node:
         worker.start()
 
 
-def run_node(config: NodeConfig, *, processor: KeyedProcessor | None = None) -> None:
+def run_node(
+    config: NodeConfig, *, processor: KeyedProcessor | None = None, table_sync: TableSync | None = None
+) -> None:
     """Entry point of `laminar node run`."""
-    Node(config, processor=processor).run()
+    Node(config, processor=processor, table_sync=table_sync).run()

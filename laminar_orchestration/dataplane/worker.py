@@ -3,6 +3,7 @@ side of a migration (see `dataplane.node` for the process that hosts the workers
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import tempfile
@@ -24,13 +25,14 @@ from laminar_orchestration.dataplane.handoff import (
     take_over,
 )
 from laminar_orchestration.dataplane.host import WorkerHost
+from laminar_orchestration.dataplane.log_watch import LogWatch
 from laminar_orchestration.dataplane.pipeline import BatchPipeline
 from laminar_orchestration.dataplane.restore import CatchUp
 from laminar_orchestration.dataplane.snapshots import SnapshotSchedule
 from laminar_orchestration.dataplane.tracking import BatchSteps, BatchTimings, Fenced, PhaseAborted, Tracker, elapsed_ms
 from laminar_orchestration.dataplane.worker_state import WorkerState as WorkerState
 from laminar_orchestration.dataplane.worker_state import check_transition
-from laminar_orchestration.identity import PartitionId
+from laminar_orchestration.identity import UNASSIGNED, PartitionId
 from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestUpdate, ManifestVersion
 from laminar_orchestration.protocol.cluster_epoch import StaleClusterEpoch
 from laminar_orchestration.protocol.commit import commit
@@ -48,6 +50,7 @@ from laminar_orchestration.protocol.tasks import (
     MigrationPhase,
     MigrationTask,
 )
+from laminar_orchestration.store import StoreError
 
 log = logging.getLogger("laminar.node")
 
@@ -91,6 +94,10 @@ class PartitionWorker(threading.Thread):
         )
         #: Why the thread ended in FAILED (the node logs it with the restart delay).
         self.failure: BaseException | None = None
+        #: When the commit path next looks for a successor's grant (an early exit, not the fence).
+        self._next_successor_look = 0.0
+        #: What this worker knows of its log's end, and when it reads the log next.
+        self.log_watch = LogWatch(fallback_s=node.config.source_fallback_poll_s)
 
     # -- control (called from the reconcile loop) --------------------------------
 
@@ -101,6 +108,17 @@ class PartitionWorker(threading.Thread):
             self._task_changed.notify_all()
         if self._draining_requested():
             self.abandon_batch()
+
+    def source_advanced(self, end_offset: int, *, from_log_ends: bool = False) -> None:
+        """The partition's log reaches `end_offset`: from the recorded log ends (`from_log_ends`,
+        which the node reads on a schedule) or a producer's doorbell. Both are hints: the worker
+        reads the segments themselves."""
+        with self._task_changed:
+            if self.log_watch.advanced(end_offset, from_log_ends=from_log_ends):
+                self._task_changed.notify_all()
+
+    def _caught_up_until(self) -> float | None:
+        return self.log_watch.idle_until(self._committed_offset)
 
     def request_stop(self) -> None:
         self._stop_requested.set()
@@ -401,11 +419,11 @@ class PartitionWorker(threading.Thread):
                 case NewOwnerAction.RUN:
                     assert task is not None
                     log.info(
-                        "node %s: partition %s acquired at epoch %s (%s migration %s, offset %s)",
+                        "node %s: partition %s acquired at epoch %s (%s %s, offset %s)",
                         self.node.id,
                         self.partition,
                         self.epoch,
-                        task.migration_kind,
+                        "placement" if task.from_node == UNASSIGNED else f"{task.migration_kind} migration",
                         mid,
                         self._committed_offset,
                     )
@@ -545,15 +563,30 @@ class PartitionWorker(threading.Thread):
             # A batch started ahead for a handoff that went differently (another offset or epoch) is dropped.
             inflight = self.batches.take_prefetched(self._committed_offset, self.epoch)
             if inflight is None:
+                if self._caught_up_until() is not None:
+                    self._snapshot_step(idle=True)
+                    with self._task_changed:
+                        # Re-checked under the lock: a ring, offer or stop just before the wait is not lost.
+                        due = self._caught_up_until()
+                        if due is not None and not self._stop_requested.is_set() and not self._draining_requested():
+                            self._task_changed.wait(due - time.monotonic())
+                    continue
                 read_at = time.monotonic()
+                # Up to the log end a producer recorded (no probe past it), or until the log ends.
+                limit = self.log_watch.read_limit(self._committed_offset)
                 batch = self.node.source.read(
-                    self.partition, self._committed_offset, cfg.batch_max_events, at_boundary=True
+                    self.partition, self._committed_offset, cfg.batch_max_events, at_boundary=True, known_end=limit
                 )
+                self.log_watch.after_read(limit, batch.end_offset if batch else None)
                 if batch is None:
                     self._snapshot_step(idle=True)
                     with self._task_changed:
                         # Re-checked under the lock: an offer/stop just before the wait is not lost.
-                        if not self._stop_requested.is_set() and not self._draining_requested():
+                        if (
+                            self._caught_up_until() is None
+                            and not self._stop_requested.is_set()
+                            and not self._draining_requested()
+                        ):
                             self._task_changed.wait(idle_wait)
                     # An idle partition polls ever less often (each poll is a billed GET), up to
                     # `idle_poll_max_s`; the first batch after a pause brings it back to `idle_poll_s`.
@@ -634,6 +667,7 @@ class PartitionWorker(threading.Thread):
             publish_ms=elapsed_ms(t2, t3),
             apply_ms=elapsed_ms(t3, t4),
         )
+        self.node.metrics.observe_batch(self.partition, self.last_batch)
         log.debug(
             "node %s: partition %s committed [%s, %s): %s", self.node.id, self.partition, start, end, self.last_batch
         )
@@ -658,8 +692,12 @@ class PartitionWorker(threading.Thread):
     def _publish(self, update: ManifestUpdate) -> ManifestVersion:
         """The fenced commit (`commit.commit`); a refused one fences this worker's tracker."""
         assert self.token is not None and self.guard is not None
+        # The successor probe is an early exit, not the fence: looked for once per kill-switch period.
+        look = time.monotonic() >= self._next_successor_look
+        if look:
+            self._next_successor_look = time.monotonic() + self.node.config.refresh_interval_s
         try:
-            return commit(self.node.ledger, self._publisher, self.token, update)
+            return commit(self.node.ledger, self._publisher, self.token, update, look_for_successor=look)
         except EpochError as exc:
             if isinstance(exc, StaleEpoch):
                 self.guard.observe_epoch(exc.current_epoch)
@@ -718,6 +756,8 @@ class PartitionWorker(threading.Thread):
     def _release(self) -> None:
         assert self.token is not None
         commit = self._manifest.manifest.commit_ulid if self._manifest else None
+        with contextlib.suppress(StoreError):
+            self._publisher.flush_pointer(self.partition)  # the next owner reads from there
         self.node.ledger.release(self.token, commit_ulid=commit, source_offset=self._committed_offset)
         self._drop_guard()
         self.state_name = WorkerState.RELEASED

@@ -52,7 +52,10 @@ from laminar_orchestration.control.operations import plan_rebalance, run_rebalan
 from laminar_orchestration.control.snapshot import live_node_ids, migrations_in_flight, ownership_map, snapshot_cluster
 from laminar_orchestration.errors import OperationFailedError
 from laminar_orchestration.identity import UNASSIGNED, PartitionId
+from laminar_orchestration.metrics import LagClock, MetricsServer
 from laminar_orchestration.ops.demo_processes import Child, Producer
+from laminar_orchestration.ops.demo_status import PhaseWatch, partition_status, port_or_free
+from laminar_orchestration.ops.ledger_metrics import serve_control_plane_metrics
 from laminar_orchestration.ops.verify import audit_store
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
@@ -105,6 +108,9 @@ class DemoOptions:
     dagster: bool = True
     #: Where ``.laminar/demo-<timestamp>`` is created (default: the working directory).
     base_dir: Path | None = None
+    #: Prometheus metrics: the control plane on this port, node N on this port + N (a free one if taken);
+    #: None: no metrics.
+    metrics_port: int | None = 9100
 
     def check(self) -> None:
         """Raise ValueError naming the first option out of range."""
@@ -122,6 +128,8 @@ class DemoOptions:
             raise ValueError("--duration must be > 0")
         if self.interval <= 0:
             raise ValueError("--interval must be > 0")
+        if self.metrics_port is not None and not 0 < self.metrics_port < 65536 - self.nodes:
+            raise ValueError("--metrics-port must leave room for a port per node below 65536")
         if self.heartbeat_timeout_s <= 0:
             raise ValueError("--heartbeat-timeout must be > 0")
 
@@ -172,6 +180,7 @@ class _PartitionRow:
     committed: int
     end: int
     rate: float | None
+    lag_s: float = 0.0
 
     @property
     def lag(self) -> int:
@@ -214,6 +223,11 @@ class Demo:
         self._last_sample: _Sample | None = None
         self._last_owners: dict[int, tuple[int, int]] = {}
         self._print_lock = threading.Lock()
+        self._phases = PhaseWatch()
+        self._lag_clock = LagClock()
+        #: Where each node (and, as node 0, the control plane) serves /metrics.
+        self.metrics_ports: dict[int, int] = {}
+        self._metrics_server: MetricsServer | None = None
 
     # -- output --------------------------------------------------------------------------
 
@@ -295,6 +309,8 @@ class Demo:
             self.say(f"  store {self.store_url} already holds a cluster: using its {self.partitions} partitions")
         else:
             ledger.init_cluster(opts.partitions)
+        if opts.metrics_port is not None:
+            self.metrics_ports = {n: port_or_free(opts.metrics_port + n) for n in range(opts.nodes + 1)}
         # Every child is started before any thread of ours runs (see `_child_setup`).
         for n in range(1, opts.nodes + 1):
             self.nodes[n] = self._start_node(n)
@@ -310,6 +326,9 @@ class Demo:
         if self.code_location is not None and dagster_bins is not None and dagster_env is not None:
             # After the nodes' Spark start-up: on a small machine the daemon's first runs would slow it down.
             self.daemon = self._start_daemon(self.code_location, dagster_bins[1], dagster_env)
+        if self.daemon is None and 0 in self.metrics_ports:
+            # No Dagster code location to serve the control plane's metrics: the demo serves them itself.
+            self._metrics_server = serve_control_plane_metrics(self.metrics_ports[0], lambda: ledger, dict)
         self.producer = Producer(self.store_url, self.partitions, opts.rate, opts.keys, self.say)
         self.producer.start()
         self._place_partitions()
@@ -341,6 +360,8 @@ class Demo:
             "--refresh-interval", "1.0",
             "--checkpoint-every-batches", "5", "--checkpoint-every-s", "10",
         ]  # fmt: skip
+        if node in self.metrics_ports:
+            cmd += ["--metrics-port", str(self.metrics_ports[node])]
         return Child(f"node {node}", cmd, self.demo_dir / f"node{node}.log", env=os.environ)
 
     def _dagster_env(self, root: Path) -> dict[str, str]:
@@ -362,6 +383,8 @@ class Demo:
             # The failure sensor judges liveness with the demo's short timeout.
             "LAMINAR_FAILOVER_HEARTBEAT_TIMEOUT_S": str(opts.heartbeat_timeout_s),
             "LAMINAR_SPARK_MASTER": opts.spark_master,
+            # The code location serves the control plane's /metrics (resources/metrics.py).
+            **({"LAMINAR_METRICS_PORT": str(self.metrics_ports[0])} if 0 in self.metrics_ports else {}),
         }
 
     def _start_webserver(self, root: Path, executable: str, env: Mapping[str, str]) -> Child:
@@ -424,7 +447,6 @@ class Demo:
         by_node: dict[int, list[int]] = {}
         for p, n in sorted(owners.items()):
             by_node.setdefault(n, []).append(p)
-        victim = next((n for n in sorted(self.nodes) if by_node.get(n)), next(iter(self.nodes)))
         p0_owner = owners.get(0, UNASSIGNED)
         target = next((n for n in sorted(self.nodes) if n != p0_owner), p0_owner)
         stop_by = ""
@@ -453,22 +475,34 @@ class Demo:
             s(f"  migrate    {ui}/locations/laminar/jobs/migrate_partition/playground")
             s("             (Jobs → migrate_partition → Launchpad): type the config")
             s(f"             `partition: 0` and `to_node: {target}`, Launch Run, and watch each phase op run")
-        s(f"             or: laminar migrate --store {self.store_url} --partition 0 --to {target}")
-        held = ", ".join(map(str, by_node.get(victim, []))) or "none"
-        s(f"  failover   kill -9 {self.nodes[victim].pid}")
-        if self.daemon is not None:
-            s(
-                f"             (node {victim}, partitions {held}): {opts.heartbeat_timeout_s:g}s without heartbeat "
-                f"later node_failure_sensor launches failover_partition runs ({ui}/runs)"
-            )
-        else:
-            s(
-                f"             (node {victim}, partitions {held}), then after {opts.heartbeat_timeout_s:g}s: "
-                f"laminar failover --store {self.store_url} --node {victim}"
-            )
+        how = "           or: " if self.webserver is not None else "migrate    "
+        s(f"  {how}laminar migrate --store {self.store_url} --partition 0 --to {target}")
+        for line in self._kill_hint(owners):
+            s(line)
         if self.webserver is not None:
             s(f"  watch      {ui}/assets/ownership_map (Catalog → ownership_map), {ui}/automation (sensors)")
+        if self.metrics_ports:
+            scrape = " · ".join(f"node {n} :{port}" for n, port in self.metrics_ports.items() if n)
+            s(f"  metrics    Prometheus: http://127.0.0.1:{self.metrics_ports[0]}/metrics (control plane); {scrape}")
         s()
+
+    def _kill_hint(self, owners: Mapping[int, int]) -> list[str]:
+        """How to kill the live node holding the most partitions now, and what follows."""
+        opts, ui = self.options, f"http://127.0.0.1:{self.options.port}"
+        held = {n: sorted(p for p, o in owners.items() if o == n) for n, c in self.nodes.items() if c.running()}
+        victim = max(held, key=lambda n: (len(held[n]), -n), default=None)
+        if victim is None or not held[victim]:
+            return ["  failover   no live node holds a partition"]
+        what = f"(node {victim}, partitions {', '.join(map(str, held[victim]))})"
+        then = (
+            f"node_failure_sensor fails them over and records failover_partition runs ({ui}/runs)"
+            if self.daemon is not None
+            else f"run: laminar failover --store {self.store_url} --node {victim}"
+        )
+        return [
+            f"  failover   kill -9 {self.nodes[victim].pid}   {what}",
+            f"             once it has sent no heartbeat for {opts.heartbeat_timeout_s:g}s, {then}",
+        ]
 
     # -- watching -------------------------------------------------------------------------
 
@@ -478,6 +512,7 @@ class Demo:
             self._check_abort()
             self._check_children()
             self._poll_webserver()
+            self._poll_phases()
             if time.monotonic() >= next_table:
                 try:
                     self._print_table()
@@ -498,6 +533,16 @@ class Demo:
                     f"[{self._elapsed()}] {proc.name} exited ({proc.describe_exit()}); "
                     f"its log {proc.log_path} ends:\n{proc.tail(1500)}"
                 )
+
+    def _poll_phases(self) -> None:
+        """A line per migration phase as the ledger records it, between the tables."""
+        assert self.ledger is not None
+        try:
+            lines = self._phases.poll(self.ledger)
+        except StoreError:
+            return  # the next table says the store is unavailable
+        for line in lines:
+            self.say(f"[{self._elapsed()}] {line}")
 
     def _poll_webserver(self) -> None:
         web = self.webserver
@@ -536,6 +581,7 @@ class Demo:
         snapshot = snapshot_cluster(self.ledger)
         committed = {p.partition: p.committed_offset or 0 for p in snapshot.partitions}
         prev = self._last_sample
+        gone = {n for n, child in self.nodes.items() if not child.running()}
         rows = []
         for p in snapshot.partitions:
             rate = None
@@ -546,10 +592,11 @@ class Demo:
                     partition=p.partition,
                     owner=p.owner,
                     epoch=p.epoch,
-                    status=p.phase_text(),
+                    status=partition_status(p, gone),
                     committed=committed[p.partition],
                     end=p.log_end or 0,
                     rate=rate,
+                    lag_s=self._lag_clock.observe(p.partition, p.log_end or 0, committed[p.partition], at),
                 )
             )
         self._last_sample = _Sample(at, committed)
@@ -563,7 +610,9 @@ class Demo:
             now_ = (r.owner, r.epoch)
             if before is not None and before != now_ and r.epoch > before[1]:
                 grant = self.ledger.grant(PartitionId(r.partition), r.epoch)
-                how = "failover: fenced" if grant and grant.grant_kind == GrantKind.FENCE else "migration"
+                how = "migration"
+                if grant is not None and grant.grant_kind == GrantKind.FENCE:
+                    how = "placement" if grant.previous_owner == UNASSIGNED else "failover: fenced"
                 lines.append(
                     f"  ownership: partition {r.partition} node {before[0] or '-'} -> {r.owner or '-'}, "
                     f"epoch {before[1]} -> {r.epoch} ({how})"
@@ -585,13 +634,16 @@ class Demo:
         out = [f"── {title} {clock} ({self._elapsed()}) · produced {produced:,} · committed {committed:,} · "
                f"lag {lag:,} · {rate} ──"]  # fmt: skip
         out.extend(changes)
+        if changes and not final:
+            out.extend(self._kill_hint({r.partition: r.owner for r in rows}))  # the old hint is stale now
         out.append(f"{'PARTITION':>9}  {'OWNER':>5}  {'EPOCH':>5}  {'STATUS':<34} {'COMMITTED':>10} {'LAG':>8} "
-                   f"{'EVENTS/S':>9}")  # fmt: skip
+                   f"{'LAG S':>6} {'EVENTS/S':>9}")  # fmt: skip
         for r in rows:
             owner = str(r.owner) if r.owner != UNASSIGNED else "-"
             ev = f"{r.rate:,.1f}" if r.rate is not None else "-"
             out.append(
-                f"{r.partition:>9}  {owner:>5}  {r.epoch:>5}  {r.status:<34} {r.committed:>10,} {r.lag:>8,} {ev:>9}"
+                f"{r.partition:>9}  {owner:>5}  {r.epoch:>5}  {r.status:<34} {r.committed:>10,} {r.lag:>8,} "
+                f"{r.lag_s:>6.0f} {ev:>9}"
             )
         live = {v.record.node: v for v in self.ledger.nodes()}
         nodes = []
@@ -605,7 +657,7 @@ class Demo:
                 state = "alive"
             else:
                 state = f"NO HEARTBEAT for {view.heartbeat_age_s:.0f}s"
-            held = sum(1 for r in rows if r.owner == n)
+            held = sum(1 for r in rows if r.owner == n and not r.status.startswith("released"))
             nodes.append(f"node {n} {state} ({_plural(held, 'partition')})")
         out.append("nodes: " + " · ".join(nodes))
         self.say("\n".join(out) + "\n")
@@ -635,6 +687,8 @@ class Demo:
             if self.webserver is not None:
                 self._stop_child(self.webserver, 20.0, hurry)
         finally:
+            if self._metrics_server is not None:
+                self._metrics_server.close()
             # Whatever went wrong above, no child outlives the demo.
             for leftover in [*self.nodes.values(), self.webserver, self.daemon]:
                 if leftover is not None and not leftover.cleaned:

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from laminar_orchestration.protocol.capabilities import ReadStore
+from laminar_orchestration.protocol.nudge import SourceDoorbell
 from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.store import StoreError, open_store
 
@@ -174,7 +176,16 @@ class Producer(threading.Thread):
         self.join(30)
 
     def run(self) -> None:
-        log = SourceLog(open_store(self.store_url), partitions=self.partitions)
+        store = open_store(self.store_url)
+        # The doorbell tells each partition's owner its log grew: it reads at once instead of polling.
+        doorbell = SourceDoorbell(ReadStore(store))
+        log = SourceLog(store, partitions=self.partitions, doorbell=doorbell)
+        try:
+            self._produce(log)
+        finally:
+            doorbell.close()
+
+    def _produce(self, log: SourceLog) -> None:
         seed = int(time.time())
         owed = 0.0
         last = time.monotonic()
@@ -190,10 +201,8 @@ class Producer(threading.Thread):
                 # Real event times, so `laminar query` shows when things arrived.
                 tables = generate_events(count, self.keys, seed, self.partitions, start_ts=int(time.time() * 1000))
                 seed += 1
-                for p, table in tables.items():
-                    if table.num_rows:
-                        log.append(p, table)
-                        self.produced += table.num_rows
+                appended = log.append_many({p: table for p, table in tables.items() if table.num_rows})
+                self.produced += sum(r.events for r in appended.values())
                 owed -= count
                 if failing:
                     self._say("producer: appending again")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import html
 import importlib
 import math
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -417,12 +417,25 @@ def _node_cell(node: int) -> str:
     return f'<span class="chip" style="background:{node_color(node)}"></span>node {node}'
 
 
+def _table_head(name: str, columns: Sequence[str], numeric: Collection[str]) -> str:
+    """A table's opening tags and header row; the `numeric` columns are right-aligned (class "num")."""
+    cells = "".join(f'<th class="num">{c}</th>' if c in numeric else f"<th>{c}</th>" for c in columns)
+    return f'<table class="{name}"><thead><tr>{cells}</tr></thead><tbody>'
+
+
 def _offsets_table(report: TimelineReport) -> Iterator[str]:
-    yield (
-        '<table class="offsets"><thead><tr><th class="num">partition</th><th>owner</th><th class="num">epoch</th>'
-        '<th>status</th><th class="num">committed offset</th><th class="num">source end</th>'
-        '<th class="num">lag</th><th class="num">manifests</th><th>last commit (UTC)</th></tr></thead><tbody>'
-    )
+    columns = [
+        "partition",
+        "owner",
+        "epoch",
+        "status",
+        "committed offset",
+        "source end",
+        "lag",
+        "manifests",
+        "last commit (UTC)",
+    ]
+    yield _table_head("offsets", columns, {"partition", "epoch", "committed offset", "source end", "lag", "manifests"})
     for p in report.partitions:
         lag_class = (
             ' class="num lag-high"' if p.lag > 0 and p.source_end and p.lag * 10 > p.source_end else ' class="num"'
@@ -449,18 +462,20 @@ def _reason_text(span: EpochSpan) -> str:
 
 
 def _grants_table(report: TimelineReport) -> Iterator[str]:
-    yield (
-        '<table class="grants"><thead><tr><th class="num">partition</th><th class="num">epoch</th><th>node</th>'
-        "<th>kind</th><th>from</th><th>reason</th><th>granted at (UTC)</th><th>released at (UTC)</th>"
-        '<th class="num">held</th></tr></thead><tbody>'
-    )
+    columns = ["partition", "epoch", "node", "kind", "from", "reason", "granted at (UTC)", "released at (UTC)", "held"]
+    yield _table_head("grants", columns, {"partition", "epoch", "held"})
     for s in report.spans:
         held_until = s.released_at or s.ends_at
-        held = _duration((held_until - s.granted_at).total_seconds()) + (" (current)" if s.current else "")
+        # A released epoch is over even when no later grant exists yet: "current" only while it is held.
+        holding = s.current and s.released_at is None
+        held = _duration((held_until - s.granted_at).total_seconds()) + (" (current)" if holding else "")
+        kind = _grant_kind_text(s)
+        # The tag says it already when the kind is the transition ("placement"): no word twice.
+        kind_cell = "" if kind == s.transition else f"<code>{_esc(kind)}</code> "
         yield (
             f'<tr data-partition="{s.partition}" data-epoch="{s.epoch}"><td class="num">{s.partition}</td>'
             f'<td class="num">{s.epoch}</td><td>{_node_cell(s.node)}</td>'
-            f'<td><code>{_esc(_grant_kind_text(s))}</code> <span class="tag {s.transition}">{s.transition}</span></td>'
+            f'<td>{kind_cell}<span class="tag {s.transition}">{s.transition}</span></td>'
             f'<td>{_node_cell(s.previous_owner)}</td><td class="reason">{_esc(_reason_text(s)) or "-"}</td>'
             f"<td>{_esc(_iso(s.granted_at))}</td><td>{_esc(_iso(s.released_at))}</td>"
             f'<td class="num">{_esc(held)}</td></tr>'

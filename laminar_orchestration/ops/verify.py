@@ -99,7 +99,8 @@ class PartitionAudit:
         verdict = "ok" if self.ok else f"{len(self.issues)} PROBLEMS"
         lines = [
             f"partition {self.partition}: committed {self.committed_offset}/{self.events_in_source} events, "
-            f"{self.manifests} manifests, {self.epochs_granted} epochs: {verdict}"
+            f"{self.manifests} manifests, {self.epochs_granted} {'epoch' if self.epochs_granted == 1 else 'epochs'}: "
+            f"{verdict}"
         ]
         for i in self.issues:
             where = f" [{i.start_offset}, {i.end_offset})" if i.start_offset is not None else ""

@@ -186,9 +186,10 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
       checkpoints and output under its own node (any partition's, no other node's); reads the
       signing keys of its own grants and no other node's. No grant, head, desired state,
       membership or source write; deletes nothing.
-    * producer: source segments and source heads; reads the cluster record, the manifests
+    * producer: source segments, source heads and the log ends; reads the cluster record, the manifests
       (backpressure: lag = written - committed), the grants (whose public keys verify them) and
-      the node records (whose generations tell a restarted writer's earlier incarnation apart).
+      the node records (whose generations tell a restarted writer's earlier incarnation apart,
+      and whose nudge addresses, with the membership record, its source doorbell rings).
     * auditor (`verify`, `sweep`, `status`, `query`, `report`): reads and lists everything but
       the grants' private keys, deletes only unreferenced fenced objects (output and checkpoints)
       in the sweep.
@@ -214,12 +215,13 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
         PRODUCER_ROLE: RoleAccess(
             reads=(
                 keys.CLUSTER_KEY,
+                keys.MEMBERSHIP_KEY,
                 keys.GRANTS_PATTERN,
                 keys.NODE_RECORDS_PATTERN,
                 keys.MANIFESTS_PREFIX,
                 keys.SOURCE_PREFIX,
             ),
-            writes=(keys.SEGMENTS_PATTERN, keys.SOURCE_HEADS_PATTERN),
+            writes=(keys.SEGMENTS_PATTERN, keys.SOURCE_HEADS_PATTERN, keys.LOG_ENDS_KEY),
         ),
         AUDITOR_ROLE: RoleAccess(
             reads=all_prefixes,
@@ -264,6 +266,7 @@ CAS_PATTERNS: tuple[str, ...] = (
     keys.ASSIGNMENTS_PATTERN,
     keys.MANIFEST_POINTERS_PATTERN,
     keys.SOURCE_HEADS_PATTERN,
+    keys.LOG_ENDS_KEY,
 )
 #: Prefixes nothing ever deletes from.
 NEVER_DELETED: tuple[str, ...] = (keys.LEDGER_PREFIX, keys.MANIFESTS_PREFIX, keys.SOURCE_PREFIX, keys.GRANT_KEYS_PREFIX)

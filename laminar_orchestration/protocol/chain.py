@@ -342,6 +342,18 @@ class ManifestWrites(Protocol):
 _SEAL_ATTEMPTS = 50
 #: A publish moves past forged entries that take its sequence number this many times at most.
 _PUBLISH_ATTEMPTS = 50
+#: An owner moves the pointer once per this many of its entries (and when it releases): a reader
+#: rolls forward over at most this many entries past the pointer, one GET each.
+POINTER_EVERY = 8
+
+
+@dataclass(frozen=True)
+class _OwnTip:
+    """The newest entry this publisher wrote on a chain, and where the pointer stood after its own last move."""
+
+    version: ManifestVersion
+    pointer_etag: str | None
+    pointer_seq: int
 
 
 class ChainSealer(ManifestReader):
@@ -447,10 +459,14 @@ class ChainSealer(ManifestReader):
             return version
         raise SealContended(partition, epoch, _SEAL_ATTEMPTS)
 
-    def _move_pointer(self, partition: int, raw: bytes, pointer_etag: str | None) -> None:
-        # The pointer is a cache; losing this CAS only means a reader rolls forward.
-        with contextlib.suppress(PreconditionFailed):
-            self._writable_chain(partition).move_pointer(raw, pointer_etag)
+    def _move_pointer(self, partition: int, raw: bytes, pointer_etag: str | None) -> str | None:
+        """Move the pointer to `raw` if it is still at `pointer_etag`; its new ETag, None if it had moved.
+
+        The pointer is a cache; losing this CAS only means a reader rolls forward."""
+        try:
+            return self._writable_chain(partition).move_pointer(raw, pointer_etag)
+        except PreconditionFailed:
+            return None
 
 
 class ManifestPublisher(ChainSealer):
@@ -460,6 +476,8 @@ class ManifestPublisher(ChainSealer):
         self, committer: OutputCommitter, store: ObjectStore, *, signing_keys: SigningKeys | None = None
     ) -> None:
         super().__init__(committer, store, signing_keys=signing_keys)
+        #: Per partition, the entry this publisher wrote last and the pointer as it left it.
+        self._tips: dict[int, _OwnTip] = {}
 
     def publish(self, token: FencingToken, update: ManifestUpdate) -> ManifestVersion:
         """Commit `update` for `token.partition`, fenced by `token.epoch`, signed with its grant's key.
@@ -469,10 +487,24 @@ class ManifestPublisher(ChainSealer):
         (the seal took our sequence number). A forged entry that takes our
         sequence number is passed over: the commit goes to the next one.
         SigningKeyUnavailable if this node cannot read its grant's key.
+
+        An owner that wrote the chain's newest entry it knows of writes the next one without
+        reading the chain first: the create-only write at the following sequence number is the
+        check (any entry written since, a seal above all, holds that number and refuses it).
+        The pointer moves once per `POINTER_EVERY` entries; `flush_pointer` catches it up.
         """
         p = token.partition
         key = self.signing_keys.get(token.node, p, token.epoch)
-        read = self.read_chain(p)
+        tip = self._tips.get(p)
+        if (
+            tip is not None
+            and self._trusted.get(p) is tip.version
+            and tip.version.manifest.fencing_token == token.epoch
+        ):
+            read = ChainRead(tip.version, tip.pointer_etag, tip.version.manifest.seq + 1)
+        else:
+            tip = None
+            read = self.read_chain(p)
         for _ in range(_PUBLISH_ATTEMPTS):
             previous = read.version
             if previous is not None and token.epoch < previous.manifest.fencing_token:
@@ -503,17 +535,45 @@ class ManifestPublisher(ChainSealer):
                 # The linearization point of a commit: one writer per sequence number.
                 self._writable_chain(p).create(manifest.seq, raw)
             except PreconditionFailed:
+                self._tips.pop(p, None)
                 again = self.read_chain(p)
                 if _same(again.version, previous):
-                    read = again  # only a forged entry took the number: no genuine writer moved the chain
+                    read, tip = again, None  # only a forged entry took the number: no genuine writer moved it
                     continue
                 actual = again.version.manifest.fencing_token if again.version else token.epoch
+                if tip is not None and actual > token.epoch:
+                    # Written without reading first: the seal may well be older than this attempt.
+                    raise StaleFencingToken(p, token.epoch, actual) from None
                 raise ConditionalPutFailed(p, token.epoch, actual) from None
             version = ManifestVersion(manifest, raw)
             self._trust(p, version)
-            self._move_pointer(p, raw, read.pointer_etag)
+            if tip is not None and manifest.seq - tip.pointer_seq < POINTER_EVERY:
+                self._tips[p] = _OwnTip(version, tip.pointer_etag, tip.pointer_seq)
+            else:
+                self._point_at(p, version, read.pointer_etag)
             return version
         raise PublishContended(p, token.epoch, _PUBLISH_ATTEMPTS)
+
+    def _point_at(self, partition: int, version: ManifestVersion, pointer_etag: str | None) -> None:
+        """Move the pointer to `version`, this publisher's newest entry. If someone else moved it
+        since `pointer_etag` (an intruder, or a seal) and `version` is still the chain's newest
+        genuine entry, the pointer is put back on it; a seal's move stands."""
+        etag = self._move_pointer(partition, version.raw, pointer_etag)
+        if etag is None:
+            again = self.read_chain(partition)
+            if again.version is not None and again.version.raw == version.raw:
+                etag = self._move_pointer(partition, version.raw, again.pointer_etag)
+        if etag is None:
+            self._tips.pop(partition, None)  # read the chain before the next publish
+        else:
+            self._tips[partition] = _OwnTip(version, etag, version.manifest.seq)
+
+    def flush_pointer(self, partition: int) -> None:
+        """Move the pointer to this publisher's newest entry if it lags it (before a release or stop),
+        so the next owner's first read does not roll forward over the entries since."""
+        tip = self._tips.get(partition)
+        if tip is not None and tip.pointer_seq < tip.version.manifest.seq:
+            self._point_at(partition, tip.version, tip.pointer_etag)
 
     def landed(self, token: FencingToken, update: ManifestUpdate) -> ManifestVersion | None:
         """After a publish whose outcome is unknown (its response was lost): the commit if it landed.

@@ -184,6 +184,11 @@ def source_head_key(partition: int) -> str:
     return f"{source_partition_prefix(partition)}/head.json"
 
 
+#: Every partition's log end as the producers last recorded it, in one object: the nodes' signal
+#: that a log grew (one GET per node per poll, whatever the number of partitions). It may lag.
+LOG_ENDS_KEY = f"{SOURCE_PREFIX}ends.json"
+
+
 # --- fenced objects: checkpoints and output ----------------------------------------------
 
 

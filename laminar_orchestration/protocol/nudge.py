@@ -1,20 +1,29 @@
-"""The advisory wake-up: the control plane tells a node "look at your assignment now".
+"""The advisory wake-ups: "look at your assignment now" and "these partitions' logs grew".
 
-A nudge carries nothing but the wish that the node read its records at once
-instead of at its next slow poll. It is never needed for safety or for progress:
-a node that misses one (its address unreachable, the request lost, the node
-busy) converges at its next poll, and everything it acts on is read from the
-store. A node listens on loopback by default and records its address in its
-node record (`NodeRecord.nudge_url`).
+The control plane nudges a node whose assignment it moved; a producer rings the
+nodes' source doorbell after an append, with each partition's new log end. A
+nudge carries nothing the node acts on without reading the store: it only says
+to read now instead of at the next slow poll. It is never needed for safety or
+for progress: a node that misses one (its address unreachable, the request lost,
+the node busy) converges at its next poll. A node listens on loopback by default
+and records its address in its node record (`NodeRecord.nudge_url`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from laminar_orchestration.protocol.capabilities import ReadStore
+from laminar_orchestration.protocol.keys import MEMBERSHIP_KEY, node_key
+from laminar_orchestration.protocol.records import CorruptLedgerObject, MembershipRecord, NodeRecord, now, parse_record
+from laminar_orchestration.store import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -23,10 +32,27 @@ NUDGE_TIMEOUT_S = 0.5
 NUDGE_PATH = "/nudge"
 
 
-class NudgeListener:
-    """A node's nudge endpoint: ``POST /nudge`` sets `event`. Runs on a daemon thread until `close`."""
+#: How long a nudge address read from a node record is used before the record is read again.
+ADDRESS_TTL_S = 10.0
+#: The largest source doorbell body a node reads (a partition's entry is about 20 bytes).
+_MAX_BODY = 1 << 20
 
-    def __init__(self, event: threading.Event, *, host: str = "127.0.0.1", port: int = 0) -> None:
+
+class NudgeListener:
+    """A node's nudge endpoint. Runs on a daemon thread until `close`.
+
+    ``POST /nudge`` with no body sets `event` (look at the assignment now); with a JSON body
+    ``{"source": {"<partition>": <log end>, ...}}`` it calls `on_source` with those ends.
+    """
+
+    def __init__(
+        self,
+        event: threading.Event,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        on_source: Callable[[dict[int, int]], None] | None = None,
+    ) -> None:
         self.event = event
 
         listener = self
@@ -37,7 +63,15 @@ class NudgeListener:
                     self.send_response(404)
                     self.end_headers()
                     return
-                listener.event.set()
+                length = int(self.headers.get("Content-Length") or 0)
+                if length == 0:
+                    listener.event.set()
+                elif length > _MAX_BODY or (ends := _source_ends(self.rfile.read(length))) is None:
+                    self.send_response(400)
+                    self.end_headers()
+                    return
+                elif on_source is not None:
+                    on_source(ends)
                 self.send_response(204)
                 self.end_headers()
 
@@ -60,9 +94,18 @@ class NudgeListener:
         self._thread.join(timeout=5)
 
 
-def send_nudge(url: str, *, timeout_s: float = NUDGE_TIMEOUT_S) -> bool:
+def _source_ends(body: bytes) -> dict[int, int] | None:
+    """The log ends a doorbell body announces, or None if it is not one."""
+    try:
+        got = json.loads(body)
+        return {int(p): int(end) for p, end in got["source"].items()}
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def send_nudge(url: str, *, timeout_s: float = NUDGE_TIMEOUT_S, body: bytes = b"") -> bool:
     """Ask the node at `url` to look now; False (logged at debug) if it could not be reached."""
-    request = urllib.request.Request(url, data=b"", method="POST")
+    request = urllib.request.Request(url, data=body, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return bool(200 <= response.status < 300)
@@ -75,3 +118,91 @@ def nudge_in_background(urls: list[str]) -> None:
     """Send each nudge from a daemon thread: the control plane never waits on a node's endpoint."""
     for url in urls:
         threading.Thread(target=send_nudge, args=(url,), name="nudge-send", daemon=True).start()
+
+
+class NudgeAddresses:
+    """Nodes' nudge addresses, each read from its node record at most every `ADDRESS_TTL_S`
+    (the project's clock, which the simulator drives). A node that restarted on another address
+    meanwhile misses its nudges until then and converges at its next poll."""
+
+    def __init__(self, read_node: Callable[[int], NodeRecord | None]) -> None:
+        self._read_node = read_node
+        self._cached: dict[int, tuple[str | None, datetime]] = {}
+
+    def urls(self, nodes: Iterable[int]) -> list[str]:
+        at = now()
+        urls = []
+        for n in nodes:
+            cached = self._cached.get(n)
+            if cached is None or (at - cached[1]).total_seconds() > ADDRESS_TTL_S:
+                record = self._read_node(n)
+                cached = (record.nudge_url if record is not None else None, at)
+                self._cached[n] = cached
+            if cached[0]:
+                urls.append(cached[0])
+        return urls
+
+
+class SourceDoorbell:
+    """A producer's side of the source doorbell: after an append, tell every member node the
+    partition's new log end, so the partition's owner reads it at once instead of polling for it.
+
+    Advisory only: the owner reads the segments from the store, and a node that misses a ring
+    finds them at its next poll. Rings are coalesced and sent from one background thread, one
+    request per node carrying every partition appended since the last send; the members and
+    their addresses are read at most every `ADDRESS_TTL_S` (a GET of the membership record and
+    one per node record).
+    """
+
+    def __init__(self, reads: ReadStore) -> None:
+        self._reads = reads
+        self._addresses = NudgeAddresses(self._node_record)
+        self._members: tuple[tuple[int, ...], datetime] | None = None
+        self._pending: dict[int, int] = {}
+        self._lock = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._send_loop, name="source-doorbell", daemon=True)
+        self._thread.start()
+
+    def ring(self, ends: Mapping[int, int]) -> None:
+        """Announce each partition's new log end (returns at once; sent in the background)."""
+        with self._lock:
+            for p, end in ends.items():
+                self._pending[p] = max(end, self._pending.get(p, 0))
+            self._lock.notify()
+
+    def close(self) -> None:
+        """Send what is pending, then stop the sender."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+        self._thread.join(timeout=5)
+
+    def _node_record(self, node: int) -> NodeRecord | None:
+        obj = self._reads.get(node_key(node))
+        return None if obj is None else parse_record(obj.key, obj.data, NodeRecord)
+
+    def _member_ids(self) -> tuple[int, ...]:
+        at = now()
+        if self._members is None or (at - self._members[1]).total_seconds() > ADDRESS_TTL_S:
+            obj = self._reads.get(MEMBERSHIP_KEY)
+            members = () if obj is None else tuple(parse_record(obj.key, obj.data, MembershipRecord).members)
+            self._members = (members, at)
+        return self._members[0]
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._pending and not self._closed:
+                    self._lock.wait()
+                if not self._pending and self._closed:
+                    return
+                ends, self._pending = self._pending, {}
+            body = json.dumps({"source": {str(p): end for p, end in ends.items()}}).encode()
+            try:
+                urls = self._addresses.urls(self._member_ids())
+            except (StoreError, CorruptLedgerObject) as exc:
+                log.debug("source doorbell: cannot read the members (%s); the nodes poll instead", exc)
+                continue
+            for url in urls:
+                send_nudge(url, body=body)

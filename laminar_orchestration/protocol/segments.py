@@ -220,6 +220,21 @@ class SourceHead(BaseModel):
     write_id: str = Field(default_factory=lambda: secrets.token_hex(8))
 
 
+class LogEnds(BaseModel):
+    """Each partition's log end as producers recorded it after their appends (`keys.LOG_ENDS_KEY`).
+
+    A hint merged by compare-and-swap, never ahead of the segments: a producer records an end
+    only after the segments below it exist. It may lag (a producer that died before recording),
+    so a node that waits on it still polls each log now and then.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ends: dict[int, int]
+    updated_at: datetime
+    write_id: str = Field(default_factory=lambda: secrets.token_hex(8))
+
+
 @dataclass(frozen=True)
 class SegmentRef:
     """One segment: events [start_offset, end_offset) of `partition`, stored under `key`."""

@@ -27,6 +27,7 @@ up" from "not a segment boundary".
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import threading
@@ -38,7 +39,8 @@ import pyarrow as pa
 from pydantic import ValidationError
 
 from laminar_orchestration.protocol.capabilities import ReadStore, SourceAppender, SourceKey, source_key
-from laminar_orchestration.protocol.keys import segment_key, source_head_key
+from laminar_orchestration.protocol.keys import LOG_ENDS_KEY, segment_key, source_head_key
+from laminar_orchestration.protocol.nudge import SourceDoorbell
 from laminar_orchestration.protocol.segments import (
     _INPUT_SCHEMA,
     MAX_LINE_BYTES,
@@ -46,6 +48,7 @@ from laminar_orchestration.protocol.segments import (
     BadInputLine,
     CorruptSourceHead,
     InputFileError,
+    LogEnds,
     OffsetNotAtSegmentBoundary,
     PartitionOutOfRange,
     SegmentRef,
@@ -59,7 +62,12 @@ from laminar_orchestration.protocol.segments import (
     normalize_events,
 )
 from laminar_orchestration.protocol.versioned import VersionedObject
-from laminar_orchestration.store import ConcurrentModification, ObjectStore, PreconditionFailed
+from laminar_orchestration.store import ConcurrentModification, ObjectStore, PreconditionFailed, StoreError
+
+log = logging.getLogger(__name__)
+
+#: A producer merges its log ends over this many concurrent producers' writes at most.
+_ENDS_ATTEMPTS = 20
 
 # --- the log --------------------------------------------------------------------
 
@@ -80,6 +88,7 @@ class SourceLog:
         frame_events: int | None = None,
         generation: int = 0,
         partitions: int | None = None,
+        doorbell: SourceDoorbell | None = None,
     ) -> None:
         if segment_events < 1:
             raise ValueError("segment_events must be >= 1")
@@ -94,6 +103,13 @@ class SourceLog:
         # caching one is always correct.
         self._lookahead: dict[int, _Segment] = {}
         self._lock = threading.Lock()
+        #: The head as this producer last wrote it, per partition: the next append starts there without
+        #: reading it (its create-only segment write is the check; a conflict reads the head again).
+        self._heads: dict[int, tuple[int, int, str]] = {}
+        #: Told each partition's new log end after an append (advisory: its owner reads it at once).
+        self.doorbell = doorbell
+        #: The log ends object as this producer last wrote it (ETag, ends): the next merge starts there.
+        self._ends: tuple[str | None, dict[int, int]] | None = None
         # Appending takes the `SourceAppender` capability: a log opened on a `ReadStore` (a node's) reads only.
         self._appender: SourceAppender | None = None
         self._reads: ReadStore
@@ -148,15 +164,23 @@ class SourceLog:
             where = ".".join(str(p) for p in first.get("loc", ())) or "<root>"
             raise CorruptSourceHead(obj.key, f"{where}: {first.get('msg')}") from exc
 
-    def _head_state(self, partition: int) -> tuple[int, int, str | None]:
-        """(next_offset, segments, etag) of the head; (0, 0, None) if there is none."""
+    def _head_state(self, partition: int, *, cached: bool = False) -> tuple[int, int, str | None]:
+        """(next_offset, segments, etag) of the head; (0, 0, None) if there is none.
+
+        `cached`: as this producer last wrote it, if it did (no read)."""
+        with self._lock:
+            mine = self._heads.pop(partition, None) if cached else None
+        if mine is not None:
+            return mine
         got = self._read_head(partition)
         return (got[0].next_offset, got[0].segments, got[1]) if got else (0, 0, None)
 
     def _write_head(self, partition: int, etag: str | None, next_offset: int, segments: int) -> None:
         """One conditional write of the head; raises PreconditionFailed/ConcurrentModification."""
         record = SourceHead(next_offset=next_offset, segments=segments, updated_at=datetime.now(UTC))
-        self._log(partition).move_pointer(record.model_dump_json().encode(), etag)
+        written = self._log(partition).move_pointer(record.model_dump_json().encode(), etag)
+        with self._lock:
+            self._heads[partition] = (next_offset, segments, written)
 
     def end_offset(self, partition: int) -> int:
         """The head's next offset (0 if none). May lag behind segments of a dead producer."""
@@ -183,8 +207,76 @@ class SourceLog:
 
         Each segment lands atomically at the current log end; concurrent producers
         (threads or processes) never lose, duplicate or interleave events within a
-        segment, and offsets stay contiguous.
+        segment, and offsets stay contiguous. The new log end is then recorded for
+        the nodes (`record_ends`).
         """
+        result = self._append(partition, events)
+        if result.segments:
+            self.record_ends({partition: result.next_offset})
+        return result
+
+    def append_many(self, events: Mapping[int, Sequence[SourceEvent] | pa.Table]) -> dict[int, AppendResult]:
+        """`append` to several partitions, recording their new log ends with one write."""
+        results = {p: self._append(p, batch) for p, batch in events.items()}
+        ends = {p: r.next_offset for p, r in results.items() if r.segments}
+        if ends:
+            self.record_ends(ends)
+        return results
+
+    def record_ends(self, ends: Mapping[int, int]) -> None:
+        """Merge `ends` into the log ends the nodes watch (`keys.LOG_ENDS_KEY`), then ring the doorbell.
+
+        A hint: written by compare-and-swap after the segments, and never fatal to the append
+        that came before (a failure is logged; the nodes' slow poll of each log finds the data).
+        A corrupt object is replaced.
+        """
+        try:
+            self._merge_ends(ends)
+        except (StoreError, CorruptSourceHead) as exc:
+            log.warning("could not record the log ends %s (the nodes will find them at their slow poll): %s", ends, exc)
+        if self.doorbell is not None:
+            self.doorbell.ring(ends)
+
+    def _merge_ends(self, ends: Mapping[int, int]) -> None:
+        appender = self._append_capability(min(ends))
+        key = source_key(LOG_ENDS_KEY)
+        known = self._ends
+        for _attempt in range(_ENDS_ATTEMPTS):
+            if known is None:
+                obj = self._reads.get(LOG_ENDS_KEY)
+                known = (None, {}) if obj is None else (obj.etag, self._parse_ends(obj.data, replace=True))
+            etag, current = known
+            merged = dict(current)
+            for p, end in ends.items():
+                merged[p] = max(end, merged.get(p, 0))
+            data = LogEnds(ends=merged, updated_at=datetime.now(UTC)).model_dump_json().encode()
+            try:
+                written = appender.create_source(key, data) if etag is None else appender.swap_source(key, data, etag)
+            except (PreconditionFailed, ConcurrentModification):
+                known = None  # another producer recorded ends meanwhile: merge with theirs
+                continue
+            self._ends = (written, merged)
+            return
+        self._ends = None
+        raise ConcurrentModification(LOG_ENDS_KEY)
+
+    @staticmethod
+    def _parse_ends(data: bytes, *, replace: bool = False) -> dict[int, int]:
+        """The ends in a stored object; with `replace`, a corrupt one counts as empty (it is a hint)."""
+        try:
+            return dict(LogEnds.model_validate_json(data).ends)
+        except ValidationError as exc:
+            if replace:
+                log.warning("replacing the corrupt log ends %s: %s", LOG_ENDS_KEY, exc.errors()[0].get("msg"))
+                return {}
+            raise CorruptSourceHead(LOG_ENDS_KEY, str(exc.errors()[0].get("msg"))) from exc
+
+    def log_ends(self) -> dict[int, int] | None:
+        """Each partition's log end as producers recorded it (a hint that may lag); None before any."""
+        obj = self._reads.get(LOG_ENDS_KEY)
+        return None if obj is None else self._parse_ends(obj.data)
+
+    def _append(self, partition: int, events: Sequence[SourceEvent] | pa.Table) -> AppendResult:
         self._check_partition(partition)
         self._append_capability(partition)
         table = normalize_events(partition, events)
@@ -201,8 +293,10 @@ class SourceLog:
         n = chunk.num_rows
         write_id = secrets.token_hex(8)
         built: tuple[int, bytes] | None = None
+        cached = True
         while True:
-            start, count, etag = self._head_state(partition)
+            start, count, etag = self._head_state(partition, cached=cached)
+            cached = False  # after a conflict, the head as stored
             key = segment_key(partition, start)
             if built is None or built[0] != start:
                 # Offsets are absolute, so the bytes depend on where the segment lands.
@@ -281,7 +375,13 @@ class SourceLog:
         return None if entry is None else entry.value
 
     def read(
-        self, partition: int, from_offset: int, max_events: int, *, at_boundary: bool = False
+        self,
+        partition: int,
+        from_offset: int,
+        max_events: int,
+        *,
+        at_boundary: bool = False,
+        known_end: int | None = None,
     ) -> SourceBatch | None:
         """Read whole segments starting exactly at `from_offset`, up to `max_events` events.
 
@@ -292,6 +392,8 @@ class SourceLog:
 
         `at_boundary`: the caller knows `from_offset` is a segment boundary (a committed
         offset always is), so a missing segment there means caught up: one GET, no head read.
+        `known_end`: a log end recorded after its segments (`log_ends`): the read stops there
+        instead of probing for a segment beyond it.
         """
         self._check_partition(partition)
         if max_events < 1:
@@ -301,7 +403,7 @@ class SourceLog:
         for _attempt in range(2):
             segments: list[_Segment] = []
             offset = from_offset
-            while offset - from_offset < max_events:
+            while offset - from_offset < max_events and (known_end is None or offset < known_end):
                 seg = self._load(partition, offset)
                 if seg is None:
                     break
@@ -401,17 +503,17 @@ def produce_from_jsonl(path: str | os.PathLike[str], log: SourceLog) -> dict[int
         raise InputFileError(name, "it is a directory, not a file") from None
     except OSError as exc:
         raise InputFileError(name, exc.strerror or str(exc)) from None
-    results: dict[int, AppendResult] = {}
-    for partition in sorted(keys):
-        table = pa.table(
+    tables = {
+        partition: pa.table(
             {
                 "key": pa.array(keys[partition], pa.string()),
                 "value": pa.array(values[partition], pa.float64()),
                 "ts": pa.array(stamps[partition], pa.int64()),
             }
         )
-        results[partition] = log.append(partition, table)
-    return results
+        for partition in sorted(keys)
+    }
+    return log.append_many(tables)
 
 
 def _parse_line(path: str, line_number: int, raw: bytes, partitions: int | None) -> SourceEvent:

@@ -39,7 +39,7 @@ from laminar_orchestration.protocol.keys import (
     parse_assignment_key,
 )
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.nudge import nudge_in_background
+from laminar_orchestration.protocol.nudge import NudgeAddresses, nudge_in_background
 from laminar_orchestration.protocol.records import (
     LedgerError,
     Record,
@@ -422,10 +422,6 @@ class NoLiveNode(MigrationError, UnavailableError):
 # --- desired state store -----------------------------------------------------------
 
 
-#: How long the control plane trusts a node's nudge address before it reads the node's record again.
-_NUDGE_URL_TTL_S = 10.0
-
-
 class DesiredStates:
     """CAS access to the desired-state records (control plane writes, nodes read).
 
@@ -439,9 +435,7 @@ class DesiredStates:
         self.ledger = ledger
         self._writer = LedgerWriter(ledger.store)
         self._nudge = nudge
-        #: Each node's nudge address as last read from its record, and when (the project's clock,
-        #: which the simulator drives: its runs stay deterministic).
-        self._nudge_urls: dict[int, tuple[str | None, datetime]] = {}
+        self._addresses = NudgeAddresses(lambda n: ledger.node(NodeId(n)))
 
     def read(self, partition: PartitionId) -> tuple[DesiredState, str | None]:
         key = desired_state_key(partition)
@@ -545,20 +539,9 @@ class DesiredStates:
     def nudge(self, nodes: Iterable[int]) -> None:
         """Wake `nodes` to read their assignment now (advisory: best effort, in the background).
 
-        A node's address is read from its record at most every `_NUDGE_URL_TTL_S`: a node that
-        restarted meanwhile misses a nudge and converges at its next poll.
+        A node's address is read from its record at most every `nudge.ADDRESS_TTL_S`.
         """
-        urls = []
-        at = now()
-        for n in nodes:
-            cached = self._nudge_urls.get(n)
-            if cached is None or (at - cached[1]).total_seconds() > _NUDGE_URL_TTL_S:
-                record = self.ledger.node(NodeId(n))
-                cached = (record.nudge_url if record is not None else None, at)
-                self._nudge_urls[n] = cached
-            if cached[0]:
-                urls.append(cached[0])
-        nudge_in_background(urls)
+        nudge_in_background(self._addresses.urls(nodes))
 
 
 @dataclass(frozen=True)

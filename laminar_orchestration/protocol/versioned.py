@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, NotRequired, TypedDict, TypeVar, Unpack
 
 from laminar_orchestration.protocol.capabilities import ReadStore
 from laminar_orchestration.store import StoredObject
@@ -51,6 +51,16 @@ class Entry(Generic[E]):
         return self.stored.data
 
 
+class Layout(TypedDict, Generic[E, K]):
+    """Where a versioned object's entries and pointer are, and how an entry reads: the keyword
+    arguments of `VersionedReader` and `VersionedObject` alike."""
+
+    entry_key: Callable[[int], K]
+    pointer_key: K
+    decode: Callable[[int, StoredObject], E]
+    successor: NotRequired[Callable[[int, E], int] | None]
+
+
 class VersionedReader(Generic[E, K]):
     """Reads of a versioned object: entries at ``entry_key(position)``, one pointer at `pointer_key`.
 
@@ -60,20 +70,12 @@ class VersionedReader(Generic[E, K]):
     start plus its size).
     """
 
-    def __init__(
-        self,
-        reads: ReadStore,
-        *,
-        entry_key: Callable[[int], K],
-        pointer_key: K,
-        decode: Callable[[int, StoredObject], E],
-        successor: Callable[[int, E], int] | None = None,
-    ) -> None:
+    def __init__(self, reads: ReadStore, **layout: Unpack[Layout[E, K]]) -> None:
         self._reads = reads
-        self.entry_key = entry_key
-        self.pointer_key = pointer_key
-        self._decode = decode
-        self._successor = successor
+        self.entry_key = layout["entry_key"]
+        self.pointer_key = layout["pointer_key"]
+        self._decode = layout["decode"]
+        self._successor = layout.get("successor")
 
     def entry(self, position: int) -> Entry[E] | None:
         """The entry at `position`, or None if nobody created it (yet)."""
@@ -111,14 +113,11 @@ class VersionedObject(VersionedReader[E, K]):
         self,
         reads: ReadStore,
         *,
-        entry_key: Callable[[int], K],
-        pointer_key: K,
-        decode: Callable[[int, StoredObject], E],
         create: Callable[[K, bytes, Mapping[str, str] | None], str],
         swap: Callable[[K, bytes, str], str],
-        successor: Callable[[int, E], int] | None = None,
+        **layout: Unpack[Layout[E, K]],
     ) -> None:
-        super().__init__(reads, entry_key=entry_key, pointer_key=pointer_key, decode=decode, successor=successor)
+        super().__init__(reads, **layout)
         self._create = create
         self._swap = swap
 

@@ -26,24 +26,14 @@ import json
 import os
 import secrets
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import ClassVar
 
+import laminar_orchestration.store.base as base
 from laminar_orchestration.errors import CorruptDataError, ErrorKind
-from laminar_orchestration.store.base import (
-    InvalidKey,
-    InvalidStoreUrl,
-    ObjectMeta,
-    ObjectNotFound,
-    ObjectStore,
-    PreconditionFailed,
-    StoredObject,
-    StoreError,
-    StoreUnavailable,
-    check_key,
-)
+from laminar_orchestration.store.base import ObjectMeta, ObjectStore, StoredObject, check_key
 from laminar_orchestration.store.metering import RequestMethod
 
 _MAGIC = b"LMOB1\n"
@@ -64,7 +54,7 @@ _REFUSED_NAME_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EINVAL, errno.EILSEQ
 _OBJ_SUFFIX = "%"
 
 
-class CorruptObject(StoreError, CorruptDataError):
+class CorruptObject(base.StoreError, CorruptDataError):
     """A file in the local store that is not a well-formed object (torn or foreign)."""
 
     key: str
@@ -74,7 +64,7 @@ class CorruptObject(StoreError, CorruptDataError):
     message = "corrupt object {key!r} at {path}: {reason}"
 
 
-class NoSuchStore(StoreUnavailable):
+class NoSuchStore(base.StoreUnavailable):
     """A read-only open of a local store directory that does not exist (a typo must not create one)."""
 
     error_kind: ClassVar[ErrorKind] = ErrorKind.NOT_FOUND
@@ -97,13 +87,15 @@ class LocalObjectStore(ObjectStore):
             self.root = Path(root).resolve()
             is_file = self.root.exists() and not self.root.is_dir()
         except ValueError as exc:  # a NUL byte: Python refuses the name before the OS sees it
-            raise InvalidStoreUrl(os.fspath(root), f"not a usable directory name: {exc}") from None
+            raise base.InvalidStoreUrl(os.fspath(root), f"not a usable directory name: {exc}") from None
         except OSError as exc:
             if exc.errno not in _REFUSED_NAME_ERRNOS:
-                raise StoreUnavailable("open", "", f"cannot inspect the store directory {root}: {exc}") from exc
-            raise InvalidStoreUrl(os.fspath(root), f"the operating system refuses the name: {exc.strerror}") from None
+                raise base.StoreUnavailable("open", "", f"cannot inspect the store directory {root}: {exc}") from exc
+            raise base.InvalidStoreUrl(
+                os.fspath(root), f"the operating system refuses the name: {exc.strerror}"
+            ) from None
         if is_file:
-            raise InvalidStoreUrl(self.root.as_uri(), f"{self.root} is a file, not a store directory")
+            raise base.InvalidStoreUrl(self.root.as_uri(), f"{self.root} is a file, not a store directory")
         if not create and not self.root.is_dir():
             # A typo in a store path must not silently create an empty store.
             raise NoSuchStore("open", "", f"no local store at {self.root} (does the path exist?)")
@@ -111,12 +103,14 @@ class LocalObjectStore(ObjectStore):
             self.root.mkdir(parents=True, exist_ok=True)
             (self.root / _LOCK_DIR).mkdir(exist_ok=True)
         except (FileExistsError, NotADirectoryError):
-            raise InvalidStoreUrl(self.root.as_uri(), f"a parent of {self.root} is a file, not a directory") from None
+            raise base.InvalidStoreUrl(
+                self.root.as_uri(), f"a parent of {self.root} is a file, not a directory"
+            ) from None
         except OSError as exc:
             if exc.errno in _REFUSED_NAME_ERRNOS:
                 reason = f"the operating system refuses the name {self.root}: {exc.strerror}"
-                raise InvalidStoreUrl(self.root.as_uri(), reason) from None
-            raise StoreUnavailable("open", "", f"cannot create the store directory {self.root}: {exc}") from exc
+                raise base.InvalidStoreUrl(self.root.as_uri(), reason) from None
+            raise base.StoreUnavailable("open", "", f"cannot create the store directory {self.root}: {exc}") from exc
         self.url = self.root.as_uri()
         self._fsync = fsync
         self._cache: dict[str, tuple[bytes, StoredObject]] = {}
@@ -162,7 +156,7 @@ class LocalObjectStore(ObjectStore):
         if path is None:
             check_key(key)
             if key.split("/", 1)[0] == _LOCK_DIR:
-                raise InvalidKey(key, f"the top-level name {_LOCK_DIR!r} is reserved")
+                raise base.InvalidKey(key, f"the top-level name {_LOCK_DIR!r} is reserved")
             if self.format >= 2:
                 *dirs, name = (_escape(s) for s in key.split("/"))
                 path = "/".join([self._root_s, *dirs, name + _OBJ_SUFFIX])
@@ -261,43 +255,49 @@ class LocalObjectStore(ObjectStore):
 
     # -- ObjectStore -------------------------------------------------------
 
-    def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
+    def _put(
+        self,
+        operation: str,
+        key: str,
+        data: bytes,
+        metadata: Mapping[str, str] | None,
+        install: Callable[[Path, Path], None],
+    ) -> str:
+        """Write the object to a temporary file, then, under the key's lock, `install` it at the key's path
+        (or raise PreconditionFailed); the temporary file is gone either way."""
         self.meter.count(RequestMethod.PUT, key)
         path = self._path(key)
         try:
             tmp, etag = self._write_tmp(path, data, metadata)
             try:
                 with self._locked(key):
-                    try:
-                        os.link(tmp, path)  # atomic create-if-absent, across processes
-                    except FileExistsError:
-                        raise PreconditionFailed(key, None) from None
-                    # Durable before the lock lets a contender see it: a grant another
-                    # process lost to must not vanish in a power loss.
+                    install(tmp, path)
+                    # Durable before the lock lets a contender see it: a grant another process lost
+                    # to must not vanish in a power loss, nor a CAS the next one read.
                     self._sync_dir(path)
-            finally:
-                os.unlink(tmp)
-        except OSError as exc:
-            raise StoreUnavailable("put_if_absent", key, str(exc)) from exc
-        return etag
-
-    def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
-        self.meter.count(RequestMethod.PUT, key)
-        path = self._path(key)
-        try:
-            tmp, new_etag = self._write_tmp(path, data, metadata)
-            try:
-                with self._locked(key):
-                    if self._current_etag(key, path) != etag:
-                        raise PreconditionFailed(key, etag)
-                    os.replace(tmp, path)
-                    self._sync_dir(path)  # durable before the next CAS can read it
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
         except OSError as exc:
-            raise StoreUnavailable("put_if_match", key, str(exc)) from exc
-        return new_etag
+            raise base.StoreUnavailable(operation, key, str(exc)) from exc
+        return etag
+
+    def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
+        def create(tmp: Path, path: Path) -> None:
+            try:
+                os.link(tmp, path)  # atomic create-if-absent, across processes
+            except FileExistsError:
+                raise base.PreconditionFailed(key, None) from None
+
+        return self._put("put_if_absent", key, data, metadata, create)
+
+    def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
+        def swap(tmp: Path, path: Path) -> None:
+            if self._current_etag(key, path) != etag:
+                raise base.PreconditionFailed(key, etag)
+            os.replace(tmp, path)
+
+        return self._put("put_if_match", key, data, metadata, swap)
 
     def delete_if_match(self, key: str, etag: str) -> None:
         self.meter.count(RequestMethod.DELETE, key)
@@ -306,18 +306,18 @@ class LocalObjectStore(ObjectStore):
             with self._locked(key):
                 current = self._current_etag(key, path)
                 if current is None:
-                    raise ObjectNotFound(key)
+                    raise base.ObjectNotFound(key)
                 if current != etag:
-                    raise PreconditionFailed(key, etag)
+                    raise base.PreconditionFailed(key, etag)
                 os.unlink(path)
                 self._sync_dir(path)
         except OSError as exc:
-            raise StoreUnavailable("delete_if_match", key, str(exc)) from exc
+            raise base.StoreUnavailable("delete_if_match", key, str(exc)) from exc
 
     def get(self, key: str) -> StoredObject:
         obj = self.get_or_none(key)
         if obj is None:
-            raise ObjectNotFound(key)
+            raise base.ObjectNotFound(key)
         return obj
 
     def get_or_none(self, key: str) -> StoredObject | None:

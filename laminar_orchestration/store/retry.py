@@ -39,23 +39,15 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from laminar_orchestration.store.base import (
-    ConcurrentModification,
-    ObjectMeta,
-    ObjectNotFound,
-    ObjectStore,
-    PreconditionFailed,
-    StoredObject,
-    StoreUnavailable,
-    TransientStoreError,
-)
+import laminar_orchestration.store.base as base
+from laminar_orchestration.store.base import ObjectMeta, ObjectStore, StoredObject
 
 __all__ = ["AmbiguousWrite", "RetryPolicy", "RetryingStore"]
 
 T = TypeVar("T")
 
 
-class AmbiguousWrite(PreconditionFailed):
+class AmbiguousWrite(base.PreconditionFailed):
     """A compare-and-swap whose outcome is unknown and whose key has moved on.
 
     The response was lost (or a 409 came back) and the read-back shows neither
@@ -94,6 +86,13 @@ class RetryPolicy:
         """Seconds to sleep after the 0-based `failed_attempt` failed."""
         cap = min(self.max_delay_s, self.base_delay_s * (2.0**failed_attempt))
         return rng.uniform(0.0, cap)
+
+
+class _Again:
+    """What a settle function returns when the write did not land and may be sent again."""
+
+
+_AGAIN = _Again()
 
 
 def _norm_meta(metadata: Mapping[str, str] | None) -> dict[str, str]:
@@ -161,26 +160,26 @@ class RetryingStore(ObjectStore):
 
     def _read(self, op: str, key: str, fn: Callable[[], T]) -> T:
         """Run a read, retrying transient failures; StoreUnavailable when exhausted."""
-        last: TransientStoreError | None = None
+        last: base.TransientStoreError | None = None
         for _ in self._attempts():
             try:
                 return fn()
-            except TransientStoreError as exc:
+            except base.TransientStoreError as exc:
                 last = exc
-        raise StoreUnavailable(
+        raise base.StoreUnavailable(
             op, key, f"gave up after {self.policy.max_attempts} attempts; last error: {last}"
         ) from last
 
     def _read_back(self, op: str, key: str) -> StoredObject | None:
         try:
             return self._read(op, key, lambda: self.inner.get_or_none(key))
-        except StoreUnavailable as exc:
-            raise StoreUnavailable(
+        except base.StoreUnavailable as exc:
+            raise base.StoreUnavailable(
                 op, key, f"the write's outcome is unknown and reading it back failed: {exc.detail}"
             ) from exc
 
-    def _gave_up(self, op: str, key: str, last: Exception | None) -> StoreUnavailable:
-        return StoreUnavailable(
+    def _gave_up(self, op: str, key: str, last: Exception | None) -> base.StoreUnavailable:
+        return base.StoreUnavailable(
             op,
             key,
             f"gave up after {self.policy.max_attempts} attempts (each read back: not applied); last error: {last}",
@@ -188,29 +187,58 @@ class RetryingStore(ObjectStore):
 
     # -- conditional writes ----------------------------------------------------
 
-    def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
-        """Create-only write; an unknown outcome is settled by reading the key back."""
-        op = "put_if_absent"
+    def _write(
+        self,
+        op: str,
+        key: str,
+        call: Callable[[], T],
+        settle: Callable[[StoredObject | None], T | _Again],
+        *,
+        gone: tuple[type[Exception], ...] = (),
+    ) -> T:
+        """Run a conditional write, settling each unknown outcome by `settle`-ing the key read back.
+
+        `settle` returns the write's result, `_AGAIN` when the write did not land, or raises the
+        conflict. An error of `gone` after an unknown outcome stands for a read-back of "absent".
+        """
         last: Exception | None = None
         uncertain = False  # has an earlier attempt possibly been applied?
         for _ in self._attempts():
             try:
-                return self.inner.put_if_absent(key, data, metadata)
-            except PreconditionFailed:
+                return call()
+            except gone:
                 if not uncertain:
                     raise
-                # An earlier attempt that we read back as "absent" may still have
+                outcome = settle(None)  # an earlier attempt landed after all
+            except base.PreconditionFailed:
+                if not uncertain:
+                    raise
+                # An earlier attempt that we read back as "not applied" may still have
                 # landed late (a delayed request); it would make this retry fail.
-            except (TransientStoreError, ConcurrentModification) as exc:
+                outcome = settle(self._read_back(op, key))
+            except (base.TransientStoreError, base.ConcurrentModification) as exc:
                 last, uncertain = exc, True
-            current = self._read_back(op, key)
-            if current is None:
-                continue  # nothing landed: safe to write again
-            if _is_ours(current, data, metadata):
-                self._count(resolved=True)
-                return current.etag
-            raise PreconditionFailed(key, None)
+                outcome = settle(self._read_back(op, key))
+            if not isinstance(outcome, _Again):
+                return outcome
         raise self._gave_up(op, key, last) from last
+
+    def _resolved(self, current: StoredObject) -> str:
+        """The ETag of our own write that a read-back found applied."""
+        self._count(resolved=True)
+        return current.etag
+
+    def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
+        """Create-only write; an unknown outcome is settled by reading the key back."""
+
+        def settle(current: StoredObject | None) -> str | _Again:
+            if current is None:
+                return _AGAIN  # nothing landed: safe to write again
+            if _is_ours(current, data, metadata):
+                return self._resolved(current)
+            raise base.PreconditionFailed(key, None)
+
+        return self._write("put_if_absent", key, lambda: self.inner.put_if_absent(key, data, metadata), settle)
 
     def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
         """Compare-and-swap; an unknown outcome is settled by reading the key back.
@@ -218,25 +246,15 @@ class RetryingStore(ObjectStore):
         Raises `AmbiguousWrite` (a `PreconditionFailed`) when the read-back
         shows neither the expected ETag nor our bytes.
         """
-        op = "put_if_match"
-        last: Exception | None = None
-        uncertain = False
-        for _ in self._attempts():
-            try:
-                return self.inner.put_if_match(key, data, etag, metadata)
-            except PreconditionFailed:
-                if not uncertain:
-                    raise
-            except (TransientStoreError, ConcurrentModification) as exc:
-                last, uncertain = exc, True
-            current = self._read_back(op, key)
+
+        def settle(current: StoredObject | None) -> str | _Again:
             if current is not None and current.etag == etag:
-                continue  # unchanged: our write did not land, try again
+                return _AGAIN  # unchanged: our write did not land, try again
             if current is not None and _is_ours(current, data, metadata):
-                self._count(resolved=True)
-                return current.etag
+                return self._resolved(current)
             raise AmbiguousWrite(key, etag)
-        raise self._gave_up(op, key, last) from last
+
+        return self._write("put_if_match", key, lambda: self.inner.put_if_match(key, data, etag, metadata), settle)
 
     def delete_if_match(self, key: str, etag: str) -> None:
         """Conditional delete; an unknown outcome is settled by reading the key back.
@@ -244,31 +262,18 @@ class RetryingStore(ObjectStore):
         If the read-back finds the key absent the delete counts as done, even
         though another writer's delete could have been the one that landed.
         """
-        op = "delete_if_match"
-        last: Exception | None = None
-        uncertain = False
-        for _ in self._attempts():
-            try:
-                self.inner.delete_if_match(key, etag)
-                return
-            except ObjectNotFound:
-                if not uncertain:
-                    raise
-                self._count(resolved=True)
-                return  # an earlier attempt landed after all
-            except PreconditionFailed:
-                if not uncertain:
-                    raise
-            except (TransientStoreError, ConcurrentModification) as exc:
-                last, uncertain = exc, True
-            current = self._read_back(op, key)
+
+        def settle(current: StoredObject | None) -> _Again | None:
             if current is None:
                 self._count(resolved=True)
-                return
+                return None
             if current.etag == etag:
-                continue
-            raise PreconditionFailed(key, etag)
-        raise self._gave_up(op, key, last) from last
+                return _AGAIN
+            raise base.PreconditionFailed(key, etag)
+
+        self._write(
+            "delete_if_match", key, lambda: self.inner.delete_if_match(key, etag), settle, gone=(base.ObjectNotFound,)
+        )
 
     # -- reads -----------------------------------------------------------------
 

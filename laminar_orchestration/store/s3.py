@@ -38,17 +38,8 @@ import boto3
 import botocore.exceptions as bce
 from botocore.config import Config
 
-from laminar_orchestration.store.base import (
-    ConcurrentModification,
-    ObjectMeta,
-    ObjectNotFound,
-    ObjectStore,
-    PreconditionFailed,
-    StoredObject,
-    StoreUnavailable,
-    TransientStoreError,
-    check_key,
-)
+import laminar_orchestration.store.base as base
+from laminar_orchestration.store.base import ObjectMeta, ObjectStore, StoredObject, check_key
 from laminar_orchestration.store.metering import RequestMethod
 
 if TYPE_CHECKING:
@@ -137,7 +128,7 @@ def make_s3_client(endpoint_url: str | None = None) -> S3Client:
         session = boto3.session.Session()
         return session.client("s3", endpoint_url=endpoint, config=config)
     except (ValueError, bce.BotoCoreError) as exc:
-        raise StoreUnavailable("open", "", f"cannot build an S3 client for endpoint {endpoint!r}: {exc}") from exc
+        raise base.StoreUnavailable("open", "", f"cannot build an S3 client for endpoint {endpoint!r}: {exc}") from exc
 
 
 class S3ObjectStore(ObjectStore):
@@ -159,7 +150,7 @@ class S3ObjectStore(ObjectStore):
         endpoint_url: str | None = None,
     ) -> None:
         if not bucket:
-            raise StoreUnavailable("open", "", "no S3 bucket given")
+            raise base.StoreUnavailable("open", "", "no S3 bucket given")
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         if self.prefix:
@@ -170,8 +161,8 @@ class S3ObjectStore(ObjectStore):
         if client is None:
             try:
                 client = make_s3_client(endpoint_url)
-            except StoreUnavailable as exc:
-                raise StoreUnavailable("open", "", f"bucket {bucket!r}: {exc.detail}") from exc
+            except base.StoreUnavailable as exc:
+                raise base.StoreUnavailable("open", "", f"bucket {bucket!r}: {exc.detail}") from exc
         self._client = client
         self.endpoint = str(self._client.meta.endpoint_url)
         # HEAD answers 404 with no body for a missing bucket and a missing key
@@ -207,37 +198,37 @@ class S3ObjectStore(ObjectStore):
             message = str(error.get("Message", "")) or str(exc)
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
             if code == "PreconditionFailed" or status == 412:
-                raise PreconditionFailed(key, expected_etag) from exc
+                raise base.PreconditionFailed(key, expected_etag) from exc
             if code == "ConditionalRequestConflict" or status == 409:
-                raise ConcurrentModification(key) from exc
+                raise base.ConcurrentModification(key) from exc
             if code == "NoSuchBucket":
-                raise StoreUnavailable(op, key, f"{self._where()} does not exist (NoSuchBucket)") from exc
+                raise base.StoreUnavailable(op, key, f"{self._where()} does not exist (NoSuchBucket)") from exc
             if code in ("NoSuchKey", "404", "NotFound") or status == 404:
-                raise ObjectNotFound(key) from exc
+                raise base.ObjectNotFound(key) from exc
             if code in _AUTH_CODES or status == 403:
-                raise StoreUnavailable(
+                raise base.StoreUnavailable(
                     op, key, f"access to {self._where()} refused ({code or status}): {message}"
                 ) from exc
             if code == "NotImplemented" or status == 501:
-                raise StoreUnavailable(
+                raise base.StoreUnavailable(
                     op,
                     key,
                     f"the endpoint of {self._where()} does not implement this request "
                     f"(conditional writes need If-None-Match/If-Match support): {message}",
                 ) from exc
             if code in _TRANSIENT_CODES or status >= 500:
-                raise TransientStoreError(op, key, f"{code or status}: {message}") from exc
-            raise StoreUnavailable(
+                raise base.TransientStoreError(op, key, f"{code or status}: {message}") from exc
+            raise base.StoreUnavailable(
                 op, key, f"unexpected S3 error from {self._where()}: {code} (HTTP {status}): {message}"
             ) from exc
         if isinstance(exc, bce.NoCredentialsError | bce.PartialCredentialsError):
-            raise StoreUnavailable(op, key, f"no usable AWS credentials for {self._where()}: {exc}") from exc
+            raise base.StoreUnavailable(op, key, f"no usable AWS credentials for {self._where()}: {exc}") from exc
         if isinstance(exc, bce.ConnectionError | bce.HTTPClientError | bce.IncompleteReadError):
             # Refused/reset connections, timeouts, truncated bodies: the request
             # may or may not have been applied; RetryingStore sorts that out.
-            raise TransientStoreError(op, key, f"{type(exc).__name__}: {exc}") from exc
+            raise base.TransientStoreError(op, key, f"{type(exc).__name__}: {exc}") from exc
         if isinstance(exc, bce.BotoCoreError):
-            raise StoreUnavailable(
+            raise base.StoreUnavailable(
                 op, key, f"S3 client error for {self._where()}: {type(exc).__name__}: {exc}"
             ) from exc
         raise exc
@@ -270,10 +261,10 @@ class S3ObjectStore(ObjectStore):
         except (bce.ClientError, bce.BotoCoreError) as exc:
             try:
                 self._translate(exc, "put_if_match", key, expected_etag=etag)
-            except ObjectNotFound:
+            except base.ObjectNotFound:
                 # S3 answers 404 for If-Match on a missing key; for the caller the
                 # precondition "the ETag is `etag`" simply failed.
-                raise PreconditionFailed(key, etag) from exc
+                raise base.PreconditionFailed(key, etag) from exc
 
     def delete_if_match(self, key: str, etag: str) -> None:
         self.meter.count(RequestMethod.DELETE, key)
@@ -310,7 +301,7 @@ class S3ObjectStore(ObjectStore):
         except (bce.ClientError, bce.BotoCoreError) as exc:
             try:
                 self._translate(exc, "head", key)
-            except ObjectNotFound:
+            except base.ObjectNotFound:
                 self._verify_bucket("head", key)
                 return None
         self._bucket_verified = True
@@ -333,7 +324,7 @@ class S3ObjectStore(ObjectStore):
         except bce.ClientError as exc:
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
             if status == 404:
-                raise StoreUnavailable(op, key, f"{self._where()} does not exist (NoSuchBucket)") from exc
+                raise base.StoreUnavailable(op, key, f"{self._where()} does not exist (NoSuchBucket)") from exc
             if status != 403:
                 self._translate(exc, op, key)
             # 403: the bucket exists; a least-privilege role may list only its prefixes, not HEAD the bucket.

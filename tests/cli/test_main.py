@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -22,19 +20,9 @@ from laminar_orchestration.protocol.fencing import PartitionGuard
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.store import LocalObjectStore, open_store
 from tests.commits import commit_all, fold_output
+from tests.processes import laminar
 
 pytestmark = pytest.mark.processes
-
-
-def laminar(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "laminar_orchestration.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=os.environ.copy(),
-        timeout=120,
-    )
 
 
 def test_init_status_and_reinit(store_url: str) -> None:

@@ -21,16 +21,10 @@ from laminar_orchestration.protocol.tasks import (
     MigrationTimeout,
     NoLiveNode,
 )
-from laminar_orchestration.store import ObjectStore
-from tests.ledgers import make_alive, make_dead, new_ledger
+from tests.ledgers import make_alive, make_dead
 
 P, N = PartitionId, NodeId
 NO_WARMUP = MigrationConfig(warmup_timeout_s=0, drain_alignment_s=0)
-
-
-@pytest.fixture
-def ledger(store: ObjectStore) -> Ledger:
-    return new_ledger(store)
 
 
 # --- plan_move ------------------------------------------------------------------------------

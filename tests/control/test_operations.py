@@ -19,20 +19,14 @@ from laminar_orchestration.control.operations import (
     wait_for_suspects,
 )
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
-from laminar_orchestration.protocol.capabilities import OutputCommitter
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.chain import ManifestReader, ManifestUpdate
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import StaleFencingToken
 from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase
 from laminar_orchestration.store import ObjectStore
-from tests.ledgers import make_alive, make_dead, new_ledger
+from tests.ledgers import fence_left_unsealed, make_alive, make_dead
 
 P, N = PartitionId, NodeId
-
-
-@pytest.fixture
-def ledger(store: ObjectStore) -> Ledger:
-    return new_ledger(store)
 
 
 def test_plan_failovers_targets_each_dead_owners_partition_once(ledger: Ledger) -> None:
@@ -68,24 +62,10 @@ def test_plan_failovers_leaves_a_partition_no_live_node_can_take_for_the_next_lo
     assert plan_failovers(ledger, heartbeat_timeout_s=0.2).failovers == ()
 
 
-class _GranterDied(BaseException):
-    """The granting process dies (a BaseException: nothing on the way catches it)."""
-
-
-def _dies_at_the_seal(*_args: object, **_kwargs: object) -> ManifestVersion:
-    raise _GranterDied
-
-
 def test_plan_failovers_completes_a_grant_whose_granter_died_before_sealing(
     ledger: Ledger, store: ObjectStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    token = ledger.acquire(P(0), N(1), expected_epoch=0)
-    old_owner = ManifestPublisher(OutputCommitter(store), store)
-    old_owner.publish(token, ManifestUpdate(source_offset=10))
-    granter = Ledger(store)
-    monkeypatch.setattr(granter.sealer, "seal", _dies_at_the_seal)
-    with pytest.raises(_GranterDied):
-        granter.fence(P(0), UNASSIGNED, expected_epoch=1, reason="drain node 1")
+    token, old_owner = fence_left_unsealed(ledger, monkeypatch)
     own = ledger.ownership(P(0))
     assert own is not None and own.head_lagged
 

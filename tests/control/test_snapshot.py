@@ -6,8 +6,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import pytest
-
 from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.control.snapshot import (
     check_live_owners,
@@ -24,9 +22,7 @@ from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.protocol.tasks import MigrationConfig
-from laminar_orchestration.store import ObjectStore
 from tests.commits import commit_all
-from tests.ledgers import new_ledger
 
 P, N = PartitionId, NodeId
 
@@ -63,11 +59,6 @@ def test_health_and_the_live_owner_check_are_pure() -> None:
     assert fingerprint({"a": 1, "b": [1, 2]}) == fingerprint({"b": [1, 2], "a": 1}) != fingerprint({"a": 2})
     assert len(fingerprint(rows)) == 16
     assert checkpoints_version([]) == fingerprint([])
-
-
-@pytest.fixture
-def ledger(store: ObjectStore) -> Ledger:
-    return new_ledger(store)
 
 
 def test_the_ownership_report_counts_what_an_operator_looks_at_first(ledger: Ledger) -> None:

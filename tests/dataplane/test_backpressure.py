@@ -17,8 +17,8 @@ from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.store import ObjectStore
-from tests.cli.test_main import laminar
 from tests.commits import commit_all
+from tests.processes import laminar
 
 
 def state(written: int, committed: int) -> BackpressureState:

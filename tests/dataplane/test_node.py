@@ -1,6 +1,6 @@
-"""An idle node's store requests follow changes, not partitions: it polls its assignment record, is
-woken by an advisory nudge, and converges without one. The node is the real runtime with a pyarrow
-fold instead of Spark (`ArrowNode`)."""
+"""An idle node's store requests follow changes, not partitions: it polls its assignment record and
+the recorded log ends, is woken by advisory nudges and doorbells, and converges without them. The
+node is the real runtime with a pyarrow fold instead of Spark (`ArrowNode`)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,12 @@ import pytest
 from laminar_dev.chaos import ArrowNode
 from laminar_orchestration.dataplane.config import NodeConfig
 from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.protocol.capabilities import ReadStore
 from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.nudge import SourceDoorbell
+from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.protocol.tasks import DesiredStates
-from laminar_orchestration.store import ObjectStore
+from laminar_orchestration.store import ObjectStore, StoreUnavailable
 from laminar_orchestration.store.metering import RequestMeter
 
 P, N = PartitionId, NodeId
@@ -112,3 +115,80 @@ def test_a_node_that_misses_every_nudge_still_converges_at_its_poll(
         _wait_running(node, {0}, 20)
         _place(ledger, 1, 1)
         _wait_running(node, {0, 1}, 20)
+
+
+def _wait_committed(node: ArrowNode, partition: int, offset: int, timeout_s: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        progress = node._progress().get(partition)
+        if progress is not None and progress.source_offset >= offset:
+            return time.monotonic() - started
+        time.sleep(0.02)
+    raise AssertionError(f"partition {partition} not committed to {offset} after {timeout_s}s: {node._progress()}")
+
+
+def _placed_and_running(store: ObjectStore, tmp_path: Path, partitions: int, **config: object) -> ArrowNode:
+    ledger = Ledger(store)
+    ledger.init_cluster(partitions)
+    for p in range(partitions):
+        _place(ledger, p, 1)
+    return _node(store, tmp_path, **config)
+
+
+def test_while_producers_record_log_ends_an_idle_node_reads_one_object_not_each_log(
+    store: ObjectStore, tmp_path: Path, meter: RequestMeter
+) -> None:
+    node = _placed_and_running(store, tmp_path, 4, log_ends_poll_s=0.2)
+    with running(node):
+        _wait_running(node, {0, 1, 2, 3}, 30)
+        appended = SourceLog(store).append_many(generate_events(40, 8, seed=1, partitions=4))
+        for p, result in appended.items():
+            _wait_committed(node, p, result.next_offset, 30)
+        time.sleep(0.5)  # every worker has seen the recorded ends since its last read
+        before = meter.snapshot()
+        time.sleep(3.0)
+        after = meter.snapshot()
+
+    gets = {fam: n - before.by_family.get((m, fam), 0) for (m, fam), n in after.by_family.items() if m == "GET"}
+    assert gets.get("source", 0) == 0  # no log is polled: the next poll of each is minutes away
+    assert 5 <= gets.get("source/ends.json", 0) <= 3.0 / 0.2 + 3  # one GET per poll, whatever the partitions
+
+
+@pytest.mark.parametrize("signal", ["recorded log ends", "doorbell"])
+def test_an_append_reaches_its_owner_through_the_log_ends_or_the_doorbell(
+    store: ObjectStore, tmp_path: Path, signal: str
+) -> None:
+    # A slow fallback poll: only the signal under test can bring the events in time.
+    config: dict[str, object] = {"source_fallback_poll_s": 600.0, "log_ends_poll_s": 0.3}
+    if signal == "doorbell":
+        config["log_ends_poll_s"] = 600.0  # the node does not read the recorded ends again in time
+    node = _placed_and_running(store, tmp_path, 1, **config)
+    with running(node):
+        _wait_running(node, {0}, 30)
+        first = SourceLog(store).append(0, generate_events(10, 2, seed=1, partitions=1)[0])
+        _wait_committed(node, 0, first.next_offset, 30)
+        doorbell = SourceDoorbell(ReadStore(store)) if signal == "doorbell" else None
+        try:
+            second = SourceLog(store, doorbell=doorbell).append(0, generate_events(10, 2, seed=2, partitions=1)[0])
+            _wait_committed(node, 0, second.next_offset, 30)
+        finally:
+            if doorbell is not None:
+                doorbell.close()
+
+
+def test_events_whose_log_end_was_never_recorded_are_found_at_the_fallback_poll(
+    store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = _placed_and_running(store, tmp_path, 1, log_ends_poll_s=0.2, source_fallback_poll_s=1.0)
+    with running(node):
+        _wait_running(node, {0}, 30)
+        first = SourceLog(store).append(0, generate_events(10, 2, seed=1, partitions=1)[0])
+        _wait_committed(node, 0, first.next_offset, 30)
+
+        def producer_dies_before_recording(self: SourceLog, ends: object) -> None:
+            raise StoreUnavailable("put", "source/ends.json", "the producer died")
+
+        monkeypatch.setattr(SourceLog, "_merge_ends", producer_dies_before_recording)
+        second = SourceLog(store).append(0, generate_events(10, 2, seed=2, partitions=1)[0])
+        assert SourceLog(store).log_ends() == {0: first.next_offset}  # the recorded end lags the log
+        _wait_committed(node, 0, second.next_offset, 30)

@@ -21,7 +21,6 @@ from laminar_orchestration.control.placement import failover_target
 from laminar_orchestration.control.snapshot import warm_copies
 from laminar_orchestration.dataplane.batches import InFlightBatch, ReadAhead, read_ahead
 from laminar_orchestration.dataplane.checkpoint import CheckpointStore
-from laminar_orchestration.dataplane.engine import BatchEvents
 from laminar_orchestration.dataplane.restore import StateReplica, committed_state
 from laminar_orchestration.dataplane.standby import StandbyFollower
 from laminar_orchestration.dataplane.statestore import PartitionStateStore
@@ -188,10 +187,16 @@ def test_a_forced_move_to_a_node_without_a_copy_starts_its_first_batch_before_th
     read, catch_up = SourceLog.read, StateReplica.catch_up
 
     def spy_read(
-        self: SourceLog, partition: int, from_offset: int, max_events: int, *, at_boundary: bool = False
+        self: SourceLog,
+        partition: int,
+        from_offset: int,
+        max_events: int,
+        *,
+        at_boundary: bool = False,
+        known_end: int | None = None,
     ) -> SourceBatch | None:
         reads.append(from_offset)
-        return read(self, partition, from_offset, max_events, at_boundary=at_boundary)
+        return read(self, partition, from_offset, max_events, at_boundary=at_boundary, known_end=known_end)
 
     def spy_catch_up(self: StateReplica, manifest: Any) -> Any:
         reads_at_restore.append(list(reads))
@@ -282,10 +287,9 @@ class _HeldWhenArmed(ArrowBatchEngine):
         self.armed = threading.Event()
         self.release = threading.Event()
 
-    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
+    def before_batch(self, epoch: int, job_group: str | None) -> None:
         if self.armed.is_set():
             assert self.release.wait(30), "the batch was never let go"
-        return super().aggregate(events, epoch=epoch, generation=generation, job_group=job_group)
 
 
 def test_an_owner_drains_while_its_batchs_keys_are_still_being_read(
@@ -356,11 +360,10 @@ class _SlowOwnerEngine(ArrowBatchEngine):
         self.slow = threading.Event()
         self.in_flight = threading.Event()
 
-    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
+    def before_batch(self, epoch: int, job_group: str | None) -> None:
         if self.slow.is_set():
             self.in_flight.set()
             time.sleep(3)
-        return super().aggregate(events, epoch=epoch, generation=generation, job_group=job_group)
 
 
 class _RecordingEngine(ArrowBatchEngine):
@@ -370,10 +373,9 @@ class _RecordingEngine(ArrowBatchEngine):
         self.coordinator = MigrationCoordinator(Ledger(store))
         self.calls: list[tuple[int, MigrationPhase | None]] = []
 
-    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
+    def before_batch(self, epoch: int, job_group: str | None) -> None:
         task = self.coordinator.current(P0)
         self.calls.append((epoch, task.phase if task else None))
-        return super().aggregate(events, epoch=epoch, generation=generation, job_group=job_group)
 
 
 def test_a_targets_first_batch_starts_once_the_old_owner_is_asked_to_drain_and_commits_once(tmp_path: Path) -> None:
@@ -462,11 +464,10 @@ class _HangingEngine(ArrowBatchEngine):
         self.release = threading.Event()
         self.blocked = threading.Event()
 
-    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
+    def before_batch(self, epoch: int, job_group: str | None) -> None:
         if self.hang.is_set():
             self.blocked.set()
             self.release.wait(60)
-        return super().aggregate(events, epoch=epoch, generation=generation, job_group=job_group)
 
 
 class _GroupRecordingEngine(ArrowBatchEngine):
@@ -475,9 +476,8 @@ class _GroupRecordingEngine(ArrowBatchEngine):
     def __init__(self) -> None:
         self.calls: list[tuple[int, str]] = []
 
-    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
+    def before_batch(self, epoch: int, job_group: str | None) -> None:
         self.calls.append((epoch, job_group or ""))
-        return super().aggregate(events, epoch=epoch, generation=generation, job_group=job_group)
 
     def speculative(self) -> list[tuple[int, str]]:
         return [c for c in self.calls if "speculative" in c[1]]

@@ -16,7 +16,6 @@ import pyarrow as pa
 from laminar_dev.chaos import ArrowNode
 from laminar_orchestration.cli.output import ConsoleOutput
 from laminar_orchestration.control.snapshot import snapshot_cluster
-from laminar_orchestration.dataplane.config import NodeConfig
 from laminar_orchestration.dataplane.worker import PartitionWorker
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.keys import segment_key
@@ -24,6 +23,7 @@ from laminar_orchestration.protocol.segments import encode_segment
 from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import ObjectStore
 from tests.ledgers import new_ledger, place_on_node_1
+from tests.nodes import quick_node_config
 from tests.scenarios.test_dataplane import running
 
 P, N = PartitionId, NodeId
@@ -54,12 +54,9 @@ def test_an_undecodable_segment_fails_its_partition_once_and_is_reported(store: 
     assert log.roll_forward(0) == 5
     place_on_node_1(ledger)
     node = CountingNode(
-        NodeConfig(
-            store_url=store.url,
-            node_id=1,
-            workdir=str(tmp_path / "node1"),
-            heartbeat_interval_s=0.1,
-            reconcile_interval_s=0.02,
+        quick_node_config(
+            store,
+            tmp_path,
             # One segment per batch: the good segment commits, then the poison one is met on its own.
             batch_max_events=3,
             # A restart loop would restart the partition a dozen times in the second watched below.

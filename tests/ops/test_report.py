@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
-import subprocess
-import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -20,6 +17,7 @@ from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.store import LocalObjectStore
 from tests.commits import commit_all
+from tests.processes import laminar
 
 P, N = PartitionId, NodeId
 SVG_NS = "{http://www.w3.org/2000/svg}"
@@ -110,12 +108,25 @@ def test_tables_list_every_grant_and_the_committed_offsets(tmp_path: Path) -> No
     assert "node 3" in row["0", "3"] and "fence" in row["0", "3"] and "node 2 stopped heartbeating" in row["0", "3"]
     assert "acquire" in row["0", "2"] and "migration 1 -&gt; 2" in row["0", "2"]
     # A placement takes the partition from nobody: neither its kind nor its reason speaks of a fence.
-    assert "<code>placement</code>" in row["0", "1"] and "fence" not in row["0", "1"]
+    assert '<span class="tag placement">placement</span>' in row["0", "1"] and "fence" not in row["0", "1"]
+    assert row["0", "1"].count("placement") == 2  # the tag's class and its word, not "placement placement"
     assert "migration m0: place on node 1" in row["0", "1"]
     offsets = dict(re.findall(r'<tr data-partition="(\d+)">(.*?)</tr>', page, re.S))
     assert '<td class="num committed">600</td>' in offsets["1"]
     assert '<td class="num">1,000</td>' in offsets["1"]  # source end
     assert '<td class="num committed">0</td>' in offsets["2"]
+
+
+def test_only_an_epoch_still_held_is_marked_current(tmp_path: Path) -> None:
+    ledger = build_history(tmp_path)
+    ledger.release(ledger.adopt(P(1), N(2)), commit_ulid=None, source_offset=600)  # node 2 stopped cleanly
+    page = render_html(collect_report(ledger))
+    grants = dict(
+        ((p, e), cells)
+        for p, e, cells in re.findall(r'<tr data-partition="(\d+)" data-epoch="(\d+)">(.*?)</tr>', page, re.S)
+    )
+    assert "(current)" in grants["0", "3"]  # node 3 holds it
+    assert "(current)" not in grants["1", "1"]  # released: nobody holds it
 
 
 @pytest.mark.processes
@@ -124,14 +135,7 @@ def test_cli_writes_the_report_beside_the_local_store(tmp_path: Path) -> None:
     url = (tmp_path / "store").as_uri()
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()
-    run = subprocess.run(
-        [sys.executable, "-m", "laminar_orchestration.cli", "report", "--store", url],
-        capture_output=True,
-        text=True,
-        cwd=elsewhere,
-        env=os.environ.copy(),
-        timeout=120,
-    )
+    run = laminar("report", "--store", url, cwd=elsewhere)
     assert run.returncode == 0, run.stderr
     out = tmp_path / "laminar-report.html"
     assert f"wrote {out}" in run.stdout
@@ -157,13 +161,7 @@ def test_cli_report_out_and_errors(tmp_path: Path) -> None:
     assert written.html.is_file() and written.png is None
     empty = tmp_path / "empty"
     empty.mkdir()
-    run = subprocess.run(
-        [sys.executable, "-m", "laminar_orchestration.cli", "report", "--store", empty.as_uri(), "--out",
-         str(tmp_path / "x.html")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )  # fmt: skip
+    run = laminar("report", "--store", empty.as_uri(), "--out", str(tmp_path / "x.html"))
     assert run.returncode == 7 and "no cluster" in run.stderr  # not found
     assert not (tmp_path / "x.html").exists()
 

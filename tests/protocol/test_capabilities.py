@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -81,19 +82,16 @@ def test_storage_policies_split_writes_by_role() -> None:
     authenticating S3 server in test_least_privilege."""
     policies = storage_policies("bucket", "prefix", nodes=(1, 2))
 
-    def writes(role: str) -> set[str]:
+    def granted(action: str, role: str) -> set[str]:
+        """The keys under the prefix that `role` may `action`."""
         out: set[str] = set()
         for st in policies.roles[role]["Statement"]:
-            if "s3:PutObject" in st["Action"]:
+            if action in st["Action"]:
                 out |= {r.split("prefix/", 1)[1] for r in st["Resource"]}
         return out
 
-    def reads(role: str) -> set[str]:
-        out: set[str] = set()
-        for st in policies.roles[role]["Statement"]:
-            if "s3:GetObject" in st["Action"]:
-                out |= {r.split("prefix/", 1)[1] for r in st["Resource"]}
-        return out
+    writes = functools.partial(granted, "s3:PutObject")
+    reads = functools.partial(granted, "s3:GetObject")
 
     # The control plane grants with their signing keys (and seals the chain a grant fences); it never
     # writes output, state or a node's record.
@@ -108,7 +106,7 @@ def test_storage_policies_split_writes_by_role() -> None:
         "manifests/?????/history/*",
         "manifests/?????/current.json",
     }
-    assert writes("producer") == {"source/?????/*.seg", "source/?????/head.json"}
+    assert writes("producer") == {"source/?????/*.seg", "source/?????/head.json", "source/ends.json"}
     # A node's data objects: under its own node of a five-character partition segment, which no `*` spans.
     assert {w for w in writes("node-1") if w.startswith(("checkpoints/", "sink/"))} == {
         "checkpoints/?????/n-00001/*",

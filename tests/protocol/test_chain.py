@@ -33,6 +33,7 @@ from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 from laminar_orchestration.ulid import next_ulid
 from tests.ledgers import new_ledger, place_on_node_1
+from tests.nodes import quick_node_config
 from tests.scenarios.test_dataplane import running
 from tests.stores import PausingStore
 
@@ -189,16 +190,7 @@ def test_a_failing_partition_backs_off_and_publishes_no_manifest_per_restart(tmp
     SourceLog(store, partitions=1).append(0, generate_events(500, 5, 1, 1)[0])
     place_on_node_1(ledger)
     node = PoisonNode(
-        NodeConfig(
-            store_url=store.url,
-            node_id=1,
-            workdir=str(tmp_path / "node1"),
-            heartbeat_interval_s=0.1,
-            reconcile_interval_s=0.02,
-            restart_backoff_initial_s=0.2,
-            restart_backoff_max_s=0.8,
-        ),
-        store=store,
+        quick_node_config(store, tmp_path, restart_backoff_initial_s=0.2, restart_backoff_max_s=0.8), store=store
     )
     seen: list[PartitionProgress] = []
     with running(node):

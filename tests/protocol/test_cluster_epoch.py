@@ -26,6 +26,7 @@ from laminar_orchestration.protocol.cluster_epoch import (
     StaleClusterEpoch,
     WindowMetrics,
 )
+from tests.threads import run_together
 
 N = 7
 BLOCKED = 0.05  # how long a blocked thread must stay blocked to count as waiting
@@ -275,12 +276,18 @@ def test_out_of_order_arrivals() -> None:
     assert w.window() == (N + 1, N + 2)
 
 
+def _hold_and_queue_slides(w: ClusterEpochWindow, held: int, *slides: int) -> tuple[_Holder, list[_Holder]]:
+    """`held` fenced and held, then a fence of each of `slides` started: each queued behind the hold."""
+    holder = _Holder(w, held).hold()
+    queued = [_Holder(w, epoch).start() for epoch in slides]
+    assert _wait_until(lambda: _queued_slides(w) == len(slides))
+    return holder, queued
+
+
 def test_waiting_slide_holds_back_new_shared_fences() -> None:
     w = ClusterEpochWindow()
     _establish(w, N)
-    a = _Holder(w, N).hold()
-    c = _Holder(w, N + 1).start()
-    assert _wait_until(lambda: _queued_slides(w) == 1)
+    a, [c] = _hold_and_queue_slides(w, N, N + 1)
 
     # Writer preference: a steady flow of commits must not starve the slide.
     d = _Holder(w, N).start()
@@ -297,9 +304,7 @@ def test_waiting_slide_holds_back_new_shared_fences() -> None:
 def test_fence_queued_behind_evicting_slide_is_rejected() -> None:
     w = ClusterEpochWindow()
     _establish(w, N, N + 1)
-    a = _Holder(w, N + 1).hold()
-    c = _Holder(w, N + 2).start()
-    assert _wait_until(lambda: _queued_slides(w) == 1)
+    a, [c] = _hold_and_queue_slides(w, N + 1, N + 2)
     d = _Holder(w, N).start()  # in the window now, but queued behind the slide
     assert not d.entered.wait(BLOCKED)
 
@@ -315,10 +320,7 @@ def test_fence_queued_behind_evicting_slide_is_rejected() -> None:
 def test_concurrent_fences_of_same_new_epoch_slide_once() -> None:
     w = ClusterEpochWindow()
     _establish(w, N)
-    a = _Holder(w, N).hold()
-    c1 = _Holder(w, N + 1).start()
-    c2 = _Holder(w, N + 1).start()
-    assert _wait_until(lambda: _queued_slides(w) == 2)
+    a, [c1, c2] = _hold_and_queue_slides(w, N, N + 1, N + 1)
     a.finish()
     assert c1.entered.wait(JOIN) and c2.entered.wait(JOIN)
     assert c1.fence is not None and c2.fence is not None
@@ -331,10 +333,7 @@ def test_concurrent_fences_of_same_new_epoch_slide_once() -> None:
 def test_slide_past_a_queued_epoch_grants_it_instead_of_rejecting() -> None:
     w = ClusterEpochWindow()
     _establish(w, N)
-    a = _Holder(w, N).hold()
-    high = _Holder(w, N + 2).start()
-    low = _Holder(w, N + 1).start()
-    assert _wait_until(lambda: _queued_slides(w) == 2)
+    a, [high, low] = _hold_and_queue_slides(w, N, N + 2, N + 1)
     a.finish()
     # Either slide may win; neither fence may be rejected.
     assert _wait_until(lambda: high.entered.is_set() or low.entered.is_set())
@@ -359,46 +358,34 @@ def test_slide_past_a_queued_epoch_grants_it_instead_of_rejecting() -> None:
 def test_concurrent_window_transitions_random_epochs() -> None:
     w = ClusterEpochWindow()
     threads, per_thread, max_epoch = 16, 60, 40
-    start = threading.Barrier(threads)
     lock = threading.Lock()
     attempted: list[int] = []
     granted: list[tuple[EpochFence, tuple[int | None, int | None]]] = []
     slides: list[int] = []
     rejected: list[StaleClusterEpoch] = []
-    unexpected: list[BaseException] = []
 
     def worker(seed: int) -> None:
         rng = random.Random(seed)
-        try:
-            start.wait(JOIN)
-            for _ in range(per_thread):
-                epoch = rng.randint(1, max_epoch)
-                with lock:
-                    attempted.append(epoch)
-                try:
-                    with w.fence(epoch, timeout=JOIN) as fence:
-                        seen = w.window()  # recorded inside the hold
-                        with lock:
-                            granted.append((fence, seen))
-                            if fence.new_epoch:
-                                # No slide can happen while this is held, so
-                                # appends are in slide order.
-                                slides.append(fence.latest_seen)
-                        if rng.random() < 0.2:
-                            time.sleep(0.0005)
-                except StaleClusterEpoch as exc:
-                    with lock:
-                        rejected.append(exc)
-        except BaseException as exc:
+        for _ in range(per_thread):
+            epoch = rng.randint(1, max_epoch)
             with lock:
-                unexpected.append(exc)
+                attempted.append(epoch)
+            try:
+                with w.fence(epoch, timeout=JOIN) as fence:
+                    seen = w.window()  # recorded inside the hold
+                    with lock:
+                        granted.append((fence, seen))
+                        if fence.new_epoch:
+                            # No slide can happen while this is held, so
+                            # appends are in slide order.
+                            slides.append(fence.latest_seen)
+                    if rng.random() < 0.2:
+                        time.sleep(0.0005)
+            except StaleClusterEpoch as exc:
+                with lock:
+                    rejected.append(exc)
 
-    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join(30)
-    assert not any(t.is_alive() for t in pool)
+    unexpected = run_together(worker, threads, 30)
     assert unexpected == []
 
     assert len(granted) + len(rejected) == threads * per_thread

@@ -9,17 +9,13 @@ from __future__ import annotations
 import pytest
 
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
+from laminar_orchestration.protocol import fencing
 from laminar_orchestration.protocol.fencing import (
     ConditionalPut,
-    ConditionalPutFailed,
-    EpochError,
     FencingToken,
-    NotOwned,
     Ownership,
     PartitionGuard,
     PartitionGuardSet,
-    StaleEpoch,
-    UnknownPartition,
     _mint_token,
 )
 from laminar_orchestration.protocol.records import PartitionStatus
@@ -84,9 +80,9 @@ def test_guard_check_valid_returns_ok() -> None:
 def test_guard_check_stale_returns_error() -> None:
     g = guard(1, 4, 1)
     g.observe_epoch(6)
-    with pytest.raises(StaleEpoch) as info:
+    with pytest.raises(fencing.StaleEpoch) as info:
         g.check()
-    assert info.value == StaleEpoch(P(1), 4, 6)
+    assert info.value == fencing.StaleEpoch(P(1), 4, 6)
 
 
 def test_guard_cache_never_moves_back() -> None:
@@ -106,16 +102,16 @@ def test_guard_validate_stale_updates_cache() -> None:
     table = Table()
     table.set(1, 9, 3)
     g = guard(1, 4, 2)
-    with pytest.raises(StaleEpoch) as info:
+    with pytest.raises(fencing.StaleEpoch) as info:
         g.validate(table)
     assert (info.value.local_epoch, info.value.current_epoch) == (4, 9)
     assert g.cached_current_epoch == 9
-    with pytest.raises(StaleEpoch):
+    with pytest.raises(fencing.StaleEpoch):
         g.check()  # the hot path now rejects too
 
 
 def test_guard_validate_unknown_partition() -> None:
-    with pytest.raises(UnknownPartition) as info:
+    with pytest.raises(fencing.UnknownPartition) as info:
         guard(5, 1, 1).validate(Table())
     assert info.value.partition == 5
 
@@ -123,14 +119,14 @@ def test_guard_validate_unknown_partition() -> None:
 def test_guard_validate_wrong_node_returns_not_owned() -> None:
     table = Table()
     table.set(1, 4, 3)  # same epoch, another node (C5)
-    with pytest.raises(NotOwned):
+    with pytest.raises(fencing.NotOwned):
         guard(1, 4, 2).validate(table)
 
 
 def test_guard_validate_unassigned_sentinel_returns_not_owned() -> None:
     table = Table()
     table.set(1, 4, UNASSIGNED)  # C6
-    with pytest.raises(NotOwned):
+    with pytest.raises(fencing.NotOwned):
         guard(1, 4, 2).validate(table)
 
 
@@ -173,7 +169,7 @@ def test_guard_set_insert_and_check() -> None:
 
 
 def test_guard_set_check_not_owned() -> None:
-    with pytest.raises(NotOwned):
+    with pytest.raises(fencing.NotOwned):
         PartitionGuardSet(N(2)).check(P(9))
 
 
@@ -182,7 +178,7 @@ def test_guard_set_check_stale() -> None:
     g = guard(1, 4, 2)
     s.insert(g)
     g.observe_epoch(5)
-    with pytest.raises(StaleEpoch):
+    with pytest.raises(fencing.StaleEpoch):
         s.check(P(1))
 
 
@@ -191,7 +187,7 @@ def test_guard_set_remove() -> None:
     s.insert(guard(1, 4, 2))
     removed = s.remove(P(1))
     assert removed is not None and removed.epoch == 4
-    with pytest.raises(NotOwned):
+    with pytest.raises(fencing.NotOwned):
         s.check(P(1))
     assert s.remove(P(1)) is None
     assert s.is_empty()
@@ -207,9 +203,9 @@ def test_guard_set_validate_all_mixed() -> None:
         s.insert(guard(p, e, 2))
     failures = dict(s.validate_all(table))
     assert set(failures) == {P(2), P(3), P(4)}
-    assert isinstance(failures[P(2)], StaleEpoch)
-    assert isinstance(failures[P(3)], NotOwned)
-    assert isinstance(failures[P(4)], UnknownPartition)
+    assert isinstance(failures[P(2)], fencing.StaleEpoch)
+    assert isinstance(failures[P(3)], fencing.NotOwned)
+    assert isinstance(failures[P(4)], fencing.UnknownPartition)
     assert table.batch_reads == 1  # one batched read, not one per guard
 
 
@@ -222,17 +218,17 @@ def test_guard_set_refresh_all_returns_revoked() -> None:
     s.insert(guard(2, 8, 2))
     assert s.refresh_all(table) == [P(2)]
     s.check(P(1))
-    with pytest.raises(StaleEpoch):
+    with pytest.raises(fencing.StaleEpoch):
         s.check(P(2))
     assert sorted(s.partition_ids()) == [1, 2]
 
 
 def test_epoch_error_display() -> None:
-    errors: list[EpochError] = [
-        EpochError.StaleEpoch(P(1), 2, 3),
-        EpochError.UnknownPartition(P(4)),
-        EpochError.NotOwned(P(5)),
-        EpochError.ConditionalPutFailed(P(6), 7, 8),
+    errors: list[fencing.EpochError] = [
+        fencing.EpochError.StaleEpoch(P(1), 2, 3),
+        fencing.EpochError.UnknownPartition(P(4)),
+        fencing.EpochError.NotOwned(P(5)),
+        fencing.EpochError.ConditionalPutFailed(P(6), 7, 8),
     ]
     assert [str(e) for e in errors] == [
         "stale epoch for partition 1: local=2, current=3",
@@ -240,8 +236,8 @@ def test_epoch_error_display() -> None:
         "partition 5 not owned by this node",
         "conditional PUT failed for partition 6: expected epoch=7, actual=8",
     ]
-    assert all(isinstance(e, EpochError) for e in errors)
-    assert isinstance(errors[0], StaleEpoch) and isinstance(errors[3], ConditionalPutFailed)
+    assert all(isinstance(e, fencing.EpochError) for e in errors)
+    assert isinstance(errors[0], fencing.StaleEpoch) and isinstance(errors[3], fencing.ConditionalPutFailed)
 
 
 def test_guard_set_refresh_ignores_guards_inserted_during_the_read() -> None:

@@ -39,6 +39,7 @@ def test_persisted_key_formats_are_unchanged() -> None:
     assert keys.manifest_history_key(42, 9) == "manifests/00042/history/00000000000000000009.json"
     assert keys.segment_key(42, 100) == "source/00042/00000000000000000100.seg"
     assert keys.source_head_key(42) == "source/00042/head.json"
+    assert keys.LOG_ENDS_KEY == "source/ends.json"
     assert keys.signing_key_key(3, 42, 7) == "grant-keys/n-00003/p-00042/e-00000000000000000007.json"
     assert keys.delta_key(42, 3, 7, ULID) == f"checkpoints/00042/n-00003/0000000007-{ULID}.delta.parquet"
     assert keys.snapshot_file_key(42, 3, 7, ULID, "000008.sst") == (
@@ -145,6 +146,7 @@ def test_a_workflow_writes_only_keys_the_layout_builds(store: ObjectStore) -> No
         keys.release_key(0, 1),
         keys.segment_key(0, 0),
         keys.source_head_key(0),
+        keys.LOG_ENDS_KEY,
         keys.manifest_pointer_key(0),
         *(keys.ownership_head_key(p) for p in (0, 1)),
         *(keys.manifest_history_key(0, seq) for seq in range(1, last.manifest.seq + 1)),

@@ -11,7 +11,7 @@ import pytest
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.capabilities import OutputCommitter
 from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
-from laminar_orchestration.protocol.fencing import FencingToken, NotOwned, StaleEpoch, UnknownPartition
+from laminar_orchestration.protocol.fencing import NotOwned, StaleEpoch, UnknownPartition
 from laminar_orchestration.protocol.keys import grant_key, ownership_head_key
 from laminar_orchestration.protocol.ledger import (
     ClusterAlreadyInitialized,
@@ -24,15 +24,10 @@ from laminar_orchestration.protocol.ledger import (
 from laminar_orchestration.protocol.manifest import StaleFencingToken
 from laminar_orchestration.protocol.records import CorruptLedgerObject, EpochGrant, GrantKind, PartitionStatus, now
 from laminar_orchestration.store import ObjectStore
-from tests.ledgers import new_ledger
+from tests.ledgers import fence_left_unsealed, new_ledger
 from tests.stores import PausingStore
 
 P, N = PartitionId, NodeId
-
-
-@pytest.fixture
-def ledger(store: ObjectStore) -> Ledger:
-    return new_ledger(store)
 
 
 def test_init_creates_unassigned_partitions(ledger: Ledger) -> None:
@@ -99,32 +94,10 @@ def test_fence_to_unassigned_then_acquire_without_release(ledger: Ledger) -> Non
     assert token.epoch == 3
 
 
-class _GranterDied(BaseException):
-    """The granting process dies (a BaseException: nothing on the way catches it)."""
-
-
-def _dies_at_the_seal(*_args: object, **_kwargs: object) -> ManifestVersion:
-    raise _GranterDied
-
-
-def _unassigned_and_unsealed(store: ObjectStore, monkeypatch: pytest.MonkeyPatch) -> tuple[FencingToken, Ledger]:
-    """Node 1 holds partition 0 at epoch 1 and committed; a fence to "unassigned" creates grant 2 and
-    its granter dies before sealing the chain. Returns node 1's token and the dead granter's ledger."""
-    owner = Ledger(store)
-    owner.init_cluster(1)
-    token = owner.acquire(P(0), N(1), expected_epoch=0)
-    ManifestPublisher(OutputCommitter(store), store).publish(token, ManifestUpdate(source_offset=10))
-    granter = Ledger(store)
-    monkeypatch.setattr(granter.sealer, "seal", _dies_at_the_seal)
-    with pytest.raises(_GranterDied):
-        granter.fence(P(0), UNASSIGNED, expected_epoch=1, reason="drain node 1")
-    return token, granter
-
-
 def test_a_fence_whose_granter_died_before_its_seal_is_sealed_by_complete_grant(
     store: ObjectStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    token, _ = _unassigned_and_unsealed(store, monkeypatch)
+    token, _ = fence_left_unsealed(new_ledger(store, 1), monkeypatch)
     own = Ledger(store).ownership(P(0))
     assert own is not None and (own.epoch, own.owner, own.head_lagged) == (2, UNASSIGNED, True)
     # The hole: nobody adopts a grant to "unassigned", so the old owner still publishes under epoch 1.

@@ -128,9 +128,10 @@ def test_a_forged_pointer_is_ignored_in_favour_of_the_verified_chain(store: Loca
     OutputCommitter(store).swap_manifest(manifest_key(pointer), forged.model_dump_json().encode(), obj.etag)
     reader = ManifestReader(store)
     assert reader.current(P(0)) == first and pointer in reader.forged
-    # The owner's publish moves the pointer back onto the chain.
+    # The owner's next pointer move (once per POINTER_EVERY entries, and before a release) puts it back.
     second = publisher.publish(token, ManifestUpdate(source_offset=0))
     assert ManifestReader(store).current(P(0)) == second
+    publisher.flush_pointer(P(0))
     assert store.get(pointer).data == second.raw
 
 
@@ -204,8 +205,9 @@ def test_a_former_owners_pointer_to_its_void_entry_behind_the_new_owners_commit_
     chain = reader.read_chain(P(0))
     assert chain.version == commit and chain.next_seq == commit.manifest.seq + 1
     assert stale_key in reader.superseded
-    # The new owner's next publish (its reader trusts its own last entry) moves the pointer back.
+    # The new owner's next pointer move (its reader trusts its own last entry) puts the pointer back.
     after = publisher.publish(new, ManifestUpdate(source_offset=0, note="and the next"))
+    publisher.flush_pointer(P(0))
     assert ManifestReader(store).current(P(0)) == after and store.get(pointer).data == after.raw
 
 

@@ -34,6 +34,7 @@ from laminar_orchestration.protocol.segments import (
 from laminar_orchestration.protocol.source import SourceLog, generate_events, produce_from_jsonl
 from laminar_orchestration.store import LocalObjectStore, ObjectStore, PreconditionFailed, open_store
 from laminar_orchestration.store.retry import RetryingStore, RetryPolicy
+from tests.threads import run_together
 
 
 def _events(n: int, prefix: str = "e", partition: int = 0) -> list[SourceEvent]:
@@ -378,23 +379,12 @@ def test_corrupt_head_is_reported_by_name(local_store: LocalObjectStore) -> None
 def test_concurrent_producer_threads_never_lose_or_duplicate(store: ObjectStore) -> None:
     workers, appends, per_append = 4, 4, 3
     log = SourceLog(store, segment_events=2)
-    barrier = threading.Barrier(workers)
-    errors: list[BaseException] = []
 
     def produce(w: int) -> None:
-        try:
-            barrier.wait()
-            for a in range(appends):
-                log.append(0, _events(per_append, f"w{w}-a{a}-"))
-        except BaseException as exc:
-            errors.append(exc)
+        for a in range(appends):
+            log.append(0, _events(per_append, f"w{w}-a{a}-"))
 
-    threads = [threading.Thread(target=produce, args=(w,)) for w in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors
+    assert not run_together(produce, workers, 60)
     expected = {f"w{w}-a{a}-{i}" for w in range(workers) for a in range(appends) for i in range(per_append)}
     assert log.end_offset(0) == len(expected)
     _assert_exactly_once(_all_events(log, 0), expected)

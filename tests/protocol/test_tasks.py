@@ -15,31 +15,19 @@ from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.control.moves import drive, run_migration
 from laminar_orchestration.dataplane.handoff import PartitionDuty, partition_duty
 from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.protocol import tasks
 from laminar_orchestration.protocol.ledger import Ledger, NodeHandle
 from laminar_orchestration.protocol.records import PartitionProgress, ReleaseRecord, now
 from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.protocol.tasks import (
     FORCED_PHASES,
     GRACEFUL_PHASES,
-    CheckpointFailed,
     DesiredState,
     DesiredStates,
-    DownloadFailed,
-    FenceLost,
-    InvalidTransition,
-    LedgerCommitFailed,
     MigrationConfig,
-    MigrationEpochConflict,
     MigrationKind,
-    MigrationNotOwned,
     MigrationPhase,
     MigrationTask,
-    MigrationTimeout,
-    NoLiveNode,
-    OldOwnerCrashed,
-    RestoreFailed,
-    SeekFailed,
-    UploadFailed,
     check_transition,
 )
 from laminar_orchestration.store import LocalObjectStore, ObjectStore, open_store
@@ -56,7 +44,7 @@ def test_migration_phase_transitions_linear() -> None:
         for i, current in enumerate(seq):
             for j, target in enumerate(seq):
                 if j != i + 1:
-                    with pytest.raises(InvalidTransition):
+                    with pytest.raises(tasks.InvalidTransition):
                         check_transition(kind, current, target)  # no skipping, no going back
     assert GRACEFUL_PHASES == (
         MigrationPhase.PLANNED, MigrationPhase.DRAINING, MigrationPhase.CHECKPOINTING, MigrationPhase.UPLOADING,
@@ -68,10 +56,10 @@ def test_migration_phase_transitions_linear() -> None:
         for phase in seq[: seq.index(MigrationPhase.SEEKING)]:
             check_transition(kind, phase, MigrationPhase.CANCELLED)
         for phase in (MigrationPhase.SEEKING, MigrationPhase.ACTIVE):
-            with pytest.raises(InvalidTransition):
+            with pytest.raises(tasks.InvalidTransition):
                 check_transition(kind, phase, MigrationPhase.CANCELLED)
     for terminal in (MigrationPhase.ACTIVE, MigrationPhase.FAILED, MigrationPhase.CANCELLED):
-        with pytest.raises(InvalidTransition):
+        with pytest.raises(tasks.InvalidTransition):
             check_transition(G, terminal, MigrationPhase.FAILED)
 
 
@@ -96,12 +84,18 @@ def test_phase_predicates_follow_each_kinds_sequence() -> None:
     )
 
 
-def test_migration_phase_failed_captures_context(store: ObjectStore) -> None:
+def _nodes_1_and_2(store: ObjectStore, partitions: int, owned: int) -> Ledger:
+    """A cluster of `partitions` with nodes 1 and 2 registered and partition `owned` granted to node 1."""
     ledger = Ledger(store)
-    ledger.init_cluster(1)
+    ledger.init_cluster(partitions)
     ledger.register_node(N(1))
     ledger.register_node(N(2))
-    ledger.acquire(P(0), N(1), expected_epoch=0)
+    ledger.acquire(P(owned), N(1), expected_epoch=0)
+    return ledger
+
+
+def test_migration_phase_failed_captures_context(store: ObjectStore) -> None:
+    ledger = _nodes_1_and_2(store, partitions=1, owned=0)
     coordinator = MigrationCoordinator(ledger)
     task = coordinator.plan(P(0), N(2))
     coordinator._transition(P(0), task.migration_id, MigrationPhase.DRAINING)
@@ -116,20 +110,16 @@ def test_migration_phase_failed_captures_context(store: ObjectStore) -> None:
 
 
 def test_migration_task_creation(store: ObjectStore) -> None:
-    ledger = Ledger(store)
-    ledger.init_cluster(2)
-    ledger.register_node(N(1))
-    ledger.register_node(N(2))
-    ledger.acquire(P(1), N(1), expected_epoch=0)
+    ledger = _nodes_1_and_2(store, partitions=2, owned=1)
     coordinator = MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=12))
     task = coordinator.plan(P(1), N(2))
     assert (task.partition, task.from_node, task.to_node) == (1, 1, 2)
     assert (task.from_epoch, task.to_epoch) == (1, 2)
     assert task.phase == MigrationPhase.PLANNED and task.migration_kind == G
     assert task.timeout_s == 12 and task.completed_at is None and task.started_at <= now()
-    with pytest.raises(MigrationEpochConflict):
+    with pytest.raises(tasks.MigrationEpochConflict):
         coordinator.plan(P(1), N(2))  # one migration per partition at a time
-    with pytest.raises(NoLiveNode):
+    with pytest.raises(tasks.NoLiveNode):
         coordinator.plan(P(0), N(7))
     unassigned = coordinator.plan(P(0), N(2))
     assert unassigned.migration_kind == F and unassigned.from_node == 0  # placement is a forced move
@@ -169,23 +159,23 @@ def test_migration_config_defaults() -> None:
 def test_migration_error_display() -> None:
     p = P(4)
     errors = [
-        (MigrationNotOwned(p, N(2)), "partition 4 is not owned by node 2"),
+        (tasks.MigrationNotOwned(p, N(2)), "partition 4 is not owned by node 2"),
         (
-            MigrationTimeout(p, MigrationPhase.DRAINING, 15.0),
+            tasks.MigrationTimeout(p, MigrationPhase.DRAINING, 15.0),
             "migration timeout for partition 4 at draining after 15.0s",
         ),
-        (CheckpointFailed(p, "disk full"), "checkpoint failed for partition 4: disk full"),
-        (UploadFailed(p, "503"), "upload failed for partition 4: 503"),
-        (DownloadFailed(p, "ckpt-1", "missing"), "download failed for partition 4 (checkpoint ckpt-1): missing"),
-        (RestoreFailed(p, "bad parquet"), "restore failed for partition 4: bad parquet"),
-        (LedgerCommitFailed(p, "412"), "ledger commit failed for partition 4: 412"),
-        (OldOwnerCrashed(p, 9), "old owner crashed for partition 4 at epoch 9"),
-        (MigrationEpochConflict(p, 3, 5), "epoch conflict for partition 4: expected=3, actual=5"),
-        (SeekFailed(p, "offset gone"), "source seek failed for partition 4: offset gone"),
+        (tasks.CheckpointFailed(p, "disk full"), "checkpoint failed for partition 4: disk full"),
+        (tasks.UploadFailed(p, "503"), "upload failed for partition 4: 503"),
+        (tasks.DownloadFailed(p, "ckpt-1", "missing"), "download failed for partition 4 (checkpoint ckpt-1): missing"),
+        (tasks.RestoreFailed(p, "bad parquet"), "restore failed for partition 4: bad parquet"),
+        (tasks.LedgerCommitFailed(p, "412"), "ledger commit failed for partition 4: 412"),
+        (tasks.OldOwnerCrashed(p, 9), "old owner crashed for partition 4 at epoch 9"),
+        (tasks.MigrationEpochConflict(p, 3, 5), "epoch conflict for partition 4: expected=3, actual=5"),
+        (tasks.SeekFailed(p, "offset gone"), "source seek failed for partition 4: offset gone"),
     ]
     for error, text in errors:
         assert str(error) == text
-    assert OldOwnerCrashed(p, 9).last_known_epoch == 9  # fields, not strings to parse
+    assert tasks.OldOwnerCrashed(p, 9).last_known_epoch == 9  # fields, not strings to parse
 
 
 # --- wedged and overdue migrations ------------------------------------------------------
@@ -230,7 +220,7 @@ def test_forced_migration_that_loses_the_fence_race_fails_and_a_new_one_succeeds
     coordinator = MigrationCoordinator(ledger, MigrationConfig(checkpoint_transfer_timeout_s=5))
     task = coordinator.plan(P(0), N(2), forced=True)
     rival_fence_first(ledger, monkeypatch, N(3))
-    with pytest.raises(FenceLost) as info:
+    with pytest.raises(tasks.FenceLost) as info:
         drive(coordinator, task)
     assert (info.value.migration_id, info.value.expected, info.value.actual) == (task.migration_id, 1, 2)
     failed = coordinator.current(P(0))
@@ -402,7 +392,7 @@ def test_a_conflict_with_another_migrations_record_leaves_that_record_alone(stor
     ledger, _ = three_nodes(store)
     coordinator = MigrationCoordinator(ledger)
     theirs = coordinator.plan(P(0), N(2))
-    with pytest.raises(MigrationEpochConflict) as info:
+    with pytest.raises(tasks.MigrationEpochConflict) as info:
         run_migration(coordinator, 0, 3)
     assert info.value.other_migration == theirs.migration_id
     current = coordinator.current(P(0))
@@ -430,7 +420,7 @@ def test_run_phase_enforces_the_records_overall_deadline(store: ObjectStore) -> 
     coordinator = MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=0.3, release_wait_timeout_s=20))
     task = coordinator.plan(P(0), N(2))
     started = time.monotonic()
-    with pytest.raises(MigrationTimeout):
+    with pytest.raises(tasks.MigrationTimeout):
         coordinator.run_phase(P(0), task.migration_id, MigrationPhase.DRAINING)  # node 1 never reports
     assert time.monotonic() - started < 5
     failed = coordinator.current(P(0))
@@ -440,7 +430,7 @@ def test_run_phase_enforces_the_records_overall_deadline(store: ObjectStore) -> 
     # A driver resuming a record already past its deadline fails it without waiting.
     late = MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=0.05)).plan(P(0), N(2))
     time.sleep(0.1)
-    with pytest.raises(MigrationTimeout):
+    with pytest.raises(tasks.MigrationTimeout):
         coordinator.run_phase(P(0), late.migration_id, MigrationPhase.DRAINING)
     expired = coordinator.current(P(0))
     assert expired is not None and expired.phase == MigrationPhase.FAILED
@@ -459,7 +449,7 @@ def test_cli_migrate_cancel_ends_a_wedged_migration(store_url: str, capsys: pyte
     ledger, handles = three_nodes(open_store(store_url, create=True))
     coordinator = MigrationCoordinator(ledger)
     wedged = wedge(ledger, coordinator)
-    with pytest.raises(MigrationEpochConflict):
+    with pytest.raises(tasks.MigrationEpochConflict):
         coordinator.plan(P(0), N(2))
     assert cli.main(["migrate", "--store", store_url, "--partition", "0", "--cancel"]) == 0
     out = capsys.readouterr().out.strip()

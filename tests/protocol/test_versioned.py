@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from pydantic import Field
 
@@ -22,12 +24,19 @@ def _decode(_position: int, obj: StoredObject) -> Note:
     return parse_record(obj.key, obj.data, Note)
 
 
-def notes(store: ObjectStore, *, sized: bool = False) -> VersionedObject[Note, LedgerKey]:
+def notes(
+    store: ObjectStore,
+    *,
+    sized: bool = False,
+    entry: Callable[[int], str] = lambda position: f"ledger/test/entries/{position:05d}.json",
+    pointer: str = "ledger/test/pointer.json",
+) -> VersionedObject[Note, LedgerKey]:
+    """Notes on the ledger writer, with entries and pointer at `entry(position)` and `pointer`."""
     writer = LedgerWriter(store)
     return VersionedObject(
         writer,
-        entry_key=lambda position: ledger_key(f"ledger/test/entries/{position:05d}.json"),
-        pointer_key=ledger_key("ledger/test/pointer.json"),
+        entry_key=lambda position: ledger_key(entry(position)),
+        pointer_key=ledger_key(pointer),
         decode=_decode,
         create=writer.create,
         swap=writer.swap,
@@ -94,15 +103,7 @@ def test_a_corrupt_entry_raises_the_owners_error_naming_its_key(store: ObjectSto
 
 
 def test_writes_stay_inside_the_capability_prefix(store: ObjectStore) -> None:
-    writer = LedgerWriter(store)
-    outside = VersionedObject(
-        writer,
-        entry_key=lambda position: ledger_key(f"manifests/{position}"),
-        pointer_key=ledger_key("ledger/x"),
-        decode=_decode,
-        create=writer.create,
-        swap=writer.swap,
-    )
+    outside = notes(store, entry=lambda position: f"manifests/{position}", pointer="ledger/x")
     with pytest.raises(ValueError, match="outside"):
         outside.create(1, _data("x"))
     assert store.head("manifests/1") is None

@@ -115,7 +115,7 @@ def test_a_ui_migration_then_a_killed_owner_failed_over_by_the_sensor_alone(tmp_
                 record = instance.get_run_record_by_id(run.run_id)
                 assert record is not None and record.start_time is not None
                 assert record.start_time > active_at - 0.5, "the sensor, not the run, made the partition active"
-                assert run.tags["laminar/failed_node"] == "1" and run.tags["laminar/to_node"] == "2"
+                assert run.tags["laminar/from_node"] == "1" and run.tags["laminar/to_node"] == "2"
                 outputs = {
                     e.step_key: e.dagster_event.event_specific_data.metadata  # type: ignore[union-attr]
                     for e in instance.all_logs(run.run_id, of_type=DagsterEventType.STEP_OUTPUT)

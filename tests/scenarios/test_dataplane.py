@@ -262,10 +262,16 @@ def spy_data_plane(monkeypatch: pytest.MonkeyPatch) -> Calls:
     read, load, aggregate, catch_up = SourceLog.read, SourceLog._load, ArrowBatchEngine.aggregate, StateReplica.catch_up
 
     def spy_read(
-        self: SourceLog, partition: int, from_offset: int, max_events: int, *, at_boundary: bool = False
+        self: SourceLog,
+        partition: int,
+        from_offset: int,
+        max_events: int,
+        *,
+        at_boundary: bool = False,
+        known_end: int | None = None,
     ) -> SourceBatch | None:
         calls.reads.append(from_offset)
-        return read(self, partition, from_offset, max_events, at_boundary=at_boundary)
+        return read(self, partition, from_offset, max_events, at_boundary=at_boundary, known_end=known_end)
 
     def spy_load(self: SourceLog, partition: int, start: int) -> Any:
         calls.segments.append(start)

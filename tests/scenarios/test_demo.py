@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from laminar_orchestration.ops.demo import CODE_LOCATION_FILES, find_code_location
 from laminar_orchestration.ops.demo_processes import Child
@@ -29,6 +30,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(url: str) -> Samples:
+    """Every sample at a /metrics URL: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def processes_with_mark(mark: str) -> list[int]:
@@ -94,12 +109,19 @@ def test_demo_runs_nodes_load_and_dagster_then_stops_cleanly(tmp_path: Path) -> 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     server_info: dict[str, object] = {}
+    node_metrics: Samples = {}
+    plane_metrics: Samples = {}
     try:
         # While it runs: once the demo says the webserver is ready, it must answer us too.
         while demo.poll() is None and time.monotonic() - started < DEMO_LIMIT_S:
             if not server_info and any("dagster webserver ready" in line for line in lines):
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=10) as resp:
                     server_info = json.loads(resp.read())
+            where = re.search(r"metrics +Prometheus: (http://\S+) \(control plane\); node 1 :(\d+)", "".join(lines))
+            if where and not plane_metrics and sum(1 for line in lines if line.startswith("── status")) >= 3:
+                # Under load, with the placements done: the node's figures and the moves' durations.
+                node_metrics = scrape(f"http://127.0.0.1:{where[2]}/metrics")
+                plane_metrics = scrape(where[1])
             time.sleep(0.5)
         code = demo.wait(timeout=max(1.0, DEMO_LIMIT_S - (time.monotonic() - started)))
     finally:
@@ -136,9 +158,23 @@ def test_demo_runs_nodes_load_and_dagster_then_stops_cleanly(tmp_path: Path) -> 
     assert re.search(r"[1-9][\d,]* events/s committed", output)
 
     # The final audit: everything produced was committed, exactly once.
-    audits = re.findall(r"partition (\d): committed (\d+)/(\d+) events, \d+ manifests, \d+ epochs: ok", output)
+    audits = re.findall(r"partition (\d): committed (\d+)/(\d+) events, \d+ manifests, \d+ epochs?: ok", output)
     assert len(audits) == 2 and all(int(c) == int(t) > 0 for _, c, t in audits), output[-2000:]
     assert "verify: OK" in output
+    # A clean stop reads as one: every partition released, nobody dead or waiting for a failover.
+    final = output[output.index("── final status") :]
+    assert len(re.findall(r"released by node [12]", final)) == 2 and "dead" not in final, final
+    assert "Editable installation" not in output and "Closing down clientserver" not in output
+
+    # Metrics scraped while the load ran: node 1's partitions' lag, commits and batch latency, and the
+    # control plane's durations of the placements (moves that ended).
+    assert any(name == "laminar_partition_lag_events" for name, _ in node_metrics), node_metrics
+    assert sum(v for (n, _), v in node_metrics.items() if n == "laminar_partition_commits_total") > 0
+    assert sum(v for (n, _), v in node_metrics.items() if n == "laminar_batch_duration_seconds_count") > 0
+    placed = plane_metrics.get(
+        ("laminar_migration_duration_seconds_count", (("kind", "placement"), ("outcome", "active")))
+    )
+    assert placed == 2, plane_metrics
     assert f"laminar report --store {store}" in output
 
     # Nothing the demo started outlives it: nodes, Spark JVMs, Dagster processes, code servers, runs.

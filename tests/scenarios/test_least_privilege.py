@@ -36,6 +36,7 @@ import pyarrow as pa
 import pytest
 from botocore.exceptions import ClientError
 
+from laminar_dev.localcluster import wait_until
 from laminar_dev.s3server import AccessKey, create_iam_user, start_s3_server
 from laminar_orchestration.dataplane.checkpoint import OutputWriter
 from laminar_orchestration.identity import MAX_PARTITIONS, NodeId, PartitionId
@@ -73,14 +74,6 @@ HEARTBEAT_TIMEOUT_S = 2.0
 REPO = Path(__file__).resolve().parents[2]
 P, N = PartitionId, NodeId
 _CLEARED = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.1)
 
 
 @dataclass
@@ -798,6 +791,7 @@ SAMPLES = {
     keys.MANIFEST_POINTERS_PATTERN: keys.manifest_pointer_key(3),
     keys.SEGMENTS_PATTERN: keys.segment_key(3, 100),
     keys.SOURCE_HEADS_PATTERN: keys.source_head_key(3),
+    keys.LOG_ENDS_KEY: keys.LOG_ENDS_KEY,
     keys.CHECKPOINT_OBJECTS_PATTERN: keys.delta_key(3, 2, 7, next_ulid()),
     keys.OUTPUT_OBJECTS_PATTERN: keys.output_object_key(3, 2, 7, 0, 10, next_ulid()),
     keys.SIGNING_KEYS_PATTERN: keys.signing_key_key(2, 3, 7),

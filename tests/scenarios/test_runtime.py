@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 
 from laminar_dev.localcluster import HEARTBEAT_TIMEOUT_S, Cluster, wait_until
 from laminar_orchestration.control.coordinator import MigrationCoordinator
@@ -30,6 +31,7 @@ from laminar_orchestration.protocol.tasks import (
     MigrationTimeout,
 )
 from laminar_orchestration.store import open_store
+from laminar_orchestration.table import table_location, table_status
 
 pytestmark = [pytest.mark.spark, pytest.mark.processes, pytest.mark.slow]
 
@@ -39,7 +41,8 @@ P, N = PartitionId, NodeId
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     workdir = tmp_path_factory.mktemp("cluster")
-    c = Cluster((workdir / "store").as_uri(), workdir, partitions=4)
+    node_args = ("--refresh-interval", "0.5", "--checkpoint-every-batches", "3", "--table-sync-interval", "0.5")
+    c = Cluster((workdir / "store").as_uri(), workdir, partitions=4, node_args=node_args)
     for n in (1, 2, 3):
         c.start_node(n)
     try:
@@ -67,6 +70,20 @@ def assert_exactly_once(cluster: Cluster) -> None:
     assert counts == cluster.expected_counts()
     expected_sums = cluster.expected_sums()
     assert all(abs(sums[k] - expected_sums[k]) < 1e-6 * max(1.0, abs(expected_sums[k])) for k in sums)
+    assert_output_table_exactly_once(cluster)
+
+
+def assert_output_table_exactly_once(cluster: Cluster) -> None:
+    """The Delta table the nodes keep, read with `deltalake` alone: every committed batch once, each
+    key's events adding up to what was produced (no duplicate, no zombie row, nothing missing)."""
+    wait_until(lambda: table_status(cluster.store).lag_batches == 0, 60, "the nodes to catch the table up")
+    rows = DeltaTable(table_location(cluster.store).uri).to_pyarrow_table().to_pylist()
+    batches = [(r["partition"], r["batch_seq"], r["key"]) for r in rows]
+    assert len(batches) == len(set(batches)), "a batch's row landed twice"
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["key"]] = counts.get(r["key"], 0) + r["batch_count"]
+    assert counts == cluster.expected_counts()
 
 
 def test_processing_commits_every_event_exactly_once(cluster: Cluster) -> None:
@@ -123,6 +140,17 @@ def test_concurrent_migrations_of_two_partitions(cluster: Cluster) -> None:
     assert_exactly_once(cluster)
 
 
+def _assert_run_again_resumes(cluster: Cluster, partition: int, target: int) -> None:
+    """The migration of `partition` to `target` was left unfinished: running it again resumes the recorded
+    migration to the end instead of planning another, and every event is committed exactly once."""
+    left = cluster.coordinator.current(P(partition))
+    assert left is not None and not left.is_terminal
+    task = cluster.coordinator.run(P(partition), N(target))
+    assert task.migration_id == left.migration_id and task.phase == MigrationPhase.ACTIVE
+    assert cluster.owner(partition) == target
+    assert_exactly_once(cluster)
+
+
 def test_two_migrations_of_one_partition_exactly_one_proceeds(cluster: Cluster) -> None:
     owner = cluster.owner(3)
     targets = [n for n in (1, 2, 3) if n != owner]
@@ -162,13 +190,7 @@ def test_migration_timeout_then_retry_resumes(cluster: Cluster, monkeypatch: pyt
     with pytest.raises(MigrationTimeout) as info:
         impatient.run(P(0), N(target))
     assert info.value.phase.needs_old_owner
-    stuck = cluster.coordinator.current(P(0))
-    assert stuck is not None and not stuck.is_terminal
-    # The retry resumes the recorded migration instead of planning another.
-    task = cluster.coordinator.run(P(0), N(target))
-    assert task.migration_id == stuck.migration_id and task.phase == MigrationPhase.ACTIVE
-    assert cluster.owner(0) == target
-    assert_exactly_once(cluster)
+    _assert_run_again_resumes(cluster, 0, target)
 
 
 def test_orchestrator_killed_mid_migration_then_resumed(cluster: Cluster, tmp_path: Path) -> None:
@@ -198,12 +220,7 @@ def test_orchestrator_killed_mid_migration_then_resumed(cluster: Cluster, tmp_pa
     finally:
         orchestrator.send_signal(signal.SIGKILL)
         orchestrator.wait(10)
-    interrupted = cluster.coordinator.current(P(2))
-    assert interrupted is not None and not interrupted.is_terminal
-    task = cluster.coordinator.run(P(2), N(target))
-    assert task.migration_id == interrupted.migration_id and task.phase == MigrationPhase.ACTIVE
-    assert cluster.owner(2) == target
-    assert_exactly_once(cluster)
+    _assert_run_again_resumes(cluster, 2, target)
 
 
 def test_forced_failover_after_owner_killed(cluster: Cluster) -> None:

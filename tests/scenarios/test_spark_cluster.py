@@ -27,6 +27,7 @@ import pytest
 from laminar_dev.localcluster import Cluster, wait_until
 from laminar_orchestration.identity import NodeId, PartitionId
 from tests.dagster_plane import free_port
+from tests.processes import laminar
 
 pytestmark = [pytest.mark.spark, pytest.mark.processes, pytest.mark.slow]
 
@@ -141,12 +142,6 @@ def test_nodes_on_a_spark_standalone_cluster_move_and_fail_over_exactly_once(
         cluster.wait_committed(120)
     finally:
         cluster.shutdown()
-    verify = subprocess.run(
-        [sys.executable, "-m", "laminar_orchestration.cli", "verify", "--store", store_url],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    verify = laminar("verify", "--store", store_url, env=env)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "verify: OK" in verify.stdout, verify.stdout

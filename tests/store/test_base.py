@@ -22,6 +22,7 @@ import pytest
 
 from laminar_orchestration.store import InvalidKey, LocalObjectStore, ObjectNotFound, ObjectStore, PreconditionFailed
 from laminar_orchestration.store.s3 import S3ObjectStore
+from tests.threads import run_together
 
 # -- basic semantics -----------------------------------------------------------------
 
@@ -210,31 +211,21 @@ def _race(n: int, fn: Callable[[int], str]) -> tuple[dict[int, str], list[int]]:
     Returns (winner index -> ETag, loser indices). Any error other than
     PreconditionFailed fails the test.
     """
-    barrier = threading.Barrier(n)
     wins: dict[int, str] = {}
     losses: list[int] = []
-    errors: list[BaseException] = []
     lock = threading.Lock()
 
     def run(i: int) -> None:
-        barrier.wait()
         try:
             etag = fn(i)
         except PreconditionFailed:
             with lock:
                 losses.append(i)
-        except BaseException as exc:  # report, don't hide, unexpected failures
-            with lock:
-                errors.append(exc)
         else:
             with lock:
                 wins[i] = etag
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
+    errors = run_together(run, n, 60)  # any other error is reported, not hidden
     assert not errors, errors
     return wins, losses
 
@@ -299,22 +290,11 @@ def test_threads_cas_increments_lose_no_update(store: ObjectStore) -> None:
     n_threads, per_thread = 4, 6
     store.put_if_absent("counter", json.dumps({"n": 0, "writer": "init"}).encode())
     logs = [_IncrementLog() for _ in range(n_threads)]
-    barrier = threading.Barrier(n_threads)
-    errors: list[BaseException] = []
 
     def run(i: int) -> None:
-        barrier.wait()
-        try:
-            logs[i] = _increment(store, "counter", f"t{i}", per_thread)
-        except BaseException as exc:
-            errors.append(exc)
+        logs[i] = _increment(store, "counter", f"t{i}", per_thread)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n_threads)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-
+    errors = run_together(run, n_threads, 120)
     assert not errors, errors
     assert sum(len(log.bases) for log in logs) == n_threads * per_thread
     _assert_no_lost_update(store, "counter", logs)

@@ -1,0 +1,58 @@
+"""What a worker knows of its partition's log beyond its committed offset, and when it reads it.
+
+The node reads the log ends producers record (one object for every partition, `SourceLog.log_ends`)
+every `log_ends_poll_s` and hands each worker its partition's; a producer's doorbell may announce an
+end sooner. Both are hints recorded after the segments they cover: a worker that has reached the
+end they show waits for them to move instead of polling its log, and still polls it every
+`source_fallback_poll_s` (a producer may die between its segments and recording their end).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+#: The recorded log ends are trusted while the node read them within this long; after that (the
+#: node cannot read them) the worker polls its log again.
+LOG_ENDS_TRUST_S = 30.0
+
+
+@dataclass
+class LogWatch:
+    """One worker's view of its log end (guarded by the worker's lock)."""
+
+    fallback_s: float
+    #: The newest end announced, by the recorded log ends or a doorbell.
+    known_end: int = 0
+    #: When the node last handed over the recorded log ends (monotonic); None: it never did.
+    ends_seen_at: float | None = None
+    #: When the worker last read its log, and whether that read reached the end.
+    read_at: float = 0.0
+    at_end: bool = False
+
+    def advanced(self, end_offset: int, *, from_log_ends: bool) -> bool:
+        """Record an announced end; True if it moved (the worker should look)."""
+        if from_log_ends:
+            self.ends_seen_at = time.monotonic()
+        if end_offset > self.known_end:
+            self.known_end = end_offset
+            return True
+        return False
+
+    def read_limit(self, committed: int) -> int | None:
+        """Where the next read may stop without probing past it: the announced end, if ahead."""
+        return self.known_end if self.known_end > committed else None
+
+    def after_read(self, limit: int | None, batch_end: int | None) -> None:
+        """A read from the committed offset stopped at `batch_end` (None: nothing there)."""
+        self.read_at = time.monotonic()
+        self.at_end = batch_end is None or (limit is not None and batch_end >= limit)
+
+    def idle_until(self, committed: int) -> float | None:
+        """While the ends are watched and show nothing past `committed`, which the last read
+        reached: when the fallback poll is due. None: read the log now."""
+        seen = self.ends_seen_at
+        if not self.at_end or seen is None or time.monotonic() - seen > LOG_ENDS_TRUST_S or self.known_end > committed:
+            return None
+        due = self.read_at + self.fallback_s
+        return due if due > time.monotonic() else None

@@ -1,0 +1,61 @@
+"""The node's side of the output table: which of its partitions have committed batches the table
+may lack, and one catch-up call for all of them per interval, off the batches' path.
+
+The table's committer (`table.TableCommitter`, given to the node by its launcher: this layer does
+not import it) reads the committed batches from the manifest chains itself and appends each at most
+once, so what this module decides is only *when* to ask: a partition is owed a sync after one of
+its workers committed, or took it over (the old owner's last batches may be missing), and stays
+owed until a sync succeeds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from laminar_orchestration.identity import PartitionId
+
+log = logging.getLogger("laminar.node")
+
+
+class Committing(Protocol):
+    """What the feed reads of a worker: how many batches it committed."""
+
+    @property
+    def commits(self) -> int: ...
+
+
+#: The table's catch-up call: the partitions to sync; raises on failure (retried next interval).
+TableSync = Callable[[list[int]], object]
+
+
+class TableFeed:
+    """Tracks the partitions owed a table sync and makes the call (not thread-safe: one caller)."""
+
+    def __init__(self, sync: TableSync) -> None:
+        self._sync = sync
+        #: Per partition, the worker last seen and its commit count then.
+        self._seen: dict[PartitionId, tuple[int, int]] = {}
+        self.owed: set[PartitionId] = set()
+
+    def note(self, workers: Mapping[PartitionId, Committing]) -> None:
+        """Owe a sync to every partition whose worker is new or committed since the last look."""
+        for p, worker in workers.items():
+            mark = (id(worker), worker.commits)
+            if self._seen.get(p) != mark:
+                self._seen[p] = mark
+                self.owed.add(p)
+
+    def flush(self, node: object = "") -> bool:
+        """One sync of every owed partition; False (logged, kept owed) if it failed."""
+        if not self.owed:
+            return True
+        partitions = sorted(self.owed)
+        try:
+            self._sync([int(p) for p in partitions])
+        except Exception as exc:  # the table is a copy: any failure is retried, the node runs on
+            log.warning("node %s: output table sync of partitions %s failed (retried): %s", node, partitions, exc)
+            return False
+        self.owed.difference_update(partitions)
+        return True
