@@ -15,15 +15,17 @@ warnings.filterwarnings("ignore", category=BetaWarning)
 warnings.filterwarnings("ignore", category=PreviewWarning)
 
 from assets import ASSET_CHECKS, ASSETS  # noqa: E402
+from assets.stream_output import stream_output  # noqa: E402
 from jobs import failover_partition, migrate_partition, rebalance, worker_node  # noqa: E402
+from jobs.table_maintenance import table_maintenance, table_maintenance_schedule  # noqa: E402
 from resources import build_resources  # noqa: E402
 from sensors import SCHEDULES, SENSORS  # noqa: E402
 
 defs = Definitions(
-    assets=ASSETS,
+    assets=[*ASSETS, stream_output],
     asset_checks=ASSET_CHECKS,
-    jobs=[migrate_partition, failover_partition, rebalance, worker_node],
+    jobs=[migrate_partition, failover_partition, rebalance, worker_node, table_maintenance],
     sensors=SENSORS,
-    schedules=SCHEDULES,
+    schedules=[*SCHEDULES, table_maintenance_schedule],
     resources=build_resources(),
 )

@@ -3,7 +3,10 @@
 The three ledger assets are external assets: Dagster never computes them, the
 object store is their truth. The sensors report what they see as asset
 observations (``SensorResult(asset_events=...)``) whenever the ledger changes,
-so no run is ever launched to observe them:
+so no run is ever launched to observe them. ``ownership_map`` and
+``assignment_plan`` are observable source assets: the UI offers "Observe"
+(a run that reads the ledger and records the same observation) instead of a
+"Materialize" that could not work, and shows their latest observation:
 
 * ``ownership_map`` — partition, epoch, owner, status, owner liveness, any
   migration in flight and a health word per partition ("ok", "failover
@@ -27,6 +30,7 @@ asset: one Dagster partition per stream partition, materialized on Spark (the
 ``pyspark`` resource) from the committed checkpoints.
 """
 
+import warnings
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -36,17 +40,23 @@ from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
     AssetCheckSeverity,
+    AssetExecutionContext,
     AssetKey,
     AssetMaterialization,
     AssetObservation,
     AssetsDefinition,
     AssetSpec,
+    BetaWarning,
+    DataVersion,
     FreshnessPolicy,
     MetadataValue,
+    ObserveResult,
+    SourceAsset,
     TableColumn,
     TableRecord,
     TableSchema,
     asset_check,
+    observable_source_asset,
 )
 
 from laminar_orchestration.control.operations import plan_rebalance
@@ -66,6 +76,9 @@ from laminar_orchestration.protocol.ledger import Ledger
 from resources import LaminarResource
 
 from .committed_state import LAMINAR_PARTITIONS, committed_state
+
+# `observable_source_asset` is marked beta; the observation-only assets rely on it knowingly.
+warnings.filterwarnings("ignore", category=BetaWarning, message=".*observable_source_asset.*")
 
 GROUP = "laminar"
 #: The tag Dagster reads an observation's data version from.
@@ -109,17 +122,42 @@ _OWNERSHIP_COLUMNS = [
 
 # --- the assets ---------------------------------------------------------------------------
 
-ownership_map = AssetSpec(
-    "ownership_map",
+
+def _as_observe_result(observation: AssetObservation) -> ObserveResult:
+    """What an "Observe" run records: the observation the sensors report, with its data version."""
+    version = observation.tags.get(DATA_VERSION_TAG)
+    return ObserveResult(
+        metadata=dict(observation.metadata), data_version=DataVersion(version) if version is not None else None
+    )
+
+
+@observable_source_asset(
+    name="ownership_map",
     group_name=GROUP,
+    required_resource_keys={"laminar"},
     description="Who owns each partition at which epoch, whether the owner is alive, migrations in "
-    "flight (ledger head records, rolled forward over grants). Observed by the sensors when it changes.",
+    "flight (ledger head records, rolled forward over grants). Observed by the sensors when it changes "
+    "(no runs); Observe reads the ledger now.",
 )
-assignment_plan = AssetSpec(
-    "assignment_plan",
+def ownership_map(context: AssetExecutionContext) -> ObserveResult:
+    """The ownership map read from the ledger now (the sensors report the same when it changes)."""
+    laminar: LaminarResource = context.resources.laminar
+    return _as_observe_result(ownership_observation(laminar.ledger()))
+
+
+@observable_source_asset(
+    name="assignment_plan",
     group_name=GROUP,
-    description="The moves a rebalance would make now (sticky, weighted planner over the live nodes).",
+    required_resource_keys={"laminar"},
+    description="The moves a rebalance would make now (sticky, weighted planner over the live nodes). "
+    "Observed by the sensors when it changes (no runs); Observe plans it now.",
 )
+def assignment_plan(context: AssetExecutionContext) -> ObserveResult:
+    """The rebalance plan over the live nodes now (the sensors report the same when it changes)."""
+    laminar: LaminarResource = context.resources.laminar
+    return _as_observe_result(assignment_observation(laminar.ledger()))
+
+
 #: A stream with no report of keeping up for this long shows a freshness warning, then a failure.
 STREAM_WARN_AFTER = timedelta(minutes=2)
 STREAM_FAIL_AFTER = timedelta(minutes=5)
@@ -287,5 +325,10 @@ def partitions_on_live_nodes(context: AssetCheckExecutionContext, laminar: Lamin
     )
 
 
-ASSETS: list[AssetSpec | AssetsDefinition] = [ownership_map, assignment_plan, checkpoint_manifests, committed_state]
+ASSETS: list[AssetSpec | AssetsDefinition | SourceAsset] = [
+    ownership_map,
+    assignment_plan,
+    checkpoint_manifests,
+    committed_state,
+]
 ASSET_CHECKS = [partitions_on_live_nodes]

@@ -243,7 +243,7 @@ def scale(window_s: float, partitions: int, nodes: int) -> tuple[list[Row], list
             time.sleep(5)
             progress(f"scale: placing {partitions} partitions on {nodes} nodes")
             started = time.monotonic()
-            cluster.laminar("rebalance", timeout=3600)
+            cluster.laminar("rebalance", "--max-concurrent", "10", timeout=3600)
             cluster.wait("placement", cluster.all_active, 1800)
             notes.append(f"scale: {partitions} partitions placed in {time.monotonic() - started:.0f}s")
             time.sleep(15)

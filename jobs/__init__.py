@@ -2,8 +2,6 @@
 
 from .common import (
     ATTEMPT_TAG,
-    EPOCH_TAG,
-    FAILED_NODE_TAG,
     FROM_EPOCH_TAG,
     FROM_NODE_TAG,
     MIGRATION_ID_TAG,
@@ -13,6 +11,7 @@ from .common import (
     TO_EPOCH_TAG,
     TO_NODE_TAG,
     TRANSFER_OPS,
+    TUNING_KEY,
     MigrationHandle,
     MigrationLimits,
     RecordedFailover,
@@ -32,8 +31,6 @@ from .worker_node import NODE_TAG, WorkerNodeConfig, worker_node
 
 __all__ = [
     "ATTEMPT_TAG",
-    "EPOCH_TAG",
-    "FAILED_NODE_TAG",
     "FROM_EPOCH_TAG",
     "FROM_NODE_TAG",
     "GRACEFUL_OPS",
@@ -46,6 +43,7 @@ __all__ = [
     "TO_EPOCH_TAG",
     "TO_NODE_TAG",
     "TRANSFER_OPS",
+    "TUNING_KEY",
     "FailoverPartitionConfig",
     "MigratePartitionConfig",
     "MigrationHandle",

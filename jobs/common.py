@@ -19,14 +19,15 @@ ATTEMPT_TAG = "laminar/attempt"
 RETRY_OF_TAG = "laminar/retry_of"
 #: Unix time before which a retried run must not start its migration (the retry delay).
 NOT_BEFORE_TAG = "laminar/not_before"
-#: The dead owner a failover moves a partition away from, and the epoch it held.
-FAILED_NODE_TAG = "laminar/failed_node"
-EPOCH_TAG = "laminar/epoch"
-#: What a migration run moves, set by its first op (so runs can be filtered by them).
+#: What a migration run moves, set by its first op (so runs can be filtered by them); a failover's
+#: run gets them from the sensor that requests it (from: the dead owner and the epoch it held).
 FROM_NODE_TAG = "laminar/from_node"
 TO_NODE_TAG = "laminar/to_node"
 FROM_EPOCH_TAG = "laminar/from_epoch"
 TO_EPOCH_TAG = "laminar/to_epoch"
+#: The run config key of a migration job's optional limits (named to sort after the required fields,
+#: as the Launchpad lists fields by name).
+TUNING_KEY = "tuning"
 #: Ops that move state between nodes, the only ones whose metadata carries `bytes_moved`: the
 #: target's warm-up (plan), the old owner's final upload and the new owner's download. Their sum is the move's.
 TRANSFER_OPS = frozenset({"plan", "upload", "download"})
@@ -38,7 +39,7 @@ EXPECTED_ERRORS: tuple[type[Exception], ...] = (LaminarError,)
 
 
 class MigrationLimits(Config):
-    """Optional MigrationConfig overrides (unset: the default), `limits` in the Launchpad."""
+    """Optional MigrationConfig overrides (unset: the default), `tuning` in the Launchpad."""
 
     migration_timeout_s: float | None = Field(
         default=None, gt=0, description="Maximum time of the whole migration (default 30 s)."
@@ -63,29 +64,32 @@ class MigrationLimits(Config):
 
 
 def limits_from_run_config(run_config: Mapping[str, Any]) -> MigrationLimits:
-    """The `limits` section of a job's run config (as stored on the run), defaults if absent."""
-    raw = run_config.get("limits") or {}
+    """The `tuning` section of a job's run config (as stored on the run; `limits` before it was renamed),
+    defaults if absent."""
+    raw = run_config.get(TUNING_KEY) or run_config.get("limits") or {}
     return MigrationLimits(**raw) if isinstance(raw, Mapping) else MigrationLimits()
 
 
 class RecordedPhase(Config):
     """One phase another driver (the node-failure sensor) already carried out, as it reported it."""
 
-    phase: str
-    duration_s: float = Field(ge=0)
-    bytes_moved: int = Field(default=0, ge=0)
-    detail: str = ""
+    phase: str = Field(description="The migration phase (planned, released, downloading, ...).")
+    duration_s: float = Field(ge=0, description="How long the phase took, in seconds.")
+    bytes_moved: int = Field(default=0, ge=0, description="Bytes of state the phase moved.")
+    detail: str = Field(default="", description="What the phase did, as its driver reported it.")
 
 
 class RecordedFailover(Config):
     """A failover the node-failure sensor fenced and drove: the run shows these phases and drives the rest."""
 
-    migration_id: str
-    from_node: int
-    to_node: int
-    from_epoch: int
-    to_epoch: int
-    phases: list[RecordedPhase] = Field(default_factory=list)
+    migration_id: str = Field(description="The failover's migration id in the ledger.")
+    from_node: int = Field(description="The dead owner.")
+    to_node: int = Field(description="The node the partition was failed over to.")
+    from_epoch: int = Field(description="The dead owner's epoch (fenced).")
+    to_epoch: int = Field(description="The new owner's epoch.")
+    phases: list[RecordedPhase] = Field(
+        default_factory=list, description="The phases the sensor drove, in order (the run drives the rest)."
+    )
 
 
 @dataclass(frozen=True)
@@ -166,13 +170,43 @@ class MigrationHandle:
             TO_EPOCH_TAG: str(self.to_epoch),
         }
 
+    @classmethod
+    def from_tags(cls, tags: Mapping[str, str], config: MigrationConfig, kind: str = "") -> "MigrationHandle":
+        """The handle whose `tags` a run (of a `kind` migration) carries; KeyError or ValueError if one is
+        missing or malformed."""
+        return cls(
+            partition=int(tags[PARTITION_TAG]),
+            migration_id=tags[MIGRATION_ID_TAG],
+            kind=kind,
+            from_node=int(tags[FROM_NODE_TAG]),
+            to_node=int(tags[TO_NODE_TAG]),
+            from_epoch=int(tags[FROM_EPOCH_TAG]),
+            to_epoch=int(tags[TO_EPOCH_TAG]),
+            config=config.model_dump(),
+        )
+
+
+def human_size(n: int) -> str:
+    """`n` bytes as a size a person reads: ``512 B``, ``1.2 KiB``, ``3.4 MiB``, ``1.0 GiB``."""
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            break
+    return f"{value:.1f} {unit}"
+
 
 def report_metadata(report: PhaseReport, *, transfer: bool) -> dict[str, Any]:
-    """Op output metadata for one phase: duration first, bytes only on a transfer op, then the detail."""
-    metadata: dict[str, Any] = {"duration_s": MetadataValue.float(round(report.duration_s, 6))}
+    """Op output metadata for one phase: duration in seconds first, then (on a transfer op only) the
+    bytes moved as a size and as the exact count, then the detail (what the phase did)."""
+    # Milliseconds are what a phase's time is read in; more digits are noise on the run page.
+    metadata: dict[str, Any] = {"duration_s": MetadataValue.float(round(report.duration_s, 3))}
     if transfer:
         metadata["bytes_moved"] = MetadataValue.int(report.bytes_moved)
-    metadata["detail"] = report.detail
+        metadata["size_moved"] = MetadataValue.text(human_size(report.bytes_moved))
+    metadata["detail"] = MetadataValue.text(report.detail)
     return metadata
 
 

@@ -21,21 +21,26 @@ its phases in ``recorded``: the run shows them and drives only what is left.
 Launchpad config of ``migrate_partition``::
 
     partition: 3
-    to_node: 2
-    limits:              # optional, the default limits
+    to_node: 2           # optional: the live node, other than the owner, holding the fewest partitions
+    tuning:              # optional, the default timeouts and retries
       migration_timeout_s: 30
 
+The Launchpad lists fields by name, so the optional block is named to come
+after ``partition`` and ``to_node``; no field needs a value Dagster would
+have to make up (an empty config's error suggests only ``partition: 0``).
 ``failover_partition`` takes ``partition``, an optional ``to_node`` (default:
-the live node holding the fewest partitions), ``allow_live_owner`` and ``limits``.
+the live node holding the fewest partitions), ``allow_live_owner`` and ``tuning``.
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from dagster import (
     Config,
+    ConfigMapping,
     Failure,
     In,
+    JobDefinition,
     MetadataValue,
     Nothing,
     OpDefinition,
@@ -51,18 +56,16 @@ from dagster import (
 from pydantic import Field
 
 from laminar_orchestration.control.moves import plan_move, prepare_failover, record_failure
+from laminar_orchestration.control.placement import least_loaded_node, node_loads
+from laminar_orchestration.control.snapshot import live_node_ids, ownership_rows
 from laminar_orchestration.identity import PartitionId
+from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.tasks import MigrationError, MigrationKind, MigrationPhase
 from resources import LaminarResource
 
 from .common import (
     EXPECTED_ERRORS,
-    FROM_EPOCH_TAG,
-    FROM_NODE_TAG,
-    MIGRATION_ID_TAG,
     PARTITION_TAG,
-    TO_EPOCH_TAG,
-    TO_NODE_TAG,
     TRANSFER_OPS,
     MigrationHandle,
     MigrationLimits,
@@ -80,17 +83,22 @@ from .common import (
 class MigratePartitionConfig(Config):
     """Launchpad config of `migrate_partition`: which partition goes to which node."""
 
-    partition: int = Field(ge=0, description="The partition to move.")
-    to_node: int = Field(ge=1, description="The live node that takes the partition over.")
-    limits: MigrationLimits = Field(
-        default_factory=MigrationLimits, description="Timeouts and retries (the defaults when unset)."
+    partition: int = Field(ge=0, description="Required: the partition to move (0 .. partitions-1).")
+    to_node: int | None = Field(
+        default=None,
+        ge=1,
+        description="The live node that takes the partition over "
+        "(default: the live node, other than the owner, holding the fewest partitions).",
+    )
+    tuning: MigrationLimits = Field(
+        default_factory=MigrationLimits, description="Optional timeouts and retries (the defaults when unset)."
     )
 
 
 class FailoverPartitionConfig(Config):
     """Launchpad config of `failover_partition`."""
 
-    partition: int = Field(ge=0, description="The partition whose owner is dead.")
+    partition: int = Field(ge=0, description="Required: the partition whose owner is dead.")
     to_node: int | None = Field(
         default=None, ge=1, description="The new owner (default: the live node with the fewest partitions)."
     )
@@ -99,8 +107,8 @@ class FailoverPartitionConfig(Config):
         description="Fence the owner even though it still heartbeats (a stalled node). "
         "Without it, a failover of a partition whose owner is alive does nothing.",
     )
-    limits: MigrationLimits = Field(
-        default_factory=MigrationLimits, description="Timeouts and retries (the defaults when unset)."
+    tuning: MigrationLimits = Field(
+        default_factory=MigrationLimits, description="Optional timeouts and retries (the defaults when unset)."
     )
     recorded: RecordedFailover | None = Field(
         default=None,
@@ -147,6 +155,9 @@ _PHASE_DESCRIPTIONS = {
 }
 
 
+#: The kind of migration each job's runs drive (a run's tags name the migration, its job the kind).
+_JOB_KINDS = {"migrate_partition": "graceful", "failover_partition": "forced"}
+
 #: The migration each run in this process drives, by run id: set by `plan`/`fence`, read by the phase ops.
 _HANDLES: dict[str, MigrationHandle] = {}
 
@@ -180,19 +191,9 @@ def run_handle(context: OpExecutionContext) -> MigrationHandle:
             raw = mapped
     settings = limits_from_run_config(raw).migration_config()
     try:
-        partition = int(tags[PARTITION_TAG])
         if raw.get("recorded"):
-            return MigrationHandle.of_recorded(partition, RecordedFailover(**raw["recorded"]), settings)
-        return MigrationHandle(
-            partition=partition,
-            migration_id=tags[MIGRATION_ID_TAG],
-            kind=tags.get("laminar/migration_kind", ""),
-            from_node=int(tags[FROM_NODE_TAG]),
-            to_node=int(tags[TO_NODE_TAG]),
-            from_epoch=int(tags[FROM_EPOCH_TAG]),
-            to_epoch=int(tags[TO_EPOCH_TAG]),
-            config=settings.model_dump(),
-        )
+            return MigrationHandle.of_recorded(int(tags[PARTITION_TAG]), RecordedFailover(**raw["recorded"]), settings)
+        return MigrationHandle.from_tags(tags, settings, _JOB_KINDS.get(run.job_name, ""))
     except (KeyError, ValueError) as exc:
         raise Failure(
             description=f"this run has no migration recorded in its tags ({exc}): launch the job again",
@@ -252,6 +253,25 @@ def _phase_op(name: str, phase: MigrationPhase) -> OpDefinition:
 PHASE_OPS: dict[str, OpDefinition] = {name: _phase_op(name, phase) for name, phase in GRACEFUL_OPS.items()}
 
 
+def default_target(ledger: Ledger, partition: int) -> int:
+    """Where `migrate_partition` moves `partition` when no `to_node` is given: the live node other than
+    its owner holding the fewest partitions (ties: lowest id). Failure if there is none."""
+    rows = ownership_rows(ledger)
+    owner = next((int(r["owner"]) for r in rows if int(r["partition"]) == partition), None)
+    if owner is None:
+        raise Failure(description=f"partition {partition} does not exist", allow_retries=False)
+    live = live_node_ids(ledger)
+    loads = node_loads({int(r["partition"]): int(r["owner"]) for r in rows}, live)
+    target = least_loaded_node(loads, exclude=(owner,))
+    if target is None:
+        raise Failure(
+            description=f"no live node to move partition {partition} to (live: {sorted(live) or 'none'}, "
+            f"owner: node {owner}): start a node or give to_node",
+            allow_retries=False,
+        )
+    return target
+
+
 @op(
     name="plan",
     description="Record the migration (phase `planned`) in the partition's desired state, "
@@ -264,14 +284,20 @@ def plan(
     """Plan (or resume) the graceful migration (the library's `plan_move`); no output (the rest
     skipped) if nothing is to move."""
     wait_for_retry_delay(context)
-    settings = config.limits.migration_config()
+    settings = config.tuning.migration_config()
     coordinator = laminar.coordinator(settings)
     p = PartitionId(config.partition)
-    what = f"cannot plan moving partition {p} to node {config.to_node}"
+    to_node = config.to_node
+    if to_node is None:
+        to_node = default_target(coordinator.ledger, config.partition)
+        context.log.info(
+            f"to_node not given: node {to_node}, the live node other than the owner with fewest partitions"
+        )
+    what = f"cannot plan moving partition {p} to node {to_node}"
     try:
-        decision = plan_move(coordinator, config.partition, config.to_node)
+        decision = plan_move(coordinator, config.partition, to_node)
     except EXPECTED_ERRORS as exc:
-        raise failure(what, exc, partition=config.partition, to_node=config.to_node) from exc
+        raise failure(what, exc, partition=config.partition, to_node=to_node) from exc
     if decision.expired is not None:
         context.log.warning(f"migration {decision.expired.migration_id} was past its deadline: recorded Failed")
     if decision.blocked_by is not None:
@@ -279,7 +305,7 @@ def plan(
             description=f"{what}: {decision.reason}",
             metadata={
                 "partition": config.partition,
-                "to_node": config.to_node,
+                "to_node": to_node,
                 "in_flight": decision.blocked_by.migration_id,
                 "error_type": "MigrationEpochConflict",
             },
@@ -293,7 +319,7 @@ def plan(
     try:
         report = coordinator.run_phase(p, task.migration_id, MigrationPhase.PLANNED)
     except EXPECTED_ERRORS as exc:
-        raise failure(what, exc, partition=config.partition, to_node=config.to_node) from exc
+        raise failure(what, exc, partition=config.partition, to_node=to_node) from exc
     remember(context, handle)
     metadata = {**report_metadata(report, transfer="plan" in TRANSFER_OPS), "resumed": decision.resumed}
     yield Output(None, metadata=metadata)
@@ -310,7 +336,7 @@ def fence(
 ) -> Iterator[Output[None]]:
     """Forced phases `planned` + `released`; no output (the rest skipped) if the owner is alive."""
     wait_for_retry_delay(context)
-    settings = config.limits.migration_config()
+    settings = config.tuning.migration_config()
     if config.recorded is not None:
         # The sensor fenced (and most likely finished) this failover: report it, drive what is left.
         handle = MigrationHandle.of_recorded(config.partition, config.recorded, settings)
@@ -318,7 +344,9 @@ def fence(
         outputs = [
             run_phase_op(context, laminar, handle, phase) for phase in (MigrationPhase.PLANNED, MigrationPhase.RELEASED)
         ]
-        yield Output(None, metadata=_fence_metadata(outputs, "recorded by node_failure_sensor"))
+        note = _recorded_note(laminar, config.partition, config.recorded.migration_id)
+        context.log.info(note)
+        yield Output(None, metadata=_fence_metadata(outputs, note))
         return
     coordinator = laminar.coordinator(settings)
     p = PartitionId(config.partition)
@@ -350,6 +378,19 @@ def fence(
     yield Output(None, metadata=metadata)
 
 
+def _recorded_note(laminar: LaminarResource, partition: int, migration_id: str) -> str:
+    """What a recorded failover run is: a record of the sensor's work, with when the sensor did it."""
+    task = laminar.coordinator().current(PartitionId(partition))
+    when = ""
+    if task is not None and task.migration_id == migration_id:
+        end = task.completed_at or task.updated_at
+        when = f" from {task.started_at:%H:%M:%S.%f}"[:-3] + f" to {end:%H:%M:%S.%f}"[:-3] + " UTC"
+    return (
+        f"records failover {migration_id}, which node_failure_sensor drove{when}, before this run started: "
+        "the phase ops show the sensor's figures; this run drives only a phase the sensor left"
+    )
+
+
 def _fence_metadata(outputs: list[Output[None]], decision: str) -> dict[str, Any]:
     """The fence op's metadata: its phases' durations summed, the last phase's detail, the decision."""
     total = 0.0
@@ -363,29 +404,38 @@ def _fence_metadata(outputs: list[Output[None]], decision: str) -> dict[str, Any
 # --- the jobs -----------------------------------------------------------------------------
 
 
-@job(
-    name="migrate_partition",
-    description="Graceful migration of one partition to another node: "
+def _migration_job(
+    name: str, description: str, config: ConfigMapping, first: OpDefinition, phase_ops: Iterable[str]
+) -> JobDefinition:
+    """A migration job: `first` plans the move, then one op per phase in `phase_ops`, in order."""
+
+    @job(
+        name=name,
+        description=description,
+        config=config,
+        executor_def=in_process_executor,
+    )
+    def _job() -> None:
+        after = first()
+        for op_name in phase_ops:
+            after = PHASE_OPS[op_name](after)
+
+    return _job
+
+
+migrate_partition = _migration_job(
+    "migrate_partition",
+    "Graceful migration of one partition to another node: "
     "plan → drain → checkpoint → upload → release → download → restore → seek → activate.",
-    config=_migrate_config,
-    executor_def=in_process_executor,
-    tags={"laminar/migration_kind": "graceful"},
+    _migrate_config,
+    plan,
+    GRACEFUL_OPS,
 )
-def migrate_partition() -> None:
-    after = plan()
-    for name in GRACEFUL_OPS:
-        after = PHASE_OPS[name](after)
-
-
-@job(
-    name="failover_partition",
-    description="Forced migration of a partition whose owner is dead: "
+failover_partition = _migration_job(
+    "failover_partition",
+    "Forced migration of a partition whose owner is dead: "
     "fence → download → restore → seek → activate (from the last committed manifest).",
-    config=_failover_config,
-    executor_def=in_process_executor,
-    tags={"laminar/migration_kind": "forced"},
+    _failover_config,
+    fence,
+    RISING_OPS,
 )
-def failover_partition() -> None:
-    after = fence()
-    for name in RISING_OPS:
-        after = PHASE_OPS[name](after)

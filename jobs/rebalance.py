@@ -17,22 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from dagster import (
-    AssetKey,
-    AssetObservation,
-    Config,
-    DynamicOut,
-    DynamicOutput,
-    In,
-    MetadataValue,
-    OpExecutionContext,
-    Output,
-    RunConfig,
-    config_mapping,
-    in_process_executor,
-    job,
-    op,
-)
+import dagster as dg
 from pydantic import Field
 
 from laminar_orchestration.control.moves import run_moves
@@ -44,11 +29,11 @@ from resources import LaminarResource
 
 from .common import EXPECTED_ERRORS, MigrationLimits, failure
 
-ASSIGNMENT_PLAN_ASSET = AssetKey("assignment_plan")
+ASSIGNMENT_PLAN_ASSET = dg.AssetKey("assignment_plan")
 PLAN_ERRORS: tuple[type[Exception], ...] = (*EXPECTED_ERRORS, AssignmentError)
 
 
-class RebalanceConfig(Config):
+class RebalanceConfig(dg.Config):
     """Launchpad config of `rebalance`."""
 
     dry_run: bool = Field(default=False, description="Only compute and show the plan; move nothing.")
@@ -59,12 +44,14 @@ class RebalanceConfig(Config):
         default_factory=dict,
         description="Relative capacity per node id, e.g. {'3': 2.0}; nodes not listed weigh 1.",
     )
-    limits: MigrationLimits = Field(default_factory=MigrationLimits, description="Timeouts of each migration.")
+    tuning: MigrationLimits = Field(
+        default_factory=MigrationLimits, description="Timeouts and retries of each migration (the defaults when unset)."
+    )
 
 
-@config_mapping
-def _rebalance_config(config: RebalanceConfig) -> RunConfig:
-    return RunConfig(ops={"plan_rebalance": config})
+@dg.config_mapping
+def _rebalance_config(config: RebalanceConfig) -> dg.RunConfig:
+    return dg.RunConfig(ops={"plan_rebalance": config})
 
 
 @dataclass(frozen=True)
@@ -110,14 +97,14 @@ def plan_markdown(plan: RebalancePlan) -> str:
     return "\n".join(lines)
 
 
-@op(
+@dg.op(
     description="Compute the sticky, weighted assignment plan over the live nodes and fan the moves "
     "out in waves that respect max_concurrent_migrations per node.",
-    out=DynamicOut(Wave),
+    out=dg.DynamicOut(Wave),
 )
 def plan_rebalance(
-    context: OpExecutionContext, config: RebalanceConfig, laminar: LaminarResource
-) -> Iterator[DynamicOutput[Wave] | AssetObservation]:
+    context: dg.OpExecutionContext, config: RebalanceConfig, laminar: LaminarResource
+) -> Iterator[dg.DynamicOutput[Wave] | dg.AssetObservation]:
     try:
         ledger = laminar.ledger()
         plan = plan_rebalance_moves(ledger, parse_weights(config.weights))
@@ -129,14 +116,14 @@ def plan_rebalance(
         f"rebalance plan over live nodes {sorted(live)}: {len(moves)} move(s) in {len(waves)} wave(s)"
         + (" (dry run)" if config.dry_run else "")
     )
-    yield AssetObservation(
+    yield dg.AssetObservation(
         asset_key=ASSIGNMENT_PLAN_ASSET,
         metadata={
-            "plan": MetadataValue.md(plan_markdown(plan)),
+            "plan": dg.MetadataValue.md(plan_markdown(plan)),
             "moves": len(moves),
             "waves": len(waves),
             "dry_run": config.dry_run,
-            "plan_json": MetadataValue.json(plan.assignment.to_json()),
+            "plan_json": dg.MetadataValue.json(plan.assignment.to_json()),
         },
     )
     if config.dry_run or not moves:
@@ -145,10 +132,10 @@ def plan_rebalance(
     # that do not move stays valid (the cluster epoch has a two-epoch window).
     epoch = ledger.bump_cluster_epoch(f"rebalance run {context.run_id}: {len(moves)} move(s)")
     context.log.info(f"cluster epoch is now {epoch}")
-    settings = config.limits.migration_config(max_concurrent_migrations=config.max_concurrent_migrations)
+    settings = config.tuning.migration_config(max_concurrent_migrations=config.max_concurrent_migrations)
     for i, wave in enumerate(waves, start=1):
         value = Wave(i, tuple(wave), tuple(sorted(live)), config.max_concurrent_migrations, settings.model_dump())
-        yield DynamicOutput(
+        yield dg.DynamicOutput(
             value,
             mapping_key=f"wave_{i}",
             metadata={"moves": ", ".join(f"p{m.partition}:{m.from_node}->{m.to_node}" for m in wave)},
@@ -166,12 +153,12 @@ class MoveResult:
     bytes_moved: int
 
 
-@op(
+@dg.op(
     description="Carry out one wave of moves concurrently (graceful, or forced from a dead owner), "
     "never more than max_concurrent_migrations at once per node.",
-    ins={"wave": In(Wave)},
+    ins={"wave": dg.In(Wave)},
 )
-def migrate(context: OpExecutionContext, laminar: LaminarResource, wave: Wave) -> Output[list[MoveResult]]:
+def migrate(context: dg.OpExecutionContext, laminar: LaminarResource, wave: Wave) -> dg.Output[list[MoveResult]]:
     settings = MigrationConfig(**wave.config)
     live = set(wave.live_nodes)
 
@@ -208,24 +195,24 @@ def migrate(context: OpExecutionContext, laminar: LaminarResource, wave: Wave) -
             f"wave {wave.index}: {len(failed)} of {len(results)} move(s) failed",
             RuntimeError("; ".join(f"p{r.move.partition}: {r.detail}" for r in failed)),
             wave=wave.index,
-            moves=MetadataValue.md("\n".join(table)),
+            moves=dg.MetadataValue.md("\n".join(table)),
         )
-    return Output(
+    return dg.Output(
         results,
         metadata={
             "wave": wave.index,
-            "moves": MetadataValue.md("\n".join(table)),
-            "duration_s": MetadataValue.float(round(max((r.duration_s for r in results), default=0.0), 6)),
+            "moves": dg.MetadataValue.md("\n".join(table)),
+            "duration_s": dg.MetadataValue.float(round(max((r.duration_s for r in results), default=0.0), 6)),
             "bytes_moved": sum(r.bytes_moved for r in results),
         },
     )
 
 
-@op(description="Totals of the rebalance.")
-def summarize_rebalance(context: OpExecutionContext, waves: list[list[MoveResult]]) -> Output[int]:
+@dg.op(description="Totals of the rebalance.")
+def summarize_rebalance(context: dg.OpExecutionContext, waves: list[list[MoveResult]]) -> dg.Output[int]:
     results = [r for wave in waves for r in wave]
     context.log.info(f"rebalance moved {len(results)} partition(s)")
-    return Output(
+    return dg.Output(
         len(results),
         metadata={
             "moved": len(results),
@@ -235,12 +222,12 @@ def summarize_rebalance(context: OpExecutionContext, waves: list[list[MoveResult
     )
 
 
-@job(
+@dg.job(
     name="rebalance",
     description="Balance partitions over the live nodes with the fewest moves "
     "(at most max_concurrent_migrations per node at a time).",
     config=_rebalance_config,
-    executor_def=in_process_executor,
+    executor_def=dg.in_process_executor,
 )
 def rebalance() -> None:
     summarize_rebalance(plan_rebalance().map(migrate).collect())

@@ -141,7 +141,6 @@ def _drain(finished: threading.Event) -> None:
     description="A laminar worker node as a long-running run: its partitions' micro-batches run on the "
     "pyspark resource's SparkSession. Terminate the run to drain and release its partitions.",
     executor_def=in_process_executor,
-    tags={"laminar/kind": "worker_node"},
 )
 def worker_node() -> None:
     run_node()

@@ -11,6 +11,17 @@ if [ "${1:-}" = "--fast" ]; then
   marks=(-m "not spark and not dagster and not processes and not slow")
 fi
 scripts/setup.sh dev
+# The browser walkthrough test drives the Dagster UI in headless Chromium (Debian packages; CI runs as root).
+if [ ${#marks[@]} -eq 0 ] && { ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; }; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "installing chromium and chromium-driver for the browser test (apt-get)"
+    # A failed install fails the browser test alone (it names what is missing), not every other test.
+    { apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; } ||
+      echo "could not install chromium; the browser test will fail"
+  else
+    echo "no chromium/chromedriver: the browser test is skipped here (fails on CI); apt-get install chromium chromium-driver"
+  fi
+fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy

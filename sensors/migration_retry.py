@@ -21,11 +21,12 @@ from dagster import (
 
 from jobs import (
     ATTEMPT_TAG,
-    EPOCH_TAG,
-    FAILED_NODE_TAG,
+    FROM_EPOCH_TAG,
+    FROM_NODE_TAG,
     NOT_BEFORE_TAG,
     PARTITION_TAG,
     RETRY_OF_TAG,
+    TUNING_KEY,
     failover_partition,
     limits_from_run_config,
     migrate_partition,
@@ -86,20 +87,24 @@ def decide_retry(
     decision = decide(ledger, failed, policy, now=now)
     lineage = {PARTITION_TAG: str(partition), RETRY_OF_TAG: run_id}
     if decision.action == RetryAction.FAILOVER:
-        config: dict[str, Any] = {"partition": partition, "limits": dict(run_config.get("limits") or {})}
+        tuning = limits_from_run_config(run_config).model_dump(exclude_none=True)
+        config: dict[str, Any] = {"partition": partition, TUNING_KEY: tuning}
         if decision.to_node is not None:
             config["to_node"] = decision.to_node
         return RunRequest(
             run_key=failover_run_key(partition, decision.epoch),
             job_name=failover_partition.name,
             run_config=config,
-            tags={**lineage, FAILED_NODE_TAG: str(decision.failed_node), EPOCH_TAG: str(decision.epoch)},
+            # The failover's run names the dead owner and its epoch as every move's run does.
+            tags={**lineage, FROM_NODE_TAG: str(decision.failed_node), FROM_EPOCH_TAG: str(decision.epoch)},
         )
     if decision.action == RetryAction.STOP:
         return SkipReason(decision.reason)
     new_config = dict(run_config)
     # The sensor-driven failover the run was recording failed: the retry plans a fresh one.
     new_config.pop("recorded", None)
+    if "limits" in new_config:  # a run launched before the block was renamed
+        new_config[TUNING_KEY] = new_config.pop("limits")
     if decision.to_node is None:
         new_config.pop("to_node", None)  # the op picks the target
     return RunRequest(

@@ -35,6 +35,7 @@ from typing import Any
 from dagster import (
     AssetCheckEvaluation,
     AssetObservation,
+    DagsterInvariantViolationError,
     DefaultSensorStatus,
     RunRequest,
     SensorDefinition,
@@ -45,7 +46,15 @@ from dagster import (
 )
 
 from assets import live_owners_evaluation, ownership_observation
-from jobs import EPOCH_TAG, FAILED_NODE_TAG, PARTITION_TAG, failover_partition
+from jobs import (
+    FROM_EPOCH_TAG,
+    FROM_NODE_TAG,
+    MIGRATION_ID_TAG,
+    PARTITION_TAG,
+    TO_EPOCH_TAG,
+    TO_NODE_TAG,
+    failover_partition,
+)
 from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.control.moves import reinstate_all
 from laminar_orchestration.control.operations import (
@@ -130,11 +139,16 @@ def failover_run_config(driven: DrivenFailover) -> dict[str, Any]:
 
 def _run_request(driven: DrivenFailover) -> RunRequest:
     p = driven.planned
+    # What a user filters runs by: the partition, the move's nodes and epochs, its migration id.
+    tags = {PARTITION_TAG: str(p.partition), FROM_NODE_TAG: str(p.failed_node), FROM_EPOCH_TAG: str(p.epoch)}
+    if driven.migration_id is not None:
+        moved = {MIGRATION_ID_TAG: driven.migration_id, TO_NODE_TAG: str(driven.to_node)}
+        tags |= {**moved, TO_EPOCH_TAG: str(driven.to_epoch)}
     return RunRequest(
         run_key=failover_run_key(p.partition, p.epoch),
         job_name=failover_partition.name,
         run_config=failover_run_config(driven),
-        tags={PARTITION_TAG: str(p.partition), FAILED_NODE_TAG: str(p.failed_node), EPOCH_TAG: str(p.epoch)},
+        tags=tags,
     )
 
 
@@ -146,8 +160,14 @@ def evaluate(
     log: Callable[[str], None],
     watch_s: float = WATCH_S,
     budget_s: float = DRIVE_BUDGET_S,
+    report: Callable[[AssetObservation | AssetCheckEvaluation], None] | None = None,
 ) -> SensorResult | SkipReason:
-    """One evaluation of the node-failure sensor (the sensor without Dagster's context)."""
+    """One evaluation of the node-failure sensor (the sensor without Dagster's context).
+
+    `report` records an asset event at once (the instance's `report_runless_asset_event`): the dead
+    owner and the failing check are recorded when the death is detected, before the failover, rather
+    than with the sensor's result after it. None: they come with the result.
+    """
     # Only the control plane grants: a restarted node's released partitions go back to it here.
     for partition, epoch in reinstate_all(MigrationCoordinator(ledger)).items():
         log(f"p{partition}: granted back to its desired owner at epoch {epoch}")
@@ -163,6 +183,10 @@ def evaluate(
             return SensorResult(cursor=new_cursor, skip_reason="; ".join(plan.skipped) or "nothing to fail over")
         return SkipReason("; ".join(plan.skipped) or "every partition's owner is alive")
     before = _ownership_events(ledger)  # the dead owner, as the operator should see it
+    if report is not None:
+        for event in before:
+            report(event)
+        before = []
     driven = drive_failovers(ledger, plan.failovers, budget_s=budget_s, heartbeat_timeout_s=heartbeat_timeout_s)
     for d in driven:
         p = d.planned
@@ -173,6 +197,14 @@ def evaluate(
         cursor=new_cursor,
         asset_events=[*before, *_ownership_events(ledger)],
     )
+
+
+def _reporter(context: SensorEvaluationContext) -> Callable[[AssetObservation | AssetCheckEvaluation], None] | None:
+    """The instance's way to record an asset event now; None for a context without an instance (tests)."""
+    try:
+        return context.instance.report_runless_asset_event
+    except DagsterInvariantViolationError:
+        return None
 
 
 def build_node_failure_sensor(
@@ -207,6 +239,7 @@ def build_node_failure_sensor(
                 log=context.log.info,
                 watch_s=watch_s,
                 budget_s=drive_budget_s,
+                report=_reporter(context),
             )
         except ClusterNotInitialized as exc:
             return SkipReason(str(exc))

@@ -25,7 +25,7 @@ from typing import Any
 from laminar_orchestration.identity import UNASSIGNED, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger, NodeView
-from laminar_orchestration.protocol.records import NodeStatus
+from laminar_orchestration.protocol.records import NodeStatus, PartitionStatus
 from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.protocol.tasks import DesiredStates, MigrationTask
 from laminar_orchestration.store.metering import RequestPrices
@@ -134,14 +134,24 @@ class PartitionSnapshot:
 
     @property
     def failover_pending(self) -> bool:
-        """The owner is dead and no migration is moving the partition yet: it waits for a failover."""
-        return self.owner != UNASSIGNED and not self.owner_alive and self.migration is None
+        """The owner is dead and no migration is moving the partition yet: it waits for a failover.
+
+        A partition its owner released (a clean stop) waits for no failover: nobody died holding it.
+        """
+        return (
+            self.owner != UNASSIGNED
+            and not self.owner_alive
+            and self.migration is None
+            and self.status != PartitionStatus.RELEASED
+        )
 
     def phase_text(self) -> str:
         """The status with the migration in flight, e.g. ``graceful 1→2 (draining)``, for tables."""
         task = self.migration
         if task is not None:
             return f"{task.migration_kind} {task.from_node or '-'}→{task.to_node} ({task.phase})"
+        if self.status == PartitionStatus.RELEASED and self.owner != UNASSIGNED:
+            return f"released by node {self.owner}"
         if self.failover_pending:
             return f"failover pending (node {self.owner} dead)"
         return self.status
@@ -348,6 +358,8 @@ def ownership_health(row: Mapping[str, Any]) -> str:
     """One word on an `ownership_rows` row: what an operator must know first."""
     if row["owner"] == UNASSIGNED:
         return "unassigned"
+    if row["status"] == PartitionStatus.RELEASED and not row["migration"]:
+        return f"released by node {row['owner']}"  # a clean stop: nobody died holding it
     if not row["owner_alive"]:
         return "failover in flight" if row["migration"] else "owner dead: failover pending"
     return "moving" if row["migration"] else "ok"

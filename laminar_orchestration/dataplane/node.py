@@ -214,14 +214,20 @@ class Node:
                 worker.source_advanced(end)
 
     def _follow_moves(self, *, until: float) -> None:
-        """A move waits on this node at every phase: until the next full pass, re-read only the
-        records of the partitions this node is moving, every `migration_poll_s`."""
+        """A move waits on this node at every phase: until the next pass, every `migration_poll_s`,
+        read this node's assignment and the states whose revision moved there (each phase is a
+        state write): one GET while nothing changed, however many partitions are moving. A store
+        without assignment records has the moving partitions' states read instead."""
         while time.monotonic() < until and not self._stop.is_set():
             moving = [p for p, w in list(self.workers.items()) if w.migrating]
             if not moving or self._stop.wait(self.config.migration_poll_s):
                 return
-            for p in moving:
-                self._reconcile_partition(p, self.desired.read(p)[0])
+            if self._assignment_version is None:
+                states = {p: self.desired.read(p)[0] for p in moving}
+            else:
+                states = self._states_to_read()
+            for p, state in states.items():
+                self._reconcile_partition(p, state)
 
     def _reconcile_standbys(self) -> None:
         """Follow every `standby_for` partition this node does not run."""
@@ -447,10 +453,11 @@ class Node:
             with self.epoch_window.fence(epoch):
                 self.cluster_epoch = epoch
 
-    def refresh_guards(self) -> list[PartitionId]:
-        """The periodic kill-switch check: fence the tracker of every revoked partition."""
+    def refresh_guards(self, partitions: set[PartitionId] | None = None) -> list[PartitionId]:
+        """The kill-switch check of `partitions`' guards (default: all): fence the tracker of every
+        revoked partition."""
         try:
-            revoked = self.guards.refresh_all(self.ledger)
+            revoked = self.guards.refresh_all(self.ledger, partitions)
         except StoreError as exc:
             log.warning("node %s: guard refresh failed: %s", self.id, exc)
             return []
@@ -494,12 +501,12 @@ class Node:
             self._seen_revisions = {p: s.revision for p, s in states.items() if self.id in s.named_nodes()}
             return states
         assert assignment is not None
-        if assignment.version != self._assignment_version:
-            self._assignment_version = assignment.version
-            self._assignment_moved()
         named = {PartitionId(p): r for p, r in assignment.partitions.items()}
         wanted = {p for p, r in named.items() if self._seen_revisions.get(p) != r}
         wanted |= {p for p in self._seen_revisions if p not in named}
+        if assignment.version != self._assignment_version:
+            self._assignment_version = assignment.version
+            self._assignment_moved(set(wanted))
         wanted |= {p for p, b in self._backoff.items() if not b.permanent and at >= b.retry_at and p in named}
         wanted |= self._pending & set(named)
         states = {p: self.desired.read(p)[0] for p in sorted(wanted)}
@@ -510,10 +517,10 @@ class Node:
                 self._seen_revisions.pop(p, None)
         return states
 
-    def _assignment_moved(self) -> None:
-        """The control plane changed what it asks of this node: check every guard and the
-        cluster epoch now rather than at the next periodic refresh."""
-        self.refresh_guards()
+    def _assignment_moved(self, changed: set[PartitionId]) -> None:
+        """The control plane changed what it asks of this node about `changed` partitions: check
+        their guards (a fence moves the assignment) and the cluster epoch now."""
+        self.refresh_guards(changed)
         try:
             self.observe_cluster_epoch(self.ledger.membership().cluster_epoch)
         except StoreError as exc:

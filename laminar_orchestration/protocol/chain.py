@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 from collections.abc import Iterator, Mapping, Sequence

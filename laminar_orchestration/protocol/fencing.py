@@ -10,7 +10,7 @@ that also refreshes the cache.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -305,10 +305,13 @@ class PartitionGuardSet:
                 failures.append((pid, exc))
         return failures
 
-    def refresh_all(self, source: OwnershipSource) -> list[PartitionId]:
-        """Refresh every cached epoch from one batched ledger read; returns revoked partitions."""
+    def refresh_all(
+        self, source: OwnershipSource, partitions: Collection[PartitionId] | None = None
+    ) -> list[PartitionId]:
+        """Refresh every cached epoch (or those of `partitions`) from one batched ledger read;
+        returns revoked partitions."""
         # Judge exactly the guards the read was made for: one inserted meanwhile is not in it.
-        guards = list(self._guards.items())
+        guards = [(p, g) for p, g in self._guards.items() if partitions is None or p in partitions]
         snapshot = source.ownerships([pid for pid, _ in guards])
         return [pid for pid, guard in guards if not guard._refresh_from(snapshot.get(pid))]
 

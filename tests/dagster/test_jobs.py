@@ -9,7 +9,6 @@ to the runtime's tests.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,20 +17,24 @@ from typing import Any, cast
 
 import pytest
 from dagster import (
+    AssetCheckKey,
     AssetKey,
     DagsterEventType,
     DagsterInstance,
     Definitions,
     EnvVar,
     Failure,
+    FloatMetadataValue,
     OpExecutionContext,
     in_process_executor,
 )
+from dagster._config import process_config
 from dagster_aws.s3 import S3Resource
 from dagster_pyspark import PySparkResource
 
 from assets import checkpoint_observation, ownership_observation
 from jobs import GRACEFUL_OPS, MIGRATION_ID_TAG, RISING_OPS, failover_partition, migrate_partition, rebalance
+from jobs.common import human_size
 from jobs.migration import _HANDLES, run_handle
 from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.dataplane.engine import spark_conf
@@ -41,10 +44,12 @@ from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestRead
 from laminar_orchestration.protocol.keys import desired_state_key, grant_key
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import DeltaRef, SnapshotFile, SnapshotRef, artifact_ref
-from laminar_orchestration.protocol.tasks import MigrationPhase
+from laminar_orchestration.protocol.tasks import GRACEFUL_PHASES, MigrationPhase
 from laminar_orchestration.store.retry import RetryingStore
 from laminar_orchestration.store.s3 import S3ObjectStore
 from resources import LaminarResource, build_resources, laminar_resource_from_env
+from tests.ledgers import make_alive
+from tests.processes import run_text
 
 P, N = PartitionId, NodeId
 REPO = Path(__file__).resolve().parents[2]
@@ -73,14 +78,8 @@ def test_workspace_loads_like_the_webserver(tmp_path: Path) -> None:
     """`dagster definitions validate` through a code server (gRPC), as `dagster dev` loads it."""
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "LAMINAR_STORE": (tmp_path / "store").as_uri()}
     (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    proc = subprocess.run(
-        [str(DAGSTER), "definitions", "validate", "-w", "workspace.yaml", "--load-with-grpc"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    proc = run_text(
+        [str(DAGSTER), "definitions", "validate", "-w", "workspace.yaml", "--load-with-grpc"], cwd=REPO, env=env
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
@@ -105,16 +104,25 @@ def test_definitions_hold_every_piece() -> None:
         "migration_retry_sensor",
         "laminar_observation_sensor",
     }
-    assert {s.name for s in repository.schedule_defs} == {"rebalance_schedule"}
+    assert {s.name for s in repository.schedule_defs} == {"rebalance_schedule", "table_maintenance_schedule"}
     keys = defs.resolve_asset_graph().get_all_asset_keys()
     assert {
         AssetKey("ownership_map"),
         AssetKey("assignment_plan"),
         AssetKey("checkpoint_manifests"),
         AssetKey("committed_state"),
+        AssetKey("stream_output"),
     } <= keys
     # The ledger assets are observed by the sensors, never by a job of their own.
     assert not any(j.name.startswith("observe") for j in defs.resolve_all_job_defs())
+    # Observation-only assets: the UI offers Observe (they can be observed), never Materialize.
+    graph = defs.resolve_asset_graph()
+    for key in ("ownership_map", "assignment_plan"):
+        node = graph.get(AssetKey(key))
+        assert node.is_observable and not node.is_materializable, key
+    assert graph.get(AssetKey("ownership_map")).check_keys == {
+        AssetCheckKey(AssetKey("ownership_map"), "partitions_on_live_nodes")
+    }
 
 
 # --- jobs -------------------------------------------------------------------------------------
@@ -151,16 +159,9 @@ def test_jobs_have_the_protocol_phases_in_order() -> None:
         "activate",
     ]
     assert op_chain(failover_partition) == ["fence", "download", "restore", "seek", "activate"]
-    assert list(GRACEFUL_OPS.values()) == [
-        MigrationPhase.DRAINING,
-        MigrationPhase.CHECKPOINTING,
-        MigrationPhase.UPLOADING,
-        MigrationPhase.RELEASED,
-        MigrationPhase.DOWNLOADING,
-        MigrationPhase.RESTORING,
-        MigrationPhase.SEEKING,
-        MigrationPhase.ACTIVE,
-    ]
+    # Every phase of a graceful move after Planned (the plan op's), in order; tests/protocol/test_tasks.py
+    # pins the sequence itself.
+    assert list(GRACEFUL_OPS.values()) == list(GRACEFUL_PHASES[1:])
     assert RISING_OPS == ("download", "restore", "seek", "activate")
     assert {n.name for n in rebalance.graph.nodes} == {"plan_rebalance", "migrate", "summarize_rebalance"}
 
@@ -170,47 +171,71 @@ def config_fields(job: Any) -> dict[str, Any]:
     return dict(job.run_config_schema.config_type.fields)
 
 
+def undescribed(fields: dict[str, Any], path: str = "") -> list[str]:
+    """The config fields (nested ones too) the Launchpad would show without a description."""
+    missing = []
+    for name, field in fields.items():
+        if not (field.description or "").strip():
+            missing.append(f"{path}{name}")
+        inner = getattr(field.config_type, "fields", None)
+        if isinstance(inner, dict):
+            missing += undescribed(inner, f"{path}{name}.")
+    return missing
+
+
 def test_launchpad_config_and_executor() -> None:
     fields = config_fields(migrate_partition)
-    assert list(fields)[:2] == ["partition", "to_node"]
-    assert fields["partition"].is_required and fields["to_node"].is_required
-    assert not fields["limits"].is_required
-    assert set(fields["limits"].config_type.fields) == {
+    # The Launchpad lists fields by name: the required ones come first, then the optional ones.
+    names = sorted(fields)
+    assert names == ["partition", "to_node", "tuning"]
+    assert fields["partition"].is_required and not fields["to_node"].is_required
+    assert not fields["tuning"].is_required
+    assert set(fields["tuning"].config_type.fields) == {
         "migration_timeout_s",
         "release_wait_timeout_s",
         "checkpoint_transfer_timeout_s",
         "max_retries",
         "retry_delay_s",
     }
+    # An empty config's error suggests only what is valid: Dagster makes up 0 for every required Int,
+    # and 0 is no node (a required `to_node` would read `to_node: 0`).
+    empty = process_config(migrate_partition.run_config_schema.config_type, {})
+    assert not empty.success and empty.errors is not None
+    message = " ".join(e.message for e in empty.errors)
+    assert "'partition': 0" in message and "to_node" not in message, message
     fields = config_fields(failover_partition)
     assert fields["partition"].is_required and not fields["to_node"].is_required
     fields = config_fields(rebalance)
-    assert {"dry_run", "max_concurrent_migrations", "weights", "limits"} <= set(fields)
+    assert {"dry_run", "max_concurrent_migrations", "weights", "tuning"} <= set(fields)
+    for job in (migrate_partition, failover_partition, rebalance):
+        assert undescribed(config_fields(job)) == [], job.name
     assert fields["max_concurrent_migrations"].default_value == 2
     for job in (migrate_partition, failover_partition, rebalance):
         assert job.executor_def is in_process_executor
 
 
 @pytest.mark.dagster
+@pytest.mark.usefixtures("partition_0_on_node_1")
 def test_a_failing_phase_fails_its_op_with_a_clear_message_and_fails_the_migration(
     ledger: Ledger, laminar: LaminarResource
 ) -> None:
-    for n in (1, 2):
-        ledger.register_node(N(n), heartbeat_timeout_s=60)
-    ledger.acquire(P(0), N(1), expected_epoch=0)
     instance = DagsterInstance.ephemeral()
     result = run(
         migrate_partition,
         laminar,
-        {"partition": 0, "to_node": 2, "limits": {"release_wait_timeout_s": 0.05}},
+        {"partition": 0, "to_node": 2, "tuning": {"release_wait_timeout_s": 0.05}},
         instance,
     )
     assert not result.success
     assert set(step_events(result, DagsterEventType.STEP_SUCCESS)) == {"plan"}
     planned = step_events(result, DagsterEventType.STEP_OUTPUT)["plan"]
     meta = planned.event_specific_data.metadata
-    # Duration first, bytes (plan: the target's warm-up is a transfer), detail; who/what/which epoch as run tags.
-    assert list(meta)[:3] == ["duration_s", "bytes_moved", "detail"]
+    # Duration first, bytes (plan: the target's warm-up is a transfer) as a size and exactly, then the detail;
+    # who/what/which epoch as run tags.
+    assert list(meta)[:4] == ["duration_s", "bytes_moved", "size_moved", "detail"]
+    assert isinstance(meta["duration_s"], FloatMetadataValue)
+    assert meta["size_moved"].value == human_size(meta["bytes_moved"].value)
+    assert "warm" in meta["detail"].value and "drain" in meta["detail"].value, meta["detail"]
     stored = instance.get_run_by_id(result.run_id)
     assert stored is not None
     migration_id = stored.tags[MIGRATION_ID_TAG]  # filterable in the UI
@@ -220,6 +245,15 @@ def test_a_failing_phase_fails_its_op_with_a_clear_message_and_fails_the_migrati
         "laminar/to_node": "2",
     }
     assert (stored.tags["laminar/from_epoch"], stored.tags["laminar/to_epoch"]) == ("1", "2")
+    # Only what a user filters runs by: the partition, the nodes, the epochs, the migration id (each once).
+    assert {k for k in stored.tags if k.startswith("laminar/")} == {
+        "laminar/partition",
+        "laminar/migration_id",
+        "laminar/from_node",
+        "laminar/to_node",
+        "laminar/from_epoch",
+        "laminar/to_epoch",
+    }
     failed = step_events(result, DagsterEventType.STEP_FAILURE)["drain"]
     user = failed.event_specific_data.user_failure_data
     assert user is not None
@@ -233,15 +267,13 @@ def test_a_failing_phase_fails_its_op_with_a_clear_message_and_fails_the_migrati
 
 
 @pytest.mark.dagster
+@pytest.mark.usefixtures("partition_0_on_node_1")
 def test_a_phase_op_rebuilds_the_migration_from_the_run_as_a_re_execution_would(
     ledger: Ledger, laminar: LaminarResource
 ) -> None:
-    for n in (1, 2):
-        ledger.register_node(N(n), heartbeat_timeout_s=60)
-    ledger.acquire(P(0), N(1), expected_epoch=0)
     with DagsterInstance.ephemeral() as instance:
         limits = {"release_wait_timeout_s": 0.05, "migration_timeout_s": 20.0}
-        result = run(migrate_partition, laminar, {"partition": 0, "to_node": 2, "limits": limits}, instance)
+        result = run(migrate_partition, laminar, {"partition": 0, "to_node": 2, "tuning": limits}, instance)
         assert not result.success
         planned = _HANDLES.pop(result.run_id)  # what the plan op handed the phase ops in its process
         stored = instance.get_run_by_id(result.run_id)
@@ -266,6 +298,40 @@ def test_nothing_to_do_skips_the_phases(ledger: Ledger, laminar: LaminarResource
     result = run(failover_partition, laminar, {"partition": 0})  # owner alive
     assert result.success
     assert len(step_events(result, DagsterEventType.STEP_SKIPPED)) == 4
+
+
+@pytest.mark.dagster
+def test_without_to_node_the_move_goes_to_the_least_loaded_other_live_node(
+    ledger: Ledger, laminar: LaminarResource
+) -> None:
+    make_alive(ledger, 1, 2, 3)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    ledger.acquire(P(1), N(2), expected_epoch=0)
+    # Node 3 holds nothing; the drain (node 1 never answers here) fails the run after the plan.
+    result = run(migrate_partition, laminar, {"partition": 0, "tuning": {"release_wait_timeout_s": 0.05}})
+    assert set(step_events(result, DagsterEventType.STEP_SUCCESS)) == {"plan"}
+    assert result.dagster_run.tags["laminar/to_node"] == "3"
+
+
+@pytest.mark.dagster
+def test_without_to_node_and_no_other_live_node_the_plan_says_so(ledger: Ledger, laminar: LaminarResource) -> None:
+    make_alive(ledger, 1)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    result = run(migrate_partition, laminar, {"partition": 0})
+    failure = step_events(result, DagsterEventType.STEP_FAILURE)["plan"].event_specific_data.user_failure_data
+    assert failure.description == (
+        "no live node to move partition 0 to (live: [1], owner: node 1): start a node or give to_node"
+    )
+
+
+def test_sizes_read_as_a_person_reads_them() -> None:
+    assert [human_size(n) for n in (0, 1023, 1024, 1_258_291, 5 * 1024**3)] == [
+        "0 B",
+        "1023 B",
+        "1.0 KiB",
+        "1.2 MiB",
+        "5.0 GiB",
+    ]
 
 
 @pytest.mark.dagster
@@ -297,10 +363,11 @@ def test_failover_fences_then_waits_for_the_new_owner(ledger: Ledger, laminar: L
     ledger.register_node(N(2), heartbeat_timeout_s=60)
     ledger.acquire(P(0), N(1), expected_epoch=0)
     time.sleep(0.1)
-    result = run(failover_partition, laminar, {"partition": 0, "limits": {"checkpoint_transfer_timeout_s": 0.05}})
+    result = run(failover_partition, laminar, {"partition": 0, "tuning": {"checkpoint_transfer_timeout_s": 0.05}})
     assert set(step_events(result, DagsterEventType.STEP_SUCCESS)) == {"fence"}
     meta = step_events(result, DagsterEventType.STEP_OUTPUT)["fence"].event_specific_data.metadata
-    assert list(meta)[:2] == ["duration_s", "detail"] and meta["detail"].value == "epoch 1 fenced"
+    assert list(meta)[:2] == ["duration_s", "detail"]
+    assert meta["detail"].value == "epoch 1 fenced: node 2 granted epoch 2", meta["detail"]
     tags = result.dagster_run.tags
     assert (tags["laminar/from_node"], tags["laminar/to_node"], tags["laminar/to_epoch"]) == ("1", "2", "2")
     assert "download" in step_events(result, DagsterEventType.STEP_FAILURE)
@@ -311,8 +378,7 @@ def test_failover_fences_then_waits_for_the_new_owner(ledger: Ledger, laminar: L
 
 @pytest.mark.dagster
 def test_rebalance_dry_run_only_shows_the_plan(ledger: Ledger, laminar: LaminarResource) -> None:
-    for n in (1, 2):
-        ledger.register_node(N(n), heartbeat_timeout_s=60)
+    make_alive(ledger, 1, 2)
     for p in range(4):
         ledger.acquire(P(p), N(1), expected_epoch=0)
     instance = DagsterInstance.ephemeral()
@@ -329,8 +395,7 @@ def test_rebalance_dry_run_only_shows_the_plan(ledger: Ledger, laminar: LaminarR
 
 @pytest.mark.dagster
 def test_rebalance_fans_moves_out_in_waves_within_the_node_limit(ledger: Ledger, laminar: LaminarResource) -> None:
-    for n in (1, 2):
-        ledger.register_node(N(n), heartbeat_timeout_s=60)
+    make_alive(ledger, 1, 2)
     epoch_before = ledger.membership().cluster_epoch
     # 4 unassigned partitions, 2 nodes, 1 migration per node at a time: 2 waves of 2 forced moves.
     # No node process reports the download, so each move ends by timeout after its grant.
@@ -339,7 +404,7 @@ def test_rebalance_fans_moves_out_in_waves_within_the_node_limit(ledger: Ledger,
         laminar,
         {
             "max_concurrent_migrations": 1,
-            "limits": {"checkpoint_transfer_timeout_s": 0.05},
+            "tuning": {"checkpoint_transfer_timeout_s": 0.05},
         },
     )
     assert not result.success
@@ -428,14 +493,12 @@ def test_s3_store_is_built_from_the_dagster_aws_client(s3_endpoint: str, s3_buck
 
 
 @pytest.mark.dagster
+@pytest.mark.usefixtures("partition_0_on_node_1")
 def test_the_ops_enforce_the_migrations_overall_deadline(ledger: Ledger, laminar: LaminarResource) -> None:
-    for n in (1, 2):
-        ledger.register_node(N(n), heartbeat_timeout_s=60)
-    ledger.acquire(P(0), N(1), expected_epoch=0)
     # Generous per-phase limit: only the whole migration's deadline can end the drain wait.
     limits = {"migration_timeout_s": 0.5, "release_wait_timeout_s": 30}
     started = time.monotonic()
-    result = run(migrate_partition, laminar, {"partition": 0, "to_node": 2, "limits": limits})
+    result = run(migrate_partition, laminar, {"partition": 0, "to_node": 2, "tuning": limits})
     assert time.monotonic() - started < 20
     failed = step_events(result, DagsterEventType.STEP_FAILURE)["drain"].event_specific_data.user_failure_data
     assert failed.metadata["error_type"].value == "MigrationTimeout"

@@ -103,7 +103,8 @@ def test_dead_owner_is_fenced_by_the_sensor_and_recorded_as_one_run_per_partitio
     assert all(r.job_name == failover_partition.name for r in reqs)
     # Least load first, counting what this tick assigned: node 3 holds nothing, then 2 and 3 tie.
     assert [(r.run_config["partition"], r.run_config["to_node"]) for r in reqs] == [(0, 3), (1, 2)]
-    assert reqs[0].tags["laminar/failed_node"] == "1"
+    assert reqs[0].tags["laminar/from_node"] == "1" and reqs[0].tags["laminar/from_epoch"] == "1"
+    assert "laminar/epoch" not in reqs[0].tags  # the tags a user filters by, each once
     # The sensor fenced both at once: the new owners hold epoch 2 before any run starts...
     assert [(ledger.ownership(P(p)).owner, ledger.ownership(P(p)).epoch) for p in (0, 1)] == [(3, 2), (2, 2)]  # type: ignore[union-attr]
     # ...and each run gets what was done: fenced, then no node reported downloading within the budget.
@@ -255,7 +256,7 @@ def test_failed_migration_is_relaunched_with_the_same_config(ledger: Ledger, lam
     make_alive(ledger, 1, 2)
     ledger.acquire(P(0), N(1), expected_epoch=0)
     # Node 1 is only a record, so it never reports the drain: the run fails by timeout.
-    config = {"partition": 0, "to_node": 2, "limits": {"release_wait_timeout_s": 0.05, "retry_delay_s": 7.0}}
+    config = {"partition": 0, "to_node": 2, "tuning": {"release_wait_timeout_s": 0.05, "retry_delay_s": 7.0}}
     instance, result = failed_run(migrate_partition, laminar, config)
     before = time.time()
     out = evaluate_retry_sensor(instance, result, laminar)
@@ -267,7 +268,7 @@ def test_failed_migration_is_relaunched_with_the_same_config(ledger: Ledger, lam
     assert before + 6.5 < float(out.tags[NOT_BEFORE_TAG]) < time.time() + 7.5
 
     # The last allowed attempt failing: give up.
-    config["limits"]["max_retries"] = 1  # type: ignore[index]
+    config["tuning"]["max_retries"] = 1  # type: ignore[index]
     instance, result = failed_run(migrate_partition, laminar, config, tags={ATTEMPT_TAG: "2"})
     out = evaluate_retry_sensor(instance, result, laminar)
     assert isinstance(out, SkipReason) and "giving up" in str(out.skip_message)
@@ -279,14 +280,21 @@ def test_failed_migration_falls_back_to_failover_when_the_old_owner_died(
 ) -> None:
     make_alive(ledger, 1, 2)
     ledger.acquire(P(0), N(1), expected_epoch=0)
-    config = {"partition": 0, "to_node": 2, "limits": {"release_wait_timeout_s": 0.05}}
+    config = {"partition": 0, "to_node": 2, "tuning": {"release_wait_timeout_s": 0.05}}
     instance, result = failed_run(migrate_partition, laminar, config)
     make_dead(ledger, 1)  # a fresh record of node 1 with a lapsed heartbeat
     out = evaluate_retry_sensor(instance, result, laminar)
     assert isinstance(out, RunRequest)
     assert out.job_name == failover_partition.name
     assert out.run_key == "failover-p0-e1"
-    assert out.run_config == {"partition": 0, "to_node": 2, "limits": {"release_wait_timeout_s": 0.05}}
+    assert out.run_config == {"partition": 0, "to_node": 2, "tuning": {"release_wait_timeout_s": 0.05}}
+    # The run's tags: what a user filters by (the partition, the dead owner and its epoch), and the lineage.
+    assert out.tags == {
+        "laminar/partition": "0",
+        "laminar/from_node": "1",
+        "laminar/from_epoch": "1",
+        RETRY_OF_TAG: result.run_id,
+    }
 
 
 def test_decide_retry_branches(ledger: Ledger) -> None:
@@ -297,7 +305,7 @@ def test_decide_retry_branches(ledger: Ledger) -> None:
     migrate, failover = migrate_partition.name, failover_partition.name
     # Old owner dead, target dead too: the failover picks its own target.
     out = decide_retry(migrate, {"partition": 0, "to_node": 9}, {}, "r1", ledger)
-    assert isinstance(out, RunRequest) and out.job_name == failover and out.run_config == {"partition": 0, "limits": {}}
+    assert isinstance(out, RunRequest) and out.job_name == failover and out.run_config == {"partition": 0, "tuning": {}}
     # Already where it should be.
     out = decide_retry(migrate, {"partition": 1, "to_node": 2}, {}, "r2", ledger)
     assert isinstance(out, SkipReason) and "already on node 2" in str(out.skip_message)
@@ -306,6 +314,9 @@ def test_decide_retry_branches(ledger: Ledger) -> None:
     assert isinstance(out, RunRequest) and out.job_name == failover
     assert out.run_config == {"partition": 0}
     assert out.tags[ATTEMPT_TAG] == "4" and out.tags[NOT_BEFORE_TAG] == "105.000"
+    # A run launched before `limits` was renamed `tuning` is retried with the new name.
+    out = decide_retry(failover, {"partition": 0, "limits": {"max_retries": 9}}, {}, "r3b", ledger, now=100.0)
+    assert isinstance(out, RunRequest) and out.run_config == {"partition": 0, "tuning": {"max_retries": 9}}
     out = decide_retry(failover, {"partition": 0}, {ATTEMPT_TAG: "4"}, "r4", ledger)
     assert isinstance(out, SkipReason) and "max_retries is 3" in str(out.skip_message)
     # A failover of a partition a live node owns is not retried.
@@ -331,7 +342,7 @@ def test_a_stranded_failover_is_retried(ledger: Ledger, laminar: LaminarResource
     make_dead(ledger, 1)
     ledger.acquire(P(0), N(1), expected_epoch=0)
     # The fence succeeds (the coordinator's own part); node 2 never reports the download.
-    config = {"partition": 0, "limits": {"checkpoint_transfer_timeout_s": 0.05}}
+    config = {"partition": 0, "tuning": {"checkpoint_transfer_timeout_s": 0.05}}
     instance, result = failed_run(failover_partition, laminar, config)
     own = ledger.ownership(P(0))
     assert own is not None and (own.owner, own.epoch) == (2, 2)

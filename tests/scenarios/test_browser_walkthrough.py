@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from dagster import DagsterEventType, DagsterRunStatus, EventRecordsFilter
+from dagster import DagsterEventType, DagsterRunStatus, EventLogRecord, EventRecordsFilter
 
 from laminar_dev.localcluster import Cluster, NodeProcess, wait_until
 from laminar_orchestration.identity import PartitionId
@@ -231,16 +231,24 @@ def test_the_readme_walkthrough_in_a_browser(tmp_path: Path, browser: WebDriver)
         task = DesiredStates(cluster.ledger).read(PartitionId(1))[0].migration
         assert task is not None and task.completed_at is not None and task.from_epoch == epoch
 
-        # What the instance recorded (to find it in the UI, and to know when it was recorded).
-        with plane.instance() as instance:
-            evaluations = instance.event_log_storage.get_event_records(
-                EventRecordsFilter(event_type=DagsterEventType.ASSET_CHECK_EVALUATION), limit=50
-            )
+        # What the instance recorded (to find it in the UI, and to know when it was recorded): the sensor
+        # reports the healthy map and the passing check with its result, a moment after the failover.
+        def evaluations() -> list[EventLogRecord]:
+            with plane.instance() as instance:
+                return list(
+                    instance.event_log_storage.get_event_records(
+                        EventRecordsFilter(event_type=DagsterEventType.ASSET_CHECK_EVALUATION), limit=50
+                    )
+                )
+
+        def passed(record: EventLogRecord) -> bool:
+            return bool(record.event_log_entry.dagster_event.event_specific_data.passed)  # type: ignore[union-attr]
+
+        wait_until(lambda: passed(evaluations()[0]), 60, "the passing check after the failover", interval=0.5)
         failed = [
             r
-            for r in evaluations
-            if not r.event_log_entry.dagster_event.event_specific_data.passed  # type: ignore[union-attr]
-            and "owner dead" in (r.event_log_entry.dagster_event.event_specific_data.description or "")  # type: ignore[union-attr]
+            for r in evaluations()
+            if not passed(r) and "owner dead" in (r.event_log_entry.dagster_event.event_specific_data.description or "")  # type: ignore[union-attr]
         ]
         assert failed, "no failing check recorded for the dead owner"
         # Recorded when the death was detected: before the failover it announced had ended.
@@ -261,8 +269,7 @@ def test_the_readme_walkthrough_in_a_browser(tmp_path: Path, browser: WebDriver)
 
         # 4. The ownership map's events: the dead owner as observed at detection, then p1 on node 2.
         browser.get(f"{ui}/assets/ownership_map?view=events")
-        wait_for_text(browser, "Observe", "ownership")
-        latest = page_text(browser)
+        latest = wait_for_text(browser, "Observe", f"1 {epoch + 1} 2 active true ok")
         shots.shoot("ownership-latest")
         assert "Materialize" not in latest, "an observation-only asset offers Materialize"
         assert f"1 {epoch + 1} 2 active true ok" in latest, latest[-2000:]
@@ -282,6 +289,22 @@ def test_the_readme_walkthrough_in_a_browser(tmp_path: Path, browser: WebDriver)
         browser.get(f"{ui}/runs/{failover_run.run_id}")
         wait_for_text(browser, "failover_partition", f"records failover {task.migration_id}", "node_failure_sensor")
         shots.shoot("failover-run")
+
+        # 6. The observation-only asset's button works: Observe reads the ledger in a run of its own.
+        before = {r.run_id for r in plane.runs()}
+        browser.get(f"{ui}/assets/ownership_map")
+        wait_for_text(browser, "Observe", "Latest observation")
+        shots.shoot("ownership-overview")
+        click_text(browser, "Observe")
+
+        def observed() -> bool:
+            plane.check_running()
+            new = [r for r in plane.runs() if r.run_id not in before]
+            return len(new) == 1 and new[0].is_finished
+
+        wait_until(observed, 120, "the Observe run", interval=0.5)
+        (observe_run,) = [r for r in plane.runs() if r.run_id not in before]
+        assert observe_run.status == DagsterRunStatus.SUCCESS, observe_run
     finally:
         plane.stop()
         cluster.shutdown()
@@ -290,13 +313,20 @@ def test_the_readme_walkthrough_in_a_browser(tmp_path: Path, browser: WebDriver)
 
 def find_event(driver: WebDriver, wanted: Callable[[str], bool], limit: int = 30) -> str:
     """Click the asset's events, newest first, until one's details satisfy `wanted`; the page's text then."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    rows = driver.find_elements(By.XPATH, "//div[@role='img' and @aria-label='observation']/..")
-    for row in rows[:limit]:
-        row.click()
+    rows = "//div[@role='img' and @aria-label='observation']/.."
+    count = len(driver.find_elements(By.XPATH, rows))
+    for i in range(min(count, limit)):
+        for _ in range(3):  # the list re-renders when the UI polls: find the row again
+            try:
+                driver.find_elements(By.XPATH, rows)[i].click()
+                break
+            except (StaleElementReferenceException, IndexError):
+                time.sleep(0.5)
         time.sleep(0.5)
         text = page_text(driver)
         if wanted(text):
             return text
-    raise AssertionError(f"none of {min(len(rows), limit)} events shows what was asked:\n{page_text(driver)[-2000:]}")
+    raise AssertionError(f"none of {min(count, limit)} events shows what was asked:\n{page_text(driver)[-2000:]}")
