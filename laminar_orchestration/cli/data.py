@@ -236,11 +236,16 @@ class Verify(Command):
     json_output = True
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
+        from laminar_orchestration.cli.output import verified
         from laminar_orchestration.ops.verify import audit_store
+        from laminar_orchestration.table import audit_table
 
-        audits = audit_store(open_ledger(args).store)
-        out.audit(audits)
-        return 0 if all(a.ok for a in audits) else 1
+        store = open_ledger(args).store
+        audits = audit_store(store)
+        # The output table too, once a node created it: every committed batch in it exactly once.
+        table = audit_table(store)
+        out.audit(audits, table if table.exists else None)
+        return 0 if verified(audits, table) else 1
 
 
 class Sweep(Command):

@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 import pyarrow as pa
 
@@ -24,6 +24,10 @@ from laminar_orchestration.ops.verify import PartitionAudit
 from laminar_orchestration.protocol.capabilities import StoragePolicies
 from laminar_orchestration.protocol.records import ClusterRecord
 from laminar_orchestration.protocol.tasks import MigrationTask, PhaseReport
+
+if TYPE_CHECKING:
+    # Only a type here: deltalake loads when `verify` or `laminar table` runs, not with every command.
+    from laminar_orchestration.table import TableAudit
 
 __all__ = ["ConsoleOutput", "JsonOutput", "Output", "output_for"]
 
@@ -49,8 +53,8 @@ class Output(Protocol):
     def state(self, partition: int, offset: int, state: pa.Table) -> None:
         """`query`: the whole committed state, written row by row."""
 
-    def audit(self, audits: Sequence[PartitionAudit]) -> None:
-        """`verify`: each partition's audit and the verdict."""
+    def audit(self, audits: Sequence[PartitionAudit], table: TableAudit | None = None) -> None:
+        """`verify`: each partition's audit, the output table's (None: there is no table yet), the verdict."""
 
     def phase(self, report: PhaseReport) -> None:
         """A migration phase finished (progress)."""
@@ -81,6 +85,11 @@ class Output(Protocol):
 
     def policies(self, policies: StoragePolicies) -> None:
         """`policies`: each role's IAM policy and the bucket policy."""
+
+
+def verified(audits: Sequence[PartitionAudit], table: TableAudit | None) -> bool:
+    """`verify`'s verdict: every partition's audit, and the output table's if there is one."""
+    return all(a.ok for a in audits) and (table is None or table.ok)
 
 
 def output_for(as_json: bool, stream: TextIO | None = None) -> Output:
@@ -166,11 +175,13 @@ class ConsoleOutput:
                     f"{r['last']:>12.4f}"
                 )
 
-    def audit(self, audits: Sequence[PartitionAudit]) -> None:
+    def audit(self, audits: Sequence[PartitionAudit], table: TableAudit | None = None) -> None:
         for a in audits:
             for line in a.summary_lines():
                 self._say(line)
-        self._say("verify: OK" if all(a.ok for a in audits) else "verify: FAILED")
+        for line in table.summary_lines() if table is not None else ["output table: none yet"]:
+            self._say(line)
+        self._say("verify: OK" if verified(audits, table) else "verify: FAILED")
 
     def phase(self, report: PhaseReport) -> None:
         self._say(f"{report.phase!s:<14} {report.duration_s:>9.3f}s {report.bytes_moved:>12} bytes  {report.detail}")
@@ -284,8 +295,14 @@ class JsonOutput:
         out.write("]}\n")
         out.flush()
 
-    def audit(self, audits: Sequence[PartitionAudit]) -> None:
-        self._dump({"ok": all(a.ok for a in audits), "partitions": [a.to_json() for a in audits]})
+    def audit(self, audits: Sequence[PartitionAudit], table: TableAudit | None = None) -> None:
+        self._dump(
+            {
+                "ok": verified(audits, table),
+                "partitions": [a.to_json() for a in audits],
+                "output_table": table.to_json() if table is not None else None,
+            }
+        )
 
     def phase(self, report: PhaseReport) -> None:
         """Progress: left out of the JSON document."""

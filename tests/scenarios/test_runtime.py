@@ -31,7 +31,7 @@ from laminar_orchestration.protocol.tasks import (
     MigrationTimeout,
 )
 from laminar_orchestration.store import open_store
-from laminar_orchestration.table import table_location, table_status
+from laminar_orchestration.table import audit_table, table_location, table_status
 
 pytestmark = [pytest.mark.spark, pytest.mark.processes, pytest.mark.slow]
 
@@ -84,6 +84,8 @@ def assert_output_table_exactly_once(cluster: Cluster) -> None:
     for r in rows:
         counts[r["key"]] = counts.get(r["key"], 0) + r["batch_count"]
     assert counts == cluster.expected_counts()
+    audit = audit_table(cluster.store)  # what `laminar verify` adds for the table
+    assert audit.ok and audit.exists, audit.summary_lines()
 
 
 def test_processing_commits_every_event_exactly_once(cluster: Cluster) -> None:

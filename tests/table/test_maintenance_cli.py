@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from laminar_orchestration.cli import main
 from laminar_orchestration.store import LocalObjectStore
@@ -84,3 +84,27 @@ def test_the_table_commands(local_store: LocalObjectStore, capsys: pytest.Captur
     capsys.readouterr()
     assert main(["table", "maintain", "--store", url, "--table", str(local_store.root.parent / "none")]) == 7
     assert "no output table" in capsys.readouterr().err
+
+
+def test_verify_audits_the_table_once_there_is_one(
+    local_store: LocalObjectStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # This cluster's commits carry no real state checkpoints: only verify's table part is judged here.
+    cluster = Cluster(local_store, partitions=1)
+    cluster.produce(60)
+    cluster.commit_batches(cluster.acquire(0, 1))
+    url = local_store.url
+    main(["verify", "--store", url, "--json"])
+    assert json.loads(capsys.readouterr().out)["output_table"] is None  # no node created it yet
+
+    TableCommitter(local_store).sync([0])
+    main(["verify", "--store", url, "--json"])
+    table_report = json.loads(capsys.readouterr().out)["output_table"]
+    assert table_report["ok"] and table_report["rows"] > 0 and not table_report["issues"]
+
+    # A batch appended twice (a writer that ignored the transaction ids) fails the table's audit.
+    table = DeltaTable(table_location(local_store).uri)
+    write_deltalake(table, table.to_pyarrow_table().slice(0, 1), mode="append")
+    assert main(["verify", "--store", url, "--json"]) == 1
+    table_report = json.loads(capsys.readouterr().out)["output_table"]
+    assert not table_report["ok"] and [i["kind"] for i in table_report["issues"]] == ["duplicate"]
