@@ -169,6 +169,24 @@ def s3_store(prefix: str) -> Iterator[tuple[str, ServerLog, Path]]:
         yield f"s3://{BUCKET}/{prefix}", ServerLog(Path(tmp) / "s3" / "server.log"), Path(tmp)
 
 
+@contextlib.contextmanager
+def running_cluster(
+    prefix: str, partitions: int, nodes: int, *, settle_s: float = 5.0
+) -> Iterator[tuple[Cluster, ServerLog, str]]:
+    """A cluster of `partitions` on a fresh `s3_store(prefix)`, nodes 1..`nodes` started and given `settle_s`
+    to register: the cluster, the server's request log and the store URL; the nodes are stopped after."""
+    with s3_store(prefix) as (url, log, tmp):
+        cluster = Cluster(url, tmp)
+        try:
+            cluster.laminar("init", "--partitions", str(partitions))
+            for n in range(1, nodes + 1):
+                cluster.start_node(n)
+            time.sleep(settle_s)
+            yield cluster, log, url
+        finally:
+            cluster.stop()
+
+
 def measure(log: ServerLog, seconds: float) -> Window:
     log.mark()
     time.sleep(seconds)
@@ -186,138 +204,112 @@ def _rows_for(name: str, window: Window, target: float) -> list[Row]:
 
 def demo_shape(window_s: float, *, loaded: bool) -> tuple[list[Row], list[str]]:
     name = "demo shape, 200 events/s" if loaded else "demo shape, idle"
-    with s3_store("demo") as (url, log, tmp):
-        cluster = Cluster(url, tmp)
-        try:
-            cluster.laminar("init", "--partitions", "4")
-            for n in (1, 2, 3):
-                cluster.start_node(n)
-            time.sleep(3)
-            cluster.laminar("rebalance")
-            cluster.wait("placement", cluster.all_active, 120)
-            producer = None
-            if loaded:
-                producer = Producer(url, 4, 200.0, 100, lambda line: progress(line))
-                producer.start()
-            time.sleep(10)  # the idle polls reach their slowest; a producer's first appends commit
-            progress(f"{name}: measuring {window_s:.0f}s")
-            window = measure(log, window_s)
-            notes = [f"{name}: busiest {window.busiest()}"]
-            rows = _rows_for(name, window, 40.0 if loaded else 10.0)
-            if producer is not None:
-                # After the request window (status reads count as requests): the worst partition's lag,
-                # sampled at moments unrelated to the producer's once-a-second appends.
-                samples = []
-                for _ in range(LAG_SAMPLES):
-                    parts = cluster.status()["partitions"]
-                    samples.append(max(int(p["lag"] or 0) for p in parts))
-                    time.sleep(1.3)
-                producer.stop()
-                samples.sort()
-                median, worst = samples[len(samples) // 2], samples[-1]
-                per_s = 200.0 / 4  # one partition's events per second of input
-                rows.append(
-                    Row(
-                        f"{name}: lag (worst partition, median of {LAG_SAMPLES})",
-                        "status",
-                        f"{median} ev = {median / per_s:.1f} s",
-                        "<= 1 s of input",
-                        verdict(median / per_s, 1.0),
-                    )
+    with running_cluster("demo", 4, 3, settle_s=3) as (cluster, log, url):
+        cluster.laminar("rebalance")
+        cluster.wait("placement", cluster.all_active, 120)
+        producer = None
+        if loaded:
+            producer = Producer(url, 4, 200.0, 100, lambda line: progress(line))
+            producer.start()
+        time.sleep(10)  # the idle polls reach their slowest; a producer's first appends commit
+        progress(f"{name}: measuring {window_s:.0f}s")
+        window = measure(log, window_s)
+        notes = [f"{name}: busiest {window.busiest()}"]
+        rows = _rows_for(name, window, 40.0 if loaded else 10.0)
+        if producer is not None:
+            # After the request window (status reads count as requests): the worst partition's lag,
+            # sampled at moments unrelated to the producer's once-a-second appends.
+            samples = []
+            for _ in range(LAG_SAMPLES):
+                parts = cluster.status()["partitions"]
+                samples.append(max(int(p["lag"] or 0) for p in parts))
+                time.sleep(1.3)
+            producer.stop()
+            samples.sort()
+            median, worst = samples[len(samples) // 2], samples[-1]
+            per_s = 200.0 / 4  # one partition's events per second of input
+            rows.append(
+                Row(
+                    f"{name}: lag (worst partition, median of {LAG_SAMPLES})",
+                    "status",
+                    f"{median} ev = {median / per_s:.1f} s",
+                    "<= 1 s of input",
+                    verdict(median / per_s, 1.0),
                 )
-                notes.append(f"{name}: lag samples (events) {samples}, the largest {worst / per_s:.1f} s of input")
-            return rows, notes
-        finally:
-            cluster.stop()
+            )
+            notes.append(f"{name}: lag samples (events) {samples}, the largest {worst / per_s:.1f} s of input")
+        return rows, notes
 
 
 def scale(window_s: float, partitions: int, nodes: int) -> tuple[list[Row], list[str]]:
     rows: list[Row] = []
     notes: list[str] = []
-    with s3_store("scale") as (url, log, tmp):
-        cluster = Cluster(url, tmp)
-        try:
-            cluster.laminar("init", "--partitions", str(partitions))
-            for n in range(1, nodes + 1):
-                cluster.start_node(n)
-            time.sleep(5)
-            progress(f"scale: placing {partitions} partitions on {nodes} nodes")
-            started = time.monotonic()
-            cluster.laminar("rebalance", "--max-concurrent", "10", timeout=3600)
-            cluster.wait("placement", cluster.all_active, 1800)
-            notes.append(f"scale: {partitions} partitions placed in {time.monotonic() - started:.0f}s")
-            time.sleep(15)
-            progress(f"scale: measuring idle {window_s:.0f}s")
-            window = measure(log, window_s)
-            rows += _rows_for(f"{partitions} partitions on {nodes} nodes, idle", window, 50.0)
-            notes.append(f"scale idle: busiest {window.busiest()}")
-            status = cluster.status()
-            per_node = {int(n["node"]): sum(n["requests_per_s"].values()) for n in status["nodes"]}
-            one = per_node.get(1, 0.0)
-            rows.append(Row(f"one node's idle requests/s at {partitions} partitions", "heartbeat", f"{one:.2f}"))
+    with running_cluster("scale", partitions, nodes) as (cluster, log, _):
+        progress(f"scale: placing {partitions} partitions on {nodes} nodes")
+        started = time.monotonic()
+        cluster.laminar("rebalance", "--max-concurrent", "10", timeout=3600)
+        cluster.wait("placement", cluster.all_active, 1800)
+        notes.append(f"scale: {partitions} partitions placed in {time.monotonic() - started:.0f}s")
+        time.sleep(15)
+        progress(f"scale: measuring idle {window_s:.0f}s")
+        window = measure(log, window_s)
+        rows += _rows_for(f"{partitions} partitions on {nodes} nodes, idle", window, 50.0)
+        notes.append(f"scale idle: busiest {window.busiest()}")
+        status = cluster.status()
+        per_node = {int(n["node"]): sum(n["requests_per_s"].values()) for n in status["nodes"]}
+        one = per_node.get(1, 0.0)
+        rows.append(Row(f"one node's idle requests/s at {partitions} partitions", "heartbeat", f"{one:.2f}"))
 
-            owned = {p["partition"] for p in status["partitions"] if p["owner"] == 2}
-            target = next(iter(sorted(owned)))
-            progress(f"scale: migrating partition {target} from node 2 to node 3")
-            started = time.monotonic()
-            cluster.laminar("migrate", "--partition", str(target), "--to", "3")
-            took = time.monotonic() - started
-            rows.append(
-                Row(
-                    f"graceful migration at {partitions} partitions (launch -> Active)",
-                    "laminar migrate",
-                    f"{took:.2f} s",
-                    "<= 1.5 s",
-                    verdict(took, 1.5),
-                )
+        owned = {p["partition"] for p in status["partitions"] if p["owner"] == 2}
+        target = next(iter(sorted(owned)))
+        progress(f"scale: migrating partition {target} from node 2 to node 3")
+        started = time.monotonic()
+        cluster.laminar("migrate", "--partition", str(target), "--to", "3")
+        took = time.monotonic() - started
+        rows.append(
+            Row(
+                f"graceful migration at {partitions} partitions (launch -> Active)",
+                "laminar migrate",
+                f"{took:.2f} s",
+                "<= 1.5 s",
+                verdict(took, 1.5),
             )
+        )
 
-            victim = 4
-            status = cluster.status()
-            held = [p["partition"] for p in status["partitions"] if p["owner"] == victim]
-            progress(f"scale: kill -9 node {victim} holding {len(held)} partitions")
-            cluster.nodes[victim].kill()
-            killed = time.monotonic()
-            timeout_s = 6.0
+        victim = 4
+        status = cluster.status()
+        held = [p["partition"] for p in status["partitions"] if p["owner"] == victim]
+        progress(f"scale: kill -9 node {victim} holding {len(held)} partitions")
+        cluster.nodes[victim].kill()
+        killed = time.monotonic()
+        timeout_s = 6.0
 
-            def moved() -> bool:
-                with contextlib.suppress(RuntimeError):
-                    cluster.laminar("failover", "--node", str(victim))
-                s = cluster.status()
-                owners = {p["partition"]: (p["owner"], p["status"], p["owner_alive"]) for p in s["partitions"]}
-                return all(owners[p][0] != victim and owners[p][1] == "active" and owners[p][2] for p in held)
+        def moved() -> bool:
+            with contextlib.suppress(RuntimeError):
+                cluster.laminar("failover", "--node", str(victim))
+            s = cluster.status()
+            owners = {p["partition"]: (p["owner"], p["status"], p["owner_alive"]) for p in s["partitions"]}
+            return all(owners[p][0] != victim and owners[p][1] == "active" and owners[p][2] for p in held)
 
-            cluster.wait("failover", moved, 600)
-            took = time.monotonic() - killed
-            rows.append(
-                Row(
-                    f"kill -9 of a node with {len(held)} partitions -> all active elsewhere",
-                    "laminar failover",
-                    f"{took:.1f} s",
-                    f"<= {timeout_s + 10:g} s",
-                    verdict(took, timeout_s + 10),
-                )
+        cluster.wait("failover", moved, 600)
+        took = time.monotonic() - killed
+        rows.append(
+            Row(
+                f"kill -9 of a node with {len(held)} partitions -> all active elsewhere",
+                "laminar failover",
+                f"{took:.1f} s",
+                f"<= {timeout_s + 10:g} s",
+                verdict(took, timeout_s + 10),
             )
-        finally:
-            cluster.stop()
+        )
     # The same node at 10 partitions, for the "does not grow with partitions" figure.
-    with s3_store("small") as (url, log, tmp):
-        cluster = Cluster(url, tmp)
-        try:
-            cluster.laminar("init", "--partitions", str(nodes))
-            for n in range(1, nodes + 1):
-                cluster.start_node(n)
-            time.sleep(5)
-            cluster.laminar("rebalance")
-            cluster.wait("placement", cluster.all_active, 300)
-            time.sleep(15)
-            status = cluster.status()
-            small = {int(n["node"]): sum(n["requests_per_s"].values()) for n in status["nodes"]}
-            rows.append(
-                Row(f"one node's idle requests/s at {nodes} partitions", "heartbeat", f"{small.get(1, 0.0):.2f}")
-            )
-        finally:
-            cluster.stop()
+    with running_cluster("small", nodes, nodes) as (cluster, log, _):
+        cluster.laminar("rebalance")
+        cluster.wait("placement", cluster.all_active, 300)
+        time.sleep(15)
+        status = cluster.status()
+        small = {int(n["node"]): sum(n["requests_per_s"].values()) for n in status["nodes"]}
+        rows.append(Row(f"one node's idle requests/s at {nodes} partitions", "heartbeat", f"{small.get(1, 0.0):.2f}"))
     return rows, notes
 
 

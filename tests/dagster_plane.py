@@ -18,20 +18,19 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from dagster import AssetKey, DagsterInstance, DagsterRun, RunsFilter
 
+from laminar_dev.localcluster import Cluster, wait_until
+from laminar_orchestration.identity import PartitionId
+from laminar_orchestration.protocol.tasks import DesiredStates, MigrationKind, MigrationPhase
+from tests.processes import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ControlPlane:
@@ -132,6 +131,21 @@ class ControlPlane:
                 time.sleep(0.5)
         raise TimeoutError(f"no sensor evaluation within {timeout_s:.0f}s:\n{self.log('dagster-daemon')}")
 
+    def wait_finished(self, run_id: str, timeout_s: float = 120.0, *, interval: float = 0.5) -> DagsterRun:
+        """Until run `run_id` finished (these processes still up); the run as it ended."""
+
+        def finished() -> bool:
+            self.check_running()
+            with self.instance() as instance:
+                run = instance.get_run_by_id(run_id)
+                return run is not None and run.is_finished
+
+        wait_until(finished, timeout_s, f"run {run_id} to finish", interval=interval)
+        with self.instance() as instance:
+            run = instance.get_run_by_id(run_id)
+            assert run is not None
+            return run
+
     def runs(self, job_name: str | None = None) -> list[DagsterRun]:
         with self.instance() as instance:
             return list(instance.get_runs(RunsFilter(job_name=job_name) if job_name else None))
@@ -191,3 +205,37 @@ class ControlPlane:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def bring_up(
+    plane: ControlPlane,
+    cluster: Cluster,
+    start_node: Callable[[int], object],
+    placement: Mapping[int, int],
+    *,
+    alive_timeout_s: float,
+) -> None:
+    """The daemon, nodes 1 and 2 (started by `start_node` while the daemon loads the code location), the
+    webserver; `placement` placed, 400 events produced and committed, the sensors ticking, the pool up."""
+    plane.start_daemon()
+    for node in (1, 2):
+        start_node(node)
+    plane.start_webserver()
+    cluster.wait_alive(1, 2, timeout=alive_timeout_s)
+    cluster.place(placement)
+    cluster.produce(400)
+    cluster.wait_committed(120)
+    plane.wait_sensors_ticking()
+    plane.wait_pool()
+
+
+def failed_over(cluster: Cluster, p: int, to_node: int) -> bool:
+    """Partition `p` is active on `to_node` at the end of a forced migration (a failover) to it."""
+    task = DesiredStates(cluster.ledger).read(PartitionId(p))[0].migration
+    return (
+        task is not None
+        and task.migration_kind == MigrationKind.FORCED
+        and task.phase == MigrationPhase.ACTIVE
+        and task.to_node == to_node
+        and cluster.owner(p) == to_node
+    )

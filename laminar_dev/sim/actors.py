@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, NoReturn
 
 import pyarrow as pa
@@ -74,7 +74,13 @@ from laminar_orchestration.protocol.capabilities import (
     checkpoint_key,
     sink_key,
 )
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.chain import (
+    ManifestPublisher,
+    ManifestReader,
+    ManifestUpdate,
+    ManifestVersion,
+    next_manifest,
+)
 from laminar_orchestration.protocol.commit import commit
 from laminar_orchestration.protocol.fencing import EpochError, FencingToken, PartitionGuard
 from laminar_orchestration.protocol.keys import (
@@ -91,7 +97,6 @@ from laminar_orchestration.protocol.manifest import (
     CommitUlidRegression,
     DeltaRef,
     ParentHashMismatch,
-    PartitionManifest,
     SequenceGap,
     SnapshotFile,
     SnapshotRef,
@@ -960,24 +965,7 @@ def _publish_unchecked(publisher: ManifestPublisher, token: FencingToken, update
     reads it, signed with its epoch's key (it holds it), and the pointer moved to it."""
     p = token.partition
     read = publisher.read_chain(p)
-    previous = read.version.manifest if read.version else None
-    manifest = PartitionManifest(
-        partition=p,
-        seq=read.next_seq,
-        fencing_token=token.epoch,
-        node=token.node,
-        generation=update.generation,
-        commit_ulid=next_ulid(previous.commit_ulid if previous else None),
-        parent_hash=read.version.raw_hash if read.version else None,
-        cluster_epoch=update.cluster_epoch,
-        source_offset=update.source_offset,
-        snapshot=update.snapshot,
-        deltas=list(update.deltas),
-        outputs=list(update.outputs),
-        events_applied=update.events_applied,
-        note="unchecked",
-        committed_at=now(),
-    )
+    manifest = next_manifest(token, replace(update, note="unchecked"), read)
     raw = sign_record(manifest, publisher.signing_keys.get(token.node, p, token.epoch)).model_dump_json().encode()
     chain = publisher._writable_chain(p)
     try:

@@ -9,7 +9,7 @@ the base class, so every command spells them the same way.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from laminar_orchestration.cli.output import Output
@@ -43,10 +43,25 @@ class Command:
     json_output: ClassVar[bool] = False
     #: False for commands that must not default to the shared store (they make their own).
     shared_store: ClassVar[bool] = True
+    #: A group's subcommands, name -> help (``laminar NAME SUBCOMMAND``, the one chosen in
+    #: ``args.NAME_command``); empty for a command without any.
+    subcommands: ClassVar[Mapping[str, str]] = {}
 
     def register(self, sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-        """Add the subcommand, its common flags and its own to `sub`."""
+        """Add the subcommand (or each of its `subcommands`), its common flags and its own to `sub`."""
         parser = sub.add_parser(self.name, help=self.help, description=self.help)
+        if not self.subcommands:
+            self._add_flags(parser)
+            return
+        group = parser.add_subparsers(
+            dest=f"{self.name}_command", required=True, metavar=f"{self.name.upper()}_COMMAND"
+        )
+        for name, text in self.subcommands.items():
+            subparser = group.add_parser(name, help=text, description=text)
+            self._add_flags(subparser)
+            self.add_subcommand_arguments(name, subparser)
+
+    def _add_flags(self, parser: argparse.ArgumentParser) -> None:
         if self.shared_store:
             parser.add_argument("--store", default=None, help=STORE_HELP)
         if self.json_output:
@@ -55,7 +70,10 @@ class Command:
         parser.set_defaults(command=self)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """Declare the command's own flags."""
+        """Declare the command's own flags (a group's: those every subcommand takes)."""
+
+    def add_subcommand_arguments(self, subcommand: str, parser: argparse.ArgumentParser) -> None:
+        """Declare the flags only `subcommand` of a group takes."""
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
         """Carry the command out; the exit code."""

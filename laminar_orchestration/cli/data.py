@@ -7,7 +7,6 @@ import logging
 import sys
 
 from laminar_orchestration.cli.base import (
-    STORE_HELP,
     Command,
     check_at_least,
     check_node_id,
@@ -28,15 +27,8 @@ __all__ = ["NodeRun", "Produce", "Query", "Sweep", "Verify"]
 class NodeRun(Command):
     name = "node"
     help = "run a worker node"
-
-    def register(self, sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-        # `laminar node run`: a group of one today, room for node subcommands later.
-        node = sub.add_parser(self.name, help=self.help, description=self.help)
-        node_sub = node.add_subparsers(dest="node_command", required=True, metavar="NODE_COMMAND")
-        run = node_sub.add_parser("run", help="run a long-lived worker node (Ctrl-C / SIGTERM drains it)")
-        run.add_argument("--store", default=None, help=STORE_HELP)
-        self.add_arguments(run)
-        run.set_defaults(command=self)
+    # `laminar node run`: a group of one today, room for node subcommands later.
+    subcommands = {"run": "run a long-lived worker node (Ctrl-C / SIGTERM drains it)"}
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--node-id", type=int, required=True, help="this node's id (>= 1)")

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from laminar_orchestration.cli.base import STORE_HELP, Command, parse_partition_list
+from laminar_orchestration.cli.base import Command, parse_partition_list
 from laminar_orchestration.cli.output import Output
 from laminar_orchestration.errors import EXIT_ISSUES_FOUND
 from laminar_orchestration.store import open_store
@@ -28,24 +28,21 @@ _SUBCOMMANDS = {
 class Table(Command):
     name = "table"
     help = "the committed output as an exactly-once Delta Lake table"
+    json_output = True
+    subcommands = _SUBCOMMANDS
 
-    def register(self, sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-        table = sub.add_parser(self.name, help=self.help, description=self.help)
-        table_sub = table.add_subparsers(dest="table_command", required=True, metavar="TABLE_COMMAND")
-        for name, text in _SUBCOMMANDS.items():
-            parser = table_sub.add_parser(name, help=text, description=text)
-            parser.add_argument("--store", default=None, help=STORE_HELP)
-            parser.add_argument("--table", default=None, help=TABLE_HELP)
-            parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
-            if name in ("sync", "status"):
-                parser.add_argument("--partitions", default="", metavar="P[,P...]", help="only these (default: all)")
-            if name == "rebuild":
-                parser.add_argument("--force", action="store_true", help="also replace a table of another cluster")
-            if name == "maintain":
-                parser.add_argument(
-                    "--retention-hours", type=int, default=168, help="vacuum files unreferenced for longer (168)"
-                )
-            parser.set_defaults(command=self)
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--table", default=None, help=TABLE_HELP)
+
+    def add_subcommand_arguments(self, subcommand: str, parser: argparse.ArgumentParser) -> None:
+        if subcommand in ("sync", "status"):
+            parser.add_argument("--partitions", default="", metavar="P[,P...]", help="only these (default: all)")
+        if subcommand == "rebuild":
+            parser.add_argument("--force", action="store_true", help="also replace a table of another cluster")
+        if subcommand == "maintain":
+            parser.add_argument(
+                "--retention-hours", type=int, default=168, help="vacuum files unreferenced for longer (168)"
+            )
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
         from laminar_orchestration.protocol.ledger import Ledger

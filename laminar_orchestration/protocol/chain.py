@@ -80,6 +80,28 @@ class ChainRead:
     next_seq: int
 
 
+def next_manifest(token: FencingToken, update: ManifestUpdate, read: ChainRead) -> PartitionManifest:
+    """The entry `token` writes for `update` on top of the chain as `read` saw it: unsigned, unchecked."""
+    previous = read.version
+    return PartitionManifest(
+        partition=token.partition,
+        seq=read.next_seq,
+        fencing_token=token.epoch,
+        node=token.node,
+        generation=update.generation,
+        commit_ulid=next_ulid(previous.manifest.commit_ulid if previous else None),
+        parent_hash=previous.raw_hash if previous else None,
+        cluster_epoch=update.cluster_epoch,
+        source_offset=update.source_offset,
+        snapshot=update.snapshot,
+        deltas=list(update.deltas),
+        outputs=list(update.outputs),
+        events_applied=update.events_applied,
+        note=update.note,
+        committed_at=now(),
+    )
+
+
 def _decode_manifest(obj: StoredObject) -> ManifestVersion:
     return ManifestVersion(parse_record(obj.key, obj.data, PartitionManifest), obj.data)
 
@@ -508,23 +530,7 @@ class ManifestPublisher(ChainSealer):
             previous = read.version
             if previous is not None and token.epoch < previous.manifest.fencing_token:
                 raise StaleFencingToken(p, token.epoch, previous.manifest.fencing_token)
-            manifest = PartitionManifest(
-                partition=p,
-                seq=read.next_seq,
-                fencing_token=token.epoch,
-                node=token.node,
-                generation=update.generation,
-                commit_ulid=next_ulid(previous.manifest.commit_ulid if previous else None),
-                parent_hash=previous.raw_hash if previous else None,
-                cluster_epoch=update.cluster_epoch,
-                source_offset=update.source_offset,
-                snapshot=update.snapshot,
-                deltas=list(update.deltas),
-                outputs=list(update.outputs),
-                events_applied=update.events_applied,
-                note=update.note,
-                committed_at=now(),
-            )
+            manifest = next_manifest(token, update, read)
             if previous is not None:
                 skipped = read.next_seq - previous.manifest.seq - 1
                 manifest.validate_succession(previous.manifest, previous.raw_hash, skipped=skipped)

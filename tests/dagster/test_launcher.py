@@ -52,17 +52,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
 
 
 def finished(plane: ControlPlane, run_id: str, timeout_s: float = 120) -> DagsterRun:
-    def done() -> bool:
-        plane.check_running()
-        with plane.instance() as instance:
-            run = instance.get_run_by_id(run_id)
-            return run is not None and run.is_finished
-
-    wait_until(done, timeout_s, f"run {run_id} to finish", interval=0.2)
-    with plane.instance() as instance:
-        run = instance.get_run_by_id(run_id)
-        assert run is not None
-        return run
+    return plane.wait_finished(run_id, timeout_s, interval=0.2)
 
 
 def started(plane: ControlPlane, run_id: str) -> DagsterRun:

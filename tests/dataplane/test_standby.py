@@ -53,6 +53,7 @@ from tests.scenarios.test_dataplane import (
     running,
     wait_until,
 )
+from tests.spies import spy_source_reads
 
 
 def _owned_by_node_1(tmp_path: Path) -> LocalObjectStore:
@@ -182,27 +183,14 @@ def test_a_forced_move_to_a_node_without_a_copy_starts_its_first_batch_before_th
     assign(store, 0, 1)  # node 1 never runs: the owner is dead
     source = SourceLog(store, segment_events=100)
     source.append(0, events([f"k{i % 13}" for i in range(200)]))
-    reads: list[int] = []
+    reads = spy_source_reads(monkeypatch)
     reads_at_restore: list[list[int]] = []
-    read, catch_up = SourceLog.read, StateReplica.catch_up
-
-    def spy_read(
-        self: SourceLog,
-        partition: int,
-        from_offset: int,
-        max_events: int,
-        *,
-        at_boundary: bool = False,
-        known_end: int | None = None,
-    ) -> SourceBatch | None:
-        reads.append(from_offset)
-        return read(self, partition, from_offset, max_events, at_boundary=at_boundary, known_end=known_end)
+    catch_up = StateReplica.catch_up
 
     def spy_catch_up(self: StateReplica, manifest: Any) -> Any:
         reads_at_restore.append(list(reads))
         return catch_up(self, manifest)
 
-    monkeypatch.setattr(SourceLog, "read", spy_read)
     monkeypatch.setattr(StateReplica, "catch_up", spy_catch_up)
     with running(ArrowNode(node_config(store, 2, tmp_path / "n2"), store=store)):
         ledger = Ledger(store)

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from laminar_orchestration.dataplane.exporter import partition_samples
 from laminar_orchestration.dataplane.worker_state import WorkerState
@@ -24,15 +23,7 @@ from laminar_orchestration.ops.ledger_metrics import control_plane_metrics
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.records import PartitionProgress
 from laminar_orchestration.store import open_store
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of a scrape: (name, sorted labels) -> value."""
-    found = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            found[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return found
+from tests.processes import samples
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,13 @@ def _establish(w: ClusterEpochWindow, *epochs: int) -> None:
             pass
 
 
+def _established(*epochs: int) -> ClusterEpochWindow:
+    """A new window that fenced `epochs` in turn (each hold released at once)."""
+    w = ClusterEpochWindow()
+    _establish(w, *epochs)
+    return w
+
+
 class _Holder:
     """A thread that fences ``epoch`` and keeps the hold until `finish`."""
 
@@ -124,8 +131,7 @@ def test_window_sliding() -> None:
 
 
 def test_concurrent_fencing_two_holders_of_same_epoch() -> None:
-    w = ClusterEpochWindow()
-    _establish(w, N)
+    w = _established(N)
     a = _Holder(w, N).hold()
     b = _Holder(w, N).hold()  # granted while `a` still holds: shared
     assert a.fence == b.fence == EpochFence(N, N, N, new_epoch=False)
@@ -135,8 +141,7 @@ def test_concurrent_fencing_two_holders_of_same_epoch() -> None:
 
 
 def test_new_epoch_waits_for_holders_then_previous_epoch_stays_accepted() -> None:
-    w = ClusterEpochWindow()
-    _establish(w, N)
+    w = _established(N)
     a = _Holder(w, N).hold()
     b = _Holder(w, N).hold()
 
@@ -160,8 +165,7 @@ def test_new_epoch_waits_for_holders_then_previous_epoch_stays_accepted() -> Non
 
 
 def test_evicting_slide_waits_for_holders_then_rejects_evicted_epoch() -> None:
-    w = ClusterEpochWindow()
-    _establish(w, N, N + 1)
+    w = _established(N, N + 1)
     a = _Holder(w, N).hold()
     b = _Holder(w, N + 1).hold()
     assert a.window_inside == (N, N + 1)
@@ -186,8 +190,7 @@ def test_evicting_slide_waits_for_holders_then_rejects_evicted_epoch() -> None:
 
 
 def test_rejection_below_window() -> None:
-    w = ClusterEpochWindow()
-    _establish(w, N, N + 1)
+    w = _established(N, N + 1)
     with pytest.raises(StaleClusterEpoch) as info, w.fence(N - 1):
         pytest.fail("a stale epoch must not enter the fence")
     err = info.value
@@ -197,8 +200,7 @@ def test_rejection_below_window() -> None:
 
 
 def test_non_contiguous_epochs() -> None:
-    w = ClusterEpochWindow()
-    _establish(w, N)
+    w = _established(N)
     assert w.window() == (N, N)
     _establish(w, N + 5)
     assert w.window() == (N, N + 5)
@@ -209,8 +211,7 @@ def test_non_contiguous_epochs() -> None:
 
 
 def test_non_contiguous_jump_slides_from_previous_latest() -> None:
-    w = ClusterEpochWindow()
-    _establish(w, 5, 6)
+    w = _established(5, 6)
     _establish(w, 10)
     assert w.window() == (6, 10)
     for epoch in (6, 7, 8, 9, 10):
@@ -247,8 +248,7 @@ def test_snapshot_and_recovery_collapse_to_max_applied() -> None:
 
 
 def test_snapshot_without_applied_epoch_recovers_empty() -> None:
-    w = ClusterEpochWindow()
-    _establish(w, N)  # fenced but never made durable
+    w = _established(N)  # fenced but never made durable
     snap = w.snapshot()
     assert snap.max_applied is None
     r = ClusterEpochWindow.recover(snap)
@@ -266,8 +266,7 @@ def test_snapshot_without_applied_epoch_recovers_empty() -> None:
 
 
 def test_out_of_order_arrivals() -> None:
-    w = ClusterEpochWindow()
-    _establish(w, N + 1)
+    w = _established(N + 1)
     assert w.window() == (N + 1, N + 1)
     with pytest.raises(StaleClusterEpoch) as info, w.fence(N):
         pass
@@ -285,8 +284,7 @@ def _hold_and_queue_slides(w: ClusterEpochWindow, held: int, *slides: int) -> tu
 
 
 def test_waiting_slide_holds_back_new_shared_fences() -> None:
-    w = ClusterEpochWindow()
-    _establish(w, N)
+    w = _established(N)
     a, [c] = _hold_and_queue_slides(w, N, N + 1)
 
     # Writer preference: a steady flow of commits must not starve the slide.
@@ -302,8 +300,7 @@ def test_waiting_slide_holds_back_new_shared_fences() -> None:
 
 
 def test_fence_queued_behind_evicting_slide_is_rejected() -> None:
-    w = ClusterEpochWindow()
-    _establish(w, N, N + 1)
+    w = _established(N, N + 1)
     a, [c] = _hold_and_queue_slides(w, N + 1, N + 2)
     d = _Holder(w, N).start()  # in the window now, but queued behind the slide
     assert not d.entered.wait(BLOCKED)
@@ -318,8 +315,7 @@ def test_fence_queued_behind_evicting_slide_is_rejected() -> None:
 
 
 def test_concurrent_fences_of_same_new_epoch_slide_once() -> None:
-    w = ClusterEpochWindow()
-    _establish(w, N)
+    w = _established(N)
     a, [c1, c2] = _hold_and_queue_slides(w, N, N + 1, N + 1)
     a.finish()
     assert c1.entered.wait(JOIN) and c2.entered.wait(JOIN)
@@ -331,8 +327,7 @@ def test_concurrent_fences_of_same_new_epoch_slide_once() -> None:
 
 
 def test_slide_past_a_queued_epoch_grants_it_instead_of_rejecting() -> None:
-    w = ClusterEpochWindow()
-    _establish(w, N)
+    w = _established(N)
     a, [high, low] = _hold_and_queue_slides(w, N, N + 2, N + 1)
     a.finish()
     # Either slide may win; neither fence may be rejected.
@@ -436,8 +431,7 @@ def test_metrics_counters() -> None:
 
 
 def test_concurrent_producers_with_mixed_epochs() -> None:
-    w = ClusterEpochWindow()
-    _establish(w, N)
+    w = _established(N)
     upload_started = threading.Event()
     upload_may_finish = threading.Event()
     results: dict[str, EpochFence | BaseException] = {}
@@ -476,8 +470,7 @@ def test_concurrent_producers_with_mixed_epochs() -> None:
 
 
 def test_producer_holding_fence_delays_rebalance_and_both_succeed() -> None:
-    w = ClusterEpochWindow()
-    _establish(w, N)
+    w = _established(N)
     a = _Holder(w, N).hold()  # slow commit in flight under the fence
     b = _Holder(w, N + 1).start()
     assert _wait_until(lambda: _queued_slides(w) == 1)
@@ -534,8 +527,7 @@ def test_mark_applied_only_rises_and_requires_fenced_epoch() -> None:
 
 
 def test_fence_timeout_is_typed_and_leaves_no_queued_slide() -> None:
-    w = ClusterEpochWindow()
-    _establish(w, N)
+    w = _established(N)
     a = _Holder(w, N).hold()
     with pytest.raises(ClusterEpochFenceTimeout) as info, w.fence(N + 1, timeout=0.05):
         pass

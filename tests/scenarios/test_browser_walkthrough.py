@@ -30,8 +30,8 @@ from dagster import DagsterEventType, DagsterRunStatus, EventLogRecord, EventRec
 
 from laminar_dev.localcluster import Cluster, NodeProcess, wait_until
 from laminar_orchestration.identity import PartitionId
-from laminar_orchestration.protocol.tasks import DesiredStates, MigrationKind, MigrationPhase
-from tests.dagster_plane import ControlPlane
+from laminar_orchestration.protocol.tasks import DesiredStates
+from tests.dagster_plane import ControlPlane, bring_up, failed_over
 
 pytestmark = [pytest.mark.dagster, pytest.mark.processes, pytest.mark.slow]
 
@@ -146,16 +146,6 @@ def start_arrow_node(cluster: Cluster, node: int, workdir: Path) -> None:
     cluster.nodes[node] = NodeProcess(node, proc, log)
 
 
-def failed_over(cluster: Cluster, p: int, to_node: int) -> bool:
-    task = DesiredStates(cluster.ledger).read(PartitionId(p))[0].migration
-    return (
-        task is not None
-        and task.migration_kind == MigrationKind.FORCED
-        and task.phase == MigrationPhase.ACTIVE
-        and cluster.owner(p) == to_node
-    )
-
-
 def type_config(driver: WebDriver, lines: list[str]) -> str:
     """Type `lines` into the Launchpad's config editor (CodeMirror) as a person would; its content."""
     from selenium.webdriver.common.action_chains import ActionChains
@@ -181,16 +171,9 @@ def test_the_readme_walkthrough_in_a_browser(tmp_path: Path, browser: WebDriver)
     cluster = Cluster(store_url, tmp_path, partitions=2, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
     plane = ControlPlane(tmp_path, store_url, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
     try:
-        plane.start_daemon()
-        for node in (1, 2):
-            start_arrow_node(cluster, node, tmp_path)
-        plane.start_webserver()
-        cluster.wait_alive(1, 2, timeout=120)
-        cluster.place({0: 1, 1: 1})
-        cluster.produce(400)
-        cluster.wait_committed(120)
-        plane.wait_sensors_ticking()
-        plane.wait_pool()
+        bring_up(
+            plane, cluster, lambda node: start_arrow_node(cluster, node, tmp_path), {0: 1, 1: 1}, alive_timeout_s=120
+        )
         ui = f"http://127.0.0.1:{plane.port}"
 
         # 1. The Launchpad guides: the one required field first, and an empty config's error suggests
@@ -208,17 +191,8 @@ def test_the_readme_walkthrough_in_a_browser(tmp_path: Path, browser: WebDriver)
         click_text(browser, "Launch Run")
         wait_until(lambda: "/runs/" in browser.current_url, PAGE_TIMEOUT_S, "the run's page")
         run_id = browser.current_url.split("/runs/")[1].split("?")[0].strip("/")
-
-        def run_done() -> bool:
-            plane.check_running()
-            with plane.instance() as instance:
-                run = instance.get_run_by_id(run_id)
-                return run is not None and run.is_finished
-
-        wait_until(run_done, 120, "the migrate_partition run", interval=0.5)
-        with plane.instance() as instance:
-            run = instance.get_run_by_id(run_id)
-            assert run is not None and run.status == DagsterRunStatus.SUCCESS, run
+        run = plane.wait_finished(run_id)
+        assert run.status == DagsterRunStatus.SUCCESS, run
         assert cluster.owner(0) == 2
         browser.refresh()
         text = wait_for_text(browser, "migrate_partition", "activate", "Success")

@@ -24,8 +24,7 @@ from dagster._core.scheduler.instigation import InstigatorType
 from jobs import GRACEFUL_OPS
 from laminar_dev.localcluster import Cluster, wait_until
 from laminar_orchestration.identity import PartitionId
-from laminar_orchestration.protocol.tasks import DesiredStates, MigrationKind, MigrationPhase
-from tests.dagster_plane import ControlPlane
+from tests.dagster_plane import ControlPlane, bring_up, failed_over
 
 pytestmark = [pytest.mark.spark, pytest.mark.dagster, pytest.mark.processes, pytest.mark.slow]
 
@@ -45,48 +44,20 @@ def sensor_ticks(instance: DagsterInstance) -> dict[str, int]:
     }
 
 
-def failed_over(cluster: Cluster, p: int, to_node: int) -> bool:
-    task = DesiredStates(cluster.ledger).read(PartitionId(p))[0].migration
-    return (
-        task is not None
-        and task.migration_kind == MigrationKind.FORCED
-        and task.phase == MigrationPhase.ACTIVE
-        and task.to_node == to_node
-        and cluster.owner(p) == to_node
-    )
-
-
 def test_a_ui_migration_then_a_killed_owner_failed_over_by_the_sensor_alone(tmp_path: Path) -> None:
     store_url = (tmp_path / "store").as_uri()
     cluster = Cluster(store_url, tmp_path, partitions=2, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
     plane = ControlPlane(tmp_path, store_url, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
     try:
-        plane.start_daemon()  # loads the code location while the nodes start Spark
-        cluster.start_node(1)
-        cluster.start_node(2)
-        plane.start_webserver()
-        cluster.wait_alive(1, 2, timeout=180)
-        cluster.place({0: 2, 1: 1})
-        cluster.produce(400)
-        cluster.wait_committed(120)
-        plane.wait_sensors_ticking()
+        bring_up(plane, cluster, cluster.start_node, {0: 2, 1: 1}, alive_timeout_s=180)  # nodes start Spark
 
         # A UI launch moves partition 0 to node 1, in a run forked from the pool, one op per phase.
-        plane.wait_pool()
         run_id = plane.launch("migrate_partition", {"partition": 0, "to_node": 1})
         wait_until(lambda: cluster.owner(0) == 1, LOOSE_BOUND_S, "partition 0 on node 1")
-
-        def launched_done() -> bool:
-            plane.check_running()
-            with plane.instance() as instance:
-                run = instance.get_run_by_id(run_id)
-                return run is not None and run.is_finished
-
-        wait_until(launched_done, 120, "the migrate_partition run", interval=0.5)
+        migrated = plane.wait_finished(run_id)
+        assert migrated.status == DagsterRunStatus.SUCCESS
+        assert "laminar/run_worker_pid" in migrated.tags, "the run was forked from the pool"
         with plane.instance() as instance:
-            migrated = instance.get_run_by_id(run_id)
-            assert migrated is not None and migrated.status == DagsterRunStatus.SUCCESS
-            assert "laminar/run_worker_pid" in migrated.tags, "the run was forked from the pool"
             succeeded = {e.step_key for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_SUCCESS)}
             assert succeeded == {"plan", *GRACEFUL_OPS}
 

@@ -61,6 +61,7 @@ from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.protocol.tasks import DesiredState, DesiredStates
 from laminar_orchestration.store import ObjectStore, open_store
 from tests.commits import commit_all
+from tests.spies import spy_source_reads
 
 P0 = PartitionId(0)
 #: The test writer that builds checkpoints through `commit_all` (never a running node).
@@ -258,20 +259,8 @@ class Calls:
 
 def spy_data_plane(monkeypatch: pytest.MonkeyPatch) -> Calls:
     """Record source reads, segment loads, batch aggregates and restores (every node of this process)."""
-    calls = Calls()
-    read, load, aggregate, catch_up = SourceLog.read, SourceLog._load, ArrowBatchEngine.aggregate, StateReplica.catch_up
-
-    def spy_read(
-        self: SourceLog,
-        partition: int,
-        from_offset: int,
-        max_events: int,
-        *,
-        at_boundary: bool = False,
-        known_end: int | None = None,
-    ) -> SourceBatch | None:
-        calls.reads.append(from_offset)
-        return read(self, partition, from_offset, max_events, at_boundary=at_boundary, known_end=known_end)
+    calls = Calls(reads=spy_source_reads(monkeypatch))
+    load, aggregate, catch_up = SourceLog._load, ArrowBatchEngine.aggregate, StateReplica.catch_up
 
     def spy_load(self: SourceLog, partition: int, start: int) -> Any:
         calls.segments.append(start)
@@ -286,7 +275,6 @@ def spy_data_plane(monkeypatch: pytest.MonkeyPatch) -> Calls:
         calls.catch_ups.append((stats, len(calls.reads), len(calls.segments), calls.aggregates))
         return stats
 
-    monkeypatch.setattr(SourceLog, "read", spy_read)
     monkeypatch.setattr(SourceLog, "_load", spy_load)
     monkeypatch.setattr(ArrowBatchEngine, "aggregate", spy_aggregate)
     monkeypatch.setattr(StateReplica, "catch_up", spy_catch_up)

@@ -16,34 +16,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from laminar_orchestration.ops.demo import CODE_LOCATION_FILES, find_code_location
 from laminar_orchestration.ops.demo_processes import Child
+from tests.processes import Samples, free_port, scrape
 
 #: The whole run must end within this: 75 s once up, plus start-up (~30 s for two nodes' Spark and the
 #: webserver on an idle 2-core machine, several times that on a loaded one) and the orderly stop.
 DEMO_LIMIT_S = 240.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(url: str) -> Samples:
-    """Every sample at a /metrics URL: (name, sorted labels) -> value."""
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        text = resp.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def processes_with_mark(mark: str) -> list[int]:

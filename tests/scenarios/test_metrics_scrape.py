@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from laminar_dev.localcluster import wait_until
 from laminar_orchestration.control.coordinator import MigrationCoordinator
@@ -21,26 +18,9 @@ from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.store import open_store
 from laminar_orchestration.store.metering import PROCESS_METER
+from tests.processes import free_port, scrape
 
 pytestmark = pytest.mark.processes
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(url: str) -> Samples:
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        text = resp.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

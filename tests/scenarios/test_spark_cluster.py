@@ -26,8 +26,7 @@ import pytest
 
 from laminar_dev.localcluster import Cluster, wait_until
 from laminar_orchestration.identity import NodeId, PartitionId
-from tests.dagster_plane import free_port
-from tests.processes import laminar
+from tests.processes import free_port, laminar
 
 pytestmark = [pytest.mark.spark, pytest.mark.processes, pytest.mark.slow]
 
