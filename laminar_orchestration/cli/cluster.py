@@ -36,5 +36,9 @@ class Status(Command):
     json_output = True
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
-        out.status(snapshot_cluster(open_ledger(args)))
+        from laminar_orchestration.table import table_status
+
+        ledger = open_ledger(args)
+        snapshot = snapshot_cluster(ledger)
+        out.status(snapshot, table_status(ledger.store, ledger=ledger))
         return 0

@@ -27,7 +27,7 @@ from laminar_orchestration.protocol.tasks import MigrationTask, PhaseReport
 
 if TYPE_CHECKING:
     # Only a type here: deltalake loads when `verify` or `laminar table` runs, not with every command.
-    from laminar_orchestration.table import TableAudit
+    from laminar_orchestration.table import TableAudit, TableStatus
 
 __all__ = ["ConsoleOutput", "JsonOutput", "Output", "output_for"]
 
@@ -41,8 +41,8 @@ class Output(Protocol):
     def initialized(self, record: ClusterRecord, store_url: str) -> None:
         """`init` created (or re-initialized) the cluster."""
 
-    def status(self, snapshot: ClusterSnapshot) -> None:
-        """`status`: every partition and node."""
+    def status(self, snapshot: ClusterSnapshot, table: TableStatus | None = None) -> None:
+        """`status`: every partition and node, and the output table's position (None: not read)."""
 
     def produced(self, appended: dict[int, int], log_ends: dict[int, int]) -> None:
         """`produce`: events appended per partition."""
@@ -130,21 +130,26 @@ class ConsoleOutput:
     def initialized(self, record: ClusterRecord, store_url: str) -> None:
         self._say(f"initialized cluster {record.cluster_id} with {record.partitions} partitions in {store_url}")
 
-    def status(self, snapshot: ClusterSnapshot) -> None:
+    def status(self, snapshot: ClusterSnapshot, table: TableStatus | None = None) -> None:
         say = self._say
         say(f"store {snapshot.store}  cluster {snapshot.cluster_id}  cluster epoch {snapshot.cluster_epoch}")
         say(
             f"{'PARTITION':>9}  {'EPOCH':>5}  {'OWNER':>5}  {'COMMITTED':>12}  {'LOG END':>12}  {'LAG':>10}  "
-            f"{'STANDBYS':<12}  {'FAILURES':>8}  STATUS"
+            f"{'TABLE LAG':>9}  {'STANDBYS':<12}  {'FAILURES':>8}  STATUS"
         )
+        # Committed batches not yet in the output table, per partition.
+        behind = {t.partition: str(t.lag_batches) for t in table.partitions} if table is not None else {}
         for p in snapshot.partitions:
             owner = p.owner or "-"
             failing = f"  ({p.last_failure})" if p.failures else ""
             standbys = ",".join(f"{n}(lag {lag})" for n, lag in p.standbys.items()) or "-"
             say(
                 f"{p.partition:>9}  {p.epoch:>5}  {owner:>5}  {p.committed_offset:>12}  {p.log_end:>12}  "
-                f"{p.lag:>10}  {standbys:<12}  {p.failures:>8}  {p.phase_text()}{failing}"
+                f"{p.lag:>10}  {behind.get(p.partition, '-'):>9}  {standbys:<12}  {p.failures:>8}  "
+                f"{p.phase_text()}{failing}"
             )
+        if table is not None:
+            say(table.summary_lines()[0])
         say(f"{'NODE':>9}  {'GEN':>5}  {'ALIVE':>5}  {'HEARTBEAT AGE':>13}  {'REQUESTS/S':>10}  STATUS")
         for n in snapshot.nodes:
             alive = "yes" if n.alive else "NO"
@@ -275,8 +280,8 @@ class JsonOutput:
     def initialized(self, record: ClusterRecord, store_url: str) -> None:
         self._dump(record.model_dump(mode="json"))
 
-    def status(self, snapshot: ClusterSnapshot) -> None:
-        self._dump(snapshot.to_json())
+    def status(self, snapshot: ClusterSnapshot, table: TableStatus | None = None) -> None:
+        self._dump({**snapshot.to_json(), "output_table": table.to_json() if table is not None else None})
 
     def produced(self, appended: dict[int, int], log_ends: dict[int, int]) -> None:
         self._dump({"appended": {str(p): n for p, n in sorted(appended.items())}})

@@ -108,3 +108,22 @@ def test_verify_audits_the_table_once_there_is_one(
     assert main(["verify", "--store", url, "--json"]) == 1
     table_report = json.loads(capsys.readouterr().out)["output_table"]
     assert not table_report["ok"] and [i["kind"] for i in table_report["issues"]] == ["duplicate"]
+
+
+def test_status_names_the_table_and_each_partitions_table_lag(
+    local_store: LocalObjectStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = Cluster(local_store, partitions=2)
+    cluster.produce(80)
+    for p in (0, 1):
+        cluster.commit_batches(cluster.acquire(p, 1))
+    TableCommitter(local_store).sync([0])  # partition 1's batches are not in the table yet
+    assert main(["status", "--store", local_store.url, "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)["output_table"]
+    assert table["uri"] == table_location(local_store).uri
+    lag = {p["partition"]: p["lag_batches"] for p in table["partitions"]}
+    assert lag[0] == 0 and lag[1] > 0
+
+    assert main(["status", "--store", local_store.url]) == 0
+    out = capsys.readouterr().out
+    assert "TABLE LAG" in out and f"output table {table['uri']}" in out
