@@ -43,7 +43,10 @@ import boto3
 
 from benchmarks.common import REPO_ROOT, Row, format_table, progress, verdict, write_result
 from laminar_dev.s3server import start_s3_server
+from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.ops.demo_processes import Producer
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.store import open_store
 from laminar_orchestration.store.metering import RequestPrices, key_family
 
 BUCKET = "laminar-cost"
@@ -247,7 +250,12 @@ def scale(window_s: float, partitions: int, nodes: int) -> tuple[list[Row], list
     with running_cluster("scale", partitions, nodes) as (cluster, log, _):
         progress(f"scale: placing {partitions} partitions on {nodes} nodes")
         started = time.monotonic()
-        cluster.laminar("rebalance", "--max-concurrent", "10", timeout=3600)
+        # On a loaded two-core machine some placements outlive their deadline: the next rebalance
+        # places what is left, as an operator would run it again.
+        for _attempt in range(3):
+            with contextlib.suppress(RuntimeError):
+                cluster.laminar("rebalance", "--max-concurrent", "10", "--migration-timeout", "120", timeout=3600)
+                break
         cluster.wait("placement", cluster.all_active, 1800)
         notes.append(f"scale: {partitions} partitions placed in {time.monotonic() - started:.0f}s")
         time.sleep(15)
@@ -280,19 +288,24 @@ def scale(window_s: float, partitions: int, nodes: int) -> tuple[list[Row], list
         status = cluster.status()
         held = [p["partition"] for p in status["partitions"] if p["owner"] == victim]
         progress(f"scale: kill -9 node {victim} holding {len(held)} partitions")
+        ledger = Ledger(open_store(cluster.url))
         cluster.nodes[victim].kill()
         killed = time.monotonic()
         timeout_s = 6.0
 
-        def moved() -> bool:
-            with contextlib.suppress(RuntimeError):
-                cluster.laminar("failover", "--node", str(victim))
-            s = cluster.status()
-            owners = {p["partition"]: (p["owner"], p["status"], p["owner_alive"]) for p in s["partitions"]}
-            return all(owners[p][0] != victim and owners[p][1] == "active" and owners[p][2] for p in held)
+        def seen_dead() -> bool:
+            return not any(v.alive for v in ledger.nodes() if v.record.node == victim)
 
-        cluster.wait("failover", moved, 600)
+        # What an operator does: wait until the ledger shows the node dead (its heartbeat timed out),
+        # then one `laminar failover`, which returns when every move ended.
+        cluster.wait("the node seen dead", seen_dead, 60)
+        dead_after = time.monotonic() - killed
+        cluster.laminar("failover", "--node", str(victim), timeout=600)
         took = time.monotonic() - killed
+        owners = ledger.ownerships([PartitionId(p) for p in held])
+        live = {v.record.node for v in ledger.nodes() if v.alive} - {victim}
+        stranded = [p for p in held if (o := owners.get(PartitionId(p))) is None or o.owner not in live]
+        notes.append(f"scale failover: node seen dead after {dead_after:.1f}s; not moved: {stranded or 'none'}")
         rows.append(
             Row(
                 f"kill -9 of a node with {len(held)} partitions -> all active elsewhere",

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
         # As `laminar node run` runs: its output table too.
         ArrowNode(
             NodeConfig(store_url=args.store, node_id=args.node_id, heartbeat_timeout_s=args.heartbeat_timeout),
-            table_sync=TableCommitter(open_store(args.store)).sync,
+            output_table=TableCommitter(open_store(args.store)),
         ).run()
         return
     config = NodeConfig(

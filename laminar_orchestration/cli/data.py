@@ -137,7 +137,7 @@ class NodeRun(Command):
         )
         # The committed output is also a Delta table beside the store (`laminar table`).
         committer = TableCommitter(open_store(config.store_url))
-        run_node(config, table_sync=committer.sync)
+        run_node(config, output_table=committer)
         return 0
 
 

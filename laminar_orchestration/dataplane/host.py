@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
+
+import pyarrow as pa
 
 from laminar_orchestration.dataplane.batches import (
     InFlightBatch,
@@ -16,7 +19,7 @@ from laminar_orchestration.dataplane.engine import BatchEngine
 from laminar_orchestration.dataplane.restore import StateReplica
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.metrics import NodeMetrics
-from laminar_orchestration.protocol.chain import ManifestPublisher
+from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestVersion
 from laminar_orchestration.protocol.cluster_epoch import ClusterEpochWindow
 from laminar_orchestration.protocol.fencing import (
     PartitionGuardSet,
@@ -54,6 +57,9 @@ class WorkerHost(Protocol):
 
     def report_now(self) -> None:
         """Heartbeat at once (a migration phase reported)."""
+
+    def note_committed(self, version: ManifestVersion, outputs: Mapping[str, pa.Table]) -> None:
+        """A batch was committed: its entry and output rows, for the output table (kept in memory)."""
 
     def observe_cluster_epoch(self, epoch: int) -> None:
         """Slide the node's cluster-epoch window to `epoch` if it is newer."""

@@ -29,11 +29,14 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+import pyarrow as pa
 
 from laminar_orchestration.dataplane.batches import (
     InFlightBatch,
@@ -54,14 +57,14 @@ from laminar_orchestration.dataplane.handoff import (
 )
 from laminar_orchestration.dataplane.restore import StateReplica
 from laminar_orchestration.dataplane.standby import StandbyFollower, TakeoverSpeculation
-from laminar_orchestration.dataplane.table_feed import TableFeed, TableSync
+from laminar_orchestration.dataplane.table_feed import OutputTable, TableFeed
 from laminar_orchestration.dataplane.worker import PartitionWorker
 from laminar_orchestration.dataplane.worker_state import WorkerState as WorkerState
 from laminar_orchestration.errors import CorruptDataError
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.metrics import NodeMetrics
 from laminar_orchestration.protocol.capabilities import CheckpointWriter, OutputCommitter, ReadStore
-from laminar_orchestration.protocol.chain import ManifestPublisher
+from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestVersion
 from laminar_orchestration.protocol.cluster_epoch import ClusterEpochWindow
 from laminar_orchestration.protocol.fencing import (
     EpochError,
@@ -113,12 +116,12 @@ class Node:
         store: ObjectStore | None = None,
         processor: KeyedProcessor | None = None,
         spark: Any = None,
-        table_sync: TableSync | None = None,
+        output_table: OutputTable | None = None,
     ) -> None:
         self.config = config
         self.id = NodeId(config.node_id)
         #: Catches the output table up with this node's commits (None: no table is kept).
-        self.table_feed = TableFeed(table_sync) if table_sync is not None else None
+        self.table_feed = TableFeed(output_table) if output_table is not None else None
         # No attribute holds the store: each part gets only its capability, and the source reads only.
         opened = store or open_store(config.store_url)
         self.store_url = opened.url
@@ -427,6 +430,11 @@ class Node:
             except StoreError as exc:
                 log.warning("node %s: cluster epoch refresh failed: %s", self.id, exc)
 
+    def note_committed(self, version: ManifestVersion, outputs: Mapping[str, pa.Table]) -> None:
+        """A worker committed a batch: the output table's next sync takes it from memory."""
+        if self.table_feed is not None:
+            self.table_feed.table.remember(version, outputs)
+
     def _table_loop(self) -> None:
         """One output-table sync per `table_sync_interval_s` for the partitions that committed."""
         assert self.table_feed is not None
@@ -615,7 +623,7 @@ class Node:
 
 
 def run_node(
-    config: NodeConfig, *, processor: KeyedProcessor | None = None, table_sync: TableSync | None = None
+    config: NodeConfig, *, processor: KeyedProcessor | None = None, output_table: OutputTable | None = None
 ) -> None:
     """Entry point of `laminar node run`."""
-    Node(config, processor=processor, table_sync=table_sync).run()
+    Node(config, processor=processor, output_table=output_table).run()

@@ -11,10 +11,13 @@ owed until a sync succeeds.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
+import pyarrow as pa
+
 from laminar_orchestration.identity import PartitionId
+from laminar_orchestration.protocol.chain import ManifestVersion
 
 log = logging.getLogger("laminar.node")
 
@@ -26,15 +29,23 @@ class Committing(Protocol):
     def commits(self) -> int: ...
 
 
-#: The table's catch-up call: the partitions to sync; raises on failure (retried next interval).
-TableSync = Callable[[list[int]], object]
+class OutputTable(Protocol):
+    """The output table as a node uses it (`table.TableCommitter`)."""
+
+    def sync(self, partitions: Iterable[int]) -> object:
+        """Catch the table up with `partitions`' committed batches; raises on failure (retried)."""
+        ...
+
+    def remember(self, version: ManifestVersion, outputs: Mapping[str, pa.Table]) -> None:
+        """A batch this node committed (entry and output rows): the next sync need not read it back."""
+        ...
 
 
 class TableFeed:
     """Tracks the partitions owed a table sync and makes the call (not thread-safe: one caller)."""
 
-    def __init__(self, sync: TableSync) -> None:
-        self._sync = sync
+    def __init__(self, table: OutputTable) -> None:
+        self.table = table
         #: Per partition, the worker last seen and its commit count then.
         self._seen: dict[PartitionId, tuple[int, int]] = {}
         self.owed: set[PartitionId] = set()
@@ -53,7 +64,7 @@ class TableFeed:
             return True
         partitions = sorted(self.owed)
         try:
-            self._sync([int(p) for p in partitions])
+            self.table.sync([int(p) for p in partitions])
         except Exception as exc:  # the table is a copy: any failure is retried, the node runs on
             log.warning("node %s: output table sync of partitions %s failed (retried): %s", node, partitions, exc)
             return False

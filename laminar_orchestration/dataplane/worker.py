@@ -656,6 +656,7 @@ class PartitionWorker(threading.Thread):
             cluster_epoch=cluster_epoch,
         )
         version = self._publish(update)
+        self.node.note_committed(version, {out_ref.key: fold.output})
         t3 = time.monotonic()
         # The local store only ever holds committed state: it is written after the publish.
         self.replica.apply(fold.delta, end)

@@ -117,9 +117,27 @@ class ChainFollower:
     def __init__(self, store: ObjectStore, reader: ManifestReader | None = None) -> None:
         self._store = store
         self.reader = reader or ManifestReader(store)
+        #: Entries this process published itself (`remember`): the exact bytes stored under their key
+        #: (a create-only write), so they are not read back; each is used once.
+        self._known: dict[tuple[int, int], ManifestVersion] = {}
+
+    def remember(self, version: ManifestVersion) -> None:
+        """An entry this process published: the walk takes it instead of reading it."""
+        if len(self._known) > 10_000:
+            self._known.clear()  # never walked (a partition that moved away): read if needed
+        self._known[(version.manifest.partition, version.manifest.seq)] = version
 
     def entry(self, partition: int, seq: int) -> ManifestVersion | None:
         """The genuine entry at `seq` (None: absent or forged)."""
+        known = self._known.pop((partition, seq), None)
+        if (
+            known is not None
+            and self.reader.grant_keys.problem(
+                known.manifest, partition, known.manifest.fencing_token, known.manifest.node
+            )
+            is None
+        ):
+            return known
         return self.reader.entry(PartitionId(partition), seq)
 
     def walk(self, partition: int, start: ManifestVersion | None) -> ChainWalk:

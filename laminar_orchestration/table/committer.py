@@ -30,7 +30,7 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,6 +125,8 @@ def _schema_text(schema: pa.Schema) -> str:
 #: How long data files without a log may be a creation in progress (a creator writes its data
 #: files, then log entry 0) before they count as a table whose log was lost.
 CREATION_GRACE_S = 1.0
+#: Batches remembered but not synced yet, at most (beyond, they are read back from the store).
+KNOWN_MAX = 10_000
 
 
 def open_table(location: TableLocation) -> DeltaTable | None:
@@ -254,6 +256,8 @@ class TableCommitter:
         self.max_batches_per_commit = max_batches_per_commit
         self.retry_backoff_s = retry_backoff_s
         self._follower = ChainFollower(store)
+        #: Output rows this process wrote (`remember`), by object key: not read back.
+        self._known_outputs: dict[str, pa.Table] = {}
         self._reads = ReadStore(store)
         self._lock = threading.Lock()
         self._table: DeltaTable | None = None
@@ -285,6 +289,16 @@ class TableCommitter:
         return table
 
     # -- sync ---------------------------------------------------------------------------------
+
+    def remember(self, version: ManifestVersion, outputs: Mapping[str, pa.Table]) -> None:
+        """A batch this process committed: its chain entry and its output rows by object key. The next
+        sync takes them instead of reading them back (the node that wrote them calls this)."""
+        # No lock: a sync may hold the committer's for seconds, and this runs on the batch's path
+        # (single dict operations are atomic; a batch not found here is read from the store).
+        if len(self._known_outputs) > KNOWN_MAX:
+            self._known_outputs.clear()  # never synced (a partition that moved away): read if needed
+        self._follower.remember(version)
+        self._known_outputs.update(outputs)
 
     def sync(self, partitions: Iterable[int]) -> SyncResult:
         """Append every committed batch of `partitions` not yet in the table; one Delta commit per call.
@@ -388,7 +402,7 @@ class TableCommitter:
         parts: list[pa.Table] = []
         for b in batches:
             if (b.partition, b.seq) not in cache:
-                outputs = [read_output(self._reads, ref) for ref in b.outputs]
+                outputs = [self._known_outputs.pop(ref.key, None) or read_output(self._reads, ref) for ref in b.outputs]
                 cache[(b.partition, b.seq)] = batch_rows(b, outputs)
             rows = cache[(b.partition, b.seq)]
             if rows is None:

@@ -91,6 +91,7 @@ def test_demo_runs_nodes_load_and_dagster_then_stops_cleanly(tmp_path: Path) -> 
     server_info: dict[str, object] = {}
     node_metrics: Samples = {}
     plane_metrics: Samples = {}
+    moved: tuple[int, int] | None = None
     try:
         # While it runs: once the demo says the webserver is ready, it must answer us too.
         while demo.poll() is None and time.monotonic() - started < DEMO_LIMIT_S:
@@ -102,6 +103,13 @@ def test_demo_runs_nodes_load_and_dagster_then_stops_cleanly(tmp_path: Path) -> 
                 # Under load, with the placements done: the node's figures and the moves' durations.
                 node_metrics = scrape(f"http://127.0.0.1:{where[2]}/metrics")
                 plane_metrics = scrape(where[1])
+            if plane_metrics and moved is None:
+                # A graceful move from a shell while the demo runs: the demo prints its phases.
+                status = json.loads(laminar("status", "--json", "--store", store, cwd=tmp_path).stdout)
+                owner = next(p["owner"] for p in status["partitions"] if p["partition"] == 0)
+                moved = (owner, 3 - owner)
+                migrate = laminar("migrate", "--partition", "0", "--to", str(3 - owner), "--store", store, cwd=tmp_path)
+                assert migrate.returncode == 0, migrate.stderr
             time.sleep(0.5)
         code = demo.wait(timeout=max(1.0, DEMO_LIMIT_S - (time.monotonic() - started)))
     finally:
@@ -145,6 +153,10 @@ def test_demo_runs_nodes_load_and_dagster_then_stops_cleanly(tmp_path: Path) -> 
     final = output[output.index("── final status") :]
     assert len(re.findall(r"released by node [12]", final)) == 2 and "dead" not in final, final
     assert "Editable installation" not in output and "Closing down clientserver" not in output
+    # The move's phases, as the demo saw them in the ledger, ending active.
+    assert moved is not None
+    phases = re.findall(rf"partition 0: graceful {moved[0]}→{moved[1]}: (.*)", output)
+    assert phases and phases[-1].split(" in ")[0].endswith("active"), phases
 
     # Metrics scraped while the load ran: node 1's partitions' lag, commits and batch latency, and the
     # control plane's durations of the placements (moves that ended).

@@ -8,6 +8,7 @@ batch aggregate in pyarrow, stamped with the writer's epoch and generation.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -70,8 +71,16 @@ class Cluster:
             token, commit_ulid=current.manifest.commit_ulid, source_offset=current.manifest.source_offset
         )
 
-    def commit_batches(self, token: FencingToken, batch_events: int = 40, max_batches: int | None = None) -> int:
-        """Commit the partition's source after its committed offset, `batch_events` per batch; batches made."""
+    def commit_batches(
+        self,
+        token: FencingToken,
+        batch_events: int = 40,
+        max_batches: int | None = None,
+        remember: Callable[[ManifestVersion, dict[str, pa.Table]], None] | None = None,
+    ) -> int:
+        """Commit the partition's source after its committed offset, `batch_events` per batch; batches made.
+
+        `remember` is told each committed entry and its output rows, as a node tells its table."""
         publisher = ManifestPublisher(OutputCommitter(self.store), self.store)
         writer = OutputWriter(OutputCommitter(self.store))
         guard = PartitionGuard(token)
@@ -81,13 +90,16 @@ class Cluster:
         for batch in self.source.iter_batches(token.partition, offset, batch_events):
             if max_batches is not None and made >= max_batches:
                 break
-            ref = writer.write(guard, self.output(batch.to_table(), token.epoch), batch.start_offset, batch.end_offset)
-            commit(
+            output = self.output(batch.to_table(), token.epoch)
+            ref = writer.write(guard, output, batch.start_offset, batch.end_offset)
+            version = commit(
                 self.ledger,
                 publisher,
                 token,
                 ManifestUpdate(source_offset=batch.end_offset, outputs=(ref,), events_applied=batch.end_offset),
             )
+            if remember is not None:
+                remember(version, {ref.key: output})
             made += 1
         return made
 

@@ -13,7 +13,9 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
+from laminar_orchestration.protocol.chain import ManifestVersion
 from laminar_orchestration.store import ObjectStore
+from laminar_orchestration.store.metering import RequestMeter
 from laminar_orchestration.table import SyncResult, TableCommitter, app_id, audit_table, table_location, table_status
 from tests.table.cluster import Cluster, batch_keys, table_counts
 
@@ -145,4 +147,31 @@ def test_two_commits_of_the_same_batches_on_one_table_version_land_once(
     assert sorted(r.commits for r in results) == [0, 1]
     assert sorted(r.retries for r in results) == [0, 1]
     assert _read(store).version() == 1
+    _assert_exactly_once(cluster)
+
+
+def test_batches_their_node_remembers_are_not_read_back_and_a_forged_one_is(
+    store: ObjectStore, meter: RequestMeter
+) -> None:
+    cluster = Cluster(store, partitions=1)
+    cluster.produce(120)
+    token = cluster.acquire(0, 1)
+    committer = TableCommitter(store)
+    made = cluster.commit_batches(token, remember=committer.remember)
+    before = meter.snapshot()
+    committer.sync([0])
+    after = meter.snapshot()
+    gets = {f: n - before.by_family.get((m, f), 0) for (m, f), n in after.by_family.items() if m == "GET"}
+    assert made >= 3 and gets.get("sink", 0) == 0  # no output read back
+    assert gets.get("manifests/history", 0) <= 2  # probes past the chain's end, none per batch
+    assert table_counts(_read(store).to_pyarrow_table(), 0) == cluster.source_counts(0)
+
+    # A remembered entry that its grant's key did not sign is not taken: the chain's own is read.
+    cluster.produce(120)
+    real: list[ManifestVersion] = []
+    cluster.commit_batches(token, remember=lambda v, _outputs: real.append(v))
+    assert len(real) >= 2  # the entry after the forged one names the genuine one as its parent
+    forged = real[0].manifest.model_copy(update={"note": "not what was signed"})
+    committer.remember(ManifestVersion(forged, forged.model_dump_json().encode()), {})
+    committer.sync([0])
     _assert_exactly_once(cluster)
