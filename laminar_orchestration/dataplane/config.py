@@ -49,7 +49,7 @@ class NodeConfig(BaseModel):
     log_ends_poll_s: float = Field(default=2.0, gt=0)
     #: How often the node appends its partitions' new committed batches to the output table, in one
     #: Delta commit (when it keeps the table): the table's lag, traded against its requests.
-    table_sync_interval_s: float = Field(default=10.0, gt=0)
+    table_sync_interval_s: float = Field(default=30.0, gt=0)
     source_fallback_poll_s: float = Field(default=300.0, gt=0)
     #: How often a node re-reads the records of a migration it takes part in (the full reconcile is
     #: slower): each phase waits up to this long for the node to see it. Every poll is a GET.

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import random
 import shutil
 import signal
 import tempfile
@@ -438,6 +439,9 @@ class Node:
     def _table_loop(self) -> None:
         """One output-table sync per `table_sync_interval_s` for the partitions that committed."""
         assert self.table_feed is not None
+        # Nodes started together would commit to the table together, and all but one retry: spread them.
+        if self._stop.wait(self.config.table_sync_interval_s * random.random()):
+            return
         while not self._stop.wait(self.config.table_sync_interval_s):
             self.table_feed.note(self.workers)
             self.table_feed.flush(self.id)

@@ -118,7 +118,7 @@ class ChainFollower:
         self._store = store
         self.reader = reader or ManifestReader(store)
         #: Entries this process published itself (`remember`): the exact bytes stored under their key
-        #: (a create-only write), so they are not read back; each is used once.
+        #: (a create-only write), so they are not read back; dropped once in the table (`forget`).
         self._known: dict[tuple[int, int], ManifestVersion] = {}
 
     def remember(self, version: ManifestVersion) -> None:
@@ -127,9 +127,14 @@ class ChainFollower:
             self._known.clear()  # never walked (a partition that moved away): read if needed
         self._known[(version.manifest.partition, version.manifest.seq)] = version
 
+    def forget(self, partition: int, through: int) -> None:
+        """Drop the remembered entries of `partition` up to seq `through` (in the table now)."""
+        for key in [k for k in list(self._known) if k[0] == partition and k[1] <= through]:
+            self._known.pop(key, None)
+
     def entry(self, partition: int, seq: int) -> ManifestVersion | None:
         """The genuine entry at `seq` (None: absent or forged)."""
-        known = self._known.pop((partition, seq), None)
+        known = self._known.get((partition, seq))
         if (
             known is not None
             and self.reader.grant_keys.problem(

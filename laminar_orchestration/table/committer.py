@@ -374,6 +374,7 @@ class TableCommitter:
                 exhausted = exhausted and walked_all
                 # Past the appended batches the walk only saw entries without output (seals, snapshots).
                 self._positions[p] = (new, walks[p].newest if walked_all else self._follower.entry(p, new))
+                self._follower.forget(p, new)
                 result.landed[p] = new
             # Never rebased: the commit is the version after the snapshot it was made on.
             result.version = table.version() + 1 if table is not None else 0
