@@ -434,7 +434,7 @@ class Node:
     def note_committed(self, version: ManifestVersion, outputs: Mapping[str, pa.Table]) -> None:
         """A worker committed a batch: the output table's next sync takes it from memory."""
         if self.table_feed is not None:
-            self.table_feed.table.remember(version, outputs)
+            self.table_feed.committed(version, outputs)
 
     def _table_loop(self) -> None:
         """One output-table sync per `table_sync_interval_s` for the partitions that committed."""

@@ -11,6 +11,7 @@ owed until a sync succeeds.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
@@ -42,31 +43,56 @@ class OutputTable(Protocol):
 
 
 class TableFeed:
-    """Tracks the partitions owed a table sync and makes the call (not thread-safe: one caller)."""
+    """Tracks the partitions owed a table sync and makes the call. `committed` runs on the workers'
+    threads, `note` and `flush` on the node's table thread."""
 
     def __init__(self, table: OutputTable) -> None:
         self.table = table
         #: Per partition, the worker last seen and its commit count then.
         self._seen: dict[PartitionId, tuple[int, int]] = {}
-        self.owed: set[PartitionId] = set()
+        #: Partitions owed a sync, each with a count of the reasons noted: a sync clears a partition
+        #: only if nothing was noted for it while the sync ran.
+        self._owed: dict[PartitionId, int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def owed(self) -> set[PartitionId]:
+        with self._lock:
+            return set(self._owed)
+
+    def _owe(self, partition: PartitionId) -> None:
+        with self._lock:
+            self._owed[partition] = self._owed.get(partition, 0) + 1
+
+    def committed(self, version: ManifestVersion, outputs: Mapping[str, pa.Table]) -> None:
+        """A worker committed a batch: owed a sync (even if the worker ends before the next look),
+        and handed to the table so the sync need not read it back."""
+        self.table.remember(version, outputs)
+        self._owe(PartitionId(version.manifest.partition))
 
     def note(self, workers: Mapping[PartitionId, Committing]) -> None:
-        """Owe a sync to every partition whose worker is new or committed since the last look."""
+        """Owe a sync to every partition whose worker is new (a takeover: the old owner's last
+        batches may be missing) or committed since the last look."""
         for p, worker in workers.items():
             mark = (id(worker), worker.commits)
             if self._seen.get(p) != mark:
                 self._seen[p] = mark
-                self.owed.add(p)
+                self._owe(p)
 
     def flush(self, node: object = "") -> bool:
         """One sync of every owed partition; False (logged, kept owed) if it failed."""
-        if not self.owed:
+        with self._lock:
+            taken = dict(self._owed)
+        partitions = sorted(taken)
+        if not partitions:
             return True
-        partitions = sorted(self.owed)
         try:
             self.table.sync([int(p) for p in partitions])
         except Exception as exc:  # the table is a copy: any failure is retried, the node runs on
             log.warning("node %s: output table sync of partitions %s failed (retried): %s", node, partitions, exc)
             return False
-        self.owed.difference_update(partitions)
+        with self._lock:
+            for p, count in taken.items():
+                if self._owed.get(p) == count:
+                    del self._owed[p]
         return True

@@ -224,10 +224,11 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
             writes=(keys.SEGMENTS_PATTERN, keys.SOURCE_HEADS_PATTERN, keys.LOG_ENDS_KEY),
         ),
         AUDITOR_ROLE: RoleAccess(
-            reads=all_prefixes,
+            # `verify` audits the output table too.
+            reads=(*all_prefixes, keys.TABLES_PREFIX),
             writes=(),
             deletes=(keys.CHECKPOINT_OBJECTS_PATTERN, keys.OUTPUT_OBJECTS_PATTERN),
-            lists=all_prefixes,
+            lists=(*all_prefixes, keys.TABLES_PREFIX),
         ),
     }
     for n in nodes:

@@ -49,6 +49,8 @@ SOURCE_PREFIX = "source/"
 #: Private signing keys of grants: the control plane reads and writes them, a node reads only its
 #: own part (`node_signing_keys_prefix`), the auditor and the producer none of it.
 GRANT_KEYS_PREFIX = "grant-keys/"
+#: The output table (a Delta table the nodes derive from the manifest chains; not protocol state).
+TABLES_PREFIX = "tables/"
 
 #: Every top-level prefix by the name the capabilities and storage policies use.
 PREFIXES: Mapping[str, str] = MappingProxyType(

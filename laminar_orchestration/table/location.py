@@ -19,10 +19,11 @@ from types import MappingProxyType
 from urllib.parse import unquote, urlparse
 
 from laminar_orchestration.errors import InvalidInputError
+from laminar_orchestration.protocol.keys import TABLES_PREFIX
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 
 #: Where the table is relative to the store's root or prefix.
-DEFAULT_TABLE_PATH = "tables/output"
+DEFAULT_TABLE_PATH = f"{TABLES_PREFIX}output"
 #: Environment variable naming the table's URI (overrides the default beside the store).
 TABLE_URI_ENV = "LAMINAR_TABLE_URI"
 
