@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.capabilities import ReadStore
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.nudge import SourceDoorbell
+from laminar_orchestration.protocol.records import PartitionProgress
 from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.protocol.tasks import DesiredStates
 from laminar_orchestration.store import ObjectStore, StoreUnavailable
@@ -55,14 +56,25 @@ def _place(ledger: Ledger, partition: int, node: int) -> None:
     desired.nudge([node])
 
 
-def _wait_running(node: ArrowNode, partitions: set[int], timeout_s: float) -> float:
+def _wait_for(
+    node: ArrowNode, done: Callable[[dict[int, PartitionProgress]], bool], what: str, timeout_s: float
+) -> float:
+    """Seconds until `done` holds for the node's partition reports; AssertionError naming `what` after `timeout_s`."""
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
-        states = {p for p, pr in node._progress().items() if pr.state == "running"}
-        if partitions <= states:
+        if done(node._progress()):
             return time.monotonic() - started
         time.sleep(0.02)
-    raise AssertionError(f"partitions {sorted(partitions)} not running after {timeout_s}s: {node._progress()}")
+    raise AssertionError(f"{what} after {timeout_s}s: {node._progress()}")
+
+
+def _wait_running(node: ArrowNode, partitions: set[int], timeout_s: float) -> float:
+    return _wait_for(
+        node,
+        lambda progress: partitions <= {p for p, pr in progress.items() if pr.state == "running"},
+        f"partitions {sorted(partitions)} not running",
+        timeout_s,
+    )
 
 
 def test_an_idle_node_reads_its_assignment_and_no_partitions_desired_state(
@@ -118,13 +130,12 @@ def test_a_node_that_misses_every_nudge_still_converges_at_its_poll(
 
 
 def _wait_committed(node: ArrowNode, partition: int, offset: int, timeout_s: float) -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        progress = node._progress().get(partition)
-        if progress is not None and progress.source_offset >= offset:
-            return time.monotonic() - started
-        time.sleep(0.02)
-    raise AssertionError(f"partition {partition} not committed to {offset} after {timeout_s}s: {node._progress()}")
+    return _wait_for(
+        node,
+        lambda progress: (pr := progress.get(partition)) is not None and pr.source_offset >= offset,
+        f"partition {partition} not committed to {offset}",
+        timeout_s,
+    )
 
 
 def _placed_and_running(store: ObjectStore, tmp_path: Path, partitions: int, **config: object) -> ArrowNode:
