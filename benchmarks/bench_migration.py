@@ -674,6 +674,10 @@ class Report(TableReport):
     def add(self, figure: str, value: str, target: str = "-", verdict_: str = "info") -> None:
         self.rows.append(Row(figure, LOCAL, value, target, verdict_))
 
+    def add_median(self, figure: str, values: Sequence[float], unit: Callable[[float], str]) -> None:
+        """The median of `values`, written in `unit` (`s`, `size`)."""
+        self.add(figure, unit(median(values)))
+
 
 def s(seconds: float) -> str:
     return f"{seconds:.2f} s"
@@ -719,7 +723,7 @@ def report_phases(
 ) -> None:
     """The median time of each of `phases` over the runs' phase timings (0 where a run lacks one)."""
     for phase in phases:
-        report.add(f"{prefix}: phase {phase.value} (median)", s(median([r.get(phase, 0.0) for r in runs])))
+        report.add_median(f"{prefix}: phase {phase.value} (median)", [r.get(phase, 0.0) for r in runs], s)
 
 
 def report_graceful(report: Report, label: str, kind: str, runs: Sequence[MigrationRun]) -> None:
@@ -739,19 +743,21 @@ def report_graceful(report: Report, label: str, kind: str, runs: Sequence[Migrat
         verdict(total, GRACEFUL_TOTAL_TARGET_S),
     )  # fmt: skip
     report_phases(report, f"1.     {tag}", GRACEFUL_PHASES, [r.phases for r in runs])
-    report.add(
+    report.add_median(
         f"1.   {tag}: checkpoint bytes moved by the handoff (DOWNLOADING bytes_moved, median)",
-        size(median([r.download_bytes for r in runs])),
+        [r.download_bytes for r in runs],
+        size,
     )
-    report.add(
+    report.add_median(
         f"1.   {tag}: checkpoint bytes the target's warm-up moved before the drain (PLANNED bytes_moved, median)",
-        size(median([r.planned_bytes for r in runs])),
+        [r.planned_bytes for r in runs],
+        size,
     )
-    report.add(
-        f"1.   {tag}: old owner's last data commit -> seal (median)", s(median([r.last_data_to_seal_s for r in runs]))
+    report.add_median(
+        f"1.   {tag}: old owner's last data commit -> seal (median)", [r.last_data_to_seal_s for r in runs], s
     )
-    report.add(
-        f"1.   {tag}: seal -> new owner's first data commit (median)", s(median([r.seal_to_data_s for r in runs]))
+    report.add_median(
+        f"1.   {tag}: seal -> new owner's first data commit (median)", [r.seal_to_data_s for r in runs], s
     )
     report_first_batch(report, f"1.   {tag}", [r.first_batch for r in runs])
     all_gaps = [g for r in runs for g in r.normal_gaps]
@@ -779,30 +785,32 @@ def report_failover(report: Report, label: str, kind: str, runs: Sequence[Failov
         f"<= {target:.1f} s",
         verdict(recovery, target),
     )
-    report.add(
+    report.add_median(
         f"2.   {tag}: detection, SIGKILL -> ledger sees the node dead (timeout {HEARTBEAT_TIMEOUT_S:.0f} s; median)",
-        s(median([r.detection_s for r in runs])),
+        [r.detection_s for r in runs],
+        s,
     )
-    report.add(
-        f"2.   {tag}: total, SIGKILL -> first data commit elsewhere (median)", s(median([r.total_s for r in runs]))
+    report.add_median(
+        f"2.   {tag}: total, SIGKILL -> first data commit elsewhere (median)", [r.total_s for r in runs], s
     )
-    report.add(
-        f"2.   {tag}: forced MigrationCoordinator.run, launch -> Active (median)", s(median([r.run_s for r in runs]))
+    report.add_median(
+        f"2.   {tag}: forced MigrationCoordinator.run, launch -> Active (median)", [r.run_s for r in runs], s
     )
     report_phases(report, f"2.     {tag}", FORCED_PHASES, [r.phases for r in runs])
-    report.add(f"2.   {tag}: launch -> seal (median)", s(median([r.launch_to_seal_s for r in runs])))
-    report.add(
+    report.add_median(f"2.   {tag}: launch -> seal (median)", [r.launch_to_seal_s for r in runs], s)
+    report.add_median(
         f"2.   {tag}: Active -> first data commit, i.e. the new owner's first batch (median)",
-        s(median([r.recovery_s - r.run_s for r in runs])),
+        [r.recovery_s - r.run_s for r in runs],
+        s,
     )
     report_first_batch(report, f"2.   {tag}", [r.first_batch for r in runs])
-    report.add(
-        f"2.   {tag}: checkpoint bytes moved (DOWNLOADING bytes_moved, median)",
-        size(median([r.download_bytes for r in runs])),
+    report.add_median(
+        f"2.   {tag}: checkpoint bytes moved (DOWNLOADING bytes_moved, median)", [r.download_bytes for r in runs], size
     )
-    report.add(
+    report.add_median(
         f"2.   {tag}: unavailability, old owner's last data commit -> new owner's first (median)",
-        s(median([r.unavailable_s for r in runs])),
+        [r.unavailable_s for r in runs],
+        s,
     )
     report.note(
         f"2 ({tag}): recovery {list_s([r.recovery_s for r in runs])} s; detection "

@@ -74,18 +74,19 @@ def fake_aws_environ(workdir: Path) -> Iterator[None]:
     changes["AWS_SHARED_CREDENTIALS_FILE"] = str(workdir / "no-aws-credentials")
     saved = {name: os.environ.get(name) for name in changes}
     try:
-        for name, value in changes.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _set_environ(changes)
         yield
     finally:
-        for name, old in saved.items():
-            if old is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = old
+        _set_environ(saved)
+
+
+def _set_environ(values: Mapping[str, str | None]) -> None:
+    """Set each variable of `values` in os.environ; None unsets it."""
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _wait_for_server(proc: subprocess.Popen[bytes], port_file: Path, log: Path) -> str:

@@ -29,7 +29,9 @@ A migration whose driver stops anywhere is resumed from its record by the run.
 
 import json
 import os
-from collections.abc import Callable, Collection
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from dagster import (
@@ -58,8 +60,11 @@ from jobs import (
 from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.control.moves import reinstate_all
 from laminar_orchestration.control.operations import (
+    FULL_LOOK_S,
     DrivenFailover,
+    LookFocus,
     drive_failovers,
+    look_focus,
     plan_failovers,
     wait_for_suspects,
 )
@@ -94,18 +99,50 @@ def failover_run_key(partition: int, epoch: int) -> str:
 # --- the sensor ----------------------------------------------------------------------------------
 
 
-def _decode_cursor(cursor: str | None) -> set[tuple[int, int]]:
+@dataclass(frozen=True)
+class _Cursor:
+    """What one evaluation hands the next: the failovers requested, each node's generation as seen,
+    and when every partition was last looked at (unix seconds)."""
+
+    handled: frozenset[tuple[int, int]] = frozenset()
+    generations: Mapping[int, int] | None = None
+    full_look_at: float = 0.0
+    dead: frozenset[int] = frozenset()
+    unplaced: frozenset[int] = frozenset()
+
+
+def _decode_cursor(cursor: str | None) -> _Cursor:
     if not cursor:
-        return set()
+        return _Cursor()
     try:
         data = json.loads(cursor)
-        return {(int(p), int(e)) for p, e in data.get("handled", [])}
+        handled = frozenset((int(p), int(e)) for p, e in data.get("handled", []))
+        raw = data.get("generations")
+        generations = None if raw is None else {int(n): int(g) for n, g in raw.items()}
+        return _Cursor(
+            handled,
+            generations,
+            float(data.get("full_look_at", 0.0)),
+            frozenset(int(n) for n in data.get("dead", [])),
+            frozenset(int(p) for p in data.get("unplaced", [])),
+        )
     except (ValueError, TypeError, AttributeError):
-        return set()  # a mangled cursor only costs a deduplicated (run-keyed) request
+        return _Cursor()  # a mangled cursor costs a look at every partition and a deduplicated request
 
 
-def _encode_cursor(handled: Collection[tuple[int, int]]) -> str:
-    return json.dumps({"handled": sorted([p, e] for p, e in handled)})
+def _encode_cursor(
+    handled: Collection[tuple[int, int]],
+    focus: LookFocus | None = None,
+    full_look_at: float = 0.0,
+    unplaced: Collection[int] = (),
+) -> str:
+    data: dict[str, Any] = {"handled": sorted([p, e] for p, e in handled)}
+    if focus is not None:
+        data["generations"] = {str(n): g for n, g in sorted(focus.generations.items())}
+        data["full_look_at"] = full_look_at
+        data["dead"] = sorted(focus.dead)
+        data["unplaced"] = sorted(unplaced)
+    return json.dumps(data)
 
 
 def _ownership_events(ledger: Ledger) -> list[AssetObservation | AssetCheckEvaluation]:
@@ -168,20 +205,37 @@ def evaluate(
     owner and the failing check are recorded when the death is detected, before the failover, rather
     than with the sensor's result after it. None: they come with the result.
     """
-    # Only the control plane grants: a restarted node's released partitions go back to it here.
-    for partition, epoch in reinstate_all(MigrationCoordinator(ledger)).items():
-        log(f"p{partition}: granted back to its desired owner at epoch {epoch}")
+    previous = _decode_cursor(cursor)
     wait_for_suspects(ledger, heartbeat_timeout_s=heartbeat_timeout_s, watch_s=watch_s)
-    plan = plan_failovers(ledger, _decode_cursor(cursor), heartbeat_timeout_s=heartbeat_timeout_s)
+    # Every partition now and then; in between only those of the nodes that joined, restarted or died.
+    full = time.time() - previous.full_look_at >= FULL_LOOK_S
+    focus = look_focus(
+        ledger,
+        previous.generations,
+        full=full,
+        heartbeat_timeout_s=heartbeat_timeout_s,
+        seen_dead=previous.dead,
+        unplaced=previous.unplaced,
+    )
+    full_look_at = time.time() if focus.full else previous.full_look_at
+    # Only the control plane grants: a restarted node's released partitions go back to it here.
+    for partition, epoch in reinstate_all(MigrationCoordinator(ledger), focus.grant_back).items():
+        log(f"p{partition}: granted back to its desired owner at epoch {epoch}")
+    plan = plan_failovers(ledger, previous.handled, heartbeat_timeout_s=heartbeat_timeout_s, partitions=focus.fail_over)
     for partition, epoch in plan.completed_grants.items():
         log(f"p{partition}: completed the grant at epoch {epoch}, whose granter died before sealing it")
     for note in plan.skipped:
         log(note)
-    new_cursor = _encode_cursor(plan.handled)
+    # The failovers requested for partitions this look did not read stay requested.
+    unread = {h for h in previous.handled if focus.fail_over is not None and h[0] not in focus.fail_over}
+    new_cursor = _encode_cursor(plan.handled | unread, focus, full_look_at, plan.unplaced)
     if not plan.failovers:
-        if new_cursor != (cursor or _encode_cursor(set())):
-            return SensorResult(cursor=new_cursor, skip_reason="; ".join(plan.skipped) or "nothing to fail over")
-        return SkipReason("; ".join(plan.skipped) or "every partition's owner is alive")
+        if new_cursor == cursor:
+            return SkipReason("; ".join(plan.skipped) or "every partition's owner is alive")
+        reason = (
+            "nothing to fail over" if plan.handled | unread != previous.handled else "every partition's owner is alive"
+        )
+        return SensorResult(cursor=new_cursor, skip_reason="; ".join(plan.skipped) or reason)
     before = _ownership_events(ledger)  # the dead owner, as the operator should see it
     if report is not None:
         for event in before:

@@ -10,6 +10,6 @@ for the promises checked after every step.
 from __future__ import annotations
 
 from .invariants import InvariantViolation
-from .world import Knobs, ScenarioResult, SimConfig, run_scenario
+from .world import Knobs, ScenarioCounts, ScenarioResult, SimConfig, run_scenario
 
-__all__ = ["InvariantViolation", "Knobs", "ScenarioResult", "SimConfig", "run_scenario"]
+__all__ = ["InvariantViolation", "Knobs", "ScenarioCounts", "ScenarioResult", "SimConfig", "run_scenario"]

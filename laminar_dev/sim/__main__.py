@@ -37,12 +37,10 @@ def _replay_command(args: argparse.Namespace, seed: int) -> str:
 
 
 def _describe(result: ScenarioResult) -> str:
+    counts = result.counts
     return (
-        f"seed {result.seed}: {result.steps} steps ({result.fault_steps} with faults), "
-        f"{result.simulated_s:.1f} simulated s, {result.faults} store faults, {result.crashes} crashes, "
-        f"{result.pauses} pauses, {result.preemptions} preemptions, {result.manifests} manifests checked "
-        f"({result.snapshots} naming a new snapshot), "
-        f"{result.swept} objects swept, {result.splits} zombie restarts, {result.void_entries} void entries, "
+        f"seed {result.seed}: {counts.steps} steps ({counts.fault_steps} with faults), "
+        f"{result.simulated_s:.1f} simulated s, {counts.describe()}, "
         f"trace {result.trace_hash}: {'ok' if result.ok else 'VIOLATION'}"
     )
 

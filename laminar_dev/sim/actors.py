@@ -69,6 +69,7 @@ from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.ops import sweep as antientropy
 from laminar_orchestration.protocol.capabilities import (
     CheckpointWriter,
+    LedgerWriter,
     OutputCommitter,
     ReadStore,
     checkpoint_key,
@@ -106,6 +107,7 @@ from laminar_orchestration.protocol.manifest import (
     SuccessionError,
     artifact_ref,
 )
+from laminar_orchestration.protocol.move_reports import MoveReporter
 from laminar_orchestration.protocol.records import (
     LedgerError,
     NodeStatus,
@@ -546,6 +548,7 @@ class NodeActor(Actor):
         self.reads = ReadStore(store)
         self.source = SourceLog(store, partitions=self.world.config.partitions)
         self.handle: NodeHandle | None = None
+        self.reporter: MoveReporter | None = None
         self.last_heartbeat = -1e9
         self.workers = {p: Worker(p) for p in range(self.world.config.partitions)}
         #: Delta objects are immutable: a node keeps what it downloaded (its local disk).
@@ -581,6 +584,7 @@ class NodeActor(Actor):
                     self.node, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, host="sim", pid=1
                 )
                 self.handle, self.last_heartbeat = handle, self.world.clock.seconds
+                self.reporter = MoveReporter(LedgerWriter(self.ledger.store), self.node, handle.generation)
                 return f"registered generation {handle.generation}"
             if self.world.clock.seconds - self.last_heartbeat >= HEARTBEAT_INTERVAL_S:
                 return self._heartbeat()
@@ -633,6 +637,13 @@ class NodeActor(Actor):
     def _report(self, w: Worker, phase: MigrationPhase) -> None:
         w.phase_done = phase
         self._heartbeat()
+        if self.reporter is not None and not self.zombie:
+            # What the coordinator waits on: the partitions in a move, as the runtime reports them.
+            moving = {p: x.progress() for p, x in self.workers.items() if x.migration is not None}
+            try:
+                self.reporter.report(moving)
+            except NodeIdentityConflict:
+                self._fresh()
 
     # -- the owner's state machine ---------------------------------------------------------
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from multiprocessing.pool import AsyncResult
 
-from .world import ScenarioResult, SimConfig, run_scenario
+from .world import ScenarioCounts, ScenarioResult, SimConfig, run_scenario
 
 
 @dataclass
@@ -20,34 +20,15 @@ class SoakReport:
 
     base_seed: int
     scenarios: int = 0
-    steps: int = 0
-    fault_steps: int = 0
-    faults: int = 0
-    crashes: int = 0
-    pauses: int = 0
-    manifests: int = 0
-    snapshots: int = 0
-    swept: int = 0
-    splits: int = 0
-    void_entries: int = 0
-    cpu_s: float = 0.0
+    #: The finished scenarios' counts, summed.
+    totals: ScenarioCounts = field(default_factory=ScenarioCounts.zero)
     elapsed_s: float = 0.0
     failures: list[ScenarioResult] = field(default_factory=list)
 
     def add(self, result: ScenarioResult) -> None:
         """Count one finished scenario."""
         self.scenarios += 1
-        self.steps += result.steps
-        self.fault_steps += result.fault_steps
-        self.faults += result.faults
-        self.crashes += result.crashes
-        self.pauses += result.pauses
-        self.manifests += result.manifests
-        self.snapshots += result.snapshots
-        self.swept += result.swept
-        self.splits += result.splits
-        self.void_entries += result.void_entries
-        self.cpu_s += result.cpu_s
+        self.totals += result.counts
         if not result.ok:
             self.failures.append(result)
 
@@ -59,15 +40,13 @@ class SoakReport:
     def summary(self) -> str:
         """One line of figures."""
         n = max(1, self.scenarios)
+        totals = self.totals
         load = "/".join(f"{x:.1f}" for x in os.getloadavg())
         return (
             f"base seed {self.base_seed}: {self.scenarios} scenarios in {self.elapsed_s:.1f}s "
-            f"({self.per_minute:.0f}/min; {self.cpu_s / n * 1000:.0f} ms CPU each, "
-            f"{60 * n / max(self.cpu_s, 1e-9):.0f}/min per idle core), {self.steps / n:.0f} steps/scenario "
-            f"({self.fault_steps / n:.0f} with faults), {self.faults} store faults, {self.crashes} crashes, "
-            f"{self.pauses} pauses, {self.manifests} manifests checked ({self.snapshots} naming a new snapshot), "
-            f"{self.swept} objects swept, {self.splits} zombie restarts, {self.void_entries} void entries, "
-            f"{len(self.failures)} failed; "
+            f"({self.per_minute:.0f}/min; {totals.cpu_s / n * 1000:.0f} ms CPU each, "
+            f"{60 * n / max(totals.cpu_s, 1e-9):.0f}/min per idle core), {totals.steps / n:.0f} steps/scenario "
+            f"({totals.fault_steps / n:.0f} with faults), {totals.describe()}, {len(self.failures)} failed; "
             f"load average {load}"
         )
 

@@ -34,7 +34,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
@@ -183,13 +183,13 @@ class SimAbort(BaseException):
 
 
 @dataclass(frozen=True)
-class ScenarioResult:
-    """What one scenario did and whether every promise held."""
+class ScenarioCounts:
+    """What scenarios did, counted: one scenario's own, or the sum over a soak's (`+`)."""
 
-    seed: int
+    # No defaults: a scenario reports every count, and one left out is a type error, not a silent 0.
     steps: int
+    #: Of `steps`, those taken while faults were on.
     fault_steps: int
-    simulated_s: float
     faults: int
     crashes: int
     pauses: int
@@ -200,15 +200,41 @@ class ScenarioResult:
     unexpected_errors: int
     #: Objects the sweeps deleted (unreachable objects of sealed epochs).
     swept: int
+    #: Nodes that restarted while their earlier process ran on as a zombie.
+    splits: int
+    #: Void history entries written (forged, or by a writer the chain had moved past).
+    void_entries: int
+    #: CPU seconds taken (a measurement, not part of the trace).
+    cpu_s: float
+
+    @classmethod
+    def zero(cls) -> ScenarioCounts:
+        """Nothing counted yet: where a sum starts."""
+        return cls(**{f.name: 0 for f in fields(cls)})
+
+    def __add__(self, other: ScenarioCounts) -> ScenarioCounts:
+        return ScenarioCounts(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    def describe(self) -> str:
+        """The counts of events, for a reader (the steps and CPU time are the caller's to say)."""
+        return (
+            f"{self.faults} store faults, {self.crashes} crashes, {self.pauses} pauses, "
+            f"{self.preemptions} preemptions, {self.manifests} manifests checked "
+            f"({self.snapshots} naming a new snapshot), {self.swept} objects swept, "
+            f"{self.splits} zombie restarts, {self.void_entries} void entries"
+        )
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    """What one scenario did and whether every promise held."""
+
+    seed: int
+    counts: ScenarioCounts
+    simulated_s: float
     trace_hash: str
     violation: InvariantViolation | None
     trace: tuple[str, ...]
-    #: CPU seconds the scenario took (a measurement, not part of the trace).
-    cpu_s: float = 0.0
-    #: Nodes that restarted while their earlier process ran on as a zombie.
-    splits: int = 0
-    #: Void history entries written (forged, or by a writer the chain had moved past).
-    void_entries: int = 0
 
     @property
     def ok(self) -> bool:
@@ -477,11 +503,9 @@ class World:
         violation = self.checker.violation or self.violation
         if violation is not None:
             self._record(f"VIOLATED {violation.invariant}: {violation}")
-        return ScenarioResult(
-            seed=cfg.seed,
+        counts = ScenarioCounts(
             steps=self.steps,
             fault_steps=fault_steps,
-            simulated_s=self.clock.seconds,
             faults=self.store.injected_failures + self.store.lost_responses,
             crashes=self.crashes,
             pauses=self.pauses,
@@ -490,12 +514,17 @@ class World:
             snapshots=self.checker.snapshots_named,
             unexpected_errors=self.unexpected,
             swept=self.swept,
+            splits=self.splits,
+            void_entries=self.checker.void_entries,
+            cpu_s=time.process_time() - cpu_start,
+        )
+        return ScenarioResult(
+            seed=cfg.seed,
+            counts=counts,
+            simulated_s=self.clock.seconds,
             trace_hash=self._hash.hexdigest(),
             violation=violation,
             trace=tuple(self._trace),
-            cpu_s=time.process_time() - cpu_start,
-            splits=self.splits,
-            void_entries=self.checker.void_entries,
         )
 
     def _warm_start(self) -> None:

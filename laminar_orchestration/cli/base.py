@@ -138,13 +138,16 @@ def parse_weights(items: Sequence[str]) -> dict[int, float]:
     return weights
 
 
-def add_migration_limits(parser: argparse.ArgumentParser, *, concurrency: bool = False) -> None:
-    """The timeouts of a migration (and, for commands moving many partitions, the per-node limit)."""
+def add_migration_limits(parser: argparse.ArgumentParser, *, concurrency: str | None = None) -> None:
+    """The timeouts of a migration (and, for commands moving many partitions, the per-node limit: the
+    `MigrationConfig` field named by `concurrency`)."""
     parser.add_argument("--migration-timeout", type=float, help="seconds for a whole migration (default 30)")
     parser.add_argument("--release-wait-timeout", type=float, help="seconds per old-owner phase (default 15)")
     parser.add_argument("--transfer-timeout", type=float, help="seconds per new-owner phase (default 60)")
-    if concurrency:
-        parser.add_argument("--max-concurrent", type=int, help="migrations at once per node (default 2)")
+    if concurrency is not None:
+        default = MigrationConfig.model_fields[concurrency].default
+        parser.add_argument("--max-concurrent", type=int, help=f"migrations at once per node (default {default})")
+        parser.set_defaults(concurrency_field=concurrency)
 
 
 def migration_config(args: argparse.Namespace) -> MigrationConfig:
@@ -153,7 +156,10 @@ def migration_config(args: argparse.Namespace) -> MigrationConfig:
         "migration_timeout_s": ("--migration-timeout", args.migration_timeout),
         "release_wait_timeout_s": ("--release-wait-timeout", args.release_wait_timeout),
         "checkpoint_transfer_timeout_s": ("--transfer-timeout", args.transfer_timeout),
-        "max_concurrent_migrations": ("--max-concurrent", getattr(args, "max_concurrent", None)),
+        getattr(args, "concurrency_field", "max_concurrent_migrations"): (
+            "--max-concurrent",
+            getattr(args, "max_concurrent", None),
+        ),
     }
     for flag, value in flags.values():
         if value is not None and not value > 0:

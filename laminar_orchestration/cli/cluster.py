@@ -9,6 +9,7 @@ from laminar_orchestration.cli.output import Output
 from laminar_orchestration.control.snapshot import snapshot_cluster
 from laminar_orchestration.errors import InvalidArgument
 from laminar_orchestration.identity import MAX_PARTITIONS
+from laminar_orchestration.protocol.ledger import Ledger
 
 __all__ = ["Init", "Status"]
 
@@ -21,13 +22,44 @@ class Init(Command):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--partitions", type=int, required=True, help="number of partitions (>= 1)")
         parser.add_argument("--force", action="store_true", help="re-initialize an existing cluster (epochs are kept)")
+        parser.add_argument(
+            "--output-table",
+            metavar="URI",
+            default=None,
+            help="where the output table is: a path or s3://bucket/prefix, recorded in the store for every node "
+            "and command (default: <store>/tables/output; with --force, moves it)",
+        )
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
         if not 1 <= args.partitions <= MAX_PARTITIONS:
             raise InvalidArgument("--partitions", f"{args.partitions} is not within 1..{MAX_PARTITIONS}")
+        if args.output_table is not None and not args.output_table.strip():
+            raise InvalidArgument("--output-table", "empty: give a path, file:///path or s3://bucket/prefix")
         ledger = open_ledger(args, create=True)
+        table = None
+        if args.output_table is not None:
+            table = self._record_table(ledger, args.output_table, force=args.force)
         out.initialized(ledger.init_cluster(args.partitions, force=args.force), ledger.store.url)
+        if table is not None and not args.json:
+            print(f"output table {table}")
         return 0
+
+    @staticmethod
+    def _record_table(ledger: Ledger, uri: str, *, force: bool) -> str | None:
+        """Record where the output table is, before the cluster record (an interrupted init re-run completes
+        it); None when the cluster exists and no --force: `init_cluster` refuses, nothing is written."""
+        from laminar_orchestration.table import InvalidTableUri, record_table_location
+
+        exists = ledger.is_initialized()
+        if exists and not force:
+            return None
+        try:
+            location = record_table_location(
+                ledger.store, uri, cluster_id=ledger.cluster().cluster_id if exists else None, replace=True
+            )
+        except InvalidTableUri as exc:
+            raise InvalidArgument("--output-table", f"{uri!r}: {exc.reason}") from None
+        return location.describe()
 
 
 class Status(Command):

@@ -79,7 +79,7 @@ class Failover(Command):
         parser.add_argument("--node", type=int, required=True, help="the dead node")
         parser.add_argument("--to", type=int, help="the node to move them all to (default: least-loaded live nodes)")
         parser.add_argument("--force", action="store_true", help="fence the node even though it still heartbeats")
-        add_migration_limits(parser, concurrency=True)
+        add_migration_limits(parser, concurrency="max_concurrent_failovers")
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
         check_node_id("--node", args.node)
@@ -119,7 +119,7 @@ class Rebalance(Command):
             metavar="NODE=WEIGHT",
             help="relative capacity of a node (repeatable; default 1)",
         )
-        add_migration_limits(parser, concurrency=True)
+        add_migration_limits(parser, concurrency="max_concurrent_migrations")
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
         config = migration_config(args)

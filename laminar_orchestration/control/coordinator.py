@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
-from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.chain import ManifestReader, ManifestVersion
 from laminar_orchestration.protocol.fencing import Ownership
 from laminar_orchestration.protocol.ledger import EpochConflict, Ledger, NodeView, NotReleased
+from laminar_orchestration.protocol.move_reports import MoveReports
 from laminar_orchestration.protocol.records import (
     PartitionProgress,
     PartitionStatus,
@@ -68,8 +69,11 @@ def _took_epoch(task: MigrationTask, own: Ownership | None) -> bool:
 
 # --- the coordinator ------------------------------------------------------------------
 
-#: How often a wait re-reads the migration record (cheap, but not on every poll).
+#: How often a wait re-reads the migration record and the old owner's liveness (not on every poll).
 _RECORD_CHECK_INTERVAL_S = 0.25
+#: A wait for a node's report polls every `poll_interval_s` at first, then less often up to this:
+#: a node that takes long to do a phase is not read a hundred times a second.
+_MAX_REPORT_POLL_S = 0.05
 
 
 class MigrationCoordinator:
@@ -85,23 +89,35 @@ class MigrationCoordinator:
         self.desired = DesiredStates(ledger)
         self.config = config or MigrationConfig()
         self.poll_interval_s = poll_interval_s
+        #: The nodes' move reports, shared by every driver in this process that uses `ledger`.
+        self.reports = MoveReports.of(ledger)
 
     # -- planning ---------------------------------------------------------------
 
     def current(self, partition: PartitionId) -> MigrationTask | None:
         return self.desired.read(partition)[0].migration
 
-    def plan(self, partition: PartitionId, to_node: NodeId, *, forced: bool = False) -> MigrationTask:
+    def plan(
+        self,
+        partition: PartitionId,
+        to_node: NodeId,
+        *,
+        forced: bool = False,
+        read: tuple[DesiredState, str | None] | None = None,
+        own: Ownership | None = None,
+    ) -> MigrationTask:
         """Record a new migration of `partition` to `to_node` (phase Planned).
 
-        Resumes instead if an unfinished migration to the same node exists;
-        raises MigrationEpochConflict if one to another node is in flight.
+        Raises MigrationEpochConflict if an unfinished one is in flight. A caller that has just read
+        the desired state (`read`, its record and ETag, with any overdue migration failed) and the
+        ownership (`own`) passes them: the record's compare-and-swap checks them anyway.
         """
-        self.expire_overdue(partition)
-        alive = {v.record.node for v in self.ledger.nodes() if v.alive}
-        if to_node not in alive:
+        if read is None:
+            self.expire_overdue(partition)
+        target = self.ledger.node(to_node)
+        if target is None or not NodeView.judge(target).alive:
             raise NoLiveNode(to_node)
-        own = self.ledger.ownership(partition)
+        own = own or self.ledger.ownership(partition)
         if own is None:
             raise MigrationNotOwned(partition, UNASSIGNED)
         if own.owner == to_node and not forced:
@@ -128,29 +144,37 @@ class MigrationCoordinator:
                 raise MigrationEpochConflict(partition, own.epoch, running.from_epoch, running.migration_id)
             return state.model_copy(update={"migration": task})
 
-        self.desired.update(partition, claim)
+        self.desired.update(partition, claim, read=read)
         return task
 
     def plan_or_resume(self, partition: PartitionId, to_node: NodeId, *, forced: bool = False) -> MigrationTask:
         """`plan`, or the unfinished migration to `to_node` (a record past its deadline is failed first)."""
-        self.expire_overdue(partition)
-        running = self.current(partition)
+        read = self.read_state(partition)
+        running = read[0].migration
         if running is not None and not running.is_terminal:
             if running.to_node == to_node:
                 return running
             raise MigrationEpochConflict(partition, running.from_epoch, running.from_epoch, running.migration_id)
-        return self.plan(partition, to_node, forced=forced)
+        return self.plan(partition, to_node, forced=forced, read=read)
 
-    def expire_overdue(self, partition: PartitionId) -> MigrationTask | None:
+    def expire_overdue(self, partition: PartitionId, state: DesiredState | None = None) -> MigrationTask | None:
         """Record Failed the partition's unfinished migration if its deadline passed; returns it then.
 
         Whoever finds such a record fails it (planning, resuming, the retry
         sensor), so a migration whose driver died never blocks the partition.
+        `state` is the desired state if the caller just read it.
         """
-        task = self.current(partition)
+        task = (state or self.desired.read(partition)[0]).migration
         if task is None or task.is_terminal or not deadline_passed(task):
             return None
         return self._fail_if_current(partition, task.migration_id, _deadline_reason(task))
+
+    def read_state(self, partition: PartitionId) -> tuple[DesiredState, str | None]:
+        """The desired state and its ETag, with a migration past its deadline recorded Failed first."""
+        read = self.desired.read(partition)
+        if self.expire_overdue(partition, read[0]) is not None:
+            read = self.desired.read(partition)
+        return read
 
     # -- phase changes ------------------------------------------------------------
 
@@ -189,9 +213,10 @@ class MigrationCoordinator:
         *,
         own: Ownership | None = None,
         granted: bool = False,
+        read: tuple[DesiredState, str | None] | None = None,
     ) -> MigrationTask:
-        """CAS `target` (with `fields`) onto the record. An abort passes `own`, the ledger read after
-        it completed any grant (`granted`)."""
+        """CAS `target` (with `fields`) onto the record (`read`: the record as just read, if it was). An
+        abort passes `own`, the ledger read after it completed any grant (`granted`)."""
 
         def change(state: DesiredState) -> DesiredState | None:
             task = state.migration
@@ -215,7 +240,7 @@ class MigrationCoordinator:
                     owner = task.to_node
             return state.model_copy(update={"migration": task.model_copy(update=update), "owner": owner})
 
-        state = self.desired.update(partition, change)
+        state = self.desired.update(partition, change, read=read)
         assert state.migration is not None
         return state.migration
 
@@ -271,7 +296,8 @@ class MigrationCoordinator:
         Raises MigrationFailed if the record ended, MigrationTimeout (recording
         it Failed) past its deadline, FenceLost if the fence found the epoch moved.
         """
-        task = self.current(partition)
+        read = self.desired.read(partition)
+        task = read[0].migration
         if task is None or task.migration_id != migration_id:
             raise MigrationEpochConflict(partition, -1, -1)
         if phase not in phase_sequence(task.migration_kind):
@@ -281,7 +307,8 @@ class MigrationCoordinator:
         if not task.is_terminal and deadline_passed(task):
             raise self._expire(task)
         if not task.phase.reached(phase):
-            task = self._transition(partition, migration_id, phase)
+            # The record just read is the compare-and-swap's first guess: one read per phase, not two.
+            task = self._record(partition, migration_id, phase, {}, read=read)
         # The grant follows the record of its phase: a move that ends from then on completes it.
         if task.migration_kind == MigrationKind.GRACEFUL and phase == MigrationPhase.SEEKING:
             self._grant_target(task)
@@ -304,8 +331,13 @@ class MigrationCoordinator:
                     f"planned node {task.from_node} -> node {task.to_node}, epoch {task.from_epoch} -> {task.to_epoch}"
                 )
                 return PhaseReport(phase, time.monotonic() - started, 0, planned)
-            detail = self._wait_warm(task)
-            aligned = self._align_drain(task)
+            reader = ManifestReader(self.ledger.store)
+            last = reader.current(PartitionId(task.partition))
+            committed = last.manifest.source_offset if last else 0
+            detail = self._wait_warm(task, committed)
+            if committed:
+                last = reader.current(PartitionId(task.partition))  # the warm-up took its time: read it again
+            aligned = self._align_drain(task, last)
             warmed = self._record_warm_bytes(task)
             return PhaseReport(phase, time.monotonic() - started, warmed, f"{detail}; {aligned}")
         progress = self._wait_for_node(task, phase)
@@ -319,23 +351,33 @@ class MigrationCoordinator:
         detail = _phase_detail(task, phase, self._responsible(task, phase), moved, offset)
         return PhaseReport(phase, time.monotonic() - started, moved, detail)
 
-    def _wait_warm(self, task: MigrationTask) -> str:
-        """Wait (bounded) until the target reports a warm copy of the partition; never fails the move."""
+    def _wait_warm(self, task: MigrationTask, committed: int) -> str:
+        """Wait (bounded) until the target reports a warm copy of the partition; never fails the move.
+
+        A partition that never committed an event (`committed`, the chain's offset) has no state to
+        warm: the target has nothing to download before the drain.
+        """
+        if committed == 0:
+            return f"target node {task.to_node} needs no warm-up: nothing committed yet"
         limit = min(self.config.warmup_timeout_s, seconds_left(task))
         start = time.monotonic()
+        interval = self.poll_interval_s
+        next_record_check = start + _RECORD_CHECK_INTERVAL_S
         while True:
-            progress = self._target_progress(task)
+            progress = self._target_progress(task, max_age_s=interval)
             if progress is not None and progress.lag is not None and progress.lag <= self.config.warm_lag_events:
                 return f"target node {task.to_node} warm: {progress.lag} committed events behind"
             if time.monotonic() - start >= limit:
                 return f"target node {task.to_node} not warm after {limit:.1f}s: the handoff transfers the rest"
-            self._still_running(task, MigrationPhase.PLANNED)
-            time.sleep(self.poll_interval_s)
+            if time.monotonic() >= next_record_check:
+                self._still_running(task, MigrationPhase.PLANNED)
+                next_record_check = time.monotonic() + _RECORD_CHECK_INTERVAL_S
+            time.sleep(interval)
+            interval = min(interval * 1.5, _MAX_REPORT_POLL_S)
 
-    def _target_progress(self, task: MigrationTask) -> PartitionProgress | None:
+    def _target_progress(self, task: MigrationTask, *, max_age_s: float = 0.0) -> PartitionProgress | None:
         """The target's report on this migration's partition, if it is about this migration."""
-        record = self.ledger.node(NodeId(task.to_node))
-        progress = record.partitions.get(task.partition) if record else None
+        progress = self.reports.progress(NodeId(task.to_node), task.partition, max_age_s=max_age_s)
         return progress if progress is not None and progress.migration_id == task.migration_id else None
 
     def _record_warm_bytes(self, task: MigrationTask) -> int:
@@ -353,7 +395,7 @@ class MigrationCoordinator:
             self.desired.update(PartitionId(task.partition), change)
         return warmed
 
-    def _align_drain(self, task: MigrationTask) -> str:
+    def _align_drain(self, task: MigrationTask, last: ManifestVersion | None) -> str:
         """Wait for the old owner's next data commit, so the drain follows it at once.
 
         Bounded by `drain_alignment_s` from now and by three times the interval between its last
@@ -362,7 +404,6 @@ class MigrationCoordinator:
         """
         p = PartitionId(task.partition)
         reader = ManifestReader(self.ledger.store)
-        last = reader.current(p)
         limit = min(self.config.drain_alignment_s, seconds_left(task))
         if limit <= 0 or last is None:
             return "drain asked at once"
@@ -392,13 +433,11 @@ class MigrationCoordinator:
         return "drain asked at once (no commit due)"
 
     def _fence_old_owner(self, task: MigrationTask) -> None:
+        """Grant a forced move's new epoch to its target, fencing the old owner. Its phase is recorded:
+        the grant is decided, a move that ends now completes it (`_abort`), so it is made whatever
+        happened to the record since; a grant made already (a driver before a crash) is found by its
+        epoch conflict."""
         p = PartitionId(task.partition)
-        own = self.ledger.ownership(p)
-        if own is None:
-            raise MigrationNotOwned(p, NodeId(task.from_node))
-        if own.epoch == task.to_epoch and own.owner == task.to_node:
-            return  # done before a crash of the orchestrator
-        self._still_running(task, MigrationPhase.RELEASED)  # cancelled meanwhile: do not fence
         if task.from_node == UNASSIGNED:
             reason = f"migration {task.migration_id}: place on node {task.to_node}"
         else:
@@ -434,11 +473,9 @@ class MigrationCoordinator:
         return own is not None and own.epoch == task.to_epoch and own.owner == task.to_node
 
     def _grant_target(self, task: MigrationTask) -> None:
-        """Grant a graceful move's new epoch to its target, after the old owner released it."""
+        """Grant a graceful move's new epoch to its target, after the old owner released it (decided
+        once Seeking is recorded, as `_fence_old_owner`'s grant)."""
         p = PartitionId(task.partition)
-        if self._granted_as_planned(task):
-            return  # done before a crash of the orchestrator
-        self._still_running(task, MigrationPhase.SEEKING)
         try:
             self._grant_to_target(task, f"migration {task.migration_id}: hand over to node {task.to_node}", fence=False)
         except EpochConflict as exc:
@@ -510,39 +547,53 @@ class MigrationCoordinator:
         )
         start = time.monotonic()
         next_record_check = start + _RECORD_CHECK_INTERVAL_S
+        interval = self.poll_interval_s
         while True:
-            view = self.phase_reported(task, phase)
+            checking = time.monotonic() >= next_record_check
+            view = self.phase_reported(task, phase, max_age_s=interval, judge_liveness=checking)
             if view is not None:
                 return view
             elapsed = time.monotonic() - start
             if elapsed > limit:
                 raise MigrationTimeout(p, phase, elapsed)
-            if time.monotonic() >= next_record_check:
+            if checking:
                 # A cancel or a failure recorded by someone else ends the wait at once.
                 self._still_running(task, phase)
                 next_record_check = time.monotonic() + _RECORD_CHECK_INTERVAL_S
-            time.sleep(self.poll_interval_s)
+            time.sleep(interval)
+            interval = min(interval * 1.5, _MAX_REPORT_POLL_S)
 
-    def phase_reported(self, task: MigrationTask, phase: MigrationPhase) -> PartitionProgressView | None:
+    def phase_reported(
+        self, task: MigrationTask, phase: MigrationPhase, *, max_age_s: float = 0.0, judge_liveness: bool = True
+    ) -> PartitionProgressView | None:
         """One look at whether the node responsible for `phase` reported it done (non-blocking).
 
-        None while it has not. Raises MigrationFailed when that node reported an
-        error, OldOwnerCrashed when the old owner a phase needs is no longer
-        alive, MigrationTimeout (recording the migration Failed) once the
-        record's own deadline passed, whoever planned it and with which config.
+        Reads the node's move report (a read up to `max_age_s` old, shared with the other moves
+        waiting on that node). None while it has not. Raises MigrationFailed when that node
+        reported an error, OldOwnerCrashed when the old owner a phase needs is no longer alive
+        (its node record is read for that unless not `judge_liveness`), MigrationTimeout
+        (recording the migration Failed) once the record's own deadline passed, whoever planned
+        it and with which config.
         """
         p = PartitionId(task.partition)
-        record = self.ledger.node(self._responsible(task, phase))
-        progress = record.partitions.get(task.partition) if record else None
+        node = self._responsible(task, phase)
+        progress = self.reports.progress(node, task.partition, max_age_s=max_age_s)
+        record = None
+        if judge_liveness and (progress is None or progress.migration_id != task.migration_id):
+            # A move that ended a while ago has left the move report (a driver resumed late): the
+            # node's heartbeat still carries its partitions' last reports.
+            record = self.ledger.node(node)
+            progress = record.partitions.get(task.partition) if record else None
         if progress is not None and progress.migration_id == task.migration_id:
             if progress.error:
                 raise MigrationFailed(p, phase, progress.error)
             done = progress.phase_done
             if done is not None and MigrationPhase(done).reached(phase):
                 return PartitionProgressView(progress.bytes_moved, progress.source_offset)
-        # Judged from the record just read: no listing of every node on each poll.
-        if phase.needs_old_owner and record is not None and not NodeView.judge(record).alive:
-            raise OldOwnerCrashed(p, task.from_epoch)
+        if phase.needs_old_owner and judge_liveness:
+            record = record or self.ledger.node(node)
+            if record is not None and not NodeView.judge(record).alive:
+                raise OldOwnerCrashed(p, task.from_epoch)
         if deadline_passed(task):
             raise self._expire(task)
         return None

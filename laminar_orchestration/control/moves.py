@@ -29,7 +29,7 @@ from laminar_orchestration.errors import LaminarError, UnavailableError
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol import tasks
 from laminar_orchestration.protocol.fencing import Ownership
-from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.ledger import Ledger, NodeView
 from laminar_orchestration.protocol.records import LedgerError, PartitionStatus
 from laminar_orchestration.protocol.tasks import (
     DesiredState,
@@ -64,6 +64,10 @@ __all__ = [
 ]
 
 
+#: The most moves one process drives at once: each is a thread that mostly waits on the store.
+MAX_MOVE_THREADS = 64
+
+
 @dataclass(frozen=True)
 class MoveOutcome(Generic[R]):
     """How one move went: its result, or the error that stopped it."""
@@ -85,11 +89,13 @@ def run_moves(
     max_per_node: int,
     *,
     live_nodes: Collection[int] | None = None,
-    max_workers: int = 8,
+    max_workers: int | None = None,
     on_done: Callable[[MoveOutcome[R]], None] | None = None,
 ) -> list[MoveOutcome[R]]:
     """Run `migrate(move)` for every move, concurrently, never with more than
-    `max_per_node` moves at once on any node (old owner or new owner).
+    `max_per_node` moves at once on any node (old owner or new owner), nor more
+    than `max_workers` in all (default: as many as the per-node limit allows,
+    up to `MAX_MOVE_THREADS`).
 
     A move starts as soon as all its nodes have a free slot (no wave barrier);
     among the moves that could start, the earliest in `moves` goes first. A
@@ -99,6 +105,9 @@ def run_moves(
     if max_per_node < 1:
         raise AssignmentError(f"max_per_node must be >= 1, got {max_per_node}")
     pending = list(enumerate(moves))
+    if max_workers is None:
+        nodes = {n for m in moves for n in move_participants(m, live_nodes)}
+        max_workers = min(MAX_MOVE_THREADS, max_per_node * max(1, len(nodes)))
     busy: Counter[int] = Counter()
     outcomes: dict[int, MoveOutcome[R]] = {}
 
@@ -295,9 +304,11 @@ def plan_move(coordinator: MigrationCoordinator, partition: int, to_node: int) -
     return MovePlan(task, reason, expired=expired)
 
 
-def reinstate_all(coordinator: MigrationCoordinator) -> dict[int, int]:
-    """Admit newly registered nodes, then grant every released (or unassigned) partition back to its
-    live desired owner: partition -> epoch.
+def reinstate_all(
+    coordinator: MigrationCoordinator, partitions: Collection[PartitionId] | None = None
+) -> dict[int, int]:
+    """Admit newly registered nodes, then grant every released (or unassigned) partition (of
+    `partitions`; None: of the cluster) back to its live desired owner: partition -> epoch.
 
     The control plane's periodic step (the failure sensor, `laminar rebalance`):
     a node writes only its own records, so joining the member set is done here,
@@ -310,7 +321,8 @@ def reinstate_all(coordinator: MigrationCoordinator) -> dict[int, int]:
     # it joins, so an idle node reads one record per poll even before anything names it.
     for node in ledger.admit_nodes():
         coordinator.desired.ensure_assignment(node)
-    for p, own in ledger.ownerships(ledger.partitions()).items():
+    looked_at = ledger.partitions() if partitions is None else sorted(partitions)
+    for p, own in ledger.ownerships(looked_at).items():
         if own is None or not (own.owner == UNASSIGNED or own.status == PartitionStatus.RELEASED):
             continue  # held: nothing to grant (the desired state is read only for the others)
         epoch = coordinator.reinstate(p)
@@ -329,9 +341,13 @@ def must_force(coordinator: MigrationCoordinator, partition: int, *, live: Colle
     own = coordinator.ledger.ownership(PartitionId(partition))
     if own is None or own.owner == UNASSIGNED:
         return False  # unassigned: `plan` makes it forced by itself; unknown: `plan` names the error
-    live_set = set(live) if live is not None else live_node_ids(coordinator.ledger)
+    if live is not None:
+        owner_alive = own.owner in set(live)
+    else:  # only the owner's record: no look at every node
+        record = coordinator.ledger.node(NodeId(own.owner))
+        owner_alive = record is not None and NodeView.judge(record).alive
     return (
-        own.owner not in live_set
+        not owner_alive
         or own.status == PartitionStatus.RELEASED
         or stranded(coordinator.desired.read(PartitionId(partition))[0], own)
     )
@@ -462,8 +478,8 @@ def prepare_failover(
     if own is None:
         raise tasks.MigrationNotOwned(p, UNASSIGNED)
     superseded = []
-    coordinator.expire_overdue(p)  # a record past its deadline never blocks a failover
-    running = coordinator.current(p)
+    read = coordinator.read_state(p)  # a record past its deadline never blocks a failover
+    running = read[0].migration
     if running is not None and not running.is_terminal:
         if moves_on_without_old_owner(running, live_set):
             if to_node is None or to_node == running.to_node:
@@ -477,7 +493,12 @@ def prepare_failover(
         dead = sorted({running.from_node, running.to_node} - live_set - {UNASSIGNED})
         coordinator.fail(p, running.migration_id, f"superseded by a failover: node(s) {dead} not alive")
         superseded.append(running.migration_id)
-    is_stranded = stranded(coordinator.desired.read(p)[0], own)
+        # Failing it may have completed a grant it decided: both records are read again.
+        read = coordinator.desired.read(p)
+        own = ledger.ownership(p)
+        if own is None:
+            raise tasks.MigrationNotOwned(p, UNASSIGNED)
+    is_stranded = stranded(read[0], own)
     if own.owner in live_set and not allow_live_owner and not is_stranded:
         return FailoverDecision(None, f"owner node {own.owner} is alive: nothing to fail over", superseded)
     target = to_node
@@ -494,6 +515,6 @@ def prepare_failover(
         raise NoFailoverTarget(partition, own.owner)
     if target not in live_set:
         raise tasks.NoLiveNode(NodeId(target))
-    task = coordinator.plan(p, NodeId(target), forced=True)
+    task = coordinator.plan(p, NodeId(target), forced=True, read=read, own=own)
     reason = f"forced migration {task.migration_id}: node {own.owner} -> {target}"
     return FailoverDecision(task, reason, superseded)

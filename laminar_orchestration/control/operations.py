@@ -46,10 +46,12 @@ from laminar_orchestration.protocol.tasks import (
 )
 
 __all__ = [
+    "FULL_LOOK_S",
     "SUSPECT_POLL_S",
     "CoordinatorFactory",
     "DrivenFailover",
     "FailoverPlan",
+    "LookFocus",
     "NodeFailoverPlan",
     "NodeStillAlive",
     "PlannedFailover",
@@ -57,6 +59,7 @@ __all__ = [
     "drive_failover",
     "drive_failovers",
     "failover_move",
+    "look_focus",
     "plan_failovers",
     "plan_node_failover",
     "plan_rebalance",
@@ -243,7 +246,7 @@ def run_node_failover(
     coordinator: CoordinatorFactory | None = None,
     on_done: Callable[[MoveOutcome[PhaseReports]], None] | None = None,
 ) -> list[MoveOutcome[PhaseReports]]:
-    """Carry out `plan`, concurrently within `config.max_concurrent_migrations` per node; every outcome returned."""
+    """Carry out `plan`, concurrently within `config.max_concurrent_failovers` per node; every outcome returned."""
     make = coordinator or (lambda: MigrationCoordinator(ledger, config))
 
     def one(move: Move) -> PhaseReports:
@@ -251,7 +254,7 @@ def run_node_failover(
         failover_move(make(), move, plan.live_nodes, allow_live_owner=plan.force, on_phase=reports.append)
         return reports
 
-    return run_moves(plan.moves, one, config.max_concurrent_migrations, live_nodes=plan.takers, on_done=on_done)
+    return run_moves(plan.moves, one, config.max_concurrent_failovers, live_nodes=plan.takers, on_done=on_done)
 
 
 # --- every dead owner's partitions, as the control plane's periodic look fails them over ------------
@@ -272,17 +275,20 @@ def wait_for_suspects(
     Returns the seconds spent.
     """
     started = time.monotonic()
-    owners = {int(o.owner) for o in ledger.ownerships(ledger.partitions()).values() if o is not None}
+    owners: set[int] | None = None  # read only once some node is late: an idle look reads no partition
     while time.monotonic() - started < watch_s:
         late = False
         for view in ledger.nodes():
+            timeout = heartbeat_timeout_s if heartbeat_timeout_s is not None else view.record.heartbeat_timeout_s
+            if view.heartbeat_age_s <= timeout / 3:
+                continue
+            if owners is None:
+                owners = {int(o.owner) for o in ledger.ownerships(ledger.partitions()).values() if o is not None}
             if view.record.node not in owners:
                 continue
-            timeout = heartbeat_timeout_s if heartbeat_timeout_s is not None else view.record.heartbeat_timeout_s
-            age = view.heartbeat_age_s
-            if age > timeout:
+            if view.heartbeat_age_s > timeout:
                 return time.monotonic() - started
-            late = late or age > timeout / 3
+            late = True
         if not late:
             break
         time.sleep(poll_s)
@@ -310,6 +316,77 @@ class FailoverPlan:
     skipped: tuple[str, ...] = ()
     #: partition -> epoch of the grants completed on the way (their granter died before sealing).
     completed_grants: Mapping[int, int] = field(default_factory=dict)
+    #: Partitions of dead owners that no live node could take: the next look tries them again.
+    unplaced: frozenset[int] = frozenset()
+
+
+#: The control plane's periodic look reads every partition's records this often (the repair of what no
+#: node change points at: a grant its granter left unsealed, a grant that outlived its move); in
+#: between, only the partitions of the nodes that joined, restarted or died since.
+FULL_LOOK_S = 300.0
+
+
+@dataclass(frozen=True)
+class LookFocus:
+    """Which partitions one periodic look of the control plane reads (the failure sensor's): None for
+    every partition. Its request count follows the nodes that changed, not the partitions."""
+
+    #: The partitions that may wait for a grant back (`reinstate_all`): those of nodes that joined or restarted.
+    grant_back: frozenset[PartitionId] | None
+    #: The partitions that may need a failover (`plan_failovers`): those of nodes that are not alive.
+    fail_over: frozenset[PartitionId] | None
+    #: Each node's generation as this look saw it, and the nodes it found not alive: the next look
+    #: compares with them.
+    generations: Mapping[int, int]
+    dead: frozenset[int] = frozenset()
+
+    @property
+    def full(self) -> bool:
+        return self.grant_back is None
+
+
+def look_focus(
+    ledger: Ledger,
+    seen: Mapping[int, int] | None,
+    *,
+    full: bool,
+    heartbeat_timeout_s: float | None = None,
+    seen_dead: Collection[int] = (),
+    unplaced: Collection[int] = (),
+) -> LookFocus:
+    """What this look reads, given the previous look's node generations (`seen`; None at the first),
+    the nodes it found dead (`seen_dead`) and the partitions it could not fail over (`unplaced`).
+
+    Every partition at the first look and when `full` (every `FULL_LOOK_S`). Otherwise, for grants
+    back, the partitions the assignment records of the nodes that joined or restarted since name (a
+    node that left cleanly released its partitions); for failovers, every partition when a node died
+    since the previous look (the ledger's owner is the truth, not the assignment), else those the dead
+    nodes' assignments name or their last heartbeats report, and `unplaced`.
+    """
+    views = ledger.nodes()
+    generations = {int(v.record.node): v.record.generation for v in views}
+    if heartbeat_timeout_s is None:
+        live = {int(v.record.node) for v in views if v.alive}
+    else:
+        live = live_node_ids(ledger, heartbeat_timeout_s=heartbeat_timeout_s)
+    dead = frozenset(n for n in generations if n not in live)
+    if seen is None or full:
+        return LookFocus(None, None, generations, dead)
+    desired = DesiredStates(ledger, nudge=False)
+
+    def named(nodes: Iterable[int]) -> frozenset[PartitionId]:
+        out: set[PartitionId] = set()
+        for n in nodes:
+            assignment, _ = desired.assignment(NodeId(n))
+            out |= {PartitionId(p) for p in (assignment.partitions if assignment else {})}
+        return frozenset(out)
+
+    changed = [n for n, g in generations.items() if seen.get(n) != g]
+    if dead - set(seen_dead):
+        return LookFocus(named(changed), None, generations, dead)
+    reported = {PartitionId(p) for v in views if int(v.record.node) in dead for p in v.record.partitions}
+    fail_over = named(dead) | reported | {PartitionId(p) for p in unplaced}
+    return LookFocus(named(changed), frozenset(fail_over), generations, dead)
 
 
 def _take(loads: dict[int, int], warm: Mapping[int, int] | None, to_node: int | None = None) -> int | None:
@@ -324,7 +401,11 @@ def _take(loads: dict[int, int], warm: Mapping[int, int] | None, to_node: int | 
 
 
 def plan_failovers(
-    ledger: Ledger, handled: Collection[tuple[int, int]] = (), *, heartbeat_timeout_s: float | None = None
+    ledger: Ledger,
+    handled: Collection[tuple[int, int]] = (),
+    *,
+    heartbeat_timeout_s: float | None = None,
+    partitions: Collection[PartitionId] | None = None,
 ) -> FailoverPlan:
     """Find the partitions whose owner is dead and pick a target for each new (partition, epoch).
 
@@ -340,16 +421,18 @@ def plan_failovers(
 
     On the way, every grant the ownership head lags (`Ownership.head_lagged`)
     is completed (`Ledger.complete_grant`): its granter died before sealing
-    the manifest chain, and nothing else would seal it.
+    the manifest chain, and nothing else would seal it. Only `partitions` are
+    looked at (None: every partition of the cluster; see `LookFocus`).
     """
     live = live_node_ids(ledger, heartbeat_timeout_s=heartbeat_timeout_s)
-    owners = ledger.ownerships(ledger.partitions())
+    owners = ledger.ownerships(ledger.partitions() if partitions is None else sorted(partitions))
     loads = node_loads({int(p): (int(o.owner) if o else UNASSIGNED) for p, o in owners.items()}, live)
     warm = warm_copies(ledger.nodes())
     desired = DesiredStates(ledger)
     failovers: list[PlannedFailover] = []
     done: set[tuple[int, int]] = set()
     skipped: list[str] = []
+    unplaced: set[int] = set()
     completed: dict[int, int] = {}
     for p, own in sorted(owners.items()):
         if own is not None and own.head_lagged:
@@ -372,10 +455,11 @@ def plan_failovers(
         target = _take(loads, warm.get(int(p)))
         if target is None:
             skipped.append(f"p{p}: owner node {own.owner} is dead and no live node can take it")
+            unplaced.add(int(p))
             continue
         done.add(key)
         failovers.append(PlannedFailover(int(p), own.epoch, int(own.owner), target))
-    return FailoverPlan(tuple(failovers), frozenset(done), tuple(skipped), completed)
+    return FailoverPlan(tuple(failovers), frozenset(done), tuple(skipped), completed, frozenset(unplaced))
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,9 @@ class NodeConfig(BaseModel):
     #: Each heartbeat is a billed PUT; the failure sensor judges a node dead after `heartbeat_timeout_s`.
     heartbeat_interval_s: float = Field(default=2.0, gt=0)
     heartbeat_timeout_s: float = Field(default=6.0, gt=0)
-    #: How often the node looks at its records while a migration involves it.
-    reconcile_interval_s: float = Field(default=0.05, gt=0)
+    #: How often the node reads its assignment while a migration involves it; the control plane's
+    #: nudge after each phase it records wakes the node at once, so this is the fallback's latency.
+    reconcile_interval_s: float = Field(default=0.1, gt=0)
     #: How often an idle node reads its assignment record (one GET); a nudge wakes it at once.
     assignment_poll_s: float = Field(default=2.0, gt=0)
     #: Every this often the node reads every partition's desired state (a repair path).
@@ -51,8 +52,8 @@ class NodeConfig(BaseModel):
     #: Delta commit (when it keeps the table): the table's lag, traded against its requests.
     table_sync_interval_s: float = Field(default=30.0, gt=0)
     source_fallback_poll_s: float = Field(default=300.0, gt=0)
-    #: How often a node re-reads the records of a migration it takes part in (the full reconcile is
-    #: slower): each phase waits up to this long for the node to see it. Every poll is a GET.
+    #: How often a migration's target reads the ownership head while it waits for the grant that
+    #: follows Seeking (the control plane makes it right after recording the phase). Every poll is a GET.
     migration_poll_s: float = Field(default=0.01, gt=0)
     #: A snapshot of the local store is uploaded once this many deltas follow the last one ...
     checkpoint_every_batches: int = Field(default=10, ge=1)

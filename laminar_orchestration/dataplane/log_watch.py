@@ -40,8 +40,18 @@ class LogWatch:
         return False
 
     def read_limit(self, committed: int) -> int | None:
-        """Where the next read may stop without probing past it: the announced end, if ahead."""
+        """Where the next read may stop without probing past it: the announced end, if ahead. A
+        worker's first read is not limited: what a producer appended without recording its end
+        (it died in between) is found when the partition starts, not at the fallback poll."""
+        if self.read_at == 0.0:
+            return None
         return self.known_end if self.known_end > committed else None
+
+    def shows_nothing_past(self, offset: int) -> bool:
+        """Whether the recorded ends, read lately, put the log's end at or before `offset`: a read
+        ahead from there would find nothing (the worker's own reads still look)."""
+        seen = self.ends_seen_at
+        return seen is not None and time.monotonic() - seen <= LOG_ENDS_TRUST_S and self.known_end <= offset
 
     def after_read(self, limit: int | None, batch_end: int | None) -> None:
         """A read from the committed offset stopped at `batch_end` (None: nothing there)."""

@@ -64,7 +64,7 @@ from laminar_orchestration.dataplane.worker_state import WorkerState as WorkerSt
 from laminar_orchestration.errors import CorruptDataError
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.metrics import NodeMetrics
-from laminar_orchestration.protocol.capabilities import CheckpointWriter, OutputCommitter, ReadStore
+from laminar_orchestration.protocol.capabilities import CheckpointWriter, LedgerWriter, OutputCommitter, ReadStore
 from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestVersion
 from laminar_orchestration.protocol.cluster_epoch import ClusterEpochWindow
 from laminar_orchestration.protocol.fencing import (
@@ -73,6 +73,7 @@ from laminar_orchestration.protocol.fencing import (
     StaleEpoch,
 )
 from laminar_orchestration.protocol.ledger import Ledger, NodeHandle, NodeIdentityConflict
+from laminar_orchestration.protocol.move_reports import MoveReporter
 from laminar_orchestration.protocol.nudge import NudgeListener
 from laminar_orchestration.protocol.records import NodeStatus, PartitionProgress, RequestReport
 from laminar_orchestration.protocol.segments import UndecodableSegment
@@ -80,11 +81,18 @@ from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.protocol.tasks import (
     DesiredState,
     DesiredStates,
+    MigrationKind,
     MigrationTask,
 )
 from laminar_orchestration.store import ObjectStore, StoreError, open_store
 
 log = logging.getLogger("laminar.node")
+
+#: How long the report of a move stays in the node's move report after the node saw it Active; a
+#: driver that looks later finds it in the heartbeat.
+MOVE_REPORT_LINGER_S = 30.0
+#: The shortest time between two heartbeats when workers report more often than the interval.
+HEARTBEAT_MIN_GAP_S = 1.0
 
 
 @dataclass
@@ -105,6 +113,18 @@ class RestartBackoff:
     @property
     def permanent(self) -> bool:
         return self.delay_s is None
+
+
+class _Nudged(threading.Event):
+    """The nudge listener's event: set, it also wakes the reconcile loop."""
+
+    def __init__(self, wake: threading.Event) -> None:
+        super().__init__()
+        self._wake = wake
+
+    def set(self) -> None:
+        super().set()
+        self._wake.set()
 
 
 class Node:
@@ -162,8 +182,20 @@ class Node:
         self._backoff: dict[PartitionId, RestartBackoff] = {}
         self._stop = threading.Event()
         self._report_now = threading.Event()
+        #: Set by a worker's report: the move report is written at once (`_move_reports_loop`).
+        self._moves_changed = threading.Event()
+        self._move_reporter: MoveReporter | None = None
+        #: The migration of each partition whose move this node takes part in, as last read, and when
+        #: it was seen Active (None while in flight): the report of a finished move lingers a while.
+        self._in_flight: dict[PartitionId, tuple[str, float | None]] = {}
+        #: The log ends this node read last (None before its first read, or if it cannot read them).
+        self._log_ends: dict[int, int] | None = None
         #: Set by a nudge, a worker's report or a stop: the reconcile loop looks at once.
         self._wake = threading.Event()
+        #: Set by a worker's report (with `_wake`): the loop reaps ended workers without reading anything.
+        self._worker_reported = threading.Event()
+        #: Set by a nudge (with `_wake`): the loop reads the records now.
+        self._nudged = _Nudged(self._wake)
         #: The assignment version this node last acted on, and the revision of each desired state it
         #: last read: a pass reads only the states whose revision moved (`_states_to_read`).
         self._assignment_version: int | None = None
@@ -217,22 +249,6 @@ class Node:
             if worker is not None:
                 worker.source_advanced(end)
 
-    def _follow_moves(self, *, until: float) -> None:
-        """A move waits on this node at every phase: until the next pass, every `migration_poll_s`,
-        read this node's assignment and the states whose revision moved there (each phase is a
-        state write): one GET while nothing changed, however many partitions are moving. A store
-        without assignment records has the moving partitions' states read instead."""
-        while time.monotonic() < until and not self._stop.is_set():
-            moving = [p for p, w in list(self.workers.items()) if w.migrating]
-            if not moving or self._stop.wait(self.config.migration_poll_s):
-                return
-            if self._assignment_version is None:
-                states = {p: self.desired.read(p)[0] for p in moving}
-            else:
-                states = self._states_to_read()
-            for p, state in states.items():
-                self._reconcile_partition(p, state)
-
     def _reconcile_standbys(self) -> None:
         """Follow every `standby_for` partition this node does not run."""
         for p in self.config.standby_for:
@@ -279,18 +295,22 @@ class Node:
         exporter = None if port is None else expose_node(self, port, self.config.metrics_host)
         self.start_spark()
         if self.config.nudge_host is not None:
-            self._nudges = NudgeListener(self._wake, host=self.config.nudge_host, on_source=self._source_rang)
+            self._nudges = NudgeListener(self._nudged, host=self.config.nudge_host, on_source=self._source_rang)
         self.handle = self.ledger.register_node(
             self.id,
             heartbeat_timeout_s=self.config.heartbeat_timeout_s,
             nudge_url=self._nudges.url if self._nudges else None,
         )
+        self._move_reporter = MoveReporter(LedgerWriter(self.ledger.store), self.id, self.generation)
+        # An empty report at once: a driver reads this record from the first move on, never the heartbeat.
+        self._move_reporter.report({})
         self.observe_cluster_epoch(self.ledger.membership().cluster_epoch)
         log.info("node %s: joined as generation %s (store %s)", self.id, self.generation, self.store_url)
         threads = [
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
             threading.Thread(target=self._refresh_loop, name="guard-refresh", daemon=True),
             threading.Thread(target=self._log_ends_loop, name="log-ends", daemon=True),
+            threading.Thread(target=self._move_reports_loop, name="move-reports", daemon=True),
         ]
         if self.table_feed is not None:
             threads.append(threading.Thread(target=self._table_loop, name="output-table", daemon=True))
@@ -301,16 +321,17 @@ class Node:
                 # Fast while a move involves this node, slow when idle: a nudge or a worker's report
                 # wakes the loop at once, and a missed nudge costs at most one slow poll.
                 self._wake.clear()
+                self._nudged.clear()
+                self._worker_reported.clear()
                 interval = self.config.reconcile_interval_s if self._moving() else self.config.assignment_poll_s
                 next_pass_at = min(time.monotonic() + interval, self._next_restart_at())
                 try:
                     self._reconcile()
-                    self._follow_moves(until=next_pass_at)
                 except NodeIdentityConflict:
                     raise
                 except (StoreError, EpochError) as exc:
                     log.warning("node %s: reconcile failed: %s", self.id, exc)
-                self._wake.wait(max(0.0, next_pass_at - time.monotonic()))
+                self._wait_for_next_pass(next_pass_at)
         finally:
             if self._nudges is not None:
                 self._nudges.close()
@@ -335,6 +356,19 @@ class Node:
             if exporter is not None:
                 exporter.close()
             log.info("node %s: stopped", self.id)
+
+    def _wait_for_next_pass(self, next_pass_at: float) -> None:
+        """Until the next pass is due or a nudge asks for one; a worker's report meanwhile only has the
+        ended workers reaped (a failed one's restart is scheduled from then), with no read."""
+        while self._wake.wait(max(0.0, next_pass_at - time.monotonic())) and not self._stop.is_set():
+            if self._nudged.is_set() or not self._worker_reported.is_set():
+                return
+            self._wake.clear()
+            self._worker_reported.clear()
+            self._reap()
+            next_pass_at = min(next_pass_at, self._next_restart_at())
+            if self._moving():  # a worker still on its way out (or a move): look again soon
+                next_pass_at = min(next_pass_at, time.monotonic() + self.config.reconcile_interval_s)
 
     def stop(self) -> None:
         self._stop.set()
@@ -364,8 +398,44 @@ class Node:
     # -- background loops ---------------------------------------------------------------
 
     def report_now(self) -> None:
+        """A worker changed phase, ended or failed: its report goes out now, and the reconcile loop
+        reaps it if it ended (no read: what the control plane asks next comes by nudge)."""
+        self._moves_changed.set()
         self._report_now.set()
-        self._wake.set()  # a worker changed phase or ended: the reconcile loop looks again
+        self._worker_reported.set()
+        self._wake.set()
+
+    def _move_progress(self) -> dict[int, PartitionProgress]:
+        """The reports on the partitions in a move this node takes part in (the move it last read)."""
+        at = time.monotonic()
+        with self._lock:
+            for p, (_, ended) in list(self._in_flight.items()):
+                if ended is not None and at - ended > MOVE_REPORT_LINGER_S:
+                    del self._in_flight[p]
+            in_flight = dict(self._in_flight)
+        progress = self._progress()
+        return {
+            int(p): report
+            for p, (migration_id, _) in in_flight.items()
+            if (report := progress.get(int(p))) is not None and report.migration_id == migration_id
+        }
+
+    def _move_reports_loop(self) -> None:
+        """Write the move report as soon as a worker reports (and look again every heartbeat interval,
+        for the moves that ended): a move's driver polls this small record, not the heartbeat."""
+        assert self._move_reporter is not None
+        while not self._stop.is_set():
+            self._moves_changed.wait(self.config.heartbeat_interval_s)
+            self._moves_changed.clear()
+            try:
+                self._move_reporter.report(self._move_progress())
+            except NodeIdentityConflict as exc:
+                log.error("node %s: %s (its heartbeat stops the node)", self.id, exc)
+                return
+            except StoreError as exc:
+                log.warning("node %s: move report failed: %s", self.id, exc)
+                self._moves_changed.set()  # try again at the next look
+                self._stop.wait(0.1)
 
     def _progress(self) -> dict[int, PartitionProgress]:
         with self._lock:
@@ -414,12 +484,19 @@ class Node:
             except Exception:
                 # The heartbeat is what keeps this node alive in the ledger: it never dies of one bad report.
                 log.exception("node %s: heartbeat failed unexpectedly", self.id)
-            self._report_now.wait(self.config.heartbeat_interval_s)
+            written = time.monotonic()
+            reported = self._report_now.wait(self.config.heartbeat_interval_s)
+            if reported and not any(w.finished for w in list(self.workers.values())):
+                # A worker's report: sooner than the interval, but a node moving many partitions at once
+                # does not rewrite its whole record per phase (the drivers read the move report). A
+                # worker that failed or was revoked is reported at once.
+                gap = min(HEARTBEAT_MIN_GAP_S, self.config.heartbeat_interval_s)
+                self._stop.wait(max(0.0, written + gap - time.monotonic()))
             self._report_now.clear()
 
     def _refresh_loop(self) -> None:
         """The cluster epoch every `refresh_interval_s`; every guard once per full pass. A fence
-        reaches this node sooner through its assignment (`_assignment_moved`), and a committing
+        reaches this node sooner through its assignment (`_check_revoked`), and a committing
         partition looks for a successor's grant itself: this pass is the repair path."""
         next_guard_pass = time.monotonic() + self.config.full_reconcile_interval_s
         while not self._stop.wait(self.config.refresh_interval_s):
@@ -447,17 +524,19 @@ class Node:
             self.table_feed.flush(self.id)
 
     def _log_ends_loop(self) -> None:
-        """Read the log ends producers record (one GET) and hand each worker its partition's."""
-        while not self._stop.wait(self.config.log_ends_poll_s):
+        """Read the log ends producers record (one GET) and hand each worker its partition's: at
+        once, then every `log_ends_poll_s`."""
+        while not self._stop.is_set():
             try:
-                ends = self.source.log_ends()
+                # None: no producer appended yet (every append records its end), so every log is empty.
+                ends = self.source.log_ends() or {}
             except (StoreError, CorruptDataError) as exc:
                 log.warning("node %s: could not read the log ends (its partitions poll their logs): %s", self.id, exc)
-                continue
-            # None: no producer appended yet (every append records its end), so every log is empty.
-            ends = ends or {}
-            for p, worker in list(self.workers.items()):
-                worker.source_advanced(ends.get(int(p), 0), from_log_ends=True)
+            else:
+                self._log_ends = ends
+                for p, worker in list(self.workers.items()):
+                    worker.source_advanced(ends.get(int(p), 0), from_log_ends=True)
+            self._stop.wait(self.config.log_ends_poll_s)
 
     def observe_cluster_epoch(self, epoch: int) -> None:
         """Slide the acceptance window to a newer cluster epoch (waits for commits in flight)."""
@@ -510,7 +589,12 @@ class Node:
             self._next_full_pass = at + self.config.full_reconcile_interval_s
             states = self.desired.all()
             self._assignment_version = assignment.version if assignment else None
-            self._seen_revisions = {p: s.revision for p, s in states.items() if self.id in s.named_nodes()}
+            listed = assignment.partitions if assignment else {}
+            # The assignment's revision, not the state's: a write that does not concern this node
+            # leaves its assignment behind the state, and that is no reason to read the state again.
+            self._seen_revisions = {
+                p: listed.get(int(p), s.revision) for p, s in states.items() if self.id in s.named_nodes()
+            }
             return states
         assert assignment is not None
         named = {PartitionId(p): r for p, r in assignment.partitions.items()}
@@ -518,28 +602,46 @@ class Node:
         wanted |= {p for p in self._seen_revisions if p not in named}
         if assignment.version != self._assignment_version:
             self._assignment_version = assignment.version
-            self._assignment_moved(set(wanted))
         wanted |= {p for p, b in self._backoff.items() if not b.permanent and at >= b.retry_at and p in named}
         wanted |= self._pending & set(named)
         states = {p: self.desired.read(p)[0] for p in sorted(wanted)}
+        self._check_revoked(states)
         for p, state in states.items():
             if self.id in state.named_nodes():
-                self._seen_revisions[p] = state.revision
+                self._seen_revisions[p] = named.get(p, state.revision)
             else:
                 self._seen_revisions.pop(p, None)
         return states
 
-    def _assignment_moved(self, changed: set[PartitionId]) -> None:
-        """The control plane changed what it asks of this node about `changed` partitions: check
-        their guards (a fence moves the assignment) and the cluster epoch now."""
-        self.refresh_guards(changed)
-        try:
-            self.observe_cluster_epoch(self.ledger.membership().cluster_epoch)
-        except StoreError as exc:
-            log.warning("node %s: cluster epoch refresh failed: %s", self.id, exc)
+    def _check_revoked(self, states: Mapping[PartitionId, DesiredState]) -> None:
+        """Check against the ledger the guards of the partitions these new states take from this node
+        (another desired owner, or a forced move away from it): a fence moves the assignment then."""
+        leaving = {
+            p
+            for p, state in states.items()
+            if self.guards.get(p) is not None
+            and (
+                state.owner != self.id
+                or (
+                    state.migration is not None
+                    and not state.migration.is_terminal
+                    and state.migration.migration_kind == MigrationKind.FORCED
+                    and state.migration.from_node == self.id
+                )
+            )
+        }
+        if leaving:
+            self.refresh_guards(leaving)
 
     def _reconcile(self) -> None:
         desired = self._states_to_read()
+        self._reap()
+        for p, state in desired.items():
+            self._reconcile_partition(p, state)
+        self._reconcile_standbys()
+
+    def _reap(self) -> None:
+        """Take the workers that ended out of `workers`, and schedule the restart of those that failed."""
         with self._lock:
             for p, w in list(self.workers.items()):
                 if w.finished and not w.is_alive():
@@ -551,12 +653,10 @@ class Node:
                     del self.workers[p]
                 elif w.commits and p in self._backoff:
                     del self._backoff[p]  # it made progress again
-        for p, state in desired.items():
-            self._reconcile_partition(p, state)
-        self._reconcile_standbys()
 
     def _reconcile_partition(self, p: PartitionId, state: DesiredState) -> None:
         task = state.migration
+        self._note_move(p, task)
         worker = self.workers.get(p)
         if worker is not None:
             self._pending.discard(p)
@@ -581,6 +681,22 @@ class Node:
             self._pending.add(p)
             return
         self._pending.discard(p)
+
+    def _note_move(self, p: PartitionId, task: MigrationTask | None) -> None:
+        """Keep `_in_flight` in line with `task`, the partition's migration as just read. A move recorded
+        Active stays for `MOVE_REPORT_LINGER_S`: its driver waits for this node's report of Active."""
+        in_move = task is not None and not task.phase.is_aborted and self.id in (task.from_node, task.to_node)
+        with self._lock:
+            before = self._in_flight.get(p)
+            if task is None or not in_move:
+                self._in_flight.pop(p, None)
+            elif before is None or before[0] != task.migration_id:
+                self._in_flight[p] = (task.migration_id, time.monotonic() if task.is_terminal else None)
+            elif task.is_terminal and before[1] is None:
+                self._in_flight[p] = (task.migration_id, time.monotonic())
+            changed = before != self._in_flight.get(p)
+        if changed:
+            self._moves_changed.set()
 
     def _note_failure(self, p: PartitionId, worker: PartitionWorker) -> None:
         """Count a failed worker and schedule its restart: doubling delays, capped. Caller holds `_lock`."""
@@ -623,6 +739,9 @@ class Node:
         with self._lock:
             self._finished.pop(worker.partition, None)
             self.workers[worker.partition] = worker
+        if self._log_ends is not None:
+            # The ends last read: a new worker waits for its log to move instead of polling it.
+            worker.source_advanced(self._log_ends.get(int(worker.partition), 0), from_log_ends=True)
         worker.start()
 
 

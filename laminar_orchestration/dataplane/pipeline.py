@@ -85,16 +85,19 @@ class BatchPipeline:
             except Exception as exc:  # the job then runs to its end in the background, unused
                 log.warning("node %s: partition %s: cancel failed: %s", self._host.id, self._partition, exc)
 
-    def prefetch(self, epoch: int, offset: int) -> None:
+    def prefetch(self, epoch: int, offset: int, *, log_is_empty_past: bool = False) -> None:
         """Start the first batch's Spark work (from `offset`, stamped `epoch`) as soon as the committed
         offset is final; it commits only once the move is Active, and only if it began at the offset
-        and epoch the worker then holds."""
+        and epoch the worker then holds. `log_is_empty_past`: the recorded log ends show no event
+        past `offset`, so nothing is read."""
         current = self.prefetched
         if current is not None and current.matches(offset, epoch):
             return
         if current is not None:
             cancel(self._host.engine, current)
             self.prefetched = None
+        if log_is_empty_past:
+            return
         read_at = time.monotonic()
         batch = self._host.source.read(self._partition, offset, self._host.config.batch_max_events)
         if batch is not None:

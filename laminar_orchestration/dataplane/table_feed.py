@@ -4,8 +4,9 @@ may lack, and one catch-up call for all of them per interval, off the batches' p
 The table's committer (`table.TableCommitter`, given to the node by its launcher: this layer does
 not import it) reads the committed batches from the manifest chains itself and appends each at most
 once, so what this module decides is only *when* to ask: a partition is owed a sync after one of
-its workers committed, or took it over (the old owner's last batches may be missing), and stays
-owed until a sync succeeds.
+its workers committed a batch, or took it over (the old owner's last batches may be missing), and
+stays owed until a sync succeeds. Every entry a worker publishes is handed over (its snapshots'
+too), so a sync reads none of this node's entries back.
 """
 
 from __future__ import annotations
@@ -65,10 +66,12 @@ class TableFeed:
             self._owed[partition] = self._owed.get(partition, 0) + 1
 
     def committed(self, version: ManifestVersion, outputs: Mapping[str, pa.Table]) -> None:
-        """A worker committed a batch: owed a sync (even if the worker ends before the next look),
-        and handed to the table so the sync need not read it back."""
+        """A worker published a chain entry: handed to the table so the sync need not read it back, and,
+        for a batch with output, owed a sync (even if the worker ends before the next look). An entry
+        without output (a snapshot) adds nothing to the table: it owes none."""
         self.table.remember(version, outputs)
-        self._owe(PartitionId(version.manifest.partition))
+        if version.manifest.outputs:
+            self._owe(PartitionId(version.manifest.partition))
 
     def note(self, workers: Mapping[PartitionId, Committing]) -> None:
         """Owe a sync to every partition whose worker is new (a takeover: the old owner's last

@@ -117,6 +117,11 @@ class PartitionWorker(threading.Thread):
             if self.log_watch.advanced(end_offset, from_log_ends=from_log_ends):
                 self._task_changed.notify_all()
 
+    def _prefetch(self, epoch: int, offset: int) -> None:
+        with self._task_changed:
+            empty = self.log_watch.shows_nothing_past(offset)
+        self.batches.prefetch(epoch, offset, log_is_empty_past=empty)
+
     def _caught_up_until(self) -> float | None:
         return self.log_watch.idle_until(self._committed_offset)
 
@@ -287,9 +292,18 @@ class PartitionWorker(threading.Thread):
         """
         self.state_name = WorkerState.WARMING
         self._done_for = self._task.migration_id if self._task else None
+        # A forced move's old owner commits nothing more once fenced: one look at the chain starts the
+        # download early, and polling it again until Downloading would only cost requests.
+        forced = self._task is not None and self._task.migration_kind == MigrationKind.FORCED
+        looked = False
         final: MigrationTask | None = None
         while True:
             poll = self.node.config.standby_poll_s
+            if forced and looked:
+                downloading = self._wait_phase(MigrationPhase.DOWNLOADING)
+                assert downloading is not None  # no timeout: the phase, or PhaseAborted
+                return downloading
+            looked = True
             if final is None:
                 final = self._wait_phase(MigrationPhase.DRAINING, timeout_s=poll)
             else:
@@ -299,7 +313,7 @@ class PartitionWorker(threading.Thread):
             current = self._publisher.current(self.partition)
             if final is not None:
                 # The batch needs the events, not the state: its Spark work overlaps the download.
-                self.batches.prefetch(final.to_epoch, current.manifest.source_offset if current else 0)
+                self._prefetch(final.to_epoch, current.manifest.source_offset if current else 0)
             if current is not None:
                 stats = self.replica.catch_up(current.manifest)
                 # The target counts every byte it downloads for this move, warm-up and handoff alike;
@@ -412,7 +426,7 @@ class PartitionWorker(threading.Thread):
                     self._install(token)
                     self._takeover(restored, released=released)
                     self._report(MigrationPhase.SEEKING)
-                    self.batches.prefetch(token.epoch, self._committed_offset)
+                    self._prefetch(token.epoch, self._committed_offset)
                 case NewOwnerAction.WAIT:
                     self.batches.read_ahead_of(self.batches.prefetched, self.replica.source_offset)
                     self._await_task_change(task)
@@ -451,17 +465,21 @@ class PartitionWorker(threading.Thread):
                 raise HandoffMismatch(self.partition, released, manifest.manifest.commit_ulid if manifest else None)
         self.state_name = WorkerState.RESTORING
         # The batch needs the events, not the state: its Spark work overlaps the download.
-        self.batches.prefetch(task.to_epoch, manifest.manifest.source_offset if manifest else 0)
+        self._prefetch(task.to_epoch, manifest.manifest.source_offset if manifest else 0)
         # Snapshot (files this node does not hold yet) + deltas: the restore is done with the download.
         stats = self._restore(manifest)
         self._report(done, self._bytes_moved + stats.bytes_downloaded)
-        self.batches.prefetch(task.to_epoch, self._committed_offset)
+        self._prefetch(task.to_epoch, self._committed_offset)
         return manifest, released
 
     def _await_grant(self, task: MigrationTask) -> FencingToken:
         """Adopt the epoch the control plane grants this node for `task`; PhaseAborted if the task ends first."""
         ledger = self.node.ledger
         while True:
+            with contextlib.suppress(NotOwned):  # usually made by now: no read of the head first
+                token = ledger.adopt(self.partition, self.node.id)
+                if token.epoch >= task.to_epoch:
+                    return token
             own = ledger.ownership(self.partition)
             if own is not None and own.epoch >= task.to_epoch:
                 # Adopting a grant made to another node (or a later one) raises NotOwned: we lost the move.
@@ -688,7 +706,9 @@ class PartitionWorker(threading.Thread):
         if self.snapshots.step(self.guard, idle=idle):
             self._check()
             snapshot, deltas = self.snapshots.next_checkpoint()
-            self._committed(self._publish(self._update(snapshot=snapshot, deltas=tuple(deltas), note="snapshot")))
+            version = self._publish(self._update(snapshot=snapshot, deltas=tuple(deltas), note="snapshot"))
+            self.node.note_committed(version, {})  # the output table's walk passes it without a GET
+            self._committed(version)
 
     def _publish(self, update: ManifestUpdate) -> ManifestVersion:
         """The fenced commit (`commit.commit`); a refused one fences this worker's tracker."""

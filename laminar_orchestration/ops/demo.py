@@ -14,11 +14,16 @@ It starts, on a fresh embedded store under ``./.laminar/demo-<timestamp>``
   migrations and the failure sensor fails over a killed node.
 
 While it runs it prints a table every few seconds: per partition the owner,
-epoch and status, the committed offset, the lag and the committed throughput.
+epoch and status, the committed offset, the lag and the committed throughput,
+and the output table's version and rows (the nodes keep it every
+``table_sync_interval_s``, 1 s here, so it stays within about a second of the
+manifests). The banner says what to try (`demo_walkthrough`), reading the table
+downstream with plain ``deltalake`` included.
 On Ctrl-C (SIGINT), SIGTERM or after ``--duration`` it stops everything in an
 order that leaves the store clean — producer, Dagster daemon (so that nodes
 leaving on purpose are not failed over), nodes (they drain and release),
-webserver — and prints the ``laminar verify`` audit of the store.
+webserver — and prints the ``laminar verify`` audit of the store, then the
+output table as a downstream reader sees it: rows and events per partition.
 
 Every child runs in its own session (Ctrl-C in the terminal reaches only the
 demo, which then stops them in order) and, on Linux, gets SIGTERM should the
@@ -55,6 +60,7 @@ from laminar_orchestration.identity import UNASSIGNED, PartitionId
 from laminar_orchestration.metrics import LagClock, MetricsServer
 from laminar_orchestration.ops.demo_processes import Child, Producer
 from laminar_orchestration.ops.demo_status import PhaseWatch, partition_status, port_or_free
+from laminar_orchestration.ops.demo_walkthrough import TableWatch, Walkthrough
 from laminar_orchestration.ops.ledger_metrics import serve_control_plane_metrics
 from laminar_orchestration.ops.verify import audit_store
 from laminar_orchestration.protocol.chain import ManifestReader
@@ -63,6 +69,7 @@ from laminar_orchestration.protocol.records import GrantKind
 from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.protocol.tasks import MigrationConfig, PhaseReport
 from laminar_orchestration.store import StoreError, open_store
+from laminar_orchestration.table import table_location
 
 DEFAULT_PORT = 3000
 #: Short, so that the failure sensor reacts within seconds of a `kill -9`.
@@ -111,6 +118,9 @@ class DemoOptions:
     #: Prometheus metrics: the control plane on this port, node N on this port + N (a free one if taken);
     #: None: no metrics.
     metrics_port: int | None = 9100
+    #: The nodes' `--table-sync-interval`: 1 s keeps the output table within about a second of the
+    #: manifests at the demo's load (`laminar node run`'s default, 30 s, costs fewer store requests).
+    table_sync_interval_s: float = 1.0
 
     def check(self) -> None:
         """Raise ValueError naming the first option out of range."""
@@ -132,6 +142,8 @@ class DemoOptions:
             raise ValueError("--metrics-port must leave room for a port per node below 65536")
         if self.heartbeat_timeout_s <= 0:
             raise ValueError("--heartbeat-timeout must be > 0")
+        if self.table_sync_interval_s <= 0:
+            raise ValueError("the table sync interval must be > 0")
 
 
 #: What makes a directory the Dagster code location: the workspace and the definitions beside it.
@@ -228,6 +240,8 @@ class Demo:
         #: Where each node (and, as node 0, the control plane) serves /metrics.
         self.metrics_ports: dict[int, int] = {}
         self._metrics_server: MetricsServer | None = None
+        #: The output table, read the way a downstream consumer reads it (set once the store is open).
+        self._table: TableWatch | None = None
 
     # -- output --------------------------------------------------------------------------
 
@@ -303,6 +317,7 @@ class Demo:
         self.demo_dir.mkdir(parents=True)
         store = open_store(self.store_url, create=True)
         self.ledger = ledger = Ledger(store)
+        self._table = TableWatch(table_location(store))
         self.say(f"laminar demo  {self.demo_dir}")
         if ledger.is_initialized():
             self.partitions = ledger.cluster().partitions
@@ -359,6 +374,7 @@ class Demo:
             "--heartbeat-timeout", str(opts.heartbeat_timeout_s),
             "--refresh-interval", "1.0",
             "--checkpoint-every-batches", "5", "--checkpoint-every-s", "10",
+            "--table-sync-interval", f"{opts.table_sync_interval_s:g}",
         ]  # fmt: skip
         if node in self.metrics_ports:
             cmd += ["--metrics-port", str(self.metrics_ports[node])]
@@ -443,66 +459,36 @@ class Demo:
     def _banner(self) -> None:
         assert self.ledger is not None
         opts = self.options
-        owners = ownership_map(self.ledger)
-        by_node: dict[int, list[int]] = {}
-        for p, n in sorted(owners.items()):
-            by_node.setdefault(n, []).append(p)
-        p0_owner = owners.get(0, UNASSIGNED)
-        target = next((n for n in sorted(self.nodes) if n != p0_owner), p0_owner)
         stop_by = ""
         if opts.duration and self._up_at is not None:
             end = int(self._up_at - self.started + opts.duration)
             stop_by = f"; stops by itself at +{end // 60}:{end % 60:02d}"
-        ui = f"http://127.0.0.1:{opts.port}"
-        s = self.say
-        s()
-        s(f"laminar demo is running (Ctrl-C to stop{stop_by})")
-        s(f"  store        {self.store_url}")
-        s(f"  logs         {self.demo_dir}/")
-        for n, child in self.nodes.items():
-            held = ", ".join(map(str, by_node.get(n, []))) or "-"
-            s(f"  node {n:<7} pid {child.pid:<8} partitions {held}")
-        s(f"  load         {opts.rate:g} events/s over {self.partitions} partitions ({opts.keys} keys)")
+        dagster = ["  dagster UI   not running"]
         if self.webserver is not None and self.daemon is not None:
             state = "ready" if self._webserver_ready else "starting, a line below says when it answers"
-            s(f"  dagster UI   {ui}  ({state})")
-            s(f"               webserver pid {self.webserver.pid}, daemon pid {self.daemon.pid}")
-        else:
-            s("  dagster UI   not running")
-        s()
-        s("try it:")
-        if self.webserver is not None:
-            s(f"  migrate    {ui}/locations/laminar/jobs/migrate_partition/playground")
-            s("             (Jobs → migrate_partition → Launchpad): type the config")
-            s(f"             `partition: 0` and `to_node: {target}`, Launch Run, and watch each phase op run")
-        how = "           or: " if self.webserver is not None else "migrate    "
-        s(f"  {how}laminar migrate --store {self.store_url} --partition 0 --to {target}")
-        for line in self._kill_hint(owners):
-            s(line)
-        if self.webserver is not None:
-            s(f"  watch      {ui}/assets/ownership_map (Catalog → ownership_map), {ui}/automation (sensors)")
-        if self.metrics_ports:
-            scrape = " · ".join(f"node {n} :{port}" for n, port in self.metrics_ports.items() if n)
-            s(f"  metrics    Prometheus: http://127.0.0.1:{self.metrics_ports[0]}/metrics (control plane); {scrape}")
-        s()
+            dagster = [
+                f"  dagster UI   http://127.0.0.1:{opts.port}  ({state})",
+                f"               webserver pid {self.webserver.pid}, daemon pid {self.daemon.pid}",
+            ]
+        pids = {n: c.pid for n, c in self.nodes.items()}
+        owners = ownership_map(self.ledger)
+        for line in self._guide().banner(stop_by, pids, self._live(), owners, dagster, self.metrics_ports):
+            self.say(line)
 
-    def _kill_hint(self, owners: Mapping[int, int]) -> list[str]:
-        """How to kill the live node holding the most partitions now, and what follows."""
-        opts, ui = self.options, f"http://127.0.0.1:{self.options.port}"
-        held = {n: sorted(p for p, o in owners.items() if o == n) for n, c in self.nodes.items() if c.running()}
-        victim = max(held, key=lambda n: (len(held[n]), -n), default=None)
-        if victim is None or not held[victim]:
-            return ["  failover   no live node holds a partition"]
-        what = f"(node {victim}, partitions {', '.join(map(str, held[victim]))})"
-        then = (
-            f"node_failure_sensor fails them over and records failover_partition runs ({ui}/runs)"
-            if self.daemon is not None
-            else f"run: laminar failover --store {self.store_url} --node {victim}"
-        )
-        return [
-            f"  failover   kill -9 {self.nodes[victim].pid}   {what}",
-            f"             once it has sent no heartbeat for {opts.heartbeat_timeout_s:g}s, {then}",
-        ]
+    def _guide(self) -> Walkthrough:
+        """Where the pieces are, for the lines telling the user what to try."""
+        assert self._table is not None
+        opts = self.options
+        return Walkthrough(
+            self.store_url, self.demo_dir,
+            f"{opts.rate:g} events/s over {self.partitions} partitions ({opts.keys} keys)",
+            f"http://127.0.0.1:{opts.port}" if self.webserver is not None else None, self.daemon is not None,
+            opts.heartbeat_timeout_s, self._table.location, opts.table_sync_interval_s,
+        )  # fmt: skip
+
+    def _live(self) -> dict[int, int]:
+        """The pid of every node whose process runs."""
+        return {n: c.pid for n, c in self.nodes.items() if c.running()}
 
     # -- watching -------------------------------------------------------------------------
 
@@ -635,7 +621,7 @@ class Demo:
                f"lag {lag:,} · {rate} ──"]  # fmt: skip
         out.extend(changes)
         if changes and not final:
-            out.extend(self._kill_hint({r.partition: r.owner for r in rows}))  # the old hint is stale now
+            out.extend(self._guide().kill_hint({r.partition: r.owner for r in rows}, self._live()))  # stale now
         out.append(f"{'PARTITION':>9}  {'OWNER':>5}  {'EPOCH':>5}  {'STATUS':<34} {'COMMITTED':>10} {'LAG':>8} "
                    f"{'LAG S':>6} {'EVENTS/S':>9}")  # fmt: skip
         for r in rows:
@@ -660,6 +646,8 @@ class Demo:
             held = sum(1 for r in rows if r.owner == n and not r.status.startswith("released"))
             nodes.append(f"node {n} {state} ({_plural(held, 'partition')})")
         out.append("nodes: " + " · ".join(nodes))
+        if self._table is not None:
+            out.append(self._table.status_line())
         self.say("\n".join(out) + "\n")
 
     # -- stopping ------------------------------------------------------------------------------
@@ -767,6 +755,9 @@ class Demo:
                 self.say(line)
         ok = all(a.ok for a in audits)
         self.say("verify: OK" if ok else "verify: FAILED")
+        if self._table is not None:  # the nodes' last syncs are done: they stopped
+            for line in self._table.final_lines({a.partition: a.committed_offset for a in audits}):
+                self.say(line)
         self.say()
         self.say(f"store  {self.store_url}")
         self.say(f"logs   {self.demo_dir}/")

@@ -180,8 +180,8 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
 
     * control plane (CLI `init/migrate/failover/rebalance/status`, the Dagster code location):
       mints grants with their signing keys (and seals the chain a grant fences, signed with the
-      grant's key), moves ownership heads, records desired state and membership; reads the source
-      heads for lag; lists node records to find new nodes.
+      grant's key), moves ownership heads, records desired state and membership (and, at `init`,
+      where the output table is); reads the source heads for lag; lists node records to find new nodes.
     * node N: its own node record, release records, the manifest chain it publishes, and the
       checkpoints and output under its own node (any partition's, no other node's); reads the
       signing keys of its own grants and no other node's. No grant, head, desired state,
@@ -195,7 +195,14 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
       in the sweep.
     """
     all_prefixes = tuple(p for p in PREFIXES.values() if p != keys.GRANT_KEYS_PREFIX)
-    node_reads = (keys.LEDGER_PREFIX, keys.MANIFESTS_PREFIX, keys.CHECKPOINTS_PREFIX, keys.SOURCE_PREFIX)
+    # The record of where the output table is: every process that keeps or shows the table reads it.
+    node_reads = (
+        keys.LEDGER_PREFIX,
+        keys.MANIFESTS_PREFIX,
+        keys.CHECKPOINTS_PREFIX,
+        keys.SOURCE_PREFIX,
+        keys.OUTPUT_TABLE_KEY,
+    )
     access = {
         CONTROL_PLANE_ROLE: RoleAccess(
             reads=(*node_reads, keys.GRANT_KEYS_PREFIX),
@@ -209,6 +216,7 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
                 keys.MANIFEST_HISTORY_PATTERN,
                 keys.MANIFEST_POINTERS_PATTERN,
                 keys.SIGNING_KEYS_PATTERN,
+                keys.OUTPUT_TABLE_KEY,  # `laminar init --output-table`
             ),
             # Its listing of the node records (`Ledger.nodes`) is inside its ``ledger/`` reads.
         ),
@@ -236,6 +244,7 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
             reads=(*node_reads, keys.node_signing_keys_prefix(n)),
             writes=(
                 keys.node_key(n),
+                keys.move_report_key(n),
                 keys.RELEASES_PATTERN,
                 keys.MANIFEST_HISTORY_PATTERN,
                 keys.MANIFEST_POINTERS_PATTERN,
@@ -265,9 +274,11 @@ CAS_PATTERNS: tuple[str, ...] = (
     keys.OWNERSHIP_HEADS_PATTERN,
     keys.DESIRED_STATES_PATTERN,
     keys.ASSIGNMENTS_PATTERN,
+    keys.MOVE_REPORTS_PATTERN,
     keys.MANIFEST_POINTERS_PATTERN,
     keys.SOURCE_HEADS_PATTERN,
     keys.LOG_ENDS_KEY,
+    keys.OUTPUT_TABLE_KEY,
 )
 #: Prefixes nothing ever deletes from.
 NEVER_DELETED: tuple[str, ...] = (keys.LEDGER_PREFIX, keys.MANIFESTS_PREFIX, keys.SOURCE_PREFIX, keys.GRANT_KEYS_PREFIX)
@@ -393,7 +404,11 @@ def partition_session_policy(bucket: str, prefix: str, node: int, partitions: Se
     the role's policy, so it can only take away.
     """
     base = _base(prefix)
-    writes = [keys.node_key(node), *(pattern for p in partitions for pattern in keys.partition_write_patterns(p, node))]
+    writes = [
+        keys.node_key(node),
+        keys.move_report_key(node),
+        *(pattern for p in partitions for pattern in keys.partition_write_patterns(p, node)),
+    ]
     reads = (
         keys.LEDGER_PREFIX,
         keys.MANIFESTS_PREFIX,

@@ -6,6 +6,7 @@ in numeric order)::
     ledger/cluster.json                                cluster record (created by `init`)
     ledger/membership.json                             member set + cluster epoch (CAS)
     ledger/nodes/{node:05d}.json                       one node's record and heartbeat (CAS)
+    ledger/moves/{node:05d}.json                       one node's reports on the moves it is in (CAS)
     ledger/partitions/{p}/head.json                    ownership head: current owner (CAS, may lag)
     ledger/partitions/{p}/grants/{epoch:020d}.json     epoch grant (create-only, never deleted)
     ledger/partitions/{p}/releases/{epoch:020d}.json   release of an epoch (create-only)
@@ -51,6 +52,8 @@ SOURCE_PREFIX = "source/"
 GRANT_KEYS_PREFIX = "grant-keys/"
 #: The output table (a Delta table the nodes derive from the manifest chains; not protocol state).
 TABLES_PREFIX = "tables/"
+#: Where the output table is, when `laminar init --output-table` chose it (absent: `<store>/tables/output`).
+OUTPUT_TABLE_KEY = f"{TABLES_PREFIX}output.json"
 
 #: Every top-level prefix by the name the capabilities and storage policies use.
 PREFIXES: Mapping[str, str] = MappingProxyType(
@@ -93,6 +96,14 @@ def parse_node_key(key: str) -> int | None:
     """The node id of a node record's key; None for any other key."""
     match = _NODE_KEY_RE.match(key)
     return int(match.group(1)) if match else None
+
+
+MOVE_REPORTS_PREFIX = f"{LEDGER_PREFIX}moves/"
+
+
+def move_report_key(node: int) -> str:
+    """A node's report on the moves it takes part in (the phases it did): what a move's driver polls."""
+    return f"{MOVE_REPORTS_PREFIX}{node:05d}.json"
 
 
 def ledger_partition_prefix(partition: int) -> str:
@@ -293,6 +304,7 @@ GRANTS_PATTERN = f"{LEDGER_PREFIX}partitions/{PARTITION_SEGMENT_PATTERN}/grants/
 RELEASES_PATTERN = f"{LEDGER_PREFIX}partitions/{PARTITION_SEGMENT_PATTERN}/releases/*"
 DESIRED_STATES_PATTERN = f"{LEDGER_PREFIX}partitions/{PARTITION_SEGMENT_PATTERN}/desired.json"
 ASSIGNMENTS_PATTERN = f"{ASSIGNMENTS_PREFIX}?????.json"
+MOVE_REPORTS_PATTERN = f"{MOVE_REPORTS_PREFIX}?????.json"
 MANIFEST_HISTORY_PATTERN = f"{MANIFESTS_PREFIX}{PARTITION_SEGMENT_PATTERN}/history/*"
 MANIFEST_POINTERS_PATTERN = f"{MANIFESTS_PREFIX}{PARTITION_SEGMENT_PATTERN}/current.json"
 SEGMENTS_PATTERN = f"{SOURCE_PREFIX}{PARTITION_SEGMENT_PATTERN}/*.seg"

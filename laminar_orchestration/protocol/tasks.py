@@ -22,10 +22,12 @@ the partition.
 from __future__ import annotations
 
 import enum
+import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -178,6 +180,8 @@ class MigrationConfig(BaseModel):
     release_wait_timeout_s: float = Field(default=15.0, gt=0)
     checkpoint_transfer_timeout_s: float = Field(default=60.0, gt=0)
     max_concurrent_migrations: int = Field(default=2, ge=1)
+    #: A node's failover asks nothing of the dead node: each target restores this many partitions at once.
+    max_concurrent_failovers: int = Field(default=4, ge=1)
     max_retries: int = Field(default=3, ge=0)
     retry_delay_s: float = Field(default=5.0, ge=0)
     #: A graceful move asks the old owner to drain once the target's warm copy is within this many
@@ -240,6 +244,57 @@ class DesiredState(Record):
         if self.migration is not None and not self.migration.is_terminal:
             named |= {self.migration.from_node, self.migration.to_node}
         return named - {UNASSIGNED}
+
+
+#: Which end of a move must learn each phase as it is recorded: the node that carries it out, and the
+#: target at the drain (it starts its first batch then). Nobody acts on Restoring: the target reports
+#: its restore with the download.
+_PHASE_AUDIENCE: Mapping[MigrationPhase, tuple[bool, bool]] = {
+    # (the old owner, the target)
+    MigrationPhase.DRAINING: (True, True),
+    MigrationPhase.CHECKPOINTING: (True, False),
+    MigrationPhase.UPLOADING: (True, False),
+    # A graceful move's release, or a forced move's fence: a live old owner stops.
+    MigrationPhase.RELEASED: (True, False),
+    MigrationPhase.DOWNLOADING: (False, True),
+    MigrationPhase.RESTORING: (False, False),
+    MigrationPhase.SEEKING: (False, True),
+}
+#: The phases a forced move's target acts on between its start and its end (it waits for the download
+#: through the fence, and for the grant at Seeking).
+_FORCED_TARGET_PHASES = frozenset({MigrationPhase.DOWNLOADING, MigrationPhase.SEEKING})
+
+
+def concerned_nodes(before: DesiredState, after: DesiredState) -> set[int]:
+    """The nodes whose assignment a write of a partition's desired state from `before` to `after` moves.
+
+    Every node either state names, unless the write only takes a migration in flight from one phase
+    to the next: then the nodes that phase asks something of (`_PHASE_AUDIENCE`); the others read
+    the state at their next write. A move costs fewer assignment writes, and many moves away from
+    one dead node do not all contend for its assignment record.
+    """
+    everyone = before.named_nodes() | after.named_nodes()
+    old, new = before.migration, after.migration
+    if (
+        old is None
+        or new is None
+        or old.migration_id != new.migration_id
+        or new.is_terminal
+        or before.owner != after.owner
+        or before.named_nodes() != after.named_nodes()
+    ):
+        if new is not None and not new.is_terminal and new.migration_kind == MigrationKind.FORCED:
+            # A forced move asks nothing of its old owner (usually dead): it learns at the end, when the
+            # partition leaves it; until then the fence, not its assignment, stops what it writes.
+            return everyone - ({new.from_node} - {new.to_node})
+        return everyone
+    if new.phase == old.phase:
+        return set()  # bookkeeping of the record (e.g. the warm bytes): nothing for a node to do
+    if new.migration_kind == MigrationKind.FORCED:
+        return {new.to_node} & everyone if new.phase in _FORCED_TARGET_PHASES else set()
+    from_old, to_target = _PHASE_AUDIENCE.get(new.phase, (True, True))
+    chosen = ({new.from_node} if from_old else set()) | ({new.to_node} if to_target else set())
+    return chosen & everyone
 
 
 class NodeAssignment(Record):
@@ -425,8 +480,8 @@ class NoLiveNode(MigrationError, UnavailableError):
 class DesiredStates:
     """CAS access to the desired-state records (control plane writes, nodes read).
 
-    Every write also moves the assignment record (`NodeAssignment`) of each node the old or
-    the new state names, after the state itself, and nudges those nodes (advisory). A writer
+    Every write also moves the assignment record (`NodeAssignment`) of each node it concerns
+    (`concerned_nodes`), after the state itself, and nudges those nodes (advisory). A writer
     that dies in between leaves an assignment behind its state: `sync_assignments` (run by the
     control plane's periodic pass) repairs it, and the next write of the partition does too.
     """
@@ -436,6 +491,7 @@ class DesiredStates:
         self._writer = LedgerWriter(ledger.store)
         self._nudge = nudge
         self._addresses = NudgeAddresses(lambda n: ledger.node(NodeId(n)))
+        self._writes = _AssignmentWrites.of(ledger)
 
     def read(self, partition: PartitionId) -> tuple[DesiredState, str | None]:
         key = desired_state_key(partition)
@@ -444,11 +500,21 @@ class DesiredStates:
             return DesiredState(partition=partition, owner=UNASSIGNED, updated_at=now()), None
         return parse_record(key, obj.data, DesiredState), obj.etag
 
-    def update(self, partition: PartitionId, change: Callable[[DesiredState], DesiredState | None]) -> DesiredState:
-        """Apply `change` by compare-and-swap, re-reading on conflict. `change` may raise to abort."""
+    def update(
+        self,
+        partition: PartitionId,
+        change: Callable[[DesiredState], DesiredState | None],
+        *,
+        read: tuple[DesiredState, str | None] | None = None,
+    ) -> DesiredState:
+        """Apply `change` by compare-and-swap, re-reading on conflict. `change` may raise to abort.
+
+        `read` is the record and ETag the caller just read: the first attempt starts from it.
+        """
         key = ledger_key(desired_state_key(partition))
         while True:
-            current, etag = self.read(partition)
+            current, etag = read if read is not None else self.read(partition)
+            read = None
             new = change(current)
             if new is None:
                 return current
@@ -462,7 +528,7 @@ class DesiredStates:
                     self._writer.swap(key, data, etag)
             except PreconditionFailed:
                 continue
-            self._assign(partition, current.named_nodes() | new.named_nodes(), new)
+            self._assign(partition, concerned_nodes(current, new), new)
             return new
 
     def all(self) -> dict[PartitionId, DesiredState]:
@@ -485,10 +551,21 @@ class DesiredStates:
             self.nudge(moved)
 
     def _assign_one(self, node: NodeId, states: Mapping[PartitionId, DesiredState]) -> bool:
-        """CAS `node`'s assignment to name exactly the `states` that name it; True if it changed."""
+        """CAS `node`'s assignment to name exactly the `states` that name it; True if it changed.
+
+        Concurrent calls for one node in this process are written together (one compare-and-swap
+        for all their states, by whichever thread gets there first): moves that share a node do
+        not race each other for its record.
+        """
+        return self._writes.queue(node).write(states, lambda batch: self._write_assignment(node, batch))
+
+    def _write_assignment(self, node: NodeId, states: Mapping[PartitionId, DesiredState]) -> bool:
         key = ledger_key(assignment_key(node))
+        guess: tuple[NodeAssignment | None, str | None] | None = self._writes.last_written(node)
         while True:
-            current, etag = self.assignment(node)
+            guessed = guess is not None
+            current, etag = guess if guess is not None else self.assignment(node)
+            guess = None
             partitions = dict(current.partitions) if current else {}
             for p, state in states.items():
                 if node in state.named_nodes():
@@ -496,18 +573,18 @@ class DesiredStates:
                 else:
                     partitions.pop(int(p), None)
             if current is not None and partitions == current.partitions:
+                if guessed:
+                    continue  # "nothing to change" is decided on the record as read, not as remembered
                 return False
             version = current.version + 1 if current else 1
             record = NodeAssignment(node=node, version=version, partitions=partitions, updated_at=now())
             data = record.model_dump_json().encode()
             try:
-                if etag is None:
-                    self._writer.create(key, data)
-                else:
-                    self._writer.swap(key, data, etag)
-                return True
+                written = self._writer.create(key, data) if etag is None else self._writer.swap(key, data, etag)
             except PreconditionFailed:
                 continue
+            self._writes.wrote(node, record, written)
+            return True
 
     def ensure_assignment(self, node: NodeId) -> bool:
         """Give `node` an assignment record if it has none (an empty one); True if one was written."""
@@ -542,6 +619,101 @@ class DesiredStates:
         A node's address is read from its record at most every `nudge.ADDRESS_TTL_S`.
         """
         nudge_in_background(self._addresses.urls(nodes))
+
+
+class _AssignmentWrites:
+    """What every `DesiredStates` of one ledger in this process shares about assignment writes: each
+    node's record as last written here (the next write swaps over it without a read; a stale one fails
+    the swap, and the record is read then), and one group-commit queue per node."""
+
+    _all: ClassVar[weakref.WeakKeyDictionary[Ledger, _AssignmentWrites]] = weakref.WeakKeyDictionary()
+    _all_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._written: dict[int, tuple[NodeAssignment, str]] = {}
+        self._queues: dict[int, _AssignmentQueue] = {}
+
+    @classmethod
+    def of(cls, ledger: Ledger) -> _AssignmentWrites:
+        with cls._all_lock:
+            writes = cls._all.get(ledger)
+            if writes is None:
+                writes = cls._all[ledger] = cls()
+            return writes
+
+    def queue(self, node: NodeId) -> _AssignmentQueue:
+        with self._lock:
+            return self._queues.setdefault(int(node), _AssignmentQueue())
+
+    def last_written(self, node: NodeId) -> tuple[NodeAssignment, str] | None:
+        with self._lock:
+            return self._written.get(int(node))
+
+    def wrote(self, node: NodeId, record: NodeAssignment, etag: str) -> None:
+        with self._lock:
+            self._written[int(node)] = (record, etag)
+
+
+#: How many of its last batches an `_AssignmentQueue` remembers the outcome of, for late waiters.
+_BATCHES_REMEMBERED = 256
+
+
+class _AssignmentQueue:
+    """Group commit of one node's assignment: the states callers hand in while a write is under way
+    go out together in the next one (the latest revision of each partition)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._pending: dict[PartitionId, DesiredState] = {}
+        self._next = 0  # the ticket the next caller gets
+        self._done = -1  # every ticket up to this one is written
+        self._writing = False
+        self._changed: dict[int, bool] = {}  # the last ticket of a batch -> whether it changed the record
+
+    def write(
+        self,
+        states: Mapping[PartitionId, DesiredState],
+        write: Callable[[Mapping[PartitionId, DesiredState]], bool],
+    ) -> bool:
+        """Have `states` written by `write` (here or by the thread writing now); True if the batch that
+        carried them changed the record. A failed write raises in the thread that made it; the others
+        go on with the next batch."""
+        with self._cond:
+            ticket = self._next
+            self._next += 1
+            for p, state in states.items():
+                held = self._pending.get(p)
+                if held is None or held.revision <= state.revision:
+                    self._pending[p] = state
+            while True:
+                if self._done >= ticket:
+                    # The batch that carried it (long-forgotten ones: True, so the node is nudged).
+                    return next((changed for last, changed in sorted(self._changed.items()) if last >= ticket), True)
+                if not self._writing:
+                    break
+                self._cond.wait()
+            self._writing = True
+            batch, self._pending = self._pending, {}
+            last = self._next - 1
+        changed = False
+        try:
+            changed = write(batch)
+        except BaseException:
+            with self._cond:
+                for p, state in batch.items():  # back in line for the next writer
+                    self._pending.setdefault(p, state)
+                self._writing = False
+                self._cond.notify_all()
+            raise
+        with self._cond:
+            self._writing = False
+            self._done = last
+            self._changed[last] = changed
+            if len(self._changed) > _BATCHES_REMEMBERED:
+                del self._changed[min(self._changed)]
+            self._cond.notify_all()
+        return changed
 
 
 @dataclass(frozen=True)

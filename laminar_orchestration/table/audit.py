@@ -40,16 +40,18 @@ class TableIssue:
     seq: int | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class PartitionTableAudit:
+    """What `audit_table` counted for one partition (its issues are the table audit's)."""
+
     partition: int
     #: The seq of the newest manifest entry the table holds (its transaction version).
-    landed_seq: int = 0
-    committed_batches: int = 0
-    batches_in_table: int = 0
+    landed_seq: int
+    committed_batches: int
+    batches_in_table: int
     #: Committed batches the table does not hold yet (above `landed_seq`): lag, not loss.
-    lag_batches: int = 0
-    rows: int = 0
+    lag_batches: int
+    rows: int
 
 
 @dataclass
@@ -136,18 +138,18 @@ def audit_table(
             held[key] = (rows + int(row["batch_seq_count"]), stamps | {stamp})
     partitions = ledger.partitions()
     for p in partitions:
-        part = PartitionTableAudit(p, landed_seq(table, p))
+        landed = landed_seq(table, p)
+        lag = in_table = rows_in_table = 0
         walk = follower.walk(p, None)
         committed: dict[int, CommittedBatch] = {b.seq: b for b in walk.batches}
-        part.committed_batches = len(committed)
         newest = walk.newest.manifest.seq if walk.newest else 0
-        if part.landed_seq > newest:
+        if landed > newest:
             audit.issues.append(
-                TableIssue(p, "ahead", f"table holds up to manifest seq {part.landed_seq}, chain ends at {newest}")
+                TableIssue(p, "ahead", f"table holds up to manifest seq {landed}, chain ends at {newest}")
             )
         for seq, batch in sorted(committed.items()):
-            if seq > part.landed_seq:
-                part.lag_batches += 1
+            if seq > landed:
+                lag += 1
                 if (p, seq) in held:
                     audit.issues.append(TableIssue(p, "foreign", "batch in the table above its version", seq))
                 continue
@@ -158,8 +160,8 @@ def audit_table(
                 continue
             rows, stamps = held.get((p, seq), (0, set()))
             if rows:
-                part.batches_in_table += 1
-                part.rows += rows
+                in_table += 1
+                rows_in_table += rows
             if rows < expected:
                 audit.issues.append(TableIssue(p, "missing", f"{rows} of {expected} rows in the table", seq))
             elif rows > expected:
@@ -172,7 +174,7 @@ def audit_table(
         for held_p, seq in sorted(held):
             if held_p == p and seq not in committed:
                 audit.issues.append(TableIssue(p, "foreign", "rows of no committed manifest entry", seq))
-        audit.partitions.append(part)
+        audit.partitions.append(PartitionTableAudit(p, landed, len(committed), in_table, lag, rows_in_table))
     known = set(partitions)
     for stray in sorted({hp for hp, _ in held} - known):
         audit.issues.append(TableIssue(stray, "foreign", "rows of a partition the cluster does not have"))

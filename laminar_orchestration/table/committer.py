@@ -30,7 +30,7 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, DeltaProtocolError, TableNotFoundError
+from deltalake.transaction import PostCommitHookProperties
 
 from laminar_orchestration.errors import (
     CorruptDataError,
@@ -48,7 +49,7 @@ from laminar_orchestration.errors import (
 from laminar_orchestration.protocol.capabilities import ReadStore
 from laminar_orchestration.protocol.chain import ManifestVersion
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.store import ObjectStore
+from laminar_orchestration.store import ObjectMeta, ObjectNotFound, ObjectStore, StoredObject
 from laminar_orchestration.table.batches import (
     LINEAGE_SCHEMA,
     ChainFollower,
@@ -58,6 +59,7 @@ from laminar_orchestration.table.batches import (
     read_output,
 )
 from laminar_orchestration.table.location import TableLocation, table_location
+from laminar_orchestration.table.txns import LandedSeqs
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +210,57 @@ def landed_seq(table: DeltaTable | None, partition: int) -> int:
 # --- the committer -----------------------------------------------------------------------------
 
 
+class _ProbeMemo(ObjectStore):
+    """The store as the chain walk reads it, minus a redundant request: a GET that found nothing
+    answers the HEAD of the same key that follows it.
+
+    The walk GETs the next manifest entry and, when the reader returns none, HEADs the key to tell
+    the chain's end (absent) from a forged entry (present); after a 404 the HEAD can only say
+    absent. Each sync ends every partition's walk this way, so this halves its manifest probes.
+    """
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.meter = inner.meter
+        self._absent: str | None = None
+
+    def get(self, key: str) -> StoredObject:
+        self._absent = None
+        try:
+            return self.inner.get(key)
+        except ObjectNotFound:
+            self._absent = key
+            raise
+
+    def head(self, key: str) -> ObjectMeta | None:
+        if key == self._absent:
+            self._absent = None
+            return None
+        return self.inner.head(key)
+
+    def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
+        return self.inner.put_if_absent(key, data, metadata)
+
+    def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
+        return self.inner.put_if_match(key, data, etag, metadata)
+
+    def delete_if_match(self, key: str, etag: str) -> None:
+        self.inner.delete_if_match(key, etag)
+
+    def list(self, prefix: str) -> Iterator[str]:
+        return self.inner.list(prefix)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+#: After each commit: a checkpoint every `delta.checkpointInterval` commits (readers replay a short
+#: log), but no expired-log cleanup, which lists the whole `_delta_log` on every commit
+#: (`laminar table maintain` cleans the log up).
+_POST_COMMIT = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
+
+
 @dataclass
 class SyncResult:
     """What one `TableCommitter.sync` did."""
@@ -255,10 +308,13 @@ class TableCommitter:
         self.max_attempts = max_attempts
         self.max_batches_per_commit = max_batches_per_commit
         self.retry_backoff_s = retry_backoff_s
-        self._follower = ChainFollower(store)
+        # Single-threaded under the lock below, as the probe memo needs.
+        self._follower = ChainFollower(_ProbeMemo(store))
         #: Output rows this process wrote (`remember`), by object key: not read back.
         self._known_outputs: dict[str, pa.Table] = {}
         self._reads = ReadStore(store)
+        #: Each partition's transaction version in the table, following the log (no replay per sync).
+        self._landed = LandedSeqs(self.location)
         self._lock = threading.Lock()
         self._table: DeltaTable | None = None
         self._cluster_id: str | None = None
@@ -316,7 +372,7 @@ class TableCommitter:
 
     def _start(self, table: DeltaTable | None, partition: int) -> tuple[int, ManifestVersion | None]:
         """Where to walk `partition`'s chain from: the table's seq and the entry at (or past) it."""
-        landed = landed_seq(table, partition)
+        landed = self._landed.seq(table, partition)
         known = self._positions.get(partition)
         if known is not None and known[0] == landed and (known[1] is None or known[1].manifest.seq >= landed):
             return landed, known[1]  # walked before from the same table state: go on from there
@@ -336,9 +392,17 @@ class TableCommitter:
         last_error = ""
         for attempt in range(1, self.max_attempts + 1):
             table = self.table()
+            if not self._landed.refresh(table):
+                # Rebuilt, or its log lost or cleaned up, under this handle: never commit through a stale one.
+                log.warning("output table %s: log entry 0 changed: reopening it", self.location.uri)
+                self._table = None
+                table = self.table()
+                self._landed.refresh(table)
             starts = {p: self._start(table, p) for p in partitions}
             walks = {p: self._follower.walk(p, start) for p, (_, start) in starts.items()}
-            result.version = table.version() if table is not None else None
+            # The snapshot the commit is made on (delta-rs moves `table` to the new version on success).
+            base = table.version() if table is not None else None
+            result.version = base
             chosen = self._choose({p: w.batches for p, w in walks.items()})
             if not chosen:
                 for p in partitions:
@@ -377,7 +441,8 @@ class TableCommitter:
                 self._follower.forget(p, new)
                 result.landed[p] = new
             # Never rebased: the commit is the version after the snapshot it was made on.
-            result.version = table.version() + 1 if table is not None else 0
+            result.version = base + 1 if base is not None else 0
+            self._landed.committed(result.version, txns)
             return not exhausted
         raise TableCommitFailed(self.location.uri, self.max_attempts, last_error)
 
@@ -439,6 +504,7 @@ class TableCommitter:
         write_deltalake(
             table if table is not None else self.location.uri,
             data,
+            post_commithook_properties=_POST_COMMIT,
             mode="append" if table is not None else "error",
             name=TABLE_NAME_PREFIX + self.cluster_id,
             description="laminar-orchestration: the committed output of every partition, exactly once",

@@ -2,8 +2,12 @@
 
 By default the table sits beside the store it is derived from: under the
 local store's directory (``<root>/tables/output``) or under the S3 store's
-prefix (``s3://bucket/prefix/tables/output``). ``LAMINAR_TABLE_URI`` or an
-explicit URI puts it elsewhere. delta-rs does not use boto3, so for S3 the
+prefix (``s3://bucket/prefix/tables/output``). ``laminar init --output-table``
+records another place in the store (`OutputTableRecord`, at
+``tables/output.json``) where every node and command finds it; per process,
+``LAMINAR_TABLE_URI`` or an explicit URI (``--table``) overrides both. A table
+may not hold the store's own keys nor contain the store (its vacuum would
+delete them): `check_table_uri`. delta-rs does not use boto3, so for S3 the
 endpoint, region and credentials boto3 resolves are handed to it as storage
 options; delta-rs 1.x commits the log with conditional puts (``If-None-Match``),
 so concurrent writers need no lock table.
@@ -14,12 +18,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from datetime import datetime
+from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from urllib.parse import unquote, urlparse
 
-from laminar_orchestration.errors import InvalidInputError
-from laminar_orchestration.protocol.keys import TABLES_PREFIX
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from laminar_orchestration.errors import CorruptDataError, InvalidInputError
+from laminar_orchestration.protocol.keys import OUTPUT_TABLE_KEY, TABLES_PREFIX
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 
 #: Where the table is relative to the store's root or prefix.
@@ -35,6 +42,40 @@ class InvalidTableUri(InvalidInputError, ValueError):
     reason: str
 
     message = "output table {uri!r}: {reason}"
+
+
+class OutputTableRecordCorrupt(CorruptDataError):
+    """The record of where the output table is does not parse."""
+
+    key: str
+    reason: str
+
+    message = "the output table's location record {key!r} is unusable: {reason}"
+
+
+class OutputTableRecord(BaseModel):
+    """Where the cluster's output table is: written by ``laminar init --output-table``, read by every
+    node and command that keeps or shows the table (stored at ``tables/output.json``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: A local path (absolute) or ``s3://bucket/prefix``: never credentials, which each process resolves.
+    uri: str
+    recorded_at: datetime
+
+
+def parse_table_record(data: bytes) -> OutputTableRecord:
+    """The record as stored; OutputTableRecordCorrupt if it does not parse."""
+    try:
+        return OutputTableRecord.model_validate_json(data)
+    except ValidationError as exc:
+        raise OutputTableRecordCorrupt(OUTPUT_TABLE_KEY, " ".join(str(exc).split())[:300]) from None
+
+
+def recorded_table(store: ObjectStore) -> OutputTableRecord | None:
+    """The recorded location of the output table (None: none recorded, the default applies)."""
+    obj = store.get_or_none(OUTPUT_TABLE_KEY)
+    return parse_table_record(obj.data) if obj is not None else None
 
 
 @dataclass(frozen=True)
@@ -104,13 +145,61 @@ def _from_uri(uri: str, endpoint: str | None = None) -> TableLocation:
 
 
 def table_location(store: ObjectStore, uri: str | None = None) -> TableLocation:
-    """The output table of `store`: `uri`, else ``$LAMINAR_TABLE_URI``, else beside the store."""
+    """The output table of `store`: `uri`, else ``$LAMINAR_TABLE_URI``, else the location recorded at
+    ``laminar init``, else beside the store."""
     backend = _innermost(store)
     endpoint = getattr(backend, "endpoint", None)
     explicit = (uri or os.environ.get(TABLE_URI_ENV, "")).strip()
+    if not explicit:
+        record = recorded_table(store)
+        explicit = record.uri if record is not None else ""
     if explicit:
         return _from_uri(explicit, endpoint if isinstance(endpoint, str) else None)
     if isinstance(backend, LocalObjectStore):
         return TableLocation(str(backend.root / DEFAULT_TABLE_PATH))
     url = store.url.rstrip("/")
     return _from_uri(f"{url}/{DEFAULT_TABLE_PATH}", endpoint if isinstance(endpoint, str) else None)
+
+
+def _store_root(store: ObjectStore) -> tuple[str, PurePosixPath]:
+    """Where `store` keeps its keys, comparable with a table URI: ("" and the local root) or the bucket and prefix."""
+    backend = _innermost(store)
+    if isinstance(backend, LocalObjectStore):
+        return "", PurePosixPath(backend.root.as_posix())
+    parsed = urlparse(store.url)
+    return parsed.netloc, PurePosixPath("/" + parsed.path.strip("/"))
+
+
+def check_table_uri(store: ObjectStore, uri: str) -> TableLocation:
+    """The location `uri` names, if the output table of `store` may live there; InvalidTableUri otherwise.
+
+    Refused: a URI delta-rs cannot use; a place inside the store but not under its ``tables/`` prefix
+    (the table's files would sit among the ledger's, manifests' or source's keys); a place that
+    contains the store (vacuuming the table would delete the store's objects); a local path that is
+    a file.
+    """
+    endpoint = getattr(_innermost(store), "endpoint", None)
+    location = _from_uri(uri.strip(), endpoint if isinstance(endpoint, str) else None) if uri.strip() else None
+    if location is None:
+        raise InvalidTableUri(uri, "empty: use a path, file:///path or s3://bucket/prefix")
+    bucket, root = _store_root(store)
+    if location.is_local:
+        where, path = "", PurePosixPath(Path(location.uri).as_posix())
+        if Path(location.uri).exists() and not Path(location.uri).is_dir():
+            raise InvalidTableUri(uri, f"{location.uri} is a file, not a directory")
+    else:
+        parsed = urlparse(location.uri)
+        where, path = parsed.netloc, PurePosixPath("/" + parsed.path.strip("/"))
+    if where != bucket:
+        return location
+    if path == root or root.is_relative_to(path):
+        raise InvalidTableUri(uri, f"it contains the store {store.url}: the table's vacuum would delete the store")
+    if path.is_relative_to(root):
+        inside = path.relative_to(root).as_posix()
+        if not inside.startswith(TABLES_PREFIX) or inside == OUTPUT_TABLE_KEY:
+            raise InvalidTableUri(
+                uri,
+                f"it is inside the store {store.url} but not under its {TABLES_PREFIX} prefix, "
+                f"where the table's files would sit among the store's own keys (e.g. {TABLES_PREFIX}output)",
+            )
+    return location

@@ -4,8 +4,9 @@ A node commits once per commit interval, so the table gathers many small data
 files and log entries. `compact_and_checkpoint` (the `table_maintenance`
 Dagster job and ``laminar table maintain``) rewrites small files into larger
 ones (a data-neutral commit: readers and the transaction versions are
-unaffected), writes a log checkpoint so readers replay no long log, and
-vacuums files no version within the retention references. Compaction may
+unaffected), writes a log checkpoint so readers replay no long log, removes
+log entries past the log retention, and vacuums files no version within the
+retention references. Compaction may
 race a node's append; delta-rs rebases a compaction over appends.
 """
 
@@ -65,6 +66,9 @@ def compact_and_checkpoint(
     metrics = table.optimize.compact(target_size=target_size)
     table.update_incremental()
     table.create_checkpoint()
+    # Log entries older than `delta.logRetentionDuration` (30 days) behind the checkpoint: the nodes'
+    # commits leave them (their cleanup would list the whole log on every commit).
+    table.cleanup_metadata()
     vacuumed = table.vacuum(
         retention_hours=retention_hours,
         dry_run=False,

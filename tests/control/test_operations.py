@@ -15,6 +15,7 @@ from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.control.operations import (
     PlannedFailover,
     drive_failovers,
+    look_focus,
     plan_failovers,
     wait_for_suspects,
 )
@@ -22,9 +23,10 @@ from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader, ManifestUpdate
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import StaleFencingToken
-from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase
+from laminar_orchestration.protocol.tasks import DesiredStates, MigrationConfig, MigrationPhase
 from laminar_orchestration.store import ObjectStore
-from tests.ledgers import fence_left_unsealed, make_alive, make_dead
+from laminar_orchestration.store.metering import RequestMeter
+from tests.ledgers import fence_left_unsealed, make_alive, make_dead, new_ledger
 
 P, N = PartitionId, NodeId
 
@@ -137,3 +139,38 @@ def test_a_spent_budget_still_fences(ledger: Ledger) -> None:
     ledger.acquire(P(1), N(1), expected_epoch=0)
     (nothing,) = drive_failovers(ledger, [late], budget_s=0.2, limits=MigrationConfig())
     assert nothing.migration_id is None and "alive" in (nothing.left_to_run or "")
+
+
+def _place(ledger: Ledger, partition: int, node: int) -> None:
+    DesiredStates(ledger, nudge=False).update(P(partition), lambda s: s.model_copy(update={"owner": node}))
+    ledger.acquire(P(partition), N(node), expected_epoch=0)
+
+
+def test_a_periodic_look_reads_only_the_partitions_of_nodes_that_changed(
+    store: ObjectStore, meter: RequestMeter
+) -> None:
+    """The failure sensor's look: every partition at the first look and every `FULL_LOOK_S`; in between
+    only those of nodes that joined or restarted (a grant back may be due) and of nodes not alive."""
+    ledger = new_ledger(store, 30)
+    make_alive(ledger, 1, 2, 3)
+    for p in range(30):
+        _place(ledger, p, 1 + p % 3)
+    first = look_focus(ledger, None, full=False)
+    assert first.full and first.fail_over is None
+    quiet = look_focus(ledger, first.generations, full=False)
+    assert (quiet.grant_back, quiet.fail_over) == (frozenset(), frozenset())
+    before = meter.snapshot()
+    assert plan_failovers(ledger, partitions=quiet.fail_over).failovers == ()
+    read = sum(meter.snapshot().by_method.values()) - sum(before.by_method.values())
+    assert read <= 2 * (2 + 3), read  # the member set and the node records (twice): no partition's
+    # Node 2 restarts (a new generation) and node 3 dies: their partitions are looked at, no others.
+    make_alive(ledger, 2)
+    make_dead(ledger, 3)
+    changed = look_focus(ledger, quiet.generations, full=False)
+    assert changed.grant_back == frozenset(P(p) for p in range(30) if p % 3 in (1, 2))  # node 3 re-registered
+    assert changed.fail_over is None  # a node died since the last look: every partition's owner is read
+    settled = look_focus(ledger, changed.generations, full=False, seen_dead=changed.dead)
+    assert settled.fail_over == frozenset(P(p) for p in range(30) if p % 3 == 2)  # node 3's, by its assignment
+    plan = plan_failovers(ledger, partitions=settled.fail_over)
+    assert {f.partition for f in plan.failovers} == {p for p in range(30) if p % 3 == 2}
+    assert look_focus(ledger, changed.generations, full=True).full

@@ -7,6 +7,7 @@ run-failure sensor is fed real failed runs of the migration jobs.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass
@@ -40,7 +41,9 @@ from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.source import SourceLog, generate_events
-from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase
+from laminar_orchestration.protocol.tasks import DesiredState, DesiredStates, MigrationConfig, MigrationPhase
+from laminar_orchestration.store import ObjectStore
+from laminar_orchestration.store.metering import RequestMeter
 from resources import LaminarResource
 from sensors import (
     build_node_failure_sensor,
@@ -50,9 +53,10 @@ from sensors import (
     node_failure_sensor,
     rebalance_schedule,
 )
+from sensors.node_failure import evaluate
 from sensors.observation import ObservationCursor, observe
 from tests.commits import commit_all
-from tests.ledgers import make_alive, make_dead
+from tests.ledgers import make_alive, make_dead, new_ledger
 
 P, N = PartitionId, NodeId
 
@@ -113,7 +117,7 @@ def test_dead_owner_is_fenced_by_the_sensor_and_recorded_as_one_run_per_partitio
     assert (recorded["from_node"], recorded["to_node"], recorded["from_epoch"], recorded["to_epoch"]) == (1, 3, 1, 2)
     assert [ph["phase"] for ph in recorded["phases"]] == ["planned", "released"]
     assert "epoch 1 fenced" in recorded["phases"][1]["detail"]
-    assert first.cursor is not None and json.loads(first.cursor) == {"handled": [[0, 1], [1, 1]]}
+    assert first.cursor is not None and json.loads(first.cursor)["handled"] == [[0, 1], [1, 1]]
 
     second = tick(quick_failure_sensor, laminar, first.cursor)
     assert second.requests == [], "a second tick must not request the same failovers"
@@ -444,3 +448,29 @@ def test_the_retry_sensor_fails_a_record_past_its_deadline(ledger: Ledger) -> No
     current = MigrationCoordinator(ledger).current(P(0))
     assert current is not None and current.migration_id == stale.migration_id
     assert current.phase == MigrationPhase.FAILED and (current.error or "").startswith("deadline exceeded")
+
+
+def _owned_by(state: DesiredState, node: int) -> DesiredState:
+    return state.model_copy(update={"owner": node})
+
+
+def test_an_idle_failure_sensor_tick_reads_no_partitions_records(store: ObjectStore, meter: RequestMeter) -> None:
+    """The daemon ticks the failure sensor every few seconds: once it has looked at every partition, a
+    tick with no node change reads the member set, the node records and no partition's records."""
+    ledger = new_ledger(store, 60)
+    make_alive(ledger, 1, 2, 3)
+    for p in range(60):
+        owner = 1 + p % 3
+        DesiredStates(ledger, nudge=False).update(P(p), functools.partial(_owned_by, node=owner))
+        ledger.acquire(P(p), N(owner), expected_epoch=0)
+
+    def requests_of_a_tick(cursor: str | None) -> tuple[int, str | None]:
+        before = sum(meter.snapshot().by_method.values())
+        result = evaluate(ledger, cursor, heartbeat_timeout_s=None, log=lambda _: None, watch_s=0.0)
+        after = sum(meter.snapshot().by_method.values())
+        return after - before, result.cursor if isinstance(result, SensorResult) else cursor
+
+    full, cursor = requests_of_a_tick(None)
+    idle, _ = requests_of_a_tick(cursor)
+    assert full > 60 * 2, full  # the first look reads every partition's ownership
+    assert idle <= 30, idle  # member set and node records a few times over: no partition's

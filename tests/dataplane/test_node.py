@@ -9,18 +9,22 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from laminar_dev.chaos import ArrowNode
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.control.moves import run_migration
 from laminar_orchestration.dataplane.config import NodeConfig
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.capabilities import ReadStore
 from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.move_reports import MoveReports
 from laminar_orchestration.protocol.nudge import SourceDoorbell
 from laminar_orchestration.protocol.records import PartitionProgress
 from laminar_orchestration.protocol.source import SourceLog, generate_events
-from laminar_orchestration.protocol.tasks import DesiredStates
+from laminar_orchestration.protocol.tasks import DesiredStates, MigrationPhase
 from laminar_orchestration.store import ObjectStore, StoreUnavailable
 from laminar_orchestration.store.metering import RequestMeter
 
@@ -39,10 +43,11 @@ def running(node: ArrowNode) -> Iterator[ArrowNode]:
         assert not runner.is_alive()
 
 
-def _node(store: ObjectStore, tmp_path: Path, **config: object) -> ArrowNode:
-    settings: dict[str, object] = {"heartbeat_interval_s": 0.5, "idle_poll_max_s": 0.5, **config}
+def _node(store: ObjectStore, tmp_path: Path, *, node_id: int = 1, **config: Any) -> ArrowNode:
+    settings: dict[str, Any] = {"heartbeat_interval_s": 0.5, "idle_poll_max_s": 0.5, **config}
+    workdir = str(tmp_path / f"node{node_id}")
     return ArrowNode(
-        NodeConfig(store_url=store.url, node_id=1, workdir=str(tmp_path / "node1"), **settings),  # type: ignore[arg-type]
+        NodeConfig(store_url=store.url, node_id=node_id, workdir=workdir, **settings),
         store=store,
     )
 
@@ -115,7 +120,7 @@ def test_a_node_that_misses_every_nudge_still_converges_at_its_poll(
 ) -> None:
     ledger = Ledger(store)
     ledger.init_cluster(2)
-    config: dict[str, object] = {"assignment_poll_s": 1.0}
+    config: dict[str, Any] = {"assignment_poll_s": 1.0}
     if how == "no endpoint":
         config["nudge_host"] = None
     with running(_node(store, tmp_path, **config)) as node:
@@ -138,7 +143,7 @@ def _wait_committed(node: ArrowNode, partition: int, offset: int, timeout_s: flo
     )
 
 
-def _placed_and_running(store: ObjectStore, tmp_path: Path, partitions: int, **config: object) -> ArrowNode:
+def _placed_and_running(store: ObjectStore, tmp_path: Path, partitions: int, **config: Any) -> ArrowNode:
     ledger = Ledger(store)
     ledger.init_cluster(partitions)
     for p in range(partitions):
@@ -176,12 +181,14 @@ def test_an_append_reaches_its_owner_through_the_log_ends_or_the_doorbell(
     node = _placed_and_running(store, tmp_path, 1, **config)
     with running(node):
         _wait_running(node, {0}, 30)
-        first = SourceLog(store).append(0, generate_events(10, 2, seed=1, partitions=1)[0])
-        _wait_committed(node, 0, first.next_offset, 30)
+        Ledger(store).admit_nodes()  # the doorbell rings the member nodes, as the control plane admits them
+        # The node read the (empty) recorded ends as it started: each append needs the signal.
         doorbell = SourceDoorbell(ReadStore(store)) if signal == "doorbell" else None
         try:
-            second = SourceLog(store, doorbell=doorbell).append(0, generate_events(10, 2, seed=2, partitions=1)[0])
-            _wait_committed(node, 0, second.next_offset, 30)
+            log = SourceLog(store, doorbell=doorbell)
+            for seed in (1, 2):
+                appended = log.append(0, generate_events(10, 2, seed=seed, partitions=1)[0])
+                _wait_committed(node, 0, appended.next_offset, 30)
         finally:
             if doorbell is not None:
                 doorbell.close()
@@ -203,3 +210,31 @@ def test_events_whose_log_end_was_never_recorded_are_found_at_the_fallback_poll(
         second = SourceLog(store).append(0, generate_events(10, 2, seed=2, partitions=1)[0])
         assert SourceLog(store).log_ends() == {0: first.next_offset}  # the recorded end lags the log
         _wait_committed(node, 0, second.next_offset, 30)
+
+
+def test_a_moves_driver_reads_the_move_reports_not_the_heartbeats(
+    store: ObjectStore, tmp_path: Path, meter: RequestMeter
+) -> None:
+    """Each phase is reported in the node's small move report (only the partitions in a move), which
+    the driver polls; the node records, with every partition's progress, are read a few times a move."""
+    ledger = Ledger(store)
+    ledger.init_cluster(12)
+    for p in range(12):
+        _place(ledger, p, 1)
+    with running(_node(store, tmp_path)) as one, running(_node(store, tmp_path, node_id=2)):
+        _wait_running(one, set(range(12)), 60)
+        before = meter.snapshot()
+        started = time.monotonic()
+        final = run_migration(MigrationCoordinator(ledger), 0, 2)
+        took = time.monotonic() - started
+        after = meter.snapshot()
+        reports = {n: MoveReports(ledger).read(N(n)) for n in (1, 2)}
+
+    assert final.phase == MigrationPhase.ACTIVE
+    gets = {fam: n - before.by_family.get((m, fam), 0) for (m, fam), n in after.by_family.items() if m == "GET"}
+    assert gets.get("ledger/moves", 0) >= 2, gets  # the phases of both ends came through the move reports
+    # The plan's look at the live nodes, the nudge addresses, the grant, and the old owner's liveness
+    # every quarter of a second while it drains (a poll of the heartbeats would be one read per 10 ms).
+    assert gets.get("ledger/nodes", 0) <= 10 + took / 0.25, (gets, took)
+    for n, report in reports.items():
+        assert report is not None and set(report.partitions) <= {0}, f"node {n} reports partitions in no move"

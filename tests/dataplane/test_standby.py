@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -269,15 +268,19 @@ def test_a_graceful_move_warms_the_target_before_the_old_owner_drains(tmp_path: 
 
 
 class _HeldWhenArmed(ArrowBatchEngine):
-    """Once armed, aggregates block until released (a Spark job still running)."""
+    """Aggregates like `ArrowBatchEngine`; while armed, each batch stays in flight (a Spark job still
+    running, or a hung process) until released."""
 
     def __init__(self) -> None:
         self.armed = threading.Event()
+        #: Set once an armed batch is in flight.
+        self.in_flight = threading.Event()
         self.release = threading.Event()
 
     def before_batch(self, epoch: int, job_group: str | None) -> None:
         if self.armed.is_set():
-            assert self.release.wait(30), "the batch was never let go"
+            self.in_flight.set()
+            assert self.release.wait(60), "the batch was never let go"
 
 
 def test_an_owner_drains_while_its_batchs_keys_are_still_being_read(
@@ -341,19 +344,6 @@ def test_an_owner_that_hands_a_partition_over_keeps_following_it_from_its_own_co
         assert replica_state(copy) == reference_state(store)
 
 
-class _SlowOwnerEngine(ArrowBatchEngine):
-    """Aggregates like `ArrowBatchEngine`; once `slow` is set, each batch stays in flight for seconds."""
-
-    def __init__(self) -> None:
-        self.slow = threading.Event()
-        self.in_flight = threading.Event()
-
-    def before_batch(self, epoch: int, job_group: str | None) -> None:
-        if self.slow.is_set():
-            self.in_flight.set()
-            time.sleep(3)
-
-
 class _RecordingEngine(ArrowBatchEngine):
     """Aggregates like `ArrowBatchEngine` and records, per call, the epoch and the migration's recorded phase."""
 
@@ -371,7 +361,7 @@ def test_a_targets_first_batch_starts_once_the_old_owner_is_asked_to_drain_and_c
     recorded (from the drain request, before Seeking), stamped with its coming epoch; they are
     committed once, by the target."""
     store = _owned_by_node_1(tmp_path)
-    old_engine, new_engine = _SlowOwnerEngine(), _RecordingEngine(store)
+    old_engine, new_engine = _HeldWhenArmed(), _RecordingEngine(store)
 
     class OldNode(ArrowNode):
         def start_spark(self) -> None:
@@ -389,13 +379,16 @@ def test_a_targets_first_batch_starts_once_the_old_owner_is_asked_to_drain_and_c
         source.append(0, events([f"k{i % 17}" for i in range(300)]))
         wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 1 to commit")
         final_offset = committed_offset(store)
-        old_engine.slow.set()
+        old_engine.armed.set()
         source.append(0, events([f"k{i % 5}" for i in range(50)]))
-        assert old_engine.in_flight.wait(30), "node 1 never started the batch the drain abandons"
-        coordinator = MigrationCoordinator(Ledger(store), MigrationConfig(migration_timeout_s=60))
-        task = coordinator.run(P0, NodeId(2))
-        assert task.phase == MigrationPhase.ACTIVE
-        wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 2 to commit")
+        try:
+            assert old_engine.in_flight.wait(30), "node 1 never started the batch the drain abandons"
+            coordinator = MigrationCoordinator(Ledger(store), MigrationConfig(migration_timeout_s=60))
+            task = coordinator.run(P0, NodeId(2))
+            assert task.phase == MigrationPhase.ACTIVE
+            wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 2 to commit")
+        finally:
+            old_engine.release.set()
         early = {MigrationPhase.DRAINING, MigrationPhase.CHECKPOINTING, MigrationPhase.UPLOADING}
         early |= {MigrationPhase.RELEASED}
         early |= {MigrationPhase.DOWNLOADING, MigrationPhase.RESTORING}
@@ -413,8 +406,9 @@ def test_a_graceful_drain_follows_an_old_owner_commit_under_load(tmp_path: Path)
     """Under steady traffic the coordinator asks for the drain right after one of the old owner's data
     commits, so the partition's output stops as late as possible; nothing is lost or applied twice."""
     store = _owned_by_node_1(tmp_path)
-    old = ArrowNode(node_config(store, 1, tmp_path / "n1"), store=store)
-    new = ArrowNode(node_config(store, 2, tmp_path / "n2"), store=store)
+    # The nodes see each append within 50 ms (as a producer's doorbell would have them): a steady cadence.
+    old = ArrowNode(node_config(store, 1, tmp_path / "n1", log_ends_poll_s=0.05), store=store)
+    new = ArrowNode(node_config(store, 2, tmp_path / "n2", log_ends_poll_s=0.05), store=store)
     source = SourceLog(store, segment_events=100)
     stop = threading.Event()
 
@@ -444,20 +438,6 @@ def test_a_graceful_drain_follows_an_old_owner_commit_under_load(tmp_path: Path)
     _assert_audited(store)
 
 
-class _HangingEngine(ArrowBatchEngine):
-    """Aggregates like `ArrowBatchEngine`; while `hang` is set, a batch blocks until `release` is set."""
-
-    def __init__(self) -> None:
-        self.hang = threading.Event()
-        self.release = threading.Event()
-        self.blocked = threading.Event()
-
-    def before_batch(self, epoch: int, job_group: str | None) -> None:
-        if self.hang.is_set():
-            self.blocked.set()
-            self.release.wait(60)
-
-
 class _GroupRecordingEngine(ArrowBatchEngine):
     """Aggregates like `ArrowBatchEngine` and records each call's (epoch, job group)."""
 
@@ -473,10 +453,10 @@ class _GroupRecordingEngine(ArrowBatchEngine):
 
 def _hung_owner_and_standby(
     store: ObjectStore, tmp_path: Path
-) -> tuple[ArrowNode, threading.Event, _HangingEngine, ArrowNode, _GroupRecordingEngine]:
+) -> tuple[ArrowNode, threading.Event, _HeldWhenArmed, ArrowNode, _GroupRecordingEngine]:
     """Node 1 owns p0 and can hang (no heartbeat, its batch blocked); node 2 keeps a standby copy."""
     hung = threading.Event()
-    owner_engine, standby_engine = _HangingEngine(), _GroupRecordingEngine()
+    owner_engine, standby_engine = _HeldWhenArmed(), _GroupRecordingEngine()
 
     class HangingNode(ArrowNode):
         def start_spark(self) -> None:
@@ -503,7 +483,7 @@ def _hung_owner_and_standby(
 
 
 def _commit_then_hang(
-    store: ObjectStore, owner: ArrowNode, hung: threading.Event, owner_engine: _HangingEngine, source: SourceLog
+    store: ObjectStore, owner: ArrowNode, hung: threading.Event, owner_engine: _HeldWhenArmed, source: SourceLog
 ) -> tuple[int, int]:
     """Node 1 commits 300 events over 17 keys and node 2's standby catches up; then node 1 hangs in
     its batch of 50 more events over 5 keys. Returns the committed offset and epoch before the hang."""
@@ -512,7 +492,7 @@ def _commit_then_hang(
     wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 1 to commit")
     wait_until(lambda: _caught_up(store, 2), 30, "node 2's standby to catch up")
     committed, epoch = committed_offset(store), Ledger(store).ownership(P0).epoch  # type: ignore[union-attr]
-    owner_engine.hang.set()
+    owner_engine.armed.set()
     hung.set()
     source.append(0, events([f"k{i % 5}" for i in range(50)]))
     return committed, epoch
@@ -529,7 +509,7 @@ def test_a_standby_starts_the_takeover_batch_while_the_owner_looks_dead_and_it_c
     source = SourceLog(store, segment_events=100)
     with running(owner), running(standby):
         final_offset, epoch = _commit_then_hang(store, owner, hung, owner_engine, source)
-        assert owner_engine.blocked.wait(30), "node 1 never started the batch it hangs in"
+        assert owner_engine.in_flight.wait(30), "node 1 never started the batch it hangs in"
         wait_until(lambda: bool(standby_engine.speculative()), 30, "node 2 to start the takeover batch")
         assert standby_engine.speculative()[0][0] == epoch + 1
         assert committed_offset(store) == final_offset
@@ -659,13 +639,13 @@ def test_a_takeover_batch_is_dropped_when_the_owner_turns_out_alive(tmp_path: Pa
     with running(owner), running(standby):
         _wait_running_p0(owner)
         wait_until(lambda: _caught_up(store, 2), 30, "node 2's standby to catch up")
-        owner_engine.hang.set()
+        owner_engine.armed.set()
         hung.set()
         source.append(0, events([f"k{i % 5}" for i in range(50)]))
         follower = standby.standbys[P0]
         wait_until(lambda: follower.speculative is not None, 30, "node 2 to start the takeover batch")
 
-        owner_engine.hang.clear()
+        owner_engine.armed.clear()
         hung.clear()
         owner_engine.release.set()
         wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 1 to commit after all")

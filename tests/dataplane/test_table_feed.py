@@ -11,7 +11,7 @@ import pyarrow as pa
 from laminar_orchestration.dataplane.table_feed import TableFeed
 from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.protocol.chain import ManifestVersion
-from laminar_orchestration.protocol.manifest import PartitionManifest
+from laminar_orchestration.protocol.manifest import ArtifactRef, PartitionManifest
 from laminar_orchestration.protocol.records import now
 
 
@@ -37,10 +37,12 @@ class RecordingTable:
         self.remembered.append(version.manifest.seq)
 
 
-def _version(partition: int, seq: int) -> ManifestVersion:
+def _version(partition: int, seq: int, *, output: bool = True) -> ManifestVersion:
+    """A chain entry: a batch's (naming an output object), or a snapshot's (`output=False`)."""
+    outputs = [ArtifactRef(key=f"sink/{partition}/out-{seq}.parquet", size=1, sha256="0" * 64)] if output else []
     m = PartitionManifest(
         partition=partition, seq=seq, fencing_token=1, node=1, generation=0, commit_ulid="01" + "0" * 24,
-        parent_hash=None, cluster_epoch=0, source_offset=seq, outputs=[], events_applied=seq, note="",
+        parent_hash=None, cluster_epoch=0, source_offset=seq, outputs=outputs, events_applied=seq, note="",
         committed_at=now(),
     )  # fmt: skip
     return ManifestVersion(m, m.model_dump_json().encode())
@@ -73,10 +75,21 @@ def test_a_commit_during_a_sync_keeps_its_partition_owed() -> None:
 def test_a_failed_sync_is_retried_and_a_new_worker_is_owed_one() -> None:
     table = RecordingTable(fail=True)
     feed = TableFeed(table)
-    feed.note({PartitionId(5): Worker()})  # a takeover: the old owner's last batches may be missing
+    first = Worker()  # kept alive: a new worker is told apart by identity, which a freed one could pass on
+    feed.note({PartitionId(5): first})  # a takeover: the old owner's last batches may be missing
     assert not feed.flush() and feed.owed == {PartitionId(5)}
     table.fail = False
     assert feed.flush() and feed.owed == set()
     worker = Worker()
     feed.note({PartitionId(5): worker})  # another worker object: owed again
     assert feed.owed == {PartitionId(5)}
+
+
+def test_a_snapshot_entry_is_handed_over_but_owes_no_sync() -> None:
+    table = RecordingTable()
+    feed = TableFeed(table)
+    feed.committed(_version(2, 4), {})
+    assert feed.flush() and table.synced == [[2]]
+    feed.committed(_version(2, 5, output=False), {})  # the snapshot after the batch: nothing for the table
+    assert table.remembered == [4, 5] and feed.owed == set()
+    assert feed.flush() and table.synced == [[2]]  # no sync for it

@@ -1,13 +1,16 @@
 """A node learns what the control plane asks of it from one record about itself: its assignment.
 
-Every desired-state write moves the assignment of each node the old or the new state names,
-so a node that polls only its assignment never misses a change, and a repair pass rebuilds
-assignments a crashed writer left behind.
+Every desired-state write moves the assignment of each node it asks something of (a node it
+starts or stops naming, or the end of a move in flight that the new phase is for), so a node
+that polls only its assignment never misses a change it must act on, and a repair pass
+rebuilds assignments a crashed writer left behind.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from laminar_orchestration.identity import NodeId, PartitionId
@@ -20,8 +23,10 @@ from laminar_orchestration.protocol.tasks import (
     MigrationKind,
     MigrationPhase,
     MigrationTask,
+    phase_sequence,
 )
-from laminar_orchestration.store import ObjectStore
+from laminar_orchestration.store import ObjectStore, PreconditionFailed
+from tests.stores import ForwardingStore
 
 P, N = PartitionId, NodeId
 AT = datetime(2026, 1, 1, tzinfo=UTC)
@@ -120,3 +125,118 @@ def test_writers_of_different_partitions_never_lose_each_others_assignment(store
 
     # The last write of each names node 1 (rounds is odd): both are in its assignment, at their last revision.
     assert _partitions(desired, 1) == {0: rounds, 1: rounds}
+
+
+def _phase(state: DesiredState, phase: MigrationPhase) -> DesiredState:
+    assert state.migration is not None
+    return state.model_copy(update={"migration": state.migration.model_copy(update={"phase": phase})})
+
+
+def test_a_phase_moves_only_the_assignment_of_the_end_it_asks_something_of(store: ObjectStore) -> None:
+    desired = _desired(store)
+    desired.update(P(0), lambda s: s.model_copy(update={"owner": 1}))
+    desired.update(P(0), lambda s: _move(s, to=2))
+    seen = {n: _partitions(desired, n) for n in (1, 2)}
+    moved: dict[MigrationPhase, set[int]] = {}
+    for phase in phase_sequence(MigrationKind.GRACEFUL)[1:-1]:
+        desired.update(P(0), functools.partial(_phase, phase=phase))
+        now = {n: _partitions(desired, n) for n in (1, 2)}
+        moved[phase] = {n for n in (1, 2) if now[n] != seen[n]}
+        seen = now
+    assert moved == {
+        MigrationPhase.DRAINING: {1, 2},  # the target starts its first batch's work at the drain
+        MigrationPhase.CHECKPOINTING: {1},
+        MigrationPhase.UPLOADING: {1},
+        MigrationPhase.RELEASED: {1},
+        MigrationPhase.DOWNLOADING: {2},
+        MigrationPhase.RESTORING: set(),  # the target reported its restore with the download
+        MigrationPhase.SEEKING: {2},
+    }
+
+    # The end of the move concerns both ends again: the owner changes, the old owner is named no more.
+    def finish(s: DesiredState) -> DesiredState:
+        return _phase(s, MigrationPhase.ACTIVE).model_copy(update={"owner": 2})
+
+    done = desired.update(P(0), finish)
+    assert _partitions(desired, 1) == {} and _partitions(desired, 2) == {0: done.revision}
+
+
+def test_a_bookkeeping_write_moves_no_assignment(store: ObjectStore) -> None:
+    desired = _desired(store)
+    desired.update(P(0), lambda s: s.model_copy(update={"owner": 1}))
+    desired.update(P(0), lambda s: _move(s, to=2))
+    before = {n: desired.assignment(N(n)) for n in (1, 2)}
+
+    def warm(s: DesiredState) -> DesiredState:
+        assert s.migration is not None
+        return s.model_copy(update={"migration": s.migration.model_copy(update={"warm_bytes": 1024})})
+
+    desired.update(P(0), warm)
+    assert {n: desired.assignment(N(n)) for n in (1, 2)} == before
+
+
+def test_a_forced_move_tells_its_old_owner_only_at_the_end(store: ObjectStore) -> None:
+    """Many failovers away from one dead node would all write its assignment at every phase: it has
+    nothing to do in a forced move, so only the end of the move (the partition leaves it) moves it."""
+    desired = _desired(store)
+    desired.update(P(0), lambda s: s.model_copy(update={"owner": 1}))
+    _, dead_before = desired.assignment(N(1))
+
+    def forced(s: DesiredState) -> DesiredState:
+        moved = _move(s, to=2)
+        assert moved.migration is not None
+        return moved.model_copy(
+            update={"migration": moved.migration.model_copy(update={"migration_kind": MigrationKind.FORCED})}
+        )
+
+    desired.update(P(0), forced)
+    for phase in phase_sequence(MigrationKind.FORCED)[1:-1]:
+        desired.update(P(0), functools.partial(_phase, phase=phase))
+        assert desired.assignment(N(1))[1] == dead_before, f"{phase} moved the old owner's assignment"
+    target = _partitions(desired, 2)
+
+    def finish(s: DesiredState) -> DesiredState:
+        return _phase(s, MigrationPhase.ACTIVE).model_copy(update={"owner": 2})
+
+    done = desired.update(P(0), finish)
+    assert _partitions(desired, 1) == {} and _partitions(desired, 2) == {0: done.revision} != target
+
+
+class _ConflictCounting(ForwardingStore):
+    """Counts the compare-and-swaps of assignment records that lost to another write."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self.lost = 0
+
+    def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
+        try:
+            return super().put_if_match(key, data, etag, metadata)
+        except PreconditionFailed:
+            if "assignments/" in key:
+                self.lost += 1
+            raise
+
+
+def test_moves_to_one_node_write_its_assignment_together_without_racing(store: ObjectStore) -> None:
+    """Sixteen moves towards one node at once (a failover, a placement): their assignment writes are
+    batched in the process (whichever coordinator makes them), so none loses a compare-and-swap to
+    another and none is lost."""
+    counting = _ConflictCounting(store)
+    ledger = Ledger(counting)
+    ledger.init_cluster(16)
+    desired = DesiredStates(ledger, nudge=False)
+    start = threading.Barrier(16)
+
+    def place(p: int) -> None:
+        start.wait()
+        # One coordinator per move, as a failover or a rebalance makes them: the batching is the ledger's.
+        DesiredStates(ledger, nudge=False).update(P(p), lambda s: s.model_copy(update={"owner": 1}))
+
+    threads = [threading.Thread(target=place, args=(p,)) for p in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert _partitions(desired, 1) == dict.fromkeys(range(16), 1)
+    assert counting.lost == 0

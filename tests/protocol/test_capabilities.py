@@ -93,9 +93,10 @@ def test_storage_policies_split_writes_by_role() -> None:
     writes = functools.partial(granted, "s3:PutObject")
     reads = functools.partial(granted, "s3:GetObject")
 
-    # The control plane grants with their signing keys (and seals the chain a grant fences); it never
-    # writes output, state or a node's record.
+    # The control plane grants with their signing keys (and seals the chain a grant fences), and records
+    # where the output table is at `init`; it never writes output, state or a node's record.
     assert writes("control-plane") == {
+        "tables/output.json",
         "grant-keys/*",
         "ledger/cluster.json",
         "ledger/membership.json",

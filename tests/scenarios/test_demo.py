@@ -149,6 +149,16 @@ def test_demo_runs_nodes_load_and_dagster_then_stops_cleanly(tmp_path: Path) -> 
     audits = re.findall(r"partition (\d): committed (\d+)/(\d+) events, \d+ manifests, \d+ epochs?: ok", output)
     assert len(audits) == 2 and all(int(c) == int(t) > 0 for _, c, t in audits), output[-2000:]
     assert "verify: OK" in output
+    # The output table: named in the banner with a read that needs no laminar code, moving under the
+    # status tables, and read downstream with deltalake at the end: each partition's committed events.
+    table_uri = str(tmp_path.resolve() / "store" / "tables" / "output")
+    assert re.search(rf"output table {re.escape(table_uri)} +\(Delta Lake; nodes append", output), output[:3000]
+    assert "from deltalake import DeltaTable; print(DeltaTable(" in output
+    assert re.search(r"output table: version \d+ · [1-9][\d,]* rows", output), output[-3000:]
+    reads = re.findall(r"partition (\d): [\d,]+ rows, ([\d,]+) events \(committed ([\d,]+)\)", output)
+    committed = {p: int(c) for p, c, _ in audits}
+    assert {p: int(e.replace(",", "")) for p, e, _ in reads} == committed, reads
+    assert "each partition's events in the table are exactly the committed ones" in output
     # A clean stop reads as one: every partition released, nobody dead or waiting for a failover.
     final = output[output.index("── final status") :]
     assert len(re.findall(r"released by node [12]", final)) == 2 and "dead" not in final, final

@@ -188,7 +188,7 @@ def test_migration_timeout_then_retry_resumes(cluster: Cluster, monkeypatch: pyt
     impatient = MigrationCoordinator(cluster.ledger, MigrationConfig(release_wait_timeout_s=0.001))
     # The old owner's reports reach this coordinator too late: on a busy machine the first poll
     # could otherwise already find a phase reported, and a 1 ms wait would not time out.
-    monkeypatch.setattr(impatient, "phase_reported", lambda task, phase: None)
+    monkeypatch.setattr(impatient, "phase_reported", lambda task, phase, **_: None)
     with pytest.raises(MigrationTimeout) as info:
         impatient.run(P(0), N(target))
     assert info.value.phase.needs_old_owner

@@ -40,10 +40,13 @@ class Cluster:
     seed: int = 0
     #: Tokens a test keeps by partition (its owners').
     tokens: dict[int, FencingToken] = field(default_factory=dict)
+    #: True: the store holds the cluster already (`laminar init` made it), it is not initialized again.
+    existing: bool = False
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.store)
-        self.ledger.init_cluster(self.partitions)
+        if not self.existing:
+            self.ledger.init_cluster(self.partitions)
         self.source = SourceLog(self.store, segment_events=20)
 
     def produce(self, count: int, keys: int = 8) -> None:
