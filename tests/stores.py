@@ -3,34 +3,11 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
-from laminar_orchestration.store import ObjectMeta, ObjectStore, StoredObject
+from laminar_orchestration.store import ForwardingStore, ObjectStore
 
-
-class ForwardingStore(ObjectStore):
-    """Forwards every call to `inner`; a test wrapper overrides only the call it stages."""
-
-    def __init__(self, inner: ObjectStore) -> None:
-        self.inner, self.url, self.meter = inner, inner.url, inner.meter
-
-    def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
-        return self.inner.put_if_absent(key, data, metadata)
-
-    def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
-        return self.inner.put_if_match(key, data, etag, metadata)
-
-    def delete_if_match(self, key: str, etag: str) -> None:
-        self.inner.delete_if_match(key, etag)
-
-    def get(self, key: str) -> StoredObject:
-        return self.inner.get(key)
-
-    def head(self, key: str) -> ObjectMeta | None:
-        return self.inner.head(key)
-
-    def list(self, prefix: str) -> Iterator[str]:
-        return self.inner.list(prefix)
+__all__ = ["ForwardingStore", "PausingStore"]
 
 
 class PausingStore(ForwardingStore):

@@ -16,6 +16,7 @@ from urllib.parse import unquote, urlparse
 
 from laminar_orchestration.store.base import (
     ConcurrentModification,
+    ForwardingStore,
     InvalidKey,
     InvalidStoreUrl,
     ObjectMeta,
@@ -32,6 +33,7 @@ from laminar_orchestration.store.local import CorruptObject, LocalObjectStore
 __all__ = [
     "ConcurrentModification",
     "CorruptObject",
+    "ForwardingStore",
     "InvalidKey",
     "InvalidStoreUrl",
     "LocalObjectStore",

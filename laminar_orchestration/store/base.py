@@ -179,3 +179,29 @@ class ObjectStore(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections or handles. The default holds none."""
+
+
+class ForwardingStore(ObjectStore):
+    """Forwards every call to `inner`: the base of a wrapper that changes one call (it keeps the inner
+    store's URL and request meter)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner, self.url, self.meter = inner, inner.url, inner.meter
+
+    def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
+        return self.inner.put_if_absent(key, data, metadata)
+
+    def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
+        return self.inner.put_if_match(key, data, etag, metadata)
+
+    def delete_if_match(self, key: str, etag: str) -> None:
+        self.inner.delete_if_match(key, etag)
+
+    def get(self, key: str) -> StoredObject:
+        return self.inner.get(key)
+
+    def head(self, key: str) -> ObjectMeta | None:
+        return self.inner.head(key)
+
+    def list(self, prefix: str) -> Iterator[str]:
+        return self.inner.list(prefix)

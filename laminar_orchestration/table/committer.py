@@ -30,7 +30,7 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,7 @@ from laminar_orchestration.errors import (
 from laminar_orchestration.protocol.capabilities import ReadStore
 from laminar_orchestration.protocol.chain import ManifestVersion
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.store import ObjectMeta, ObjectNotFound, ObjectStore, StoredObject
+from laminar_orchestration.store import ForwardingStore, ObjectMeta, ObjectNotFound, ObjectStore, StoredObject
 from laminar_orchestration.table.batches import (
     LINEAGE_SCHEMA,
     ChainFollower,
@@ -210,7 +210,7 @@ def landed_seq(table: DeltaTable | None, partition: int) -> int:
 # --- the committer -----------------------------------------------------------------------------
 
 
-class _ProbeMemo(ObjectStore):
+class _ProbeMemo(ForwardingStore):
     """The store as the chain walk reads it, minus a redundant request: a GET that found nothing
     answers the HEAD of the same key that follows it.
 
@@ -220,9 +220,7 @@ class _ProbeMemo(ObjectStore):
     """
 
     def __init__(self, inner: ObjectStore) -> None:
-        self.inner = inner
-        self.url = inner.url
-        self.meter = inner.meter
+        super().__init__(inner)
         self._absent: str | None = None
 
     def get(self, key: str) -> StoredObject:
@@ -238,18 +236,6 @@ class _ProbeMemo(ObjectStore):
             self._absent = None
             return None
         return self.inner.head(key)
-
-    def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> str:
-        return self.inner.put_if_absent(key, data, metadata)
-
-    def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
-        return self.inner.put_if_match(key, data, etag, metadata)
-
-    def delete_if_match(self, key: str, etag: str) -> None:
-        self.inner.delete_if_match(key, etag)
-
-    def list(self, prefix: str) -> Iterator[str]:
-        return self.inner.list(prefix)
 
     def close(self) -> None:
         self.inner.close()
