@@ -71,9 +71,15 @@ def _took_epoch(task: MigrationTask, own: Ownership | None) -> bool:
 
 #: How often a wait re-reads the migration record and the old owner's liveness (not on every poll).
 _RECORD_CHECK_INTERVAL_S = 0.25
-#: A wait for a node's report polls every `poll_interval_s` at first, then less often up to this:
-#: a node that takes long to do a phase is not read a hundred times a second.
+#: A wait for a node's report polls every `poll_interval_s` for its first `_FAST_POLL_S` (most phases
+#: are done by then: the handoff's unavailability is made of these waits), then less often up to
+#: `_MAX_REPORT_POLL_S`: a node that takes long to do a phase is not read a hundred times a second.
+_FAST_POLL_S = 0.3
 _MAX_REPORT_POLL_S = 0.05
+
+
+def _next_poll(interval: float, waited_s: float) -> float:
+    return interval if waited_s < _FAST_POLL_S else min(interval * 1.5, _MAX_REPORT_POLL_S)
 
 
 class MigrationCoordinator:
@@ -373,7 +379,7 @@ class MigrationCoordinator:
                 self._still_running(task, MigrationPhase.PLANNED)
                 next_record_check = time.monotonic() + _RECORD_CHECK_INTERVAL_S
             time.sleep(interval)
-            interval = min(interval * 1.5, _MAX_REPORT_POLL_S)
+            interval = _next_poll(interval, time.monotonic() - start)
 
     def _target_progress(self, task: MigrationTask, *, max_age_s: float = 0.0) -> PartitionProgress | None:
         """The target's report on this migration's partition, if it is about this migration."""
@@ -561,7 +567,7 @@ class MigrationCoordinator:
                 self._still_running(task, phase)
                 next_record_check = time.monotonic() + _RECORD_CHECK_INTERVAL_S
             time.sleep(interval)
-            interval = min(interval * 1.5, _MAX_REPORT_POLL_S)
+            interval = _next_poll(interval, time.monotonic() - start)
 
     def phase_reported(
         self, task: MigrationTask, phase: MigrationPhase, *, max_age_s: float = 0.0, judge_liveness: bool = True

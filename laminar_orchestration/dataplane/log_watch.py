@@ -47,11 +47,12 @@ class LogWatch:
             return None
         return self.known_end if self.known_end > committed else None
 
-    def shows_nothing_past(self, offset: int) -> bool:
-        """Whether the recorded ends, read lately, put the log's end at or before `offset`: a read
-        ahead from there would find nothing (the worker's own reads still look)."""
+    def shows_an_empty_log(self) -> bool:
+        """Whether the recorded ends, read lately, show that nothing was ever appended to the log: a
+        read ahead would find nothing. (A log with events is read ahead whatever the ends show: they
+        may be up to a poll behind, and the first batch of a handoff is on its critical path.)"""
         seen = self.ends_seen_at
-        return seen is not None and time.monotonic() - seen <= LOG_ENDS_TRUST_S and self.known_end <= offset
+        return seen is not None and time.monotonic() - seen <= LOG_ENDS_TRUST_S and self.known_end == 0
 
     def after_read(self, limit: int | None, batch_end: int | None) -> None:
         """A read from the committed offset stopped at `batch_end` (None: nothing there)."""

@@ -88,8 +88,8 @@ class BatchPipeline:
     def prefetch(self, epoch: int, offset: int, *, log_is_empty_past: bool = False) -> None:
         """Start the first batch's Spark work (from `offset`, stamped `epoch`) as soon as the committed
         offset is final; it commits only once the move is Active, and only if it began at the offset
-        and epoch the worker then holds. `log_is_empty_past`: the recorded log ends show no event
-        past `offset`, so nothing is read."""
+        and epoch the worker then holds. `log_is_empty_past`: nothing is past `offset` to read (the
+        recorded log ends show an empty log)."""
         current = self.prefetched
         if current is not None and current.matches(offset, epoch):
             return

@@ -119,7 +119,7 @@ class PartitionWorker(threading.Thread):
 
     def _prefetch(self, epoch: int, offset: int) -> None:
         with self._task_changed:
-            empty = self.log_watch.shows_nothing_past(offset)
+            empty = self.log_watch.shows_an_empty_log()
         self.batches.prefetch(epoch, offset, log_is_empty_past=empty)
 
     def _caught_up_until(self) -> float | None:
