@@ -32,7 +32,13 @@ from laminar_orchestration.control.moves import (
     run_moves,
 )
 from laminar_orchestration.control.placement import AssignmentPlan, Move, failover_target, node_loads, plan_assignment
-from laminar_orchestration.control.snapshot import live_node_ids, migrations_in_flight, ownership_map, warm_copies
+from laminar_orchestration.control.snapshot import (
+    is_alive,
+    live_node_ids,
+    migrations_in_flight,
+    ownership_map,
+    warm_copies,
+)
 from laminar_orchestration.errors import InvalidInputError, LaminarError
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.ledger import Ledger
@@ -365,11 +371,8 @@ def look_focus(
     """
     views = ledger.nodes()
     generations = {int(v.record.node): v.record.generation for v in views}
-    if heartbeat_timeout_s is None:
-        live = {int(v.record.node) for v in views if v.alive}
-    else:
-        live = live_node_ids(ledger, heartbeat_timeout_s=heartbeat_timeout_s)
-    dead = frozenset(n for n in generations if n not in live)
+    # Judged from the records just read: no second read of every node.
+    dead = frozenset(int(v.record.node) for v in views if not is_alive(v, heartbeat_timeout_s))
     if seen is None or full:
         return LookFocus(None, None, generations, dead)
     desired = DesiredStates(ledger, nudge=False)

@@ -42,6 +42,7 @@ __all__ = [
     "checkpoint_rows",
     "checkpoints_version",
     "fingerprint",
+    "is_alive",
     "live_node_ids",
     "migrations_in_flight",
     "ownership_health",
@@ -57,7 +58,8 @@ __all__ = [
 WARM_STATES = frozenset({"standby", "warming"})
 
 
-def _alive(view: NodeView, heartbeat_timeout_s: float | None) -> bool:
+def is_alive(view: NodeView, heartbeat_timeout_s: float | None) -> bool:
+    """Whether `view`'s node is alive, judged by `heartbeat_timeout_s` (None: the node's own timeout)."""
     if heartbeat_timeout_s is None:
         return view.alive
     return view.record.status == NodeStatus.ALIVE and view.heartbeat_age_s <= heartbeat_timeout_s
@@ -68,7 +70,7 @@ def live_node_ids(ledger: Ledger, *, heartbeat_timeout_s: float | None = None) -
 
     `heartbeat_timeout_s` overrides each node's own timeout (the failure sensor's setting).
     """
-    return {view.record.node for view in ledger.nodes() if _alive(view, heartbeat_timeout_s)}
+    return {view.record.node for view in ledger.nodes() if is_alive(view, heartbeat_timeout_s)}
 
 
 def ownership_map(ledger: Ledger) -> dict[int, int]:
@@ -268,7 +270,7 @@ def snapshot_cluster(
     cluster = ledger.cluster()
     membership = ledger.membership()
     views = ledger.nodes()
-    live = {v.record.node for v in views if _alive(v, heartbeat_timeout_s)}
+    live = {v.record.node for v in views if is_alive(v, heartbeat_timeout_s)}
     # What the owner reports about its worker: consecutive failures and the last reason.
     progress = {(v.record.node, int(p)): pr for v in views for p, pr in v.record.partitions.items()}
     standbys = warm_copies(views)
