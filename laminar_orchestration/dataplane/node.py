@@ -90,7 +90,7 @@ log = logging.getLogger("laminar.node")
 
 #: How long the report of a move stays in the node's move report after the node saw it Active; a
 #: driver that looks later finds it in the heartbeat.
-MOVE_REPORT_LINGER_S = 30.0
+MOVE_REPORT_LINGER_S = 10.0
 #: The shortest time between two heartbeats when workers report more often than the interval.
 HEARTBEAT_MIN_GAP_S = 1.0
 
@@ -684,15 +684,18 @@ class Node:
 
     def _note_move(self, p: PartitionId, task: MigrationTask | None) -> None:
         """Keep `_in_flight` in line with `task`, the partition's migration as just read. A move recorded
-        Active stays for `MOVE_REPORT_LINGER_S`: its driver waits for this node's report of Active."""
+        Active stays for `MOVE_REPORT_LINGER_S` after this node saw it so: its driver waits for this node's
+        report of Active. One first seen (or seen again) only once it ended is not reported: a state read
+        again later must not put a long-finished move back in the report."""
         in_move = task is not None and not task.phase.is_aborted and self.id in (task.from_node, task.to_node)
         with self._lock:
             before = self._in_flight.get(p)
-            if task is None or not in_move:
+            tracked = before is not None and task is not None and before[0] == task.migration_id
+            if task is None or not in_move or (task.is_terminal and not tracked):
                 self._in_flight.pop(p, None)
-            elif before is None or before[0] != task.migration_id:
-                self._in_flight[p] = (task.migration_id, time.monotonic() if task.is_terminal else None)
-            elif task.is_terminal and before[1] is None:
+            elif not tracked:
+                self._in_flight[p] = (task.migration_id, None)
+            elif task.is_terminal and before is not None and before[1] is None:
                 self._in_flight[p] = (task.migration_id, time.monotonic())
             changed = before != self._in_flight.get(p)
         if changed:
