@@ -124,8 +124,9 @@ def _schema_text(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
 
-#: How long data files without a log may be a creation in progress (a creator writes its data
-#: files, then log entry 0) before they count as a table whose log was lost.
+#: How long files without a log may be a creation in progress before they count as a table whose
+#: log was lost. The committer writes log entry 0 before any data file, so only a table made by
+#: another writer (data files first, then the log) is ever seen this way.
 CREATION_GRACE_S = 1.0
 #: Batches remembered but not synced yet, at most (beyond, they are read back from the store).
 KNOWN_MAX = 10_000
@@ -147,13 +148,21 @@ def open_table(location: TableLocation) -> DeltaTable | None:
             raise TableLogCorrupt(location.uri, " ".join(str(exc).split())[:300]) from exc
 
 
+def _is_pending_commit(relative: str) -> bool:
+    """A commit being written (delta-rs stages one as ``_delta_log/_commit_<id>.json.tmp``)."""
+    return relative.startswith("_delta_log/_commit_") or relative.endswith(".tmp")
+
+
 def _holds_files(location: TableLocation) -> bool:
+    """Whether anything but a commit being written is at `location`."""
     if location.is_local:
-        path = Path(location.uri)
-        return path.is_dir() and any(path.iterdir())
+        root = Path(location.uri)
+        return root.is_dir() and any(
+            not _is_pending_commit(p.relative_to(root).as_posix()) for p in root.rglob("*") if p.is_file()
+        )
     bucket, prefix = _bucket_prefix(location)
-    resp = _s3_client(location).list_objects_v2(Bucket=bucket, Prefix=prefix + "/", MaxKeys=1)
-    return bool(resp.get("KeyCount", 0))
+    pages = _s3_client(location).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
+    return any(not _is_pending_commit(o["Key"][len(prefix) + 1 :]) for page in pages for o in page.get("Contents", []))
 
 
 def _bucket_prefix(location: TableLocation) -> tuple[str, str]:
@@ -244,6 +253,7 @@ class _ProbeMemo(ForwardingStore):
 #: After each commit: a checkpoint every `delta.checkpointInterval` commits (readers replay a short
 #: log), but no expired-log cleanup, which lists the whole `_delta_log` on every commit
 #: (`laminar table maintain` cleans the log up).
+TABLE_DESCRIPTION = "laminar-orchestration: the committed output of every partition, exactly once"
 _POST_COMMIT = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
 
 
@@ -386,9 +396,7 @@ class TableCommitter:
                 self._landed.refresh(table)
             starts = {p: self._start(table, p) for p in partitions}
             walks = {p: self._follower.walk(p, start) for p, (_, start) in starts.items()}
-            # The snapshot the commit is made on (delta-rs moves `table` to the new version on success).
-            base = table.version() if table is not None else None
-            result.version = base
+            result.version = table.version() if table is not None else None
             chosen = self._choose({p: w.batches for p, w in walks.items()})
             if not chosen:
                 for p in partitions:
@@ -402,6 +410,16 @@ class TableCommitter:
             if data is None and table is None:
                 # Only empty outputs and no table to record their versions in yet: nothing to hold.
                 return False
+            if table is None:
+                assert data is not None
+                # Log entry 0 first, with no data file: a table's files never precede its log, so
+                # files without a log always mean a lost log, however slow the store.
+                last_error = self._create(data.schema) or last_error
+                table = self.table()
+                if table is None or table.version() != 0 or not self._landed.refresh(table):
+                    continue  # a racing committer appended already (or a fault): walk from what landed
+            # The snapshot the commit is made on (delta-rs moves `table` to the new version on success).
+            base = table.version()
             try:
                 self._append(table, data, txns, chosen)
             except (CommitFailedError, DeltaError, OSError) as exc:
@@ -427,7 +445,7 @@ class TableCommitter:
                 self._follower.forget(p, new)
                 result.landed[p] = new
             # Never rebased: the commit is the version after the snapshot it was made on.
-            result.version = base + 1 if base is not None else 0
+            result.version = base + 1
             self._landed.committed(result.version, txns)
             return not exhausted
         raise TableCommitFailed(self.location.uri, self.max_attempts, last_error)
@@ -475,8 +493,31 @@ class TableCommitter:
         target = parts[0].schema
         return pa.concat_tables([p if p.schema.equals(target) else p.cast(target) for p in parts])
 
+    def _create(self, schema: pa.Schema) -> str | None:
+        """Write the table's log entry 0 (its name and `schema`, no rows); a lost race to create it is fine.
+
+        Returns why it failed, if it did (a store fault: the caller's next attempt looks again).
+        """
+        self._table = None
+        try:
+            DeltaTable.create(
+                self.location.uri,
+                schema,
+                mode="error",
+                name=TABLE_NAME_PREFIX + self.cluster_id,
+                description=TABLE_DESCRIPTION,
+                storage_options=self.location.options(),
+                # No retry: delta-rs would land a racing create as version 1 on top of the winner's.
+                commit_properties=CommitProperties(max_commit_retries=0),
+            )
+        except (CommitFailedError, DeltaError, OSError) as exc:
+            reason = " ".join(str(exc).split())[:300]
+            log.info("output table %s: not created here (%s)", self.location.uri, reason)
+            return reason
+        return None
+
     def _append(
-        self, table: DeltaTable | None, data: pa.Table | None, txns: dict[int, int], batches: Sequence[CommittedBatch]
+        self, table: DeltaTable, data: pa.Table | None, txns: dict[int, int], batches: Sequence[CommittedBatch]
     ) -> None:
         """One Delta commit: `data` with a transaction identifier per partition (version: its newest seq).
 
@@ -485,16 +526,11 @@ class TableCommitter:
         """
         assert data is not None
         summary = {str(p): [b.seq for b in batches if b.partition == p] for p in sorted(txns)}
-        # A new table is created with mode "error": a table created by someone else since we looked
-        # makes it fail (re-read, skip what landed) instead of appending on top unseen.
         write_deltalake(
-            table if table is not None else self.location.uri,
+            table,
             data,
             post_commithook_properties=_POST_COMMIT,
-            mode="append" if table is not None else "error",
-            name=TABLE_NAME_PREFIX + self.cluster_id,
-            description="laminar-orchestration: the committed output of every partition, exactly once",
-            storage_options=self.location.options() if table is None else None,
+            mode="append",
             commit_properties=CommitProperties(
                 # No rebase onto a concurrent commit: delta-rs's rebase does not check every case (a
                 # racing create lands twice), so any concurrent commit fails this one at the log's

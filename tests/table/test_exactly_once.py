@@ -123,7 +123,7 @@ def test_two_commits_of_the_same_batches_on_one_table_version_land_once(
     tokens = [cluster.acquire(p, 1) for p in (0, 1)]
     for token in tokens:
         cluster.commit_batches(token, max_batches=1)
-    TableCommitter(store).sync([0, 1])  # the table exists: both commit on top of version 0
+    TableCommitter(store).sync([0, 1])  # the table exists (0: created, 1: appended): both commit on top of 1
     for token in tokens:
         cluster.commit_batches(token)
     barrier = threading.Barrier(2, timeout=30)
@@ -146,7 +146,7 @@ def test_two_commits_of_the_same_batches_on_one_table_version_land_once(
     assert len(results) == 2
     assert sorted(r.commits for r in results) == [0, 1]
     assert sorted(r.retries for r in results) == [0, 1]
-    assert _read(store).version() == 1
+    assert _read(store).version() == 2
     _assert_exactly_once(cluster)
 
 

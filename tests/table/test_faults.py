@@ -149,6 +149,30 @@ def test_a_deleted_log_is_a_clear_error_and_rebuild_restores_the_table(store: Ob
     _assert_exactly_once(cluster)
 
 
+def test_the_log_is_written_before_any_data_file_and_a_staged_commit_is_not_a_lost_log(
+    local_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However slow the store, a racing committer never sees data files without a log: the table's
+    log entry 0 is written first, and a commit still being staged is not taken for a lost log."""
+    cluster = _committed(local_store)
+    location = table_location(local_store)
+    root = Path(location.uri)
+    (root / "_delta_log").mkdir(parents=True)
+    (root / "_delta_log" / "_commit_0f3e.json.tmp").write_text("{}")  # another writer, mid-commit
+    seen: list[list[str]] = []
+    real = TableCommitter._append
+
+    def look_first(self: TableCommitter, *args: Any, **kwargs: Any) -> None:
+        seen.append(sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()))
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(TableCommitter, "_append", look_first)
+    TableCommitter(local_store).sync([0, 1])
+    assert seen and "_delta_log/00000000000000000000.json" in seen[0]
+    assert not [f for f in seen[0] if not f.startswith("_delta_log/")]  # no data file before the log
+    _assert_exactly_once(cluster)
+
+
 def test_a_batch_of_another_schema_is_refused_and_nothing_is_written(
     local_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
