@@ -43,6 +43,7 @@ from laminar_orchestration.protocol.tasks import (
     phase_sequence,
     seconds_left,
 )
+from laminar_orchestration.store import PreconditionFailed
 
 
 def _deadline_reason(task: MigrationTask) -> str:
@@ -220,9 +221,11 @@ class MigrationCoordinator:
         own: Ownership | None = None,
         granted: bool = False,
         read: tuple[DesiredState, str | None] | None = None,
+        retry: bool = True,
     ) -> MigrationTask:
-        """CAS `target` (with `fields`) onto the record (`read`: the record as just read, if it was). An
-        abort passes `own`, the ledger read after it completed any grant (`granted`)."""
+        """CAS `target` (with `fields`) onto the record (`read`: the record as just read, if it was; with
+        `retry=False` a conflict raises PreconditionFailed). An abort passes `own`, the ledger read
+        after it completed any grant (`granted`)."""
 
         def change(state: DesiredState) -> DesiredState | None:
             task = state.migration
@@ -246,7 +249,7 @@ class MigrationCoordinator:
                     owner = task.to_node
             return state.model_copy(update={"migration": task.model_copy(update=update), "owner": owner})
 
-        state = self.desired.update(partition, change, read=read)
+        state = self.desired.update(partition, change, read=read, retry=retry)
         assert state.migration is not None
         return state.migration
 
@@ -302,25 +305,53 @@ class MigrationCoordinator:
         Raises MigrationFailed if the record ended, MigrationTimeout (recording
         it Failed) past its deadline, FenceLost if the fence found the epoch moved.
         """
-        read = self.desired.read(partition)
-        task = read[0].migration
-        if task is None or task.migration_id != migration_id:
-            raise MigrationEpochConflict(partition, -1, -1)
-        if phase not in phase_sequence(task.migration_kind):
-            return task
-        if task.phase.is_aborted:
-            raise MigrationFailed(partition, task.failed_phase or task.phase, task.error or str(task.phase))
-        if not task.is_terminal and deadline_passed(task):
-            raise self._expire(task)
-        if not task.phase.reached(phase):
-            # The record just read is the compare-and-swap's first guess: one read per phase, not two.
-            task = self._record(partition, migration_id, phase, {}, read=read)
+        task = self._record_from_last_write(partition, migration_id, phase)
+        if task is None:
+            read = self.desired.read(partition)
+            task = read[0].migration
+            if task is None or task.migration_id != migration_id:
+                raise MigrationEpochConflict(partition, -1, -1)
+            if phase not in phase_sequence(task.migration_kind):
+                return task
+            if task.phase.is_aborted:
+                raise MigrationFailed(partition, task.failed_phase or task.phase, task.error or str(task.phase))
+            if not task.is_terminal and deadline_passed(task):
+                raise self._expire(task)
+            if not task.phase.reached(phase):
+                # The record just read is the compare-and-swap's first guess: one read per phase, not two.
+                task = self._record(partition, migration_id, phase, {}, read=read)
         # The grant follows the record of its phase: a move that ends from then on completes it.
         if task.migration_kind == MigrationKind.GRACEFUL and phase == MigrationPhase.SEEKING:
             self._grant_target(task)
         if task.migration_kind == MigrationKind.FORCED and phase == MigrationPhase.RELEASED:
             self._fence_old_owner(task)
         return task
+
+    def _record_from_last_write(
+        self, partition: PartitionId, migration_id: str, phase: MigrationPhase
+    ) -> MigrationTask | None:
+        """Record `phase` on top of the record this coordinator wrote last, without reading it first.
+
+        Only when that record would pass `begin_phase`'s checks and need the write; the
+        compare-and-swap proves nobody wrote since. None: no such record, or it was stale (the
+        caller reads the record and checks it).
+        """
+        guess = self.desired.last_written(partition)
+        task = guess[0].migration if guess is not None else None
+        if (
+            guess is None
+            or task is None
+            or task.migration_id != migration_id
+            or phase not in phase_sequence(task.migration_kind)
+            or task.is_terminal
+            or task.phase.reached(phase)
+            or deadline_passed(task)
+        ):
+            return None
+        try:
+            return self._record(partition, migration_id, phase, {}, read=guess, retry=False)
+        except PreconditionFailed:
+            return None
 
     def run_phase(self, partition: PartitionId, migration_id: str, phase: MigrationPhase) -> PhaseReport:
         """Persist `phase`, do the coordinator's part of it, wait until the node reports it done."""
@@ -413,6 +444,8 @@ class MigrationCoordinator:
         limit = min(self.config.drain_alignment_s, seconds_left(task))
         if limit <= 0 or last is None:
             return "drain asked at once"
+        if last.manifest.source_offset == 0:
+            return "drain asked at once (nothing committed)"  # no data commit to wait for, none to walk back to
         # The last two data commits (seals and snapshot-only entries carry no output) give the cadence.
         commits = [last.manifest] if last.manifest.outputs else []
         seq = last.manifest.seq
@@ -421,6 +454,8 @@ class MigrationCoordinator:
             entry = reader.entry(p, seq)
             if entry is not None and entry.manifest.outputs:
                 commits.append(entry.manifest)
+            if entry is not None and entry.manifest.source_offset == 0:
+                break  # before the first data commit
         if len(commits) < 2:
             return "drain asked at once (no recent commits)"
         interval = (commits[0].committed_at - commits[1].committed_at).total_seconds()

@@ -285,11 +285,15 @@ def plan_move(coordinator: MigrationCoordinator, partition: int, to_node: int) -
     Raises what `MigrationCoordinator.plan_or_resume` raises (NoLiveNode, ...).
     """
     p = PartitionId(partition)
-    expired = coordinator.expire_overdue(p)
-    running = coordinator.current(p)
+    # One read of each record for the whole decision: every write below is a compare-and-swap anyway.
+    read = coordinator.desired.read(p)
+    expired = coordinator.expire_overdue(p, read[0])
+    if expired is not None:
+        read = coordinator.desired.read(p)
+    running = read[0].migration
     own = coordinator.ledger.ownership(p)
     idle = running is None or running.is_terminal
-    if idle and own is not None and own.owner == to_node and not stranded(coordinator.desired.read(p)[0], own):
+    if idle and own is not None and own.owner == to_node and not stranded(read[0], own):
         reason = f"partition {p} is already on node {to_node} (epoch {own.epoch}): nothing to do"
         return MovePlan(None, reason, expired=expired)
     if running is not None and not idle and running.to_node != to_node:
@@ -298,7 +302,12 @@ def plan_move(coordinator: MigrationCoordinator, partition: int, to_node: int) -
             "wait for it to end or cancel it"
         )
         return MovePlan(None, reason, blocked_by=running, expired=expired)
-    task = coordinator.plan_or_resume(p, NodeId(to_node), forced=must_force(coordinator, partition))
+    if not idle:
+        assert running is not None
+        task = running  # the unfinished move to `to_node`: resumed whatever its kind
+    else:
+        forced = must_force(coordinator, partition, own=own, state=read[0])
+        task = coordinator.plan(p, NodeId(to_node), forced=forced, read=read, own=own)
     verb = "resuming" if task.phase != MigrationPhase.PLANNED else "planned"
     reason = f"{verb} {task.migration_kind} migration {task.migration_id} to node {to_node}"
     return MovePlan(task, reason, expired=expired)
@@ -331,14 +340,22 @@ def reinstate_all(
     return granted
 
 
-def must_force(coordinator: MigrationCoordinator, partition: int, *, live: Collection[int] | None = None) -> bool:
+def must_force(
+    coordinator: MigrationCoordinator,
+    partition: int,
+    *,
+    live: Collection[int] | None = None,
+    own: Ownership | None = None,
+    state: DesiredState | None = None,
+) -> bool:
     """True when moving `partition` cannot be graceful: nobody can drain and release it.
 
     That is when its owner is dead, has already released it (a graceful move
     that failed after the release), or is `stranded`. A forced move then fences
-    the old epoch and restores from the last committed manifest.
+    the old epoch and restores from the last committed manifest. `own` and
+    `state`: the ownership and desired state, if the caller just read them.
     """
-    own = coordinator.ledger.ownership(PartitionId(partition))
+    own = own or coordinator.ledger.ownership(PartitionId(partition))
     if own is None or own.owner == UNASSIGNED:
         return False  # unassigned: `plan` makes it forced by itself; unknown: `plan` names the error
     if live is not None:
@@ -349,7 +366,7 @@ def must_force(coordinator: MigrationCoordinator, partition: int, *, live: Colle
     return (
         not owner_alive
         or own.status == PartitionStatus.RELEASED
-        or stranded(coordinator.desired.read(PartitionId(partition))[0], own)
+        or stranded(state or coordinator.desired.read(PartitionId(partition))[0], own)
     )
 
 

@@ -5,6 +5,12 @@ every `log_ends_poll_s` and hands each worker its partition's; a producer's door
 end sooner. Both are hints recorded after the segments they cover: a worker that has reached the
 end they show waits for them to move instead of polling its log, and still polls it every
 `source_fallback_poll_s` (a producer may die between its segments and recording their end).
+
+A log that had events at the last read is busy: its producer has likely appended while the batch
+ran. Unless a doorbell announces its appends, the worker looks again at once, then after 50 ms,
+100 ms ... up to 1 s while it finds nothing (six reads after a burst), rather than waiting up to
+a poll of the recorded ends: a loaded partition's batches follow each other, and a move drains
+right after its last one.
 """
 
 from __future__ import annotations
@@ -15,6 +21,12 @@ from dataclasses import dataclass
 #: The recorded log ends are trusted while the node read them within this long; after that (the
 #: node cannot read them) the worker polls its log again.
 LOG_ENDS_TRUST_S = 30.0
+#: A doorbell heard within this long announces the producer's appends: a busy log is not re-read
+#: on the guess that it grew.
+DOORBELL_TRUST_S = 10.0
+#: The re-reads of a busy log: the first wait after an empty one, doubling up to the last.
+BUSY_PROBE_FIRST_S = 0.05
+BUSY_PROBE_LAST_S = 1.0
 
 
 @dataclass
@@ -29,11 +41,17 @@ class LogWatch:
     #: When the worker last read its log, and whether that read reached the end.
     read_at: float = 0.0
     at_end: bool = False
+    #: The wait before re-reading a busy log (0: at once; past `BUSY_PROBE_LAST_S`: not busy).
+    probe_s: float = float("inf")
+    #: When a producer's doorbell last announced an end (monotonic); None: never.
+    doorbell_at: float | None = None
 
     def advanced(self, end_offset: int, *, from_log_ends: bool) -> bool:
         """Record an announced end; True if it moved (the worker should look)."""
         if from_log_ends:
             self.ends_seen_at = time.monotonic()
+        else:
+            self.doorbell_at = time.monotonic()
         if end_offset > self.known_end:
             self.known_end = end_offset
             return True
@@ -58,6 +76,10 @@ class LogWatch:
         """A read from the committed offset stopped at `batch_end` (None: nothing there)."""
         self.read_at = time.monotonic()
         self.at_end = batch_end is None or (limit is not None and batch_end >= limit)
+        if batch_end is not None:
+            self.probe_s = 0.0
+        else:
+            self.probe_s = BUSY_PROBE_FIRST_S if self.probe_s == 0.0 else self.probe_s * 2
 
     def idle_until(self, committed: int) -> float | None:
         """While the ends are watched and show nothing past `committed`, which the last read
@@ -65,5 +87,12 @@ class LogWatch:
         seen = self.ends_seen_at
         if not self.at_end or seen is None or time.monotonic() - seen > LOG_ENDS_TRUST_S or self.known_end > committed:
             return None
-        due = self.read_at + self.fallback_s
+        if self.probe_s <= BUSY_PROBE_LAST_S and not self._doorbell_rings():
+            due = self.read_at + self.probe_s  # busy: the log has probably grown since the last read
+        else:
+            due = self.read_at + self.fallback_s
         return due if due > time.monotonic() else None
+
+    def _doorbell_rings(self) -> bool:
+        heard = self.doorbell_at
+        return heard is not None and time.monotonic() - heard <= DOORBELL_TRUST_S

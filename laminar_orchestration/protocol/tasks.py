@@ -492,6 +492,16 @@ class DesiredStates:
         self._nudge = nudge
         self._addresses = NudgeAddresses(lambda n: ledger.node(NodeId(n)))
         self._writes = _AssignmentWrites.of(ledger)
+        #: partition -> the record this instance last wrote and its ETag: the next write's first guess.
+        self._written: dict[PartitionId, tuple[DesiredState, str]] = {}
+
+    def last_written(self, partition: PartitionId) -> tuple[DesiredState, str] | None:
+        """The record this instance last wrote for `partition`, with its ETag (None: none yet).
+
+        A guess, not a read: someone may have written since. Use it only as the first attempt of a
+        compare-and-swap (`update(read=..., retry=False)`), which fails if it is stale.
+        """
+        return self._written.get(partition)
 
     def read(self, partition: PartitionId) -> tuple[DesiredState, str | None]:
         key = desired_state_key(partition)
@@ -506,10 +516,12 @@ class DesiredStates:
         change: Callable[[DesiredState], DesiredState | None],
         *,
         read: tuple[DesiredState, str | None] | None = None,
+        retry: bool = True,
     ) -> DesiredState:
         """Apply `change` by compare-and-swap, re-reading on conflict. `change` may raise to abort.
 
-        `read` is the record and ETag the caller just read: the first attempt starts from it.
+        `read` is the record and ETag the caller just read (or `last_written`): the first attempt
+        starts from it. With `retry=False` a conflict raises PreconditionFailed instead.
         """
         key = ledger_key(desired_state_key(partition))
         while True:
@@ -523,11 +535,15 @@ class DesiredStates:
             data = new.model_dump_json().encode()
             try:
                 if etag is None:
-                    self._writer.create(key, data)
+                    written = self._writer.create(key, data)
                 else:
-                    self._writer.swap(key, data, etag)
+                    written = self._writer.swap(key, data, etag)
             except PreconditionFailed:
+                self._written.pop(partition, None)
+                if not retry:
+                    raise
                 continue
+            self._written[partition] = (new, written)
             self._assign(partition, concerned_nodes(current, new), new)
             return new
 

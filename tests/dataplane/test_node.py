@@ -160,7 +160,9 @@ def test_while_producers_record_log_ends_an_idle_node_reads_one_object_not_each_
         appended = SourceLog(store).append_many(generate_events(40, 8, seed=1, partitions=4))
         for p, result in appended.items():
             _wait_committed(node, p, result.next_offset, 30)
-        time.sleep(0.5)  # every worker has seen the recorded ends since its last read
+        # Every worker has seen the recorded ends since its last read, and has stopped re-reading its
+        # log as a busy one (`log_watch.BUSY_PROBE_LAST_S`: 1.55 s of probes after the last batch).
+        time.sleep(2.0)
         before = meter.snapshot()
         time.sleep(3.0)
         after = meter.snapshot()
@@ -238,3 +240,25 @@ def test_a_moves_driver_reads_the_move_reports_not_the_heartbeats(
     assert gets.get("ledger/nodes", 0) <= 10 + took / 0.25, (gets, took)
     for n, report in reports.items():
         assert report is not None and set(report.partitions) <= {0}, f"node {n} reports partitions in no move"
+
+
+def test_a_loaded_partition_commits_batch_after_batch_without_waiting_for_the_log_ends(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    """A producer that rings no doorbell appends every 0.1 s; the node reads the recorded ends only
+    every 5 s. The worker's batches follow each other (a read right after each), not one per poll."""
+    node = _placed_and_running(store, tmp_path, 1, log_ends_poll_s=5.0, source_fallback_poll_s=600.0)
+    with running(node):
+        _wait_running(node, {0}, 30)
+        log = SourceLog(store)
+        first = log.append(0, generate_events(10, 2, seed=0, partitions=1)[0])
+        _wait_committed(node, 0, first.next_offset, 30)  # a worker's first read is not limited
+        started = time.monotonic()
+        last = first
+        for seed in range(1, 31):
+            last = log.append(0, generate_events(10, 2, seed=seed, partitions=1)[0])
+            time.sleep(0.1)
+        _wait_committed(node, 0, last.next_offset, 10)
+        took = time.monotonic() - started
+    # Waiting for the recorded ends would take until the node's next read of them (5 s after the last).
+    assert took < 4.9, f"the appends of {took:.1f} s were committed only at a poll of the log ends"
