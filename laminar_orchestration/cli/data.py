@@ -15,8 +15,7 @@ from laminar_orchestration.cli.base import (
     parse_partition_list,
 )
 from laminar_orchestration.cli.output import Output
-from laminar_orchestration.dataplane.config import NodeConfig
-from laminar_orchestration.dataplane.engine import WARM_UP_BATCHES
+from laminar_orchestration.dataplane.config import WARM_UP_BATCHES, NodeConfig
 from laminar_orchestration.errors import InvalidArgument
 
 _NODE_DEFAULTS = NodeConfig.model_fields

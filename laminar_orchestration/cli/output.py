@@ -14,25 +14,26 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
-import pyarrow as pa
-
-from laminar_orchestration.control.moves import MoveOutcome
-from laminar_orchestration.control.operations import NodeFailoverPlan, RebalancePlan
-from laminar_orchestration.control.snapshot import ClusterSnapshot
-from laminar_orchestration.ops.sweep import SweepReport
-from laminar_orchestration.ops.verify import PartitionAudit
-from laminar_orchestration.protocol.capabilities import StoragePolicies
-from laminar_orchestration.protocol.records import ClusterRecord
 from laminar_orchestration.protocol.tasks import MigrationTask, PhaseReport
 
 if TYPE_CHECKING:
-    # Only a type here: deltalake loads when `verify` or `laminar table` runs, not with every command.
+    # Only types here: what a command needs loads when it runs (pyarrow with `query`, the audit
+    # with `verify`, deltalake with `laminar table`), not with every command's launch.
+    import pyarrow as pa
+
+    from laminar_orchestration.control.moves import MoveOutcome
+    from laminar_orchestration.control.operations import NodeFailoverPlan, RebalancePlan
+    from laminar_orchestration.control.snapshot import ClusterSnapshot
+    from laminar_orchestration.ops.sweep import SweepReport
+    from laminar_orchestration.ops.verify import PartitionAudit
+    from laminar_orchestration.protocol.capabilities import StoragePolicies
+    from laminar_orchestration.protocol.records import ClusterRecord
     from laminar_orchestration.table import TableAudit, TableStatus
 
-__all__ = ["ConsoleOutput", "JsonOutput", "Output", "output_for"]
+    #: What a move of `migrate`, `failover` and `rebalance` returns: the phases it ran.
+    MoveResult = MoveOutcome[list[PhaseReport]]
 
-#: What a move of `migrate`, `failover` and `rebalance` returns: the phases it ran.
-MoveResult = MoveOutcome[list[PhaseReport]]
+__all__ = ["ConsoleOutput", "JsonOutput", "Output", "output_for"]
 
 
 class Output(Protocol):

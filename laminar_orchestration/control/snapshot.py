@@ -20,15 +20,17 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from laminar_orchestration.identity import UNASSIGNED, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger, NodeView
 from laminar_orchestration.protocol.records import NodeStatus, PartitionStatus
-from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.protocol.tasks import DesiredStates, MigrationTask
 from laminar_orchestration.store.metering import RequestPrices
+
+if TYPE_CHECKING:
+    from laminar_orchestration.protocol.source import SourceLog
 
 __all__ = [
     "WARM_STATES",
@@ -276,7 +278,7 @@ def snapshot_cluster(
     standbys = warm_copies(views)
     moving = migrations_in_flight(ledger)
     manifests = ManifestReader(ledger.store) if offsets else None
-    source = SourceLog(ledger.store) if offsets else None
+    source = _source_log(ledger) if offsets else None
     partitions = []
     for pid, own in ledger.ownerships(ledger.partitions()).items():
         if own is None:
@@ -507,7 +509,7 @@ class StreamProgress:
 def stream_progress(ledger: Ledger, rows: Sequence[Mapping[str, Any]], reported: Mapping[int, int]) -> StreamProgress:
     """Each partition's progress since the manifests `reported` (partition -> seq) at the last report,
     from its `checkpoint_rows` row and its source log's end."""
-    source = SourceLog(ledger.store)
+    source = _source_log(ledger)
     by_partition = {r["partition"]: r for r in rows}
     seqs, lags, behind = {}, {}, []
     for p in (int(p) for p in ledger.partitions()):
@@ -520,3 +522,11 @@ def stream_progress(ledger: Ledger, rows: Sequence[Mapping[str, Any]], reported:
         if lags[p] > 0 and not progressed:
             behind.append(p)
     return StreamProgress(seqs=seqs, lags=lags, behind=behind)
+
+
+def _source_log(ledger: Ledger) -> SourceLog:
+    # Imported here: the source log brings pyarrow, which the commands that only move partitions
+    # (`laminar migrate`, `failover`: imported on every launch) never need.
+    from laminar_orchestration.protocol.source import SourceLog
+
+    return SourceLog(ledger.store)

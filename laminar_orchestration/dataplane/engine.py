@@ -268,9 +268,8 @@ def spark_takes_table(events: int, files: int) -> bool:
     return events <= ARROW_INPUT_MAX_EVENTS and events <= ARROW_INPUT_EVENTS_PER_FILE * files
 
 
-#: Synthetic batches a node runs at start until its first real batch (`SparkBatchEngine.keep_warming`) ...
-WARM_UP_BATCHES = 200
-#: ... of which this many back to back, the rest with a pause as long as each batch.
+#: Of the synthetic batches a node runs at start (`config.WARM_UP_BATCHES`, `SparkBatchEngine.keep_warming`),
+#: this many back to back, the rest with a pause as long as each batch.
 WARM_UP_BURST = 30
 #: Events per synthetic warm-up batch: the size of a typical micro-batch under steady load.
 WARM_UP_EVENTS = 4_000

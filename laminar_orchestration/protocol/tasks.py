@@ -327,7 +327,7 @@ class InvalidTransition(MigrationError, ConflictError):
 
 
 class MigrationNotOwned(MigrationError, ConflictError):
-    """seed: NotOwned(partition) — the named old owner does not hold the partition."""
+    """The named old owner does not hold the partition (or the target already does: nothing to move)."""
 
     partition: PartitionId
     node: NodeId
@@ -373,7 +373,7 @@ class RestoreFailed(MigrationError, OperationFailedError):
 
 
 class LedgerCommitFailed(MigrationError, OperationFailedError):
-    """seed: RaftCommitFailed — the ledger write of a release or acquisition failed."""
+    """The ledger write of a release or acquisition failed (the store refused or lost it)."""
 
     partition: PartitionId
     source: str
