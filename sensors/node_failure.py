@@ -217,7 +217,8 @@ def evaluate(
         seen_dead=previous.dead,
         unplaced=previous.unplaced,
     )
-    full_look_at = time.time() if focus.full else previous.full_look_at
+    # A death seen: the next look reads every partition (what its records did not name).
+    full_look_at = time.time() if focus.full else (0.0 if focus.full_next else previous.full_look_at)
     # Only the control plane grants: a restarted node's released partitions go back to it here.
     for partition, epoch in reinstate_all(MigrationCoordinator(ledger), focus.grant_back).items():
         log(f"p{partition}: granted back to its desired owner at epoch {epoch}")

@@ -18,9 +18,8 @@ from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.control.moves import reinstate_all, run_migration
 from laminar_orchestration.control.operations import (
     NodeStillAlive,
-    plan_node_failover,
+    fail_over_node,
     plan_rebalance,
-    run_node_failover,
     run_rebalance,
 )
 from laminar_orchestration.errors import InvalidArgument
@@ -92,15 +91,21 @@ class Failover(Command):
         # reconcile (and `rebalance`) admits them: a node that just started may take the partitions.
         ledger.admit_nodes()
         try:
-            plan = plan_node_failover(ledger, args.node, to_node=args.to, force=args.force)
+            plan, outcomes = fail_over_node(
+                ledger,
+                args.node,
+                config,
+                to_node=args.to,
+                force=args.force,
+                on_planned=out.failover_planned,
+                on_done=out.move_done,
+            )
         except NodeStillAlive:
             raise InvalidArgument(
                 "--node",
                 f"node {args.node} is alive: move its partitions with `laminar migrate` (graceful), "
                 "or pass --force to fence it anyway",
             ) from None
-        out.failover_planned(plan)
-        outcomes = run_node_failover(ledger, plan, config, on_done=out.move_done)
         out.failed_over(plan, outcomes)
         return 0 if all(o.ok for o in outcomes) else 1
 

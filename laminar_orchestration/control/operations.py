@@ -64,6 +64,8 @@ __all__ = [
     "RebalancePlan",
     "drive_failover",
     "drive_failovers",
+    "fail_over_node",
+    "failover_candidates",
     "failover_move",
     "look_focus",
     "plan_failovers",
@@ -197,6 +199,17 @@ class NodeFailoverPlan:
         return {"node": self.node, "force": self.force, "moves": [m.to_json() for m in self.moves]}
 
 
+def failover_candidates(ledger: Ledger, node: int) -> frozenset[PartitionId]:
+    """The partitions `node` may own, from two of its small records instead of every partition's:
+    its assignment (the desired states that name it: every grant follows such a state) and its last
+    heartbeat (what it was running)."""
+    assignment, _ = DesiredStates(ledger, nudge=False).assignment(NodeId(node))
+    record = ledger.node(NodeId(node))
+    named = set(assignment.partitions) if assignment is not None else set()
+    reported = {int(p) for p in record.partitions} if record is not None else set()
+    return frozenset(PartitionId(p) for p in named | reported)
+
+
 def plan_node_failover(
     ledger: Ledger,
     node: int,
@@ -204,9 +217,13 @@ def plan_node_failover(
     to_node: int | None = None,
     force: bool = False,
     live: Collection[int] | None = None,
+    partitions: Collection[PartitionId] | None = None,
+    exclude: Collection[int] = (),
 ) -> NodeFailoverPlan:
     """Plan the failover of every partition `node` owns: each to `to_node`, else to the warmest or least-loaded node.
 
+    `partitions`: look only at these (`failover_candidates`), the live nodes' loads taken from
+    their assignments; None: read every partition's owner. Partitions in `exclude` are left out.
     Raises `NodeStillAlive` when `node` heartbeats and not `force`, `NoLiveNode`
     when `to_node` is not alive, `NoFailoverTarget` (naming the first partition
     left without a target, and the registered nodes not admitted yet) when no
@@ -217,16 +234,31 @@ def plan_node_failover(
         raise NodeStillAlive(node)
     if to_node is not None and to_node not in live_set:
         raise NoLiveNode(NodeId(to_node))
-    current = ownership_map(ledger)
-    loads = node_loads(current, live_set - {node})
+    if partitions is None:
+        current = ownership_map(ledger)
+        loads = node_loads(current, live_set - {node})
+    else:
+        owners = ledger.ownerships(sorted(partitions))
+        current = {int(p): int(own.owner) if own is not None else UNASSIGNED for p, own in owners.items()}
+        loads = _assigned_loads(ledger, live_set - {node})
     warm = warm_copies(ledger.nodes())
     moves = []
-    for p in sorted(p for p, owner in current.items() if owner == node):
+    for p in sorted(p for p, owner in current.items() if owner == node and p not in exclude):
         target = _take(loads, warm.get(p), to_node)
         if target is None:  # no live node but `node`: the target is what is missing, not `node`
             raise NoFailoverTarget(p, node, not_admitted_nodes(ledger, exclude={node}))
         moves.append(Move(p, node, target))
     return NodeFailoverPlan(node=node, live_nodes=frozenset(live_set), moves=tuple(moves), force=force)
+
+
+def _assigned_loads(ledger: Ledger, nodes: Iterable[int]) -> dict[int, int]:
+    """Partitions each of `nodes` is asked to hold, from its assignment (one small read a node)."""
+    desired = DesiredStates(ledger, nudge=False)
+    loads = {}
+    for n in nodes:
+        assignment, _ = desired.assignment(NodeId(n))
+        loads[n] = len(assignment.partitions) if assignment is not None else 0
+    return loads
 
 
 def failover_move(
@@ -261,6 +293,38 @@ def run_node_failover(
         return reports
 
     return run_moves(plan.moves, one, config.max_concurrent_failovers, live_nodes=plan.takers, on_done=on_done)
+
+
+def fail_over_node(
+    ledger: Ledger,
+    node: int,
+    config: MigrationConfig,
+    *,
+    to_node: int | None = None,
+    force: bool = False,
+    on_planned: Callable[[NodeFailoverPlan], None] | None = None,
+    on_done: Callable[[MoveOutcome[PhaseReports]], None] | None = None,
+) -> tuple[NodeFailoverPlan, list[MoveOutcome[PhaseReports]]]:
+    """Fail over every partition `node` owns; the plan carried out (both passes) and every outcome.
+
+    First the partitions its assignment and last heartbeat name (`failover_candidates`: two
+    reads, not one per partition), at once; then every partition's owner is read, and any other
+    partition `node` still owns (an assignment left behind its state by a writer that died) is
+    failed over too. Raises what `plan_node_failover` raises.
+    """
+    plan = plan_node_failover(ledger, node, to_node=to_node, force=force, partitions=failover_candidates(ledger, node))
+    if on_planned is not None:
+        on_planned(plan)
+    outcomes = run_node_failover(ledger, plan, config, on_done=on_done)
+    rest = plan_node_failover(
+        ledger, node, to_node=to_node, force=force, live=plan.live_nodes, exclude={m.partition for m in plan.moves}
+    )
+    if rest.moves:
+        if on_planned is not None:
+            on_planned(rest)
+        outcomes += run_node_failover(ledger, rest, config, on_done=on_done)
+    both = NodeFailoverPlan(node=node, live_nodes=plan.live_nodes, moves=plan.moves + rest.moves, force=force)
+    return both, outcomes
 
 
 # --- every dead owner's partitions, as the control plane's periodic look fails them over ------------
@@ -345,6 +409,9 @@ class LookFocus:
     #: compares with them.
     generations: Mapping[int, int]
     dead: frozenset[int] = frozenset()
+    #: A node died since the previous look: this one reads what its records name, the next one every
+    #: partition (the ledger's owner is the truth; an assignment may lag behind its state).
+    full_next: bool = False
 
     @property
     def full(self) -> bool:
@@ -365,9 +432,10 @@ def look_focus(
 
     Every partition at the first look and when `full` (every `FULL_LOOK_S`). Otherwise, for grants
     back, the partitions the assignment records of the nodes that joined or restarted since name (a
-    node that left cleanly released its partitions); for failovers, every partition when a node died
-    since the previous look (the ledger's owner is the truth, not the assignment), else those the dead
-    nodes' assignments name or their last heartbeats report, and `unplaced`.
+    node that left cleanly released its partitions); for failovers, those the dead nodes' assignments
+    name or their last heartbeats report, and `unplaced`. When a node died since the previous look
+    the next look reads every partition (`full_next`: the ledger's owner is the truth, not the
+    assignment), after this one has failed over what the node's records name at once.
     """
     views = ledger.nodes()
     generations = {int(v.record.node): v.record.generation for v in views}
@@ -385,11 +453,9 @@ def look_focus(
         return frozenset(out)
 
     changed = [n for n, g in generations.items() if seen.get(n) != g]
-    if dead - set(seen_dead):
-        return LookFocus(named(changed), None, generations, dead)
     reported = {PartitionId(p) for v in views if int(v.record.node) in dead for p in v.record.partitions}
     fail_over = named(dead) | reported | {PartitionId(p) for p in unplaced}
-    return LookFocus(named(changed), frozenset(fail_over), generations, dead)
+    return LookFocus(named(changed), frozenset(fail_over), generations, dead, full_next=bool(dead - set(seen_dead)))
 
 
 def _take(loads: dict[int, int], warm: Mapping[int, int] | None, to_node: int | None = None) -> int | None:

@@ -28,6 +28,8 @@ class NodeConfig(BaseModel):
     #: How often the node reads its assignment while a migration involves it; the control plane's
     #: nudge after each phase it records wakes the node at once, so this is the fallback's latency.
     reconcile_interval_s: float = Field(default=0.1, gt=0)
+    #: The same while nudges reach the node (one came within the last 30 s): their fallback only.
+    nudged_reconcile_interval_s: float = Field(default=1.0, gt=0)
     #: How often an idle node reads its assignment record (one GET); a nudge wakes it at once.
     assignment_poll_s: float = Field(default=2.0, gt=0)
     #: Every this often the node reads every partition's desired state (a repair path).

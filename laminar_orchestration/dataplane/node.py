@@ -121,10 +121,18 @@ class _Nudged(threading.Event):
     def __init__(self, wake: threading.Event) -> None:
         super().__init__()
         self._wake = wake
+        #: When the last nudge came (monotonic); None: never.
+        self.heard_at: float | None = None
 
     def set(self) -> None:
+        self.heard_at = time.monotonic()
         super().set()
         self._wake.set()
+
+
+#: Nudges heard within this long are taken to reach the node: while a move involves it, the node
+#: then reads its assignment every `nudged_reconcile_interval_s` instead of `reconcile_interval_s`.
+NUDGE_TRUST_S = 30.0
 
 
 class Node:
@@ -323,7 +331,7 @@ class Node:
                 self._wake.clear()
                 self._nudged.clear()
                 self._worker_reported.clear()
-                interval = self.config.reconcile_interval_s if self._moving() else self.config.assignment_poll_s
+                interval = self._moving_interval() if self._moving() else self.config.assignment_poll_s
                 next_pass_at = min(time.monotonic() + interval, self._next_restart_at())
                 try:
                     self._reconcile()
@@ -368,7 +376,16 @@ class Node:
             self._reap()
             next_pass_at = min(next_pass_at, self._next_restart_at())
             if self._moving():  # a worker still on its way out (or a move): look again soon
-                next_pass_at = min(next_pass_at, time.monotonic() + self.config.reconcile_interval_s)
+                next_pass_at = min(next_pass_at, time.monotonic() + self._moving_interval())
+
+    def _moving_interval(self) -> float:
+        """How often the node reads its assignment while a move involves it. The control plane nudges
+        it after each phase it records: while nudges arrive, the poll is only their fallback, and a
+        slow one keeps a failover of many partitions from spending the store's requests on it."""
+        heard = self._nudged.heard_at
+        if heard is not None and time.monotonic() - heard <= NUDGE_TRUST_S:
+            return max(self.config.reconcile_interval_s, self.config.nudged_reconcile_interval_s)
+        return self.config.reconcile_interval_s
 
     def stop(self) -> None:
         self._stop.set()

@@ -44,6 +44,7 @@ from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.nudge import NudgeAddresses, nudge_in_background
 from laminar_orchestration.protocol.records import (
     LedgerError,
+    NodeRecord,
     Record,
     new_write_id,
     now,
@@ -490,8 +491,8 @@ class DesiredStates:
         self.ledger = ledger
         self._writer = LedgerWriter(ledger.store)
         self._nudge = nudge
-        self._addresses = NudgeAddresses(lambda n: ledger.node(NodeId(n)))
         self._writes = _AssignmentWrites.of(ledger)
+        self._addresses = self._writes.addresses(ledger)
         #: partition -> the record this instance last wrote and its ETag: the next write's first guess.
         self._written: dict[PartitionId, tuple[DesiredState, str]] = {}
 
@@ -649,6 +650,21 @@ class _AssignmentWrites:
         self._lock = threading.Lock()
         self._written: dict[int, tuple[NodeAssignment, str]] = {}
         self._queues: dict[int, _AssignmentQueue] = {}
+        self._addresses: NudgeAddresses | None = None
+
+    def addresses(self, ledger: Ledger) -> NudgeAddresses:
+        """The nodes' nudge addresses, read once per `ADDRESS_TTL_S` by every writer in this process."""
+        # A weak reference: this object is the value of a weak-keyed map whose key is `ledger`.
+        ref = weakref.ref(ledger)
+
+        def read_node(n: int) -> NodeRecord | None:
+            held = ref()
+            return held.node(NodeId(n)) if held is not None else None
+
+        with self._lock:
+            if self._addresses is None:
+                self._addresses = NudgeAddresses(read_node)
+            return self._addresses
 
     @classmethod
     def of(cls, ledger: Ledger) -> _AssignmentWrites:

@@ -168,8 +168,10 @@ def test_a_periodic_look_reads_only_the_partitions_of_nodes_that_changed(
     make_dead(ledger, 3)
     changed = look_focus(ledger, quiet.generations, full=False)
     assert changed.grant_back == frozenset(P(p) for p in range(30) if p % 3 in (1, 2))  # node 3 re-registered
-    assert changed.fail_over is None  # a node died since the last look: every partition's owner is read
+    # A node died since the last look: what its assignment names now, every partition's owner next time.
+    assert changed.fail_over == frozenset(P(p) for p in range(30) if p % 3 == 2) and changed.full_next
     settled = look_focus(ledger, changed.generations, full=False, seen_dead=changed.dead)
+    assert not settled.full_next
     assert settled.fail_over == frozenset(P(p) for p in range(30) if p % 3 == 2)  # node 3's, by its assignment
     plan = plan_failovers(ledger, partitions=settled.fail_over)
     assert {f.partition for f in plan.failovers} == {p for p in range(30) if p % 3 == 2}

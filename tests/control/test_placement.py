@@ -23,7 +23,10 @@ from laminar_orchestration import cli
 from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.control.moves import NoFailoverTarget, must_force, prepare_failover, run_moves
 from laminar_orchestration.control.operations import (
+    NodeFailoverPlan,
     NodeStillAlive,
+    fail_over_node,
+    failover_candidates,
     plan_node_failover,
     plan_rebalance,
     run_node_failover,
@@ -43,6 +46,7 @@ from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.protocol.tasks import (
+    DesiredStates,
     MigrationConfig,
     MigrationError,
     MigrationKind,
@@ -300,6 +304,26 @@ def _dead_node_1_holds_p0_to_p2(ledger: Ledger) -> None:
     for p in range(3):
         ledger.acquire(P(p), N(1), expected_epoch=0)
     ledger.acquire(P(3), N(2), expected_epoch=0)
+
+
+def test_a_node_failover_moves_what_its_assignment_names_first_then_what_only_the_ledger_shows(
+    ledger: Ledger,
+) -> None:
+    """The first pass reads the dead node's assignment, not every partition's owner; the look at
+    every owner afterwards finds a partition the assignment missed (its writer died before it)."""
+    _dead_node_1_holds_p0_to_p2(ledger)
+    desired = DesiredStates(ledger, nudge=False)
+    for p in (0, 1):  # as the control plane placed them; p2's assignment write was lost
+        desired.update(P(p), lambda s: s.model_copy(update={"owner": 1}))
+    assert failover_candidates(ledger, 1) == {P(0), P(1)}
+    planned: list[NodeFailoverPlan] = []
+    plan, outcomes = fail_over_node(
+        ledger, 1, MigrationConfig(checkpoint_transfer_timeout_s=0.1), on_planned=planned.append
+    )
+    assert [[m.partition for m in p.moves] for p in planned] == [[0, 1], [2]]
+    assert [m.partition for m in plan.moves] == [0, 1, 2] and len(outcomes) == 3
+    # Fenced towards live nodes (no node process restores them here: each move then times out).
+    assert {ledger.ownership(P(p)).owner for p in range(3)} <= {2, 3}  # type: ignore[union-attr]
 
 
 def test_failover_of_a_dead_owner_fences_it_towards_the_least_loaded_node(ledger: Ledger) -> None:

@@ -474,3 +474,33 @@ def test_an_idle_failure_sensor_tick_reads_no_partitions_records(store: ObjectSt
     idle, _ = requests_of_a_tick(cursor)
     assert full > 60 * 2, full  # the first look reads every partition's ownership
     assert idle <= 30, idle  # member set and node records a few times over: no partition's
+
+
+def test_a_death_is_failed_over_from_the_dead_nodes_records_and_the_next_tick_reads_every_owner(
+    store: ObjectStore, meter: RequestMeter
+) -> None:
+    """The tick that finds a node dead fails over what its assignment names; the next tick reads
+    every partition's owner (`look_focus`), and finds what the assignment missed."""
+    ledger = new_ledger(store, 60)
+    make_alive(ledger, 1, 2, 3)
+    for p in range(60):
+        owner = 1 + p % 3
+        DesiredStates(ledger, nudge=False).update(P(p), functools.partial(_owned_by, node=owner))
+        ledger.acquire(P(p), N(owner), expected_epoch=0)
+    first = evaluate(ledger, None, heartbeat_timeout_s=None, log=lambda _: None, watch_s=0.0)
+    assert isinstance(first, (SensorResult, SkipReason))
+    cursor = first.cursor if isinstance(first, SensorResult) else None
+    # Node 3 also holds p0, which neither its assignment nor its heartbeat names (only the ledger).
+    own = ledger.ownership(P(0))
+    assert own is not None
+    ledger.fence(P(0), N(3), expected_epoch=own.epoch, reason="moved outside the control plane")
+    make_dead(ledger, 3)
+    # No node process here: the sensor fences and leaves each move to its run (no budget to drive it).
+    death = evaluate(ledger, cursor, heartbeat_timeout_s=None, log=lambda _: None, watch_s=0.0, budget_s=0.0)
+    assert isinstance(death, SensorResult)
+    failed_over = {int(r.tags["laminar/partition"]) for r in death.run_requests or []}
+    assert failed_over == {p for p in range(60) if p % 3 == 2}  # by node 3's assignment
+    assert '"full_look_at": 0.0' in (death.cursor or "")  # the next tick looks at every partition
+    following = evaluate(ledger, death.cursor, heartbeat_timeout_s=None, log=lambda _: None, watch_s=0.0, budget_s=0.0)
+    assert isinstance(following, SensorResult)
+    assert {int(r.tags["laminar/partition"]) for r in following.run_requests or []} == {0}

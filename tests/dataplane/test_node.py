@@ -262,3 +262,15 @@ def test_a_loaded_partition_commits_batch_after_batch_without_waiting_for_the_lo
         took = time.monotonic() - started
     # Waiting for the recorded ends would take until the node's next read of them (5 s after the last).
     assert took < 4.9, f"the appends of {took:.1f} s were committed only at a poll of the log ends"
+
+
+def test_while_nudges_reach_it_a_moving_node_polls_its_assignment_slowly(store: ObjectStore, tmp_path: Path) -> None:
+    """The nudge after each recorded phase brings a moving node to its assignment at once, so its
+    poll is a fallback: every second while nudges arrive, fast when none came lately (or ever)."""
+    Ledger(store).init_cluster(1)
+    node = _node(store, tmp_path)
+    assert node._moving_interval() == node.config.reconcile_interval_s  # never nudged
+    node._nudged.set()
+    assert node._moving_interval() == node.config.nudged_reconcile_interval_s == 1.0
+    node._nudged.heard_at = time.monotonic() - 31.0  # the nudges stopped arriving
+    assert node._moving_interval() == node.config.reconcile_interval_s
