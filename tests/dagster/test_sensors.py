@@ -454,15 +454,21 @@ def _owned_by(state: DesiredState, node: int) -> DesiredState:
     return state.model_copy(update={"owner": node})
 
 
-def test_an_idle_failure_sensor_tick_reads_no_partitions_records(store: ObjectStore, meter: RequestMeter) -> None:
-    """The daemon ticks the failure sensor every few seconds: once it has looked at every partition, a
-    tick with no node change reads the member set, the node records and no partition's records."""
-    ledger = new_ledger(store, 60)
+def _placed_on_three_nodes(store: ObjectStore, partitions: int) -> Ledger:
+    """Nodes 1-3 alive, partition p desired on and granted to node 1 + p % 3."""
+    ledger = new_ledger(store, partitions)
     make_alive(ledger, 1, 2, 3)
-    for p in range(60):
+    for p in range(partitions):
         owner = 1 + p % 3
         DesiredStates(ledger, nudge=False).update(P(p), functools.partial(_owned_by, node=owner))
         ledger.acquire(P(p), N(owner), expected_epoch=0)
+    return ledger
+
+
+def test_an_idle_failure_sensor_tick_reads_no_partitions_records(store: ObjectStore, meter: RequestMeter) -> None:
+    """The daemon ticks the failure sensor every few seconds: once it has looked at every partition, a
+    tick with no node change reads the member set, the node records and no partition's records."""
+    ledger = _placed_on_three_nodes(store, 60)
 
     def requests_of_a_tick(cursor: str | None) -> tuple[int, str | None]:
         before = sum(meter.snapshot().by_method.values())
@@ -481,12 +487,7 @@ def test_a_death_is_failed_over_from_the_dead_nodes_records_and_the_next_tick_re
 ) -> None:
     """The tick that finds a node dead fails over what its assignment names; the next tick reads
     every partition's owner (`look_focus`), and finds what the assignment missed."""
-    ledger = new_ledger(store, 60)
-    make_alive(ledger, 1, 2, 3)
-    for p in range(60):
-        owner = 1 + p % 3
-        DesiredStates(ledger, nudge=False).update(P(p), functools.partial(_owned_by, node=owner))
-        ledger.acquire(P(p), N(owner), expected_epoch=0)
+    ledger = _placed_on_three_nodes(store, 60)
     first = evaluate(ledger, None, heartbeat_timeout_s=None, log=lambda _: None, watch_s=0.0)
     assert isinstance(first, (SensorResult, SkipReason))
     cursor = first.cursor if isinstance(first, SensorResult) else None
