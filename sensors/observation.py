@@ -1,7 +1,9 @@
 """``laminar_observation_sensor``: the ledger assets observed from the sensor, no runs.
 
-Every evaluation (the daemon's 5 s loop) reads the ledger and reports, as
-asset events of the sensor tick itself:
+Every evaluation (the daemon's 5 s loop) reads the nodes' records, assignments
+and move reports, and every partition's records only when those moved (or
+every `OWNERSHIP_EVERY_S`), and reports, as asset events of the sensor tick
+itself:
 
 * ``ownership_map`` and its ``partitions_on_live_nodes`` check whenever
   ownership, owner liveness or a migration's phase changed — a node going
@@ -38,15 +40,24 @@ from assets import (
     live_owners_evaluation,
     ownership_observation,
 )
-from laminar_orchestration.control.snapshot import checkpoint_rows, fingerprint, ownership_rows, stream_progress
+from laminar_orchestration.control.snapshot import (
+    checkpoint_rows,
+    fingerprint,
+    ownership_rows,
+    ownership_signature,
+    stream_progress,
+)
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
 from resources import LaminarResource
 
-__all__ = ["CHECKPOINT_EVERY_S", "ObservationCursor", "laminar_observation_sensor", "observe"]
+__all__ = ["CHECKPOINT_EVERY_S", "OWNERSHIP_EVERY_S", "ObservationCursor", "laminar_observation_sensor", "observe"]
 
 #: Least time between two observations of the checkpoint manifests.
 CHECKPOINT_EVERY_S = 60.0
+#: Most time between two reads of every partition's ownership; in between they are read only when
+#: the nodes' records, assignments or move reports moved (`ownership_signature`).
+OWNERSHIP_EVERY_S = 300.0
 
 
 @dataclass
@@ -55,6 +66,9 @@ class ObservationCursor:
 
     ownership: str = ""
     plan: str = ""
+    #: The `ownership_signature` when every partition's ownership was last read, and when.
+    signature: str = ""
+    ownership_at: float = 0.0
     manifests: str = ""
     manifests_at: float = 0.0
     partitions: int = 0
@@ -87,15 +101,19 @@ def observe(
     """The asset events that differ from what `cursor` says was reported."""
     at = time.time() if now is None else now
     out = Observed(cursor=ObservationCursor(**{**cursor.__dict__, "materialized_seqs": dict(cursor.materialized_seqs)}))
-    rows = ownership_rows(ledger)
-    own = fingerprint(rows)
-    if own != cursor.ownership:
-        out.events += [ownership_observation(ledger, rows), live_owners_evaluation(rows)]
-        out.cursor.ownership = own
-    plan = fingerprint([(r["partition"], r["owner"], r["owner_alive"]) for r in rows])
-    if plan != cursor.plan:
-        out.events.append(assignment_observation(ledger))
-        out.cursor.plan = plan
+    # Every partition's records only when something that moves with them moved (three reads a node).
+    signature = ownership_signature(ledger)
+    if signature != cursor.signature or at - cursor.ownership_at >= OWNERSHIP_EVERY_S:
+        rows = ownership_rows(ledger)
+        out.cursor.signature, out.cursor.ownership_at = signature, at
+        own = fingerprint(rows)
+        if own != cursor.ownership:
+            out.events += [ownership_observation(ledger, rows), live_owners_evaluation(rows)]
+            out.cursor.ownership = own
+        plan = fingerprint([(r["partition"], r["owner"], r["owner_alive"]) for r in rows])
+        if plan != cursor.plan:
+            out.events.append(assignment_observation(ledger))
+            out.cursor.plan = plan
     if at - cursor.manifests_at >= CHECKPOINT_EVERY_S:
         checkpoints = checkpoint_rows(ledger, manifests)
         state = fingerprint([(r["partition"], r["seq"]) for r in checkpoints])

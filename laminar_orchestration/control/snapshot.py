@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from laminar_orchestration.identity import UNASSIGNED, PartitionId
+from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger, NodeView
+from laminar_orchestration.protocol.move_reports import MoveReports
 from laminar_orchestration.protocol.records import NodeStatus, PartitionStatus
 from laminar_orchestration.protocol.tasks import DesiredStates, MigrationTask
 from laminar_orchestration.store.metering import RequestPrices
@@ -337,6 +338,35 @@ def fingerprint(value: Any) -> str:
     """A short stable hash of JSON-able data: the data version of an observation."""
     blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def ownership_signature(ledger: Ledger) -> str:
+    """A fingerprint of what moves whenever the ownership map may have: each node's status,
+    generation and liveness, its assignment's version and its move report.
+
+    Three reads a node, none a partition: every grant follows a desired state that moves the
+    assignment of a node it names, a clean stop's releases move the node's status, and a phase
+    of a move in flight its node's move report. An observer reads every partition's records only
+    when this changed (and now and then, for what it cannot show: the ledger written by hand).
+    """
+    desired = DesiredStates(ledger, nudge=False)
+    reports = MoveReports(ledger)
+    parts = []
+    for view in ledger.nodes():
+        node = NodeId(view.record.node)
+        assignment, _ = desired.assignment(node)
+        report = reports.read(node)
+        parts.append(
+            (
+                int(node),
+                str(view.record.status),
+                view.record.generation,
+                is_alive(view, None),
+                assignment.version if assignment is not None else 0,
+                report.model_dump(mode="json") if report is not None else None,
+            )
+        )
+    return fingerprint(parts)
 
 
 def ownership_rows(ledger: Ledger) -> list[dict[str, Any]]:

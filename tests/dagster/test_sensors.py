@@ -54,7 +54,7 @@ from sensors import (
     rebalance_schedule,
 )
 from sensors.node_failure import evaluate
-from sensors.observation import ObservationCursor, observe
+from sensors.observation import OWNERSHIP_EVERY_S, ObservationCursor, observe
 from tests.commits import commit_all
 from tests.ledgers import make_alive, make_dead, new_ledger
 
@@ -505,3 +505,30 @@ def test_a_death_is_failed_over_from_the_dead_nodes_records_and_the_next_tick_re
     following = evaluate(ledger, death.cursor, heartbeat_timeout_s=None, log=lambda _: None, watch_s=0.0, budget_s=0.0)
     assert isinstance(following, SensorResult)
     assert {int(r.tags["laminar/partition"]) for r in following.run_requests or []} == {0}
+
+
+def test_an_idle_observation_reads_no_partitions_records_and_a_move_is_seen_at_the_next_one(
+    store: ObjectStore, meter: RequestMeter
+) -> None:
+    """The observation sensor ticks every 5 s: it reads every partition's records only when the
+    nodes' records, assignments or move reports moved (a grant always moves an assignment)."""
+    ledger = _placed_on_three_nodes(store, 60)
+    manifests, at = ManifestReader(ledger.store), 1_000_000.0
+    first = observe(ledger, manifests, ObservationCursor(), now=at)
+    before = sum(meter.snapshot().by_method.values())
+    idle = observe(ledger, manifests, first.cursor, now=at + 5)
+    read = sum(meter.snapshot().by_method.values()) - before
+    assert not idle.events and read <= 1 + 3 * 3 + 2, read  # the member set, 3 reads a node, the partition count
+    # The control plane moves p5 to node 1: its desired state moves node 1's assignment first.
+    DesiredStates(ledger, nudge=False).update(P(5), functools.partial(_owned_by, node=1))
+    own = ledger.ownership(P(5))
+    assert own is not None
+    ledger.fence(P(5), N(1), expected_epoch=own.epoch, reason="moved by the control plane")
+    moved = observe(ledger, manifests, idle.cursor, now=at + 10)
+    assert [e.asset_key.to_user_string() for e in moved.events][:1] == ["ownership_map"]
+    # Written by hand, behind the control plane's back: seen at the periodic full read.
+    own = ledger.ownership(P(6))
+    assert own is not None
+    ledger.fence(P(6), N(2), expected_epoch=own.epoch, reason="by hand")
+    assert not observe(ledger, manifests, moved.cursor, now=at + 15).events
+    assert observe(ledger, manifests, moved.cursor, now=at + 10 + OWNERSHIP_EVERY_S).events
