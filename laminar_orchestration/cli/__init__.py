@@ -16,8 +16,11 @@ development tooling in the repository checkout (``python -m laminar_dev.chaos``)
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from laminar_orchestration.cli.base import Command
 from laminar_orchestration.cli.cluster import Init, Status
@@ -29,7 +32,7 @@ from laminar_orchestration.cli.tools import Demo, Policies, Report
 from laminar_orchestration.errors import LaminarError, exit_code
 from laminar_orchestration.store import default_store_url
 
-__all__ = ["COMMANDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "build_parser", "main", "run"]
 
 #: Every subcommand, in the order `laminar --help` lists them.
 COMMANDS: tuple[Command, ...] = (
@@ -76,3 +79,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command.name == "init":
             print("laminar: interrupted: run the same `laminar init` again to complete it", file=sys.stderr)
         return 130
+
+
+def run() -> NoReturn:
+    """The `laminar` program: `main`, then exit with its code once the output is flushed.
+
+    The process ends without the interpreter's teardown: native libraries' threads (pyarrow's
+    allocator, RocksDB's, deltalake's runtime) may abort it there ("terminate called without an
+    active exception", exit -6) after a command that succeeded. Every command has finished its
+    work and stopped its own threads when `main` returns.
+    """
+    try:
+        code = main()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:
+        code = 1  # the reader went away (`laminar status | head`): nothing more to say to it
+    logging.shutdown()
+    os._exit(code)

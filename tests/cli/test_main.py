@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -166,3 +168,19 @@ def test_verify_reports_duplicates_and_losses_with_offsets(store_url: str) -> No
     assert any(i["kind"] == "duplicate" and (i["start_offset"], i["end_offset"]) == (100, 300) for i in part["issues"])
     text = laminar("verify", "--store", store_url)
     assert "verify: FAILED" in text.stdout and "duplicate [100, 300)" in text.stdout
+
+
+def test_output_to_a_reader_that_went_away_ends_the_command_quietly(store_url: str) -> None:
+    """`laminar status | head -0`: the command ends with exit code 1 and no traceback, and a
+    command's exit code is the one `main` returned (the process skips the interpreter's teardown)."""
+    assert laminar("init", "--store", store_url, "--partitions", "4").returncode == 0
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "laminar_orchestration.cli", "status", "--store", store_url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 1 and "Traceback" not in err, err
+    assert laminar("status", "--store", store_url + "-typo").returncode == 7
