@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> None:
         help="run with `laminar node run`'s timing (the cost benchmark measures what a user runs)",
     )
     parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    parser.add_argument(
+        "--table-sync-interval", type=float, default=None, help="keep the output table, syncing it this often"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.node_defaults:
@@ -55,8 +58,10 @@ def main(argv: list[str] | None = None) -> None:
         standby_poll_s=args.poll_interval,
         migration_poll_s=args.poll_interval / 5,
         metrics_port=args.metrics_port,
+        **({"table_sync_interval_s": args.table_sync_interval} if args.table_sync_interval else {}),
     )
-    ArrowNode(config).run()
+    table = TableCommitter(open_store(args.store)) if args.table_sync_interval else None
+    ArrowNode(config, output_table=table).run()
 
 
 if __name__ == "__main__":

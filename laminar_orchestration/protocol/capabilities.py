@@ -173,6 +173,10 @@ class RoleAccess:
     deletes: tuple[str, ...] = ()
     #: Key prefixes it lists (beyond the absence probes).
     lists: tuple[str, ...] = ()
+    #: The output table's objects, written by delta-rs: its log entries conditionally, its data files
+    #: and checkpoints with a plain PUT. Not protocol state: `laminar verify` audits the table
+    #: against the manifest chains, and `laminar table rebuild` recreates it from them.
+    table_writes: tuple[str, ...] = ()
 
 
 def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
@@ -193,6 +197,9 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
     * auditor (`verify`, `sweep`, `status`, `query`, `report`): reads and lists everything but
       the grants' private keys, deletes only unreferenced fenced objects (output and checkpoints)
       in the sweep.
+    * the output table at its default place (`keys.OUTPUT_TABLE_PREFIX`): the nodes that keep it
+      and the control plane (`laminar table`, the maintenance job, which also deletes there) read
+      and write it; a table placed elsewhere (`laminar init --output-table`) needs its own grants.
     """
     all_prefixes = tuple(p for p in PREFIXES.values() if p != keys.GRANT_KEYS_PREFIX)
     # The record of where the output table is: every process that keeps or shows the table reads it.
@@ -202,6 +209,7 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
         keys.CHECKPOINTS_PREFIX,
         keys.SOURCE_PREFIX,
         keys.OUTPUT_TABLE_KEY,
+        keys.OUTPUT_TABLE_PREFIX,
     )
     access = {
         CONTROL_PLANE_ROLE: RoleAccess(
@@ -219,6 +227,8 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
                 keys.OUTPUT_TABLE_KEY,  # `laminar init --output-table`
             ),
             # Its listing of the node records (`Ledger.nodes`) is inside its ``ledger/`` reads.
+            table_writes=(keys.OUTPUT_TABLE_PREFIX,),
+            deletes=(keys.OUTPUT_TABLE_PREFIX,),  # the maintenance job's vacuum
         ),
         PRODUCER_ROLE: RoleAccess(
             reads=(
@@ -252,6 +262,7 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
                 keys.node_checkpoint_objects_pattern(n),
                 keys.node_output_objects_pattern(n),
             ),
+            table_writes=(keys.OUTPUT_TABLE_PREFIX,),
         )
     return access
 
@@ -313,9 +324,14 @@ def identity_policy(bucket: str, prefix: str, access: RoleAccess) -> dict[str, A
             "Condition": {"StringLike": {"s3:prefix": [f"{base}{_wild(p)}" for p in (*access.reads, *access.lists)]}},
         },
     ]
-    if access.writes:
+    if access.writes or access.table_writes:
         statements.append(
-            {"Sid": "Write", "Effect": "Allow", "Action": ["s3:PutObject"], "Resource": objects(access.writes)}
+            {
+                "Sid": "Write",
+                "Effect": "Allow",
+                "Action": ["s3:PutObject"],
+                "Resource": objects((*access.writes, *access.table_writes)),
+            }
         )
     if access.deletes:
         statements.append(

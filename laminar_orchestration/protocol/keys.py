@@ -54,6 +54,8 @@ GRANT_KEYS_PREFIX = "grant-keys/"
 TABLES_PREFIX = "tables/"
 #: Where the output table is, when `laminar init --output-table` chose it (absent: `<store>/tables/output`).
 OUTPUT_TABLE_KEY = f"{TABLES_PREFIX}output.json"
+#: The objects of the output table at its default place: its Delta log, data files and checkpoints.
+OUTPUT_TABLE_PREFIX = f"{TABLES_PREFIX}output/"
 
 #: Every top-level prefix by the name the capabilities and storage policies use.
 PREFIXES: Mapping[str, str] = MappingProxyType(

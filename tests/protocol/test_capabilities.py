@@ -94,9 +94,11 @@ def test_storage_policies_split_writes_by_role() -> None:
     reads = functools.partial(granted, "s3:GetObject")
 
     # The control plane grants with their signing keys (and seals the chain a grant fences), and records
-    # where the output table is at `init`; it never writes output, state or a node's record.
+    # where the output table is at `init` (and maintains the table); it never writes output, state or a
+    # node's record.
     assert writes("control-plane") == {
         "tables/output.json",
+        "tables/output/*",
         "grant-keys/*",
         "ledger/cluster.json",
         "ledger/membership.json",
@@ -114,6 +116,8 @@ def test_storage_policies_split_writes_by_role() -> None:
         "sink/?????/n-00001/*",
     }
     assert writes("auditor") == set()
+    # The nodes keep the output table at its default place (delta-rs's objects, not protocol state).
+    assert "tables/output/*" in writes("node-1") and "tables/output/*" in reads("node-1")
     # A node writes its own record, never another's, never a grant, a head or the source.
     assert "ledger/nodes/00001.json" in writes("node-1") and "ledger/nodes/00002.json" not in writes("node-1")
     assert not {w for w in writes("node-1") if "grants" in w or "head.json" in w or w.startswith("source/")}
@@ -131,7 +135,8 @@ def test_storage_policies_split_writes_by_role() -> None:
         for role, doc in policies.roles.items()
         if any("s3:DeleteObject" in st["Action"] for st in doc["Statement"])
     }
-    assert deletes == {"auditor"}  # only the sweep deletes
+    assert deletes == {"auditor", "control-plane"}  # the sweep, and the output table's maintenance
+    assert granted("s3:DeleteObject", "control-plane") == {"tables/output/*"}
 
 
 def test_a_node_holds_capabilities_and_its_source_log_cannot_append(tmp_path: Path) -> None:

@@ -64,6 +64,7 @@ from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.protocol.tasks import DesiredStates
 from laminar_orchestration.store import ObjectStore, PreconditionFailed, StoreUnavailable
 from laminar_orchestration.store.s3 import S3ObjectStore
+from laminar_orchestration.table import table_status
 from laminar_orchestration.ulid import next_ulid
 
 BUCKET = "laminar-iam"
@@ -118,7 +119,7 @@ class Roles:
         log = open(self.workdir / f"node{node}-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115 - lives with the process
         self.nodes[node] = subprocess.Popen(
             [sys.executable, "-m", "laminar_dev.arrownode", "--store", STORE_URL, "--node-id", str(node),
-             "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S)],
+             "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S), "--table-sync-interval", "1"],
             env=self.env(node_role(node)), stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
         )  # fmt: skip
 
@@ -180,6 +181,8 @@ class ScenarioResult:
     zombie_output: str
     swept: list[str]
     audit: list[dict[str, Any]]
+    #: `verify`'s audit of the output table the nodes kept (None: there was none).
+    table_audit: dict[str, Any] | None
 
 
 def committed(admin: ObjectStore) -> bool:
@@ -189,6 +192,11 @@ def committed(admin: ObjectStore) -> bool:
         if (current.manifest.source_offset if current else 0) != log.end_offset(p):
             return False
     return True
+
+
+def table_caught_up(admin: ObjectStore) -> bool:
+    status = table_status(admin)
+    return status.exists and status.lag_batches == 0
 
 
 def alive(admin: ObjectStore) -> set[int]:
@@ -256,10 +264,13 @@ def scenario(roles: Roles) -> ScenarioResult:
 
     roles.laminar(PRODUCER_ROLE, "produce", "--count", "1000", "--keys", "30")
     wait_until(lambda: committed(admin), 60, "the second load committed")
+    # The nodes keep the output table with their own keys (every second here).
+    wait_until(lambda: table_caught_up(admin), 60, "the output table to hold every committed batch")
     audit = json.loads(roles.laminar(AUDITOR_ROLE, "verify", "--json"))
     swept = json.loads(roles.laminar(AUDITOR_ROLE, "sweep", "--grace-s", "0", "--json"))
     audits = audit if isinstance(audit, list) else audit.get("partitions", [audit])
-    return ScenarioResult(victim, zombie_ref.key, list(swept["deleted"]), audits)
+    table_audit = audit.get("output_table") if isinstance(audit, dict) else None
+    return ScenarioResult(victim, zombie_ref.key, list(swept["deleted"]), audits, table_audit)
 
 
 @pytest.mark.processes
@@ -268,6 +279,8 @@ def test_a_whole_scenario_runs_with_each_process_on_its_own_roles_keys(roles: Ro
     assert scenario.audit, "verify printed no audit"
     for audit in scenario.audit:  # `verify` also exited 0
         assert audit["duplicates"] == 0 and audit["losses"] == 0 and not audit["issues"], audit
+    # The nodes wrote the output table with their keys: every committed batch in it once.
+    assert scenario.table_audit is not None and scenario.table_audit["ok"], scenario.table_audit
     assert scenario.zombie_output in scenario.swept  # the auditor's sweep may delete what nobody references
     assert roles.store("admin").head(scenario.zombie_output) is None
 
