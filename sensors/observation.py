@@ -10,7 +10,8 @@ itself:
   silent shows as "owner dead: failover pending" on the next tick;
 * ``assignment_plan`` whenever ownership or the live nodes changed;
 * ``checkpoint_manifests`` at most every `CHECKPOINT_EVERY_S` (they change
-  with every commit): materialized while every partition keeps up (committed
+  with every commit; a partition's manifest is read again only when the nodes'
+  heartbeats report another commit of it, `CheckpointRows`): materialized while every partition keeps up (committed
   since the last materialization, or nothing to commit), which keeps the asset
   fresh under its freshness policy; otherwise observed, naming the partitions
   behind, when the manifests changed;
@@ -41,6 +42,7 @@ from assets import (
     ownership_observation,
 )
 from laminar_orchestration.control.snapshot import (
+    CheckpointRows,
     checkpoint_rows,
     fingerprint,
     ownership_rows,
@@ -96,9 +98,17 @@ class Observed:
 
 
 def observe(
-    ledger: Ledger, manifests: ManifestReader, cursor: ObservationCursor, *, now: float | None = None
+    ledger: Ledger,
+    manifests: ManifestReader,
+    cursor: ObservationCursor,
+    *,
+    now: float | None = None,
+    checkpoints: CheckpointRows | None = None,
 ) -> Observed:
-    """The asset events that differ from what `cursor` says was reported."""
+    """The asset events that differ from what `cursor` says was reported.
+
+    `checkpoints`: the manifests as this process last read them (None: every partition's is read).
+    """
     at = time.time() if now is None else now
     out = Observed(cursor=ObservationCursor(**{**cursor.__dict__, "materialized_seqs": dict(cursor.materialized_seqs)}))
     # Every partition's records only when something that moves with them moved (three reads a node).
@@ -115,14 +125,16 @@ def observe(
             out.events.append(assignment_observation(ledger))
             out.cursor.plan = plan
     if at - cursor.manifests_at >= CHECKPOINT_EVERY_S:
-        checkpoints = checkpoint_rows(ledger, manifests)
-        state = fingerprint([(r["partition"], r["seq"]) for r in checkpoints])
+        committed = (
+            checkpoints.rows(ledger, manifests) if checkpoints is not None else checkpoint_rows(ledger, manifests)
+        )
+        state = fingerprint([(r["partition"], r["seq"]) for r in committed])
         reported = {int(p): seq for p, seq in cursor.materialized_seqs.items()}
-        progress = stream_progress(ledger, checkpoints, reported)
+        progress = stream_progress(ledger, committed, reported)
         # Keeping up: materialized even if nothing changed (an idle, caught-up stream stays fresh).
         out.cursor.manifests_at = at  # read again in a minute either way (two reads per partition)
         if progress.keeping_up or state != cursor.manifests:
-            out.events.append(checkpoint_observation(ledger, manifests, checkpoints, progress))
+            out.events.append(checkpoint_observation(ledger, manifests, committed, progress))
             out.cursor.manifests = state
             if progress.keeping_up:
                 out.cursor.materialized_seqs = {str(p): seq for p, seq in progress.seqs.items()}
@@ -131,6 +143,10 @@ def observe(
         out.new_partitions = [str(p) for p in range(cursor.partitions, count)]
         out.cursor.partitions = count
     return out
+
+
+#: Per store, the manifests as this code server last read them (the sensor's ticks share them).
+_CHECKPOINTS: dict[str, CheckpointRows] = {}
 
 
 @sensor(
@@ -145,7 +161,8 @@ def laminar_observation_sensor(context: SensorEvaluationContext, laminar: Lamina
     if not ledger.is_initialized():
         return SkipReason(f"no cluster in {ledger.store.url}")
     cursor = ObservationCursor.decode(context.cursor)
-    observed = observe(ledger, laminar.manifests(), cursor)
+    checkpoints = _CHECKPOINTS.setdefault(ledger.store.url, CheckpointRows())
+    observed = observe(ledger, laminar.manifests(), cursor, checkpoints=checkpoints)
     if not observed.events and not observed.new_partitions:
         return SkipReason("nothing changed since the last observation")
     requests = (

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger, NodeView
+from laminar_orchestration.protocol.manifest import PartitionManifest
 from laminar_orchestration.protocol.move_reports import MoveReports
 from laminar_orchestration.protocol.records import NodeStatus, PartitionStatus
 from laminar_orchestration.protocol.tasks import DesiredStates, MigrationTask
@@ -481,28 +484,67 @@ def checkpoint_rows(ledger: Ledger, manifests: ManifestReader) -> list[dict[str,
     rows = []
     for p in ledger.partitions():
         version = manifests.current(PartitionId(p))
-        if version is None:
-            continue
-        m = version.manifest
-        rows.append(
-            {
-                "partition": int(p),
-                "seq": m.seq,
-                "fencing_token": m.fencing_token,
-                "node": m.node,
-                "source_offset": m.source_offset,
-                "state_offset": m.state_offset,
-                "events_applied": m.events_applied,
-                "snapshot_files": len(m.snapshot.files) if m.snapshot else 0,
-                "snapshot_bytes": m.snapshot.size if m.snapshot else 0,
-                "deltas": len(m.deltas),
-                "delta_bytes": sum(d.ref.size for d in m.deltas),
-                "outputs": len(m.outputs),
-                "commit_ulid": m.commit_ulid,
-                "committed_at": m.committed_at.isoformat(),
-            }
-        )
+        if version is not None:
+            rows.append(_checkpoint_row(int(p), version.manifest))
     return rows
+
+
+def _checkpoint_row(partition: int, m: PartitionManifest) -> dict[str, Any]:
+    return {
+        "partition": partition,
+        "seq": m.seq,
+        "fencing_token": m.fencing_token,
+        "node": m.node,
+        "source_offset": m.source_offset,
+        "state_offset": m.state_offset,
+        "events_applied": m.events_applied,
+        "snapshot_files": len(m.snapshot.files) if m.snapshot else 0,
+        "snapshot_bytes": m.snapshot.size if m.snapshot else 0,
+        "deltas": len(m.deltas),
+        "delta_bytes": sum(d.ref.size for d in m.deltas),
+        "outputs": len(m.outputs),
+        "commit_ulid": m.commit_ulid,
+        "committed_at": m.committed_at.isoformat(),
+    }
+
+
+class CheckpointRows:
+    """`checkpoint_rows` kept between looks by one process (the observation sensor's).
+
+    A partition's manifest is read again only when the nodes report another commit of it (or
+    another node or epoch runs it) in their heartbeats, which the look reads anyway, and every
+    partition's every `full_every_s`: an idle cluster's look reads no manifest.
+    """
+
+    def __init__(self, full_every_s: float = 300.0) -> None:
+        self.full_every_s = full_every_s
+        self._full_at = -math.inf
+        #: partition -> (what the nodes reported of it when its row was read, the row or None).
+        self._rows: dict[int, tuple[Any, dict[str, Any] | None]] = {}
+
+    def rows(self, ledger: Ledger, manifests: ManifestReader) -> list[dict[str, Any]]:
+        """The rows as `checkpoint_rows` returns them."""
+        reported: dict[int, list[tuple[int, int, str, int]]] = {}
+        for view in ledger.nodes():
+            for p, progress in view.record.partitions.items():
+                if progress.state not in WARM_STATES:  # a standby's progress is not a commit
+                    key = (view.record.node, progress.epoch, progress.state, progress.commits)
+                    reported.setdefault(int(p), []).append(key)
+        at = time.monotonic()
+        full = at - self._full_at >= self.full_every_s
+        if full:
+            self._full_at = at
+        out = []
+        for p in (int(p) for p in ledger.partitions()):
+            seen = sorted(reported.get(p, []))
+            cached = self._rows.get(p)
+            if full or cached is None or cached[0] != seen:
+                version = manifests.current(PartitionId(p))
+                cached = (seen, None if version is None else _checkpoint_row(p, version.manifest))
+                self._rows[p] = cached
+            if cached[1] is not None:
+                out.append(cached[1])
+        return out
 
 
 def checkpoints_version(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -538,14 +580,18 @@ class StreamProgress:
 
 def stream_progress(ledger: Ledger, rows: Sequence[Mapping[str, Any]], reported: Mapping[int, int]) -> StreamProgress:
     """Each partition's progress since the manifests `reported` (partition -> seq) at the last report,
-    from its `checkpoint_rows` row and its source log's end."""
+    from its `checkpoint_rows` row and its source log's end as the producers recorded it (one read
+    for every partition; it may lag a producer that died between a segment and its record)."""
     source = _source_log(ledger)
+    ends = source.log_ends()
     by_partition = {r["partition"]: r for r in rows}
     seqs, lags, behind = {}, {}, []
     for p in (int(p) for p in ledger.partitions()):
         row = by_partition.get(p)
         committed = row["source_offset"] if row else 0
-        lags[p] = max(0, source.end_offset(p) - committed)
+        # No recorded ends at all: a store from before producers recorded them, read each head.
+        end = ends.get(p, 0) if ends is not None else source.end_offset(p)
+        lags[p] = max(0, end - committed)
         if row is not None:
             seqs[p] = row["seq"]
         progressed = row is not None and reported.get(p) != row["seq"]

@@ -8,6 +8,7 @@ from typing import Any
 
 from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.control.snapshot import (
+    CheckpointRows,
     check_live_owners,
     checkpoint_rows,
     checkpoints_version,
@@ -20,8 +21,10 @@ from laminar_orchestration.control.snapshot import (
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.records import PartitionProgress
 from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.protocol.tasks import MigrationConfig
+from laminar_orchestration.store.metering import RequestMeter
 from tests.commits import commit_all
 
 P, N = PartitionId, NodeId
@@ -103,3 +106,34 @@ def test_the_manifests_and_the_streams_progress(ledger: Ledger) -> None:
     source.append(0, generate_events(20, 5, 2, 4)[0])
     assert stream_progress(ledger, rows, progress.seqs).behind == [0]
     assert checkpoints_version(rows) != checkpoints_version([])
+
+
+def test_kept_checkpoint_rows_read_a_manifest_again_only_when_a_node_reports_a_commit(
+    ledger: Ledger, meter: RequestMeter
+) -> None:
+    """The observation's look at the manifests: an idle cluster's reads no manifest; a partition its
+    owner reports another commit of is read again, the others are not; everything now and then."""
+    handle = ledger.register_node(N(1), heartbeat_timeout_s=60)
+    token = ledger.acquire(P(0), N(1), expected_epoch=0)
+    SourceLog(ledger.store).append(0, generate_events(20, 5, 1, 4)[0])
+    commit_all(ledger.store, token)
+    handle.heartbeat(partitions={0: PartitionProgress(partition=0, epoch=1, state="running", commits=1)})
+    manifests, kept = ManifestReader(ledger.store), CheckpointRows(full_every_s=3600)
+    first = kept.rows(ledger, manifests)
+    assert first == checkpoint_rows(ledger, manifests)
+
+    def manifest_reads() -> int:
+        return sum(n for (m, fam), n in meter.snapshot().by_family.items() if fam.startswith("manifests/"))
+
+    before = manifest_reads()
+    assert kept.rows(ledger, manifests) == first
+    assert manifest_reads() == before  # nothing reported since: no manifest read
+    SourceLog(ledger.store).append(0, generate_events(20, 5, 2, 4)[0])
+    commit_all(ledger.store, token)
+    handle.heartbeat(partitions={0: PartitionProgress(partition=0, epoch=1, state="running", commits=2)})
+    again = kept.rows(ledger, manifests)
+    assert again == checkpoint_rows(ledger, manifests) and again[0]["seq"] > first[0]["seq"]
+    kept.full_every_s = 0.0  # the periodic full look reads every partition's
+    before = manifest_reads()
+    kept.rows(ledger, manifests)
+    assert manifest_reads() > before
