@@ -11,10 +11,11 @@ itself:
 * ``assignment_plan`` whenever ownership or the live nodes changed;
 * ``checkpoint_manifests`` at most every `CHECKPOINT_EVERY_S` (they change
   with every commit; a partition's manifest is read again only when the nodes'
-  heartbeats report another commit of it, `CheckpointRows`): materialized while every partition keeps up (committed
-  since the last materialization, or nothing to commit), which keeps the asset
-  fresh under its freshness policy; otherwise observed, naming the partitions
-  behind, when the manifests changed;
+  heartbeats report another commit of it, `CheckpointRows`): materialized
+  while every partition keeps up (committed since the last materialization,
+  or nothing to commit), which keeps the asset fresh under its freshness
+  policy; otherwise observed, naming the partitions behind, when the
+  manifests changed;
 * the stream partitions as ``committed_state``'s Dagster partitions.
 """
 

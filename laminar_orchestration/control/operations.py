@@ -62,6 +62,7 @@ __all__ = [
     "NodeStillAlive",
     "PlannedFailover",
     "RebalancePlan",
+    "assigned_partitions",
     "drive_failover",
     "drive_failovers",
     "fail_over_node",
@@ -199,15 +200,23 @@ class NodeFailoverPlan:
         return {"node": self.node, "force": self.force, "moves": [m.to_json() for m in self.moves]}
 
 
+def assigned_partitions(ledger: Ledger, nodes: Iterable[int]) -> dict[int, frozenset[PartitionId]]:
+    """Each of `nodes` -> the partitions whose desired state names it, from its assignment (one read a node)."""
+    desired = DesiredStates(ledger, nudge=False)
+    out = {}
+    for n in nodes:
+        assignment, _ = desired.assignment(NodeId(n))
+        out[n] = frozenset(PartitionId(p) for p in (assignment.partitions if assignment is not None else {}))
+    return out
+
+
 def failover_candidates(ledger: Ledger, node: int) -> frozenset[PartitionId]:
     """The partitions `node` may own, from two of its small records instead of every partition's:
     its assignment (the desired states that name it: every grant follows such a state) and its last
     heartbeat (what it was running)."""
-    assignment, _ = DesiredStates(ledger, nudge=False).assignment(NodeId(node))
     record = ledger.node(NodeId(node))
-    named = set(assignment.partitions) if assignment is not None else set()
-    reported = {int(p) for p in record.partitions} if record is not None else set()
-    return frozenset(PartitionId(p) for p in named | reported)
+    reported = {PartitionId(int(p)) for p in record.partitions} if record is not None else set()
+    return assigned_partitions(ledger, [node])[node] | reported
 
 
 def plan_node_failover(
@@ -240,7 +249,7 @@ def plan_node_failover(
     else:
         owners = ledger.ownerships(sorted(partitions))
         current = {int(p): int(own.owner) if own is not None else UNASSIGNED for p, own in owners.items()}
-        loads = _assigned_loads(ledger, live_set - {node})
+        loads = {n: len(named) for n, named in assigned_partitions(ledger, live_set - {node}).items()}
     warm = warm_copies(ledger.nodes())
     moves = []
     for p in sorted(p for p, owner in current.items() if owner == node and p not in exclude):
@@ -249,16 +258,6 @@ def plan_node_failover(
             raise NoFailoverTarget(p, node, not_admitted_nodes(ledger, exclude={node}))
         moves.append(Move(p, node, target))
     return NodeFailoverPlan(node=node, live_nodes=frozenset(live_set), moves=tuple(moves), force=force)
-
-
-def _assigned_loads(ledger: Ledger, nodes: Iterable[int]) -> dict[int, int]:
-    """Partitions each of `nodes` is asked to hold, from its assignment (one small read a node)."""
-    desired = DesiredStates(ledger, nudge=False)
-    loads = {}
-    for n in nodes:
-        assignment, _ = desired.assignment(NodeId(n))
-        loads[n] = len(assignment.partitions) if assignment is not None else 0
-    return loads
 
 
 def failover_move(
@@ -443,14 +442,9 @@ def look_focus(
     dead = frozenset(int(v.record.node) for v in views if not is_alive(v, heartbeat_timeout_s))
     if seen is None or full:
         return LookFocus(None, None, generations, dead)
-    desired = DesiredStates(ledger, nudge=False)
 
     def named(nodes: Iterable[int]) -> frozenset[PartitionId]:
-        out: set[PartitionId] = set()
-        for n in nodes:
-            assignment, _ = desired.assignment(NodeId(n))
-            out |= {PartitionId(p) for p in (assignment.partitions if assignment else {})}
-        return frozenset(out)
+        return frozenset().union(*assigned_partitions(ledger, nodes).values())
 
     changed = [n for n, g in generations.items() if seen.get(n) != g]
     reported = {PartitionId(p) for v in views if int(v.record.node) in dead for p in v.record.partitions}

@@ -414,10 +414,15 @@ class TableCommitter:
                 assert data is not None
                 # Log entry 0 first, with no data file: a table's files never precede its log, so
                 # files without a log always mean a lost log, however slow the store.
-                last_error = self._create(data.schema) or last_error
+                failed = self._create(data.schema)
                 table = self.table()
-                if table is None or table.version() != 0 or not self._landed.refresh(table):
-                    continue  # a racing committer appended already (or a fault): walk from what landed
+                if table is None:  # a store fault, not a lost race: wait as after a failed commit
+                    last_error = failed or "log entry 0 not found after it was written"
+                    result.retries += 1
+                    time.sleep(self.retry_backoff_s * attempt)
+                    continue
+                if table.version() != 0 or not self._landed.refresh(table):
+                    continue  # a racing committer appended already: walk from what landed
             # The snapshot the commit is made on (delta-rs moves `table` to the new version on success).
             base = table.version()
             try:
