@@ -609,6 +609,9 @@ class _NoSeal:
     def current(self, *args: Any, **kwargs: Any) -> None:
         return None
 
+    def read_chain(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
 
 def _stranded_before_fix(state: DesiredState, own: Ownership) -> bool:
     """`moves.stranded` before it looked past the last record: only a just-ended move's grant counted."""

@@ -12,9 +12,11 @@ from datetime import timedelta
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader, ManifestVersion
 from laminar_orchestration.protocol.fencing import Ownership
+from laminar_orchestration.protocol.group_commit import ASSIGNMENT_LINGER_S
 from laminar_orchestration.protocol.ledger import EpochConflict, Ledger, NodeView, NotReleased
 from laminar_orchestration.protocol.move_reports import MoveReports
 from laminar_orchestration.protocol.records import (
+    NodeRecord,
     PartitionProgress,
     PartitionStatus,
     now,
@@ -70,8 +72,10 @@ def _took_epoch(task: MigrationTask, own: Ownership | None) -> bool:
 
 # --- the coordinator ------------------------------------------------------------------
 
-#: How often a wait re-reads the migration record and the old owner's liveness (not on every poll).
+#: How often a wait re-reads the migration record and the old owner's liveness (not on every poll);
+#: less often while this process drives many moves at once (`MoveReports.busy`).
 _RECORD_CHECK_INTERVAL_S = 0.25
+_BUSY_RECORD_CHECK_INTERVAL_S = 1.0
 #: A wait for a node's report polls every `poll_interval_s` for its first `_FAST_POLL_S` (most phases
 #: are done by then: the handoff's unavailability is made of these waits), then less often up to
 #: `_MAX_REPORT_POLL_S`: a node that takes long to do a phase is not read a hundred times a second.
@@ -98,11 +102,23 @@ class MigrationCoordinator:
         self.poll_interval_s = poll_interval_s
         #: The nodes' move reports, shared by every driver in this process that uses `ledger`.
         self.reports = MoveReports.of(ledger)
+        #: What `plan` read for each migration it recorded (the ownership, the target's record): the
+        #: forced fence grants from it without reading both again (its create-only write checks them).
+        self._planned: dict[str, tuple[Ownership, NodeRecord]] = {}
 
     # -- planning ---------------------------------------------------------------
 
     def current(self, partition: PartitionId) -> MigrationTask | None:
         return self.desired.read(partition)[0].migration
+
+    def outcome(self, partition: PartitionId, migration_id: str) -> MigrationTask | None:
+        """The record of a migration this coordinator drove to its end: as it last wrote it when that
+        ended it (no read), else as read."""
+        guess = self.desired.last_written(partition)
+        task = guess[0].migration if guess is not None else None
+        if task is not None and task.migration_id == migration_id and task.is_terminal:
+            return task
+        return self.current(partition)
 
     def plan(
         self,
@@ -152,6 +168,9 @@ class MigrationCoordinator:
             return state.model_copy(update={"migration": task})
 
         self.desired.update(partition, claim, read=read)
+        if len(self._planned) >= 10_000:
+            self._planned.clear()  # moves planned and never granted (they failed first): forget them
+        self._planned[task.migration_id] = (own, target)
         return task
 
     def plan_or_resume(self, partition: PartitionId, to_node: NodeId, *, forced: bool = False) -> MigrationTask:
@@ -249,7 +268,9 @@ class MigrationCoordinator:
                     owner = task.to_node
             return state.model_copy(update={"migration": task.model_copy(update=update), "owner": owner})
 
-        state = self.desired.update(partition, change, read=read, retry=retry)
+        # Many moves at once: their phases' assignment writes wait a moment to go out together.
+        linger = ASSIGNMENT_LINGER_S if self.reports.busy() else 0.0
+        state = self.desired.update(partition, change, read=read, retry=retry, linger_s=linger)
         assert state.migration is not None
         return state.migration
 
@@ -332,9 +353,10 @@ class MigrationCoordinator:
     ) -> MigrationTask | None:
         """Record `phase` on top of the record this coordinator wrote last, without reading it first.
 
-        Only when that record would pass `begin_phase`'s checks and need the write; the
-        compare-and-swap proves nobody wrote since. None: no such record, or it was stale (the
-        caller reads the record and checks it).
+        Only when that record would pass `begin_phase`'s checks; the compare-and-swap proves nobody
+        wrote since. A phase that record holds already (the plan's own) is returned as is: the next
+        phase's swap checks it. None: no such record, or it was stale (the caller reads the record
+        and checks it).
         """
         guess = self.desired.last_written(partition)
         task = guess[0].migration if guess is not None else None
@@ -344,10 +366,11 @@ class MigrationCoordinator:
             or task.migration_id != migration_id
             or phase not in phase_sequence(task.migration_kind)
             or task.is_terminal
-            or task.phase.reached(phase)
             or deadline_passed(task)
         ):
             return None
+        if task.phase.reached(phase):
+            return task if task.phase == phase else None
         try:
             return self._record(partition, migration_id, phase, {}, read=guess, retry=False)
         except PreconditionFailed:
@@ -399,7 +422,7 @@ class MigrationCoordinator:
         limit = min(self.config.warmup_timeout_s, seconds_left(task))
         start = time.monotonic()
         interval = self.poll_interval_s
-        next_record_check = start + _RECORD_CHECK_INTERVAL_S
+        next_record_check = start + self._record_check_interval()
         while True:
             progress = self._target_progress(task, max_age_s=interval)
             if progress is not None and progress.lag is not None and progress.lag <= self.config.warm_lag_events:
@@ -408,7 +431,7 @@ class MigrationCoordinator:
                 return f"target node {task.to_node} not warm after {limit:.1f}s: the handoff transfers the rest"
             if time.monotonic() >= next_record_check:
                 self._still_running(task, MigrationPhase.PLANNED)
-                next_record_check = time.monotonic() + _RECORD_CHECK_INTERVAL_S
+                next_record_check = time.monotonic() + self._record_check_interval()
             time.sleep(interval)
             interval = _next_poll(interval, time.monotonic() - start)
 
@@ -497,16 +520,18 @@ class MigrationCoordinator:
     def _grant_to_target(self, task: MigrationTask, reason: str, *, fence: bool) -> None:
         """Grant `task`'s new epoch to its target at the target's current generation: by fencing the old
         owner, or by acquiring the epoch it released."""
-        target = self.ledger.node(NodeId(task.to_node))
+        p, to_node = PartitionId(task.partition), NodeId(task.to_node)
+        planned = self._planned.pop(task.migration_id, None)
+        if fence and planned is not None and planned[0].epoch == task.from_epoch:
+            own, target = planned
+            self.ledger.fence(
+                p, to_node, expected_epoch=task.from_epoch, reason=reason, generation=target.generation, current=own
+            )
+            return
+        record = self.ledger.node(to_node)
         grant = self.ledger.fence if fence else self.ledger.acquire
-        generation = target.generation if target else None
-        grant(
-            PartitionId(task.partition),
-            NodeId(task.to_node),
-            expected_epoch=task.from_epoch,
-            reason=reason,
-            generation=generation,
-        )
+        generation = record.generation if record else None
+        grant(p, to_node, expected_epoch=task.from_epoch, reason=reason, generation=generation)
 
     def _granted_as_planned(self, task: MigrationTask) -> bool:
         """Whether the ledger holds exactly the grant `task` was to make (its epoch, to its target)."""
@@ -577,6 +602,9 @@ class MigrationCoordinator:
         except (InvalidTransition, MigrationEpochConflict):
             return None
 
+    def _record_check_interval(self) -> float:
+        return _BUSY_RECORD_CHECK_INTERVAL_S if self.reports.busy() else _RECORD_CHECK_INTERVAL_S
+
     @staticmethod
     def _responsible(task: MigrationTask, phase: MigrationPhase) -> NodeId:
         return NodeId(task.from_node if phase.needs_old_owner else task.to_node)
@@ -587,7 +615,7 @@ class MigrationCoordinator:
             self.config.release_wait_timeout_s if phase.needs_old_owner else self.config.checkpoint_transfer_timeout_s
         )
         start = time.monotonic()
-        next_record_check = start + _RECORD_CHECK_INTERVAL_S
+        next_record_check = start + self._record_check_interval()
         interval = self.poll_interval_s
         while True:
             checking = time.monotonic() >= next_record_check
@@ -600,7 +628,7 @@ class MigrationCoordinator:
             if checking:
                 # A cancel or a failure recorded by someone else ends the wait at once.
                 self._still_running(task, phase)
-                next_record_check = time.monotonic() + _RECORD_CHECK_INTERVAL_S
+                next_record_check = time.monotonic() + self._record_check_interval()
             time.sleep(interval)
             interval = _next_poll(interval, time.monotonic() - start)
 

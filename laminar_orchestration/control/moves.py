@@ -186,7 +186,7 @@ def drive(
     except tasks.MigrationError as exc:
         record_failure(coordinator, task.partition, task.migration_id, exc)
         raise
-    final = coordinator.current(PartitionId(task.partition))
+    final = coordinator.outcome(PartitionId(task.partition), task.migration_id)
     assert final is not None
     return final
 
@@ -472,6 +472,7 @@ def prepare_failover(
     live: Collection[int] | None = None,
     loads: Mapping[int, int] | None = None,
     allow_live_owner: bool = False,
+    own: Ownership | None = None,
 ) -> FailoverDecision:
     """Plan (or resume) the forced migration that takes `partition` away from a dead owner.
 
@@ -485,13 +486,16 @@ def prepare_failover(
       epoch from a forced migration that failed before it became active).
     * The target is `to_node`, else the least-loaded live node.
 
+    `own`: the ownership as the caller just read it (else it is read here).
+
     Raises NoLiveNode when `to_node` is not alive, NoFailoverTarget when no
     live node other than the owner is left.
     """
     p = PartitionId(partition)
     ledger = coordinator.ledger
     live_set = set(live) if live is not None else live_node_ids(ledger)
-    own = ledger.ownership(p)
+    if own is None or own.partition != p:
+        own = ledger.ownership(p)
     if own is None:
         raise tasks.MigrationNotOwned(p, UNASSIGNED)
     superseded = []

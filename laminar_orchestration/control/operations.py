@@ -41,9 +41,11 @@ from laminar_orchestration.control.snapshot import (
 )
 from laminar_orchestration.errors import InvalidInputError, LaminarError
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
+from laminar_orchestration.protocol.fencing import Ownership
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.tasks import (
     DesiredStates,
+    FenceLost,
     MigrationConfig,
     MigrationPhase,
     MigrationTask,
@@ -189,6 +191,9 @@ class NodeFailoverPlan:
     moves: tuple[Move, ...]
     #: True when the node still heartbeats and is fenced anyway (an operator's decision).
     force: bool
+    #: The ownership of each partition as the plan read it: each move plans from it, not from a
+    #: read of its own (a grant made since fails its fence, and the move then looks again).
+    ownerships: Mapping[int, Ownership] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def takers(self) -> frozenset[int]:
@@ -243,11 +248,13 @@ def plan_node_failover(
         raise NodeStillAlive(node)
     if to_node is not None and to_node not in live_set:
         raise NoLiveNode(NodeId(to_node))
+    read: dict[int, Ownership] = {}
     if partitions is None:
         current = ownership_map(ledger)
         loads = node_loads(current, live_set - {node})
     else:
         owners = ledger.ownerships(sorted(partitions))
+        read = {int(p): own for p, own in owners.items() if own is not None}
         current = {int(p): int(own.owner) if own is not None else UNASSIGNED for p, own in owners.items()}
         loads = {n: len(named) for n, named in assigned_partitions(ledger, live_set - {node}).items()}
     warm = warm_copies(ledger.nodes())
@@ -257,7 +264,13 @@ def plan_node_failover(
         if target is None:  # no live node but `node`: the target is what is missing, not `node`
             raise NoFailoverTarget(p, node, not_admitted_nodes(ledger, exclude={node}))
         moves.append(Move(p, node, target))
-    return NodeFailoverPlan(node=node, live_nodes=frozenset(live_set), moves=tuple(moves), force=force)
+    return NodeFailoverPlan(
+        node=node,
+        live_nodes=frozenset(live_set),
+        moves=tuple(moves),
+        force=force,
+        ownerships={m.partition: read[m.partition] for m in moves if m.partition in read},
+    )
 
 
 def failover_move(
@@ -267,12 +280,24 @@ def failover_move(
     *,
     allow_live_owner: bool = False,
     on_phase: Callable[[PhaseReport], None] | None = None,
+    own: Ownership | None = None,
 ) -> MigrationTask | None:
-    """Carry out one move of a failover: fence and restore on the target (None when nothing needed doing)."""
-    decision = prepare_failover(coordinator, move.partition, move.to_node, live=live, allow_live_owner=allow_live_owner)
+    """Carry out one move of a failover: fence and restore on the target (None when nothing needed doing).
+
+    `own`: the partition's ownership as the failover's plan read it. If someone granted an epoch
+    since, the fence fails (the move is recorded Failed) and the move is decided again from a read.
+    """
+    decision = prepare_failover(
+        coordinator, move.partition, move.to_node, live=live, allow_live_owner=allow_live_owner, own=own
+    )
     if decision.task is None:
         return None
-    return drive(coordinator, decision.task, on_phase)
+    try:
+        return drive(coordinator, decision.task, on_phase)
+    except FenceLost:
+        if own is None:
+            raise
+    return failover_move(coordinator, move, live, allow_live_owner=allow_live_owner, on_phase=on_phase)
 
 
 def run_node_failover(
@@ -288,7 +313,8 @@ def run_node_failover(
 
     def one(move: Move) -> PhaseReports:
         reports: PhaseReports = []
-        failover_move(make(), move, plan.live_nodes, allow_live_owner=plan.force, on_phase=reports.append)
+        own = plan.ownerships.get(move.partition)
+        failover_move(make(), move, plan.live_nodes, allow_live_owner=plan.force, on_phase=reports.append, own=own)
         return reports
 
     return run_moves(plan.moves, one, config.max_concurrent_failovers, live_nodes=plan.takers, on_done=on_done)

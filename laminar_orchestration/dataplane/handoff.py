@@ -143,6 +143,10 @@ def new_owner_step(
     if not restored:
         return NewOwnerStep(NewOwnerAction.RESTORE, MigrationPhase.RESTORING)
     if not task.phase.reached(MigrationPhase.SEEKING):
+        if task.migration_kind == MigrationKind.FORCED and not took_over:
+            # A forced move's fence granted the epoch before Downloading was recorded: the target
+            # takes it up as soon as it restored, and reports Seeking done with it.
+            return NewOwnerStep(NewOwnerAction.TAKE_OVER)
         if reported is None or not reported.reached(MigrationPhase.RESTORING):
             return NewOwnerStep(NewOwnerAction.REPORT, MigrationPhase.RESTORING)
         return NewOwnerStep(NewOwnerAction.WAIT)
@@ -248,7 +252,15 @@ def take_over(
     the commit a graceful handoff released: the entry below the seal must be it
     (HandoffMismatch otherwise). StaleFencingToken when a newer epoch sealed the chain.
     """
-    sealed = seal_at(publisher, token, generation=generation)
+    held = (
+        restored is not None
+        and restored.manifest.is_seal
+        and (restored.manifest.fencing_token, restored.manifest.node) == (token.epoch, token.node)
+        and restored.manifest.generation == generation
+    )
+    # Restored from this very grant's seal (the granter sealed for this process): the chain is held
+    # already. A newer epoch sealed since is found by the first commit, which it fences.
+    sealed = restored if held and restored is not None else seal_at(publisher, token, generation=generation)
     m = sealed.manifest
     if released is not None:
         # The entry the seal follows by parent hash: forged entries may stand between the two.

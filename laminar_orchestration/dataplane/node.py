@@ -91,6 +91,9 @@ log = logging.getLogger("laminar.node")
 #: How long the report of a move stays in the node's move report after the node saw it Active; a
 #: driver that looks later finds it in the heartbeat.
 MOVE_REPORT_LINGER_S = 10.0
+#: While more than one move involves this node, how long a move report waits for the other workers'
+#: changes before it is written (one write for a burst, not one per phase per partition).
+MOVE_REPORT_COALESCE_S = 0.02
 #: The shortest time between two heartbeats when workers report more often than the interval.
 HEARTBEAT_MIN_GAP_S = 1.0
 
@@ -443,6 +446,11 @@ class Node:
         assert self._move_reporter is not None
         while not self._stop.is_set():
             self._moves_changed.wait(self.config.heartbeat_interval_s)
+            with self._lock:
+                moving = sum(1 for _, ended in self._in_flight.values() if ended is None)
+            if moving > 1:
+                # Several moves at once (a failover's burst): their reports go out together.
+                self._stop.wait(MOVE_REPORT_COALESCE_S)
             self._moves_changed.clear()
             try:
                 self._move_reporter.report(self._move_progress())
@@ -621,7 +629,8 @@ class Node:
             self._assignment_version = assignment.version
         wanted |= {p for p, b in self._backoff.items() if not b.permanent and at >= b.retry_at and p in named}
         wanted |= self._pending & set(named)
-        states = {p: self.desired.read(p)[0] for p in sorted(wanted)}
+        # A state in a move comes with the assignment (a copy at the listed revision): no read.
+        states = {p: assignment.state(int(p)) or self.desired.read(p)[0] for p in sorted(wanted)}
         self._check_revoked(states)
         for p, state in states.items():
             if self.id in state.named_nodes():

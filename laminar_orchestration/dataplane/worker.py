@@ -477,7 +477,7 @@ class PartitionWorker(threading.Thread):
         ledger = self.node.ledger
         while True:
             with contextlib.suppress(NotOwned):  # usually made by now: no read of the head first
-                token = ledger.adopt(self.partition, self.node.id)
+                token = ledger.adopt(self.partition, self.node.id, epoch=task.to_epoch)
                 if token.epoch >= task.to_epoch:
                     return token
             own = ledger.ownership(self.partition)

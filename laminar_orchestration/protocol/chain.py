@@ -403,6 +403,7 @@ class ChainSealer(ManifestReader):
         generation: int = 0,
         reason: str = "",
         signing_key: SigningKey | None = None,
+        first_read: ChainRead | None = None,
     ) -> ManifestVersion:
         """Make sure the chain's newest entry carries a fencing token >= `epoch`; return that entry.
 
@@ -419,9 +420,12 @@ class ChainSealer(ManifestReader):
         commit; the seal goes on top of it (and past forged entries).
         The seal is signed with the key of the grant of `epoch` (`signing_key`,
         else read for `node`: the grantee's own, or any for the control plane).
+        `first_read`: the chain as this process read it just before (the first attempt seals on
+        top of it without reading again: an entry written since takes the seal's sequence
+        number, and the create-only write then fails and the chain is read again).
         """
-        for _ in range(_SEAL_ATTEMPTS):
-            read = self.read_chain(partition)
+        for attempt in range(_SEAL_ATTEMPTS):
+            read = first_read if attempt == 0 and first_read is not None else self.read_chain(partition)
             previous = read.version
             if previous is not None and previous.manifest.fencing_token >= epoch:
                 newer_incarnation = (

@@ -58,7 +58,7 @@ from laminar_orchestration.protocol.capabilities import (
     grant_keys_key,
     ledger_key,
 )
-from laminar_orchestration.protocol.chain import ChainSealer
+from laminar_orchestration.protocol.chain import ChainRead, ChainSealer
 from laminar_orchestration.protocol.fencing import (
     FencingToken,
     NotOwned,
@@ -407,39 +407,55 @@ class Ledger:
         expected_epoch: int,
         reason: str,
         generation: int | None = None,
+        current: Ownership | None = None,
     ) -> FencingToken | None:
         """Forced: grant `expected_epoch + 1` to `node` without the old owner's release.
 
         Anything the old owner still does at its epoch is rejected from here on.
         `node` may be UNASSIGNED (fence only); then no token is returned. The
         fence takes effect on manifests at the seal this call puts on the chain.
+        `current`: the ownership as the caller last read it, if it did (not read again: the
+        grant's create-only write fails with EpochConflict if anyone granted since).
         """
-        current = self._current_or_unknown(partition)
+        if current is None or current.partition != partition:
+            current = self._current_or_unknown(partition)
         if current.epoch != expected_epoch:
             raise EpochConflict(partition, expected_epoch, current.epoch)
         epoch = self._grant(partition, node, current, GrantKind.FENCE, reason, generation)
         return None if node == UNASSIGNED else _mint_token(partition, epoch, node)
 
-    def adopt(self, partition: PartitionId, node: NodeId, *, generation: int | None = None) -> FencingToken:
+    def adopt(
+        self, partition: PartitionId, node: NodeId, *, generation: int | None = None, epoch: int | None = None
+    ) -> FencingToken:
         """Mint the token for a grant the control plane already made to `node`: how a node takes up
         a placement, a hand-over, a failover, or its own grant again after a restart.
 
+        `epoch`: the grant the node expects (a move's); it is read directly, and is current when
+        no later grant exists (two reads, not the head's roll-forward and the release).
         Raises NotOwned if the current grant names another node, or another
         generation of it when both are known.
         """
-        current = self._current_or_unknown(partition)
-        if current.owner != node or current.epoch == 0:
-            raise NotOwned(partition)
-        grant = self.grant(partition, current.epoch)
+        ownership = self._ownership_of(partition)
+        if epoch is not None and ownership.entry(epoch + 1) is None and (found := ownership.entry(epoch)) is not None:
+            grant: EpochGrant | None = found.value
+            current_epoch = epoch
+            if found.value.node != node:
+                raise NotOwned(partition)
+        else:
+            current = self._current_or_unknown(partition)
+            if current.owner != node or current.epoch == 0:
+                raise NotOwned(partition)
+            current_epoch = current.epoch
+            grant = self.grant(partition, current.epoch)
         if grant is None or (generation is not None and grant.generation != generation):
             raise NotOwned(partition)
         # Without the grant's private key nothing this node writes for the partition would count.
-        key = self.signing_keys.get(node, partition, current.epoch)
+        key = self.signing_keys.get(node, partition, current_epoch)
         if key.public_key != grant.public_key:
             raise SigningKeyUnavailable(
-                partition, current.epoch, node, signing_key_key(node, partition, current.epoch), "not the grant's key"
+                partition, current_epoch, node, signing_key_key(node, partition, current_epoch), "not the grant's key"
             )
-        return _mint_token(partition, current.epoch, node)
+        return _mint_token(partition, current_epoch, node)
 
     def _current_or_unknown(self, partition: PartitionId) -> Ownership:
         current = self.ownership(partition)
@@ -464,8 +480,9 @@ class Ledger:
         # Read the chain while its newest epoch is still current: the seal below then starts from an
         # entry this process checked, not from a pointer it would have to verify from the start.
         # Only a hint: a chain that cannot be read does not keep the grant (the fence) from being made.
+        hint: ChainRead | None = None
         with contextlib.suppress(LedgerError):
-            self.sealer.current(partition)
+            hint = self.sealer.read_chain(partition)
         signing_key = self._mint_signing_key(partition, epoch, node)
         grant = EpochGrant(
             partition=partition,
@@ -493,6 +510,7 @@ class Ledger:
             generation=generation or 0,
             reason=f"{kind.value} by the ledger",
             signing_key=signing_key,
+            first_read=hint,
         )
         status = PartitionStatus.ACTIVE if node != UNASSIGNED else PartitionStatus.UNASSIGNED
         # The grant already holds; a successor may supersede it at once, which the

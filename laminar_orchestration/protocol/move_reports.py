@@ -104,11 +104,20 @@ class _Look:
     started: float
 
 
+#: While the drivers in a process wait on more than two nodes at once (a failover's burst), their
+#: reads of the move reports are spaced to about this many a second in all, not one per node every
+#: poll interval: ten targets polled every 10 ms would be a thousand GETs a second.
+MOVE_REPORT_READS_PER_S = 25.0
+#: A node counts as waited on while one of its reports was read within this many seconds.
+_WAITED_ON_S = 1.0
+
+
 class MoveReports:
     """The move reports the drivers in this process wait on; thread-safe.
 
     A read younger than the caller's `max_age_s` is shared: many moves waiting on one node cost
-    one GET per look, not one per move.
+    one GET per look, not one per move. While more than two nodes are waited on, a read is shared
+    for at least `MOVE_REPORT_READS_PER_S` / their number.
     """
 
     _boards: ClassVar[weakref.WeakKeyDictionary[Ledger, MoveReports]] = weakref.WeakKeyDictionary()
@@ -120,6 +129,20 @@ class MoveReports:
         self._looks: dict[int, _Look] = {}
         self._locks: dict[int, threading.Lock] = {}
         self._lock = threading.Lock()
+
+    def _waited_on(self) -> int:
+        at = time.monotonic()
+        with self._lock:
+            return sum(1 for look in self._looks.values() if at - look.started <= _WAITED_ON_S)
+
+    def busy(self) -> bool:
+        """Whether the drivers in this process wait on more than two nodes (more than one move)."""
+        return self._waited_on() > 2
+
+    def _spacing(self) -> float:
+        """The least age of a shared read: 0 while at most two nodes are waited on (one move)."""
+        waited_on = self._waited_on()
+        return 0.0 if waited_on <= 2 else waited_on / MOVE_REPORT_READS_PER_S
 
     @classmethod
     def of(cls, ledger: Ledger) -> MoveReports:
@@ -148,11 +171,12 @@ class MoveReports:
             lock = self._locks.setdefault(int(node), threading.Lock())
         with lock:  # one read in flight per node: the others wait for it and share it
             look = self._looks.get(int(node))
-            if look is not None and time.monotonic() - look.started <= max_age_s:
+            if look is not None and time.monotonic() - look.started <= max(max_age_s, self._spacing()):
                 return look.record
             started = time.monotonic()
             key = move_report_key(node)
             obj = self._reader.get(key)
             record = None if obj is None else parse_record(key, obj.data, MoveReportRecord)
-            self._looks[int(node)] = _Look(record, started)
+            with self._lock:
+                self._looks[int(node)] = _Look(record, started)
             return record

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from laminar_orchestration.errors import ConflictError, OperationFailedError, UnavailableError
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.capabilities import LedgerWriter, ledger_key
+from laminar_orchestration.protocol.group_commit import GroupCommit
 from laminar_orchestration.protocol.keys import (
     ASSIGNMENTS_PREFIX,
     assignment_key,
@@ -261,9 +262,9 @@ _PHASE_AUDIENCE: Mapping[MigrationPhase, tuple[bool, bool]] = {
     MigrationPhase.RESTORING: (False, False),
     MigrationPhase.SEEKING: (False, True),
 }
-#: The phases a forced move's target acts on between its start and its end (it waits for the download
-#: through the fence, and for the grant at Seeking).
-_FORCED_TARGET_PHASES = frozenset({MigrationPhase.DOWNLOADING, MigrationPhase.SEEKING})
+#: The phases a forced move's target acts on between its start and its end: the download, after the
+#: fence (which granted it the epoch: it takes over once restored, with no word of Seeking).
+_FORCED_TARGET_PHASES = frozenset({MigrationPhase.DOWNLOADING})
 
 
 def concerned_nodes(before: DesiredState, after: DesiredState) -> set[int]:
@@ -286,8 +287,12 @@ def concerned_nodes(before: DesiredState, after: DesiredState) -> set[int]:
     ):
         if new is not None and not new.is_terminal and new.migration_kind == MigrationKind.FORCED:
             # A forced move asks nothing of its old owner (usually dead): it learns at the end, when the
-            # partition leaves it; until then the fence, not its assignment, stops what it writes.
-            return everyone - ({new.from_node} - {new.to_node})
+            # partition leaves it; until then the fence, not its assignment, stops what it writes. Its
+            # target has nothing to do before the fence either: it learns of the move at Downloading.
+            untold = {new.from_node} - {new.to_node}
+            if new.phase == MigrationPhase.PLANNED and before.owner == after.owner:
+                untold |= {new.to_node} - before.named_nodes()
+            return everyone - untold
         return everyone
     if new.phase == old.phase:
         return set()  # bookkeeping of the record (e.g. the warm bytes): nothing for a node to do
@@ -308,8 +313,17 @@ class NodeAssignment(Record):
     #: Bumped by every write, so "nothing changed" is one comparison.
     version: int = Field(ge=1)
     partitions: dict[int, int] = Field(default_factory=dict)
+    #: The desired states of the partitions in a move, as written (and of those this write ended a
+    #: move of): a node takes a state from here when its revision is the one listed above, instead
+    #: of reading it. Only a copy: the desired state stays the record.
+    states: dict[int, DesiredState] = Field(default_factory=dict)
     updated_at: datetime
     write_id: str = Field(default_factory=new_write_id)
+
+    def state(self, partition: int) -> DesiredState | None:
+        """The copy of `partition`'s desired state at the revision listed, if this record carries it."""
+        state = self.states.get(partition)
+        return state if state is not None and state.revision == self.partitions.get(partition) else None
 
 
 # --- errors -----------------------------------------------------------------------
@@ -518,11 +532,14 @@ class DesiredStates:
         *,
         read: tuple[DesiredState, str | None] | None = None,
         retry: bool = True,
+        linger_s: float = 0.0,
     ) -> DesiredState:
         """Apply `change` by compare-and-swap, re-reading on conflict. `change` may raise to abort.
 
         `read` is the record and ETag the caller just read (or `last_written`): the first attempt
         starts from it. With `retry=False` a conflict raises PreconditionFailed instead.
+        `linger_s`: how long the assignment write waits for other writers' states to go with it
+        (a driver of many moves at once).
         """
         key = ledger_key(desired_state_key(partition))
         while True:
@@ -545,7 +562,7 @@ class DesiredStates:
                     raise
                 continue
             self._written[partition] = (new, written)
-            self._assign(partition, concerned_nodes(current, new), new)
+            self._assign(partition, concerned_nodes(current, new), new, linger_s)
             return new
 
     def all(self) -> dict[PartitionId, DesiredState]:
@@ -561,20 +578,20 @@ class DesiredStates:
             return None, None
         return parse_record(key, obj.data, NodeAssignment), obj.etag
 
-    def _assign(self, partition: PartitionId, nodes: set[int], state: DesiredState) -> None:
+    def _assign(self, partition: PartitionId, nodes: set[int], state: DesiredState, linger_s: float = 0.0) -> None:
         """Bring the assignment of each of `nodes` in line with `state` of `partition`, then nudge them."""
-        moved = [n for n in sorted(nodes) if self._assign_one(NodeId(n), {partition: state})]
+        moved = [n for n in sorted(nodes) if self._assign_one(NodeId(n), {partition: state}, linger_s)]
         if moved and self._nudge:
             self.nudge(moved)
 
-    def _assign_one(self, node: NodeId, states: Mapping[PartitionId, DesiredState]) -> bool:
+    def _assign_one(self, node: NodeId, states: Mapping[PartitionId, DesiredState], linger_s: float = 0.0) -> bool:
         """CAS `node`'s assignment to name exactly the `states` that name it; True if it changed.
 
         Concurrent calls for one node in this process are written together (one compare-and-swap
         for all their states, by whichever thread gets there first): moves that share a node do
         not race each other for its record.
         """
-        return self._writes.queue(node).write(states, lambda batch: self._write_assignment(node, batch))
+        return self._writes.queue(node).write(states, lambda batch: self._write_assignment(node, batch), linger_s)
 
     def _write_assignment(self, node: NodeId, states: Mapping[PartitionId, DesiredState]) -> bool:
         key = ledger_key(assignment_key(node))
@@ -584,17 +601,27 @@ class DesiredStates:
             current, etag = guess if guess is not None else self.assignment(node)
             guess = None
             partitions = dict(current.partitions) if current else {}
+            # Copies of states in a move; those of moves ended by an earlier write are dropped.
+            copies = {
+                p: s
+                for p, s in (current.states if current else {}).items()
+                if s.migration is not None and not s.migration.is_terminal
+            }
             for p, state in states.items():
                 if node in state.named_nodes():
                     partitions[int(p)] = state.revision
+                    if state.migration is not None:
+                        copies[int(p)] = state
                 else:
                     partitions.pop(int(p), None)
+                    copies.pop(int(p), None)
+            copies = {p: s for p, s in copies.items() if partitions.get(p) == s.revision}
             if current is not None and partitions == current.partitions:
                 if guessed:
                     continue  # "nothing to change" is decided on the record as read, not as remembered
                 return False
             version = current.version + 1 if current else 1
-            record = NodeAssignment(node=node, version=version, partitions=partitions, updated_at=now())
+            record = NodeAssignment(node=node, version=version, partitions=partitions, states=copies, updated_at=now())
             data = record.model_dump_json().encode()
             try:
                 written = self._writer.create(key, data) if etag is None else self._writer.swap(key, data, etag)
@@ -649,7 +676,7 @@ class _AssignmentWrites:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._written: dict[int, tuple[NodeAssignment, str]] = {}
-        self._queues: dict[int, _AssignmentQueue] = {}
+        self._queues: dict[int, GroupCommit[DesiredState]] = {}
         self._addresses: NudgeAddresses | None = None
 
     def addresses(self, ledger: Ledger) -> NudgeAddresses:
@@ -674,9 +701,9 @@ class _AssignmentWrites:
                 writes = cls._all[ledger] = cls()
             return writes
 
-    def queue(self, node: NodeId) -> _AssignmentQueue:
+    def queue(self, node: NodeId) -> GroupCommit[DesiredState]:
         with self._lock:
-            return self._queues.setdefault(int(node), _AssignmentQueue())
+            return self._queues.setdefault(int(node), GroupCommit[DesiredState]())
 
     def last_written(self, node: NodeId) -> tuple[NodeAssignment, str] | None:
         with self._lock:
@@ -685,67 +712,6 @@ class _AssignmentWrites:
     def wrote(self, node: NodeId, record: NodeAssignment, etag: str) -> None:
         with self._lock:
             self._written[int(node)] = (record, etag)
-
-
-#: How many of its last batches an `_AssignmentQueue` remembers the outcome of, for late waiters.
-_BATCHES_REMEMBERED = 256
-
-
-class _AssignmentQueue:
-    """Group commit of one node's assignment: the states callers hand in while a write is under way
-    go out together in the next one (the latest revision of each partition)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._pending: dict[PartitionId, DesiredState] = {}
-        self._next = 0  # the ticket the next caller gets
-        self._done = -1  # every ticket up to this one is written
-        self._writing = False
-        self._changed: dict[int, bool] = {}  # the last ticket of a batch -> whether it changed the record
-
-    def write(
-        self,
-        states: Mapping[PartitionId, DesiredState],
-        write: Callable[[Mapping[PartitionId, DesiredState]], bool],
-    ) -> bool:
-        """Have `states` written by `write` (here or by the thread writing now); True if the batch that
-        carried them changed the record. A failed write raises in the thread that made it; the others
-        go on with the next batch."""
-        with self._cond:
-            ticket = self._next
-            self._next += 1
-            for p, state in states.items():
-                held = self._pending.get(p)
-                if held is None or held.revision <= state.revision:
-                    self._pending[p] = state
-            while True:
-                if self._done >= ticket:
-                    # The batch that carried it (long-forgotten ones: True, so the node is nudged).
-                    return next((changed for last, changed in sorted(self._changed.items()) if last >= ticket), True)
-                if not self._writing:
-                    break
-                self._cond.wait()
-            self._writing = True
-            batch, self._pending = self._pending, {}
-            last = self._next - 1
-        changed = False
-        try:
-            changed = write(batch)
-        except BaseException:
-            with self._cond:
-                for p, state in batch.items():  # back in line for the next writer
-                    self._pending.setdefault(p, state)
-                self._writing = False
-                self._cond.notify_all()
-            raise
-        with self._cond:
-            self._writing = False
-            self._done = last
-            self._changed[last] = changed
-            if len(self._changed) > _BATCHES_REMEMBERED:
-                del self._changed[min(self._changed)]
-            self._cond.notify_all()
-        return changed
 
 
 @dataclass(frozen=True)
