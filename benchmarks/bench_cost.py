@@ -11,7 +11,8 @@ Against the S3-protocol server on loopback (`laminar_dev.s3server`):
 * **scale**: 1,000 partitions on 10 nodes, idle; the idle rate of one node at 10 and at
   1,000 partitions; one graceful migration from launch to Active; a node holding about
   100 partitions killed with SIGKILL, then `laminar failover` until every one of its
-  partitions is active elsewhere.
+  partitions is active elsewhere; then the Dagster daemon started on the same store and another
+  node killed, its partitions failed over by the node-failure sensor (`--no-dagster` skips it).
 
 Nodes are the real node runtime with a pyarrow fold instead of Spark
 (`python -m laminar_dev.arrownode --node-defaults`, so their timing is `laminar node
@@ -48,6 +49,7 @@ from laminar_dev.s3server import start_s3_server
 from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.ops.demo_processes import Producer
 from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.tasks import DesiredStates, MigrationKind, MigrationPhase
 from laminar_orchestration.store import open_store
 from laminar_orchestration.store.metering import RequestPrices, key_family
 
@@ -264,7 +266,71 @@ def demo_shape(window_s: float, *, loaded: bool) -> tuple[list[Row], list[str]]:
 MIGRATIONS = 3
 
 
-def scale(window_s: float, partitions: int, nodes: int) -> tuple[list[Row], list[str]]:
+def _dagster_failover(
+    cluster: Cluster, log: ServerLog, ledger: Ledger, *, victim: int, timeout_s: float, notes: list[str]
+) -> list[Row]:
+    """kill -9 of `victim` with the Dagster daemon watching (its sensors, as `laminar demo` runs them):
+    until every partition it held is Active elsewhere, from the migration records' completion times."""
+    # Imported here: only this step needs Dagster (and the test helpers that run its processes).
+    from tests.dagster_plane import ControlPlane
+
+    plane = ControlPlane(cluster.workdir / "dagster", cluster.url, heartbeat_timeout_s=timeout_s)
+    try:
+        progress("scale: starting Dagster as `laminar demo` runs it (daemon, webserver and its run pool)")
+        plane.start_webserver(timeout_s=600)
+        plane.wait_pool(timeout_s=600)
+        plane.start_daemon()
+        plane.wait_sensors_ticking(timeout_s=600)
+        time.sleep(20)  # the observation sensor's first full look is over before the kill
+        owners = ledger.ownerships(ledger.partitions())
+        held = sorted(int(p) for p, o in owners.items() if o is not None and o.owner == victim)
+        desired = DesiredStates(ledger, nudge=False)
+        progress(f"scale: kill -9 node {victim} holding {len(held)} partitions, the Dagster sensor failing it over")
+        log.mark()
+        killed = time.time()
+        cluster.nodes[victim].kill()
+        done: dict[int, float] = {}
+
+        def all_active() -> bool:
+            for p in held:
+                if p in done:
+                    continue
+                task = desired.read(PartitionId(p))[0].migration
+                if (
+                    task is not None
+                    and task.migration_kind == MigrationKind.FORCED
+                    and task.from_node == victim
+                    and task.phase == MigrationPhase.ACTIVE
+                    and task.completed_at is not None
+                ):
+                    done[p] = task.completed_at.timestamp()
+            return len(done) == len(held)
+
+        # Polled slowly (its reads load the server the failover uses); the figure is the records' own.
+        time.sleep(timeout_s)
+        while not all_active() and time.time() - killed < 300:
+            time.sleep(5)
+        window = log.since_mark(time.time() - killed)
+        took = max(done.values()) - killed if len(done) == len(held) else math.inf
+        per_move = sum(window.methods.values()) / max(1, len(held))
+        notes.append(
+            f"scale Dagster failover: {len(done)}/{len(held)} active; {per_move:.0f} requests per partition moved"
+            " (the sensors' and the recording runs' included, until the last was seen active)"
+        )
+        return [
+            Row(
+                f"kill -9 of a node with {len(held)} partitions -> all active elsewhere",
+                "Dagster node_failure_sensor",
+                f"{took:.1f} s" if math.isfinite(took) else f"{len(held) - len(done)} not active after 300 s",
+                f"<= {timeout_s + 10:g} s",
+                verdict(took, timeout_s + 10),
+            )
+        ]
+    finally:
+        plane.stop()
+
+
+def scale(window_s: float, partitions: int, nodes: int, *, dagster: bool = True) -> tuple[list[Row], list[str]]:
     rows: list[Row] = []
     notes: list[str] = []
     with running_cluster("scale", partitions, nodes) as (cluster, log, _):
@@ -360,6 +426,8 @@ def scale(window_s: float, partitions: int, nodes: int) -> tuple[list[Row], list
                 verdict(took if not stranded else math.inf, timeout_s + 10),
             )
         )
+        if dagster:
+            rows += _dagster_failover(cluster, log, ledger, victim=5, timeout_s=timeout_s, notes=notes)
     # The same node at 10 partitions, for the "does not grow with partitions" figure.
     with running_cluster("small", nodes, nodes) as (cluster, log, _):
         cluster.laminar("rebalance")
@@ -389,6 +457,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--window", type=float, default=30.0, help="seconds of each steady window")
     parser.add_argument("--scale-partitions", type=int, default=1000)
     parser.add_argument("--scale-nodes", type=int, default=10)
+    parser.add_argument("--no-dagster", action="store_true", help="scale: skip the failover through Dagster")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
     rows: list[Row] = []
@@ -402,7 +471,7 @@ def main(argv: list[str] | None = None) -> None:
         rows += r
         notes += n
     if "scale" in only:
-        r, n = scale(args.window, args.scale_partitions, args.scale_nodes)
+        r, n = scale(args.window, args.scale_partitions, args.scale_nodes, dagster=not args.no_dagster)
         rows += r
         notes += n
     text = format_table(rows, "store requests (S3 billing classes), from the S3 server's log", notes)

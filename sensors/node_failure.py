@@ -63,13 +63,15 @@ from laminar_orchestration.control.operations import (
     FULL_LOOK_S,
     DrivenFailover,
     LookFocus,
+    PlannedFailover,
     drive_failovers,
     look_focus,
     plan_failovers,
     wait_for_suspects,
 )
-from laminar_orchestration.control.snapshot import ownership_rows
+from laminar_orchestration.control.snapshot import ownership_rows, ownership_rows_patched
 from laminar_orchestration.protocol.ledger import ClusterNotInitialized, Ledger
+from laminar_orchestration.protocol.records import PartitionStatus
 from resources import LaminarResource
 
 __all__ = [
@@ -145,9 +147,28 @@ def _encode_cursor(
     return json.dumps(data)
 
 
-def _ownership_events(ledger: Ledger) -> list[AssetObservation | AssetCheckEvaluation]:
-    rows = ownership_rows(ledger)
+def _ownership_events(
+    ledger: Ledger, rows: list[dict[str, Any]] | None = None
+) -> list[AssetObservation | AssetCheckEvaluation]:
+    rows = ownership_rows(ledger) if rows is None else rows
     return [ownership_observation(ledger, rows), live_owners_evaluation(rows)]
+
+
+def _dead_owner_rows(ledger: Ledger, failovers: Collection[PlannedFailover]) -> list[dict[str, Any]]:
+    """The ownership map with the dead owners' partitions as the plan found them, over the rows this
+    process read last: no read of every partition before the failovers."""
+    dead = {
+        f.partition: {
+            "partition": f.partition,
+            "epoch": f.epoch,
+            "owner": f.failed_node,
+            "status": PartitionStatus.ACTIVE,
+            "owner_alive": False,
+            "migration": "",
+        }
+        for f in failovers
+    }
+    return ownership_rows_patched(ledger, dead)
 
 
 def failover_run_config(driven: DrivenFailover) -> dict[str, Any]:
@@ -237,7 +258,9 @@ def evaluate(
             "nothing to fail over" if plan.handled | unread != previous.handled else "every partition's owner is alive"
         )
         return SensorResult(cursor=new_cursor, skip_reason="; ".join(plan.skipped) or reason)
-    before = _ownership_events(ledger)  # the dead owner, as the operator should see it
+    before = _ownership_events(
+        ledger, _dead_owner_rows(ledger, plan.failovers)
+    )  # the dead owner, as an operator sees it
     if report is not None:
         for event in before:
             report(event)

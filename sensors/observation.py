@@ -44,6 +44,7 @@ from assets import (
 )
 from laminar_orchestration.control.snapshot import (
     CheckpointRows,
+    OwnershipRows,
     checkpoint_rows,
     fingerprint,
     ownership_rows,
@@ -105,18 +106,24 @@ def observe(
     *,
     now: float | None = None,
     checkpoints: CheckpointRows | None = None,
+    ownership: OwnershipRows | None = None,
 ) -> Observed:
     """The asset events that differ from what `cursor` says was reported.
 
-    `checkpoints`: the manifests as this process last read them (None: every partition's is read).
+    `checkpoints`: the manifests as this process last read them (None: every partition's is read);
+    `ownership`: the same for the ownership rows.
     """
     at = time.time() if now is None else now
     out = Observed(cursor=ObservationCursor(**{**cursor.__dict__, "materialized_seqs": dict(cursor.materialized_seqs)}))
     # Every partition's records only when something that moves with them moved (three reads a node).
     signature = ownership_signature(ledger)
-    if signature != cursor.signature or at - cursor.ownership_at >= OWNERSHIP_EVERY_S:
-        rows = ownership_rows(ledger)
-        out.cursor.signature, out.cursor.ownership_at = signature, at
+    full = at - cursor.ownership_at >= OWNERSHIP_EVERY_S
+    if signature != cursor.signature or full:
+        # Only the partitions whose records moved are read again, unless every partition's is due.
+        rows = ownership.rows(ledger, full=full) if ownership is not None else ownership_rows(ledger)
+        out.cursor.signature = signature
+        if full or ownership is None:
+            out.cursor.ownership_at = at
         own = fingerprint(rows)
         if own != cursor.ownership:
             out.events += [ownership_observation(ledger, rows), live_owners_evaluation(rows)]
@@ -146,8 +153,10 @@ def observe(
     return out
 
 
-#: Per store, the manifests as this code server last read them (the sensor's ticks share them).
+#: Per store, the manifests and ownership as this code server last read them (the sensor's ticks
+#: share them).
 _CHECKPOINTS: dict[str, CheckpointRows] = {}
+_OWNERSHIP: dict[str, OwnershipRows] = {}
 
 
 @sensor(
@@ -163,7 +172,8 @@ def laminar_observation_sensor(context: SensorEvaluationContext, laminar: Lamina
         return SkipReason(f"no cluster in {ledger.store.url}")
     cursor = ObservationCursor.decode(context.cursor)
     checkpoints = _CHECKPOINTS.setdefault(ledger.store.url, CheckpointRows())
-    observed = observe(ledger, laminar.manifests(), cursor, checkpoints=checkpoints)
+    ownership = _OWNERSHIP.setdefault(ledger.store.url, OwnershipRows())
+    observed = observe(ledger, laminar.manifests(), cursor, checkpoints=checkpoints, ownership=ownership)
     if not observed.events and not observed.new_partitions:
         return SkipReason("nothing changed since the last observation")
     requests = (

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -372,12 +373,34 @@ def ownership_signature(ledger: Ledger) -> str:
     return fingerprint(parts)
 
 
+#: The ownership rows this process read last, per store: a look at one node's death patches them
+#: instead of reading every partition again on the failover's path.
+_LAST_ROWS: dict[str, tuple[dict[str, Any], ...]] = {}
+
+
+def ownership_rows_patched(ledger: Ledger, changed: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The rows this process last read (`ownership_rows`) with the `changed` ones over them: what a
+    caller that knows what just changed shows without reading every partition (read if none was)."""
+    last = _LAST_ROWS.get(ledger.store.url)
+    if last is None:
+        return ownership_rows(ledger)
+    rows = [dict(changed.get(int(r["partition"]), r)) for r in last]
+    _LAST_ROWS[ledger.store.url] = tuple(rows)
+    return rows
+
+
 def ownership_rows(ledger: Ledger) -> list[dict[str, Any]]:
     """One row per partition: partition, epoch, owner, status, owner_alive, migration ("" or "id (phase)").
 
     From `snapshot_cluster` without the offsets: they change with every
     commit, and the rows are what an observer fingerprints.
     """
+    rows = _ownership_rows(ledger)
+    _LAST_ROWS[ledger.store.url] = tuple(rows)
+    return rows
+
+
+def _ownership_rows(ledger: Ledger) -> list[dict[str, Any]]:
     return [
         {
             "partition": p.partition,
@@ -389,6 +412,74 @@ def ownership_rows(ledger: Ledger) -> list[dict[str, Any]]:
         }
         for p in snapshot_cluster(ledger, offsets=False).partitions
     ]
+
+
+class OwnershipRows:
+    """`ownership_rows` kept between looks by one process (the observation sensor's): a look reads
+    every node's record and assignment, and the records of only the partitions whose listed
+    revision moved in an assignment, or whose node changed status, generation or liveness (all of
+    them when a node joined or left).
+
+    Every grant follows a desired state that moves the assignment of a node it names, so a move's
+    phases are seen as its nodes learn them; what no assignment shows (a ledger written by hand)
+    waits for the next full look (`rows(full=True)`). Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rows: dict[int, dict[str, Any]] = {}
+        #: node -> its assignment's partitions and revisions at the last look.
+        self._listed: dict[int, dict[int, int]] = {}
+        #: node -> (status, generation, alive) at the last look.
+        self._nodes: dict[int, tuple[str, int, bool]] = {}
+
+    def rows(self, ledger: Ledger, *, full: bool = False) -> list[dict[str, Any]]:
+        """Every partition's row: read again where its records may have moved (all when `full`)."""
+        with self._lock:
+            views = ledger.nodes()
+            desired = DesiredStates(ledger, nudge=False)
+            listed = {v.record.node: dict(a.partitions) if (a := desired.assignment(NodeId(v.record.node))[0]) else {}
+                      for v in views}  # fmt: skip
+            nodes = {v.record.node: (str(v.record.status), v.record.generation, v.alive) for v in views}
+            # A node that joined or left: every partition (a rare event, and placements follow it).
+            if full or not self._rows or nodes.keys() != self._nodes.keys():
+                fresh = _ownership_rows(ledger)
+                self._rows = {int(r["partition"]): r for r in fresh}
+            else:
+                changed: set[int] = set()
+                for node in listed.keys() | self._listed.keys():
+                    now_, before = listed.get(node, {}), self._listed.get(node, {})
+                    changed |= {p for p in now_.keys() | before.keys() if now_.get(p) != before.get(p)}
+                for node in nodes.keys() | self._nodes.keys():
+                    if nodes.get(node) != self._nodes.get(node):
+                        changed |= set(listed.get(node, {})) | {p for p, r in self._rows.items() if r["owner"] == node}
+                live = {n for n, (_, _, alive) in nodes.items() if alive}
+                self._rows.update(_rows_of(ledger, desired, changed, live))
+            self._listed, self._nodes = listed, nodes
+            rows = [self._rows[p] for p in sorted(self._rows)]
+        _LAST_ROWS[ledger.store.url] = tuple(rows)
+        return rows
+
+
+def _rows_of(
+    ledger: Ledger, desired: DesiredStates, partitions: Iterable[int], live: set[int]
+) -> dict[int, dict[str, Any]]:
+    """The `ownership_rows` rows of `partitions` (their ownership and desired state read)."""
+    rows = {}
+    for pid, own in ledger.ownerships([PartitionId(p) for p in sorted(partitions)]).items():
+        if own is None:
+            continue
+        task = desired.read(pid)[0].migration
+        moving = task is not None and not task.is_terminal
+        rows[int(pid)] = {
+            "partition": int(pid),
+            "epoch": own.epoch,
+            "owner": int(own.owner),
+            "status": own.status.value,
+            "owner_alive": int(own.owner) in live,
+            "migration": f"{task.migration_id} ({task.phase})" if task is not None and moving else "",
+        }
+    return rows
 
 
 def ownership_health(row: Mapping[str, Any]) -> str:

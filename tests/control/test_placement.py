@@ -27,6 +27,7 @@ from laminar_orchestration.control.operations import (
     NodeStillAlive,
     fail_over_node,
     failover_candidates,
+    failover_move,
     plan_node_failover,
     plan_rebalance,
     run_node_failover,
@@ -324,6 +325,29 @@ def test_a_node_failover_moves_what_its_assignment_names_first_then_what_only_th
     assert [m.partition for m in plan.moves] == [0, 1, 2] and len(outcomes) == 3
     # Fenced towards live nodes (no node process restores them here: each move then times out).
     assert {ledger.ownership(P(p)).owner for p in range(3)} <= {2, 3}  # type: ignore[union-attr]
+
+
+def test_a_failover_planned_from_a_read_another_driver_outdated_decides_again_and_fences_nothing(
+    ledger: Ledger,
+) -> None:
+    """A failover's moves plan from the ownership its plan read: when another driver fenced the
+    partition in between, the move's fence loses (recorded Failed), the move is decided again from
+    a fresh read, and the other driver's grant stands."""
+    _dead_node_1_holds_p0_to_p2(ledger)
+    plan = plan_node_failover(ledger, 1, partitions=[P(0)])
+    assert [m.partition for m in plan.moves] == [0] and plan.ownerships[0].epoch == 1
+    other = ({2, 3} - {plan.moves[0].to_node}).pop()  # not the move's target: its grant is not the move's
+    # Another driver's failover to a live node ran to its end meanwhile: the ledger and the desired
+    # state name that node.
+    ledger.fence(P(0), N(other), expected_epoch=1, reason="another driver")
+    DesiredStates(ledger, nudge=False).update(P(0), lambda s: s.model_copy(update={"owner": other}))
+    coordinator = MigrationCoordinator(ledger, MigrationConfig(checkpoint_transfer_timeout_s=0.1))
+    move = plan.moves[0]
+    assert failover_move(coordinator, move, plan.live_nodes, own=plan.ownerships[0]) is None
+    own = ledger.ownership(P(0))
+    assert own is not None and (own.epoch, own.owner) == (2, other)
+    task = coordinator.current(P(0))
+    assert task is not None and task.phase == MigrationPhase.FAILED and "fence" in (task.error or "").lower()
 
 
 def test_failover_of_a_dead_owner_fences_it_towards_the_least_loaded_node(ledger: Ledger) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.control.snapshot import (
     CheckpointRows,
+    OwnershipRows,
     check_live_owners,
     checkpoint_rows,
     checkpoints_version,
@@ -23,9 +24,10 @@ from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.records import PartitionProgress
 from laminar_orchestration.protocol.source import SourceLog, generate_events
-from laminar_orchestration.protocol.tasks import MigrationConfig
+from laminar_orchestration.protocol.tasks import DesiredStates, MigrationConfig
 from laminar_orchestration.store.metering import RequestMeter
 from tests.commits import commit_all
+from tests.ledgers import make_alive, make_dead
 
 P, N = PartitionId, NodeId
 
@@ -137,3 +139,38 @@ def test_kept_checkpoint_rows_read_a_manifest_again_only_when_a_node_reports_a_c
     before = manifest_reads()
     kept.rows(ledger, manifests)
     assert manifest_reads() > before
+
+
+def test_kept_ownership_rows_read_only_the_partitions_whose_assignment_or_node_moved(
+    ledger: Ledger, meter: RequestMeter
+) -> None:
+    """The observation's look at the ownership during moves: the rows of the partitions a node's
+    assignment lists at another revision are read again, and those of a node that died; the rest
+    are kept. The rows are always what a full read shows."""
+    desired = DesiredStates(ledger, nudge=False)
+    make_alive(ledger, 1, 2)
+    for p in range(4):
+        node = 1 + p % 2
+        desired.update(P(p), lambda s, node=node: s.model_copy(update={"owner": node}))
+        ledger.acquire(P(p), N(node), expected_epoch=0)
+    kept = OwnershipRows()
+    first = kept.rows(ledger)
+    assert first == ownership_rows(ledger)
+
+    def partition_reads() -> int:
+        return sum(n for (_m, fam), n in meter.snapshot().by_family.items() if fam.startswith("ledger/partitions/"))
+
+    before = partition_reads()
+    assert kept.rows(ledger) == first
+    assert partition_reads() == before, "nothing moved: no partition's records read"
+    # p2 moves to node 2: its state moves both nodes' assignments; only p2 is read again.
+    desired.update(P(2), lambda s: s.model_copy(update={"owner": 2}))
+    ledger.fence(P(2), N(2), expected_epoch=1, reason="moved")
+    before = partition_reads()
+    moved = kept.rows(ledger)
+    assert 0 < partition_reads() - before <= 4, "only p2's ownership and desired state"
+    assert moved == ownership_rows(ledger) and moved[2]["owner"] == 2
+    # Node 1 dies: its partition (p0) shows on a dead owner, as a full read shows it.
+    make_dead(ledger, 1)
+    dead = kept.rows(ledger)
+    assert dead == ownership_rows(ledger) and dead[0]["owner_alive"] is False and dead[1]["owner_alive"] is True

@@ -49,6 +49,15 @@ def _move(state: DesiredState, to: int) -> DesiredState:
     return state.model_copy(update={"migration": task})
 
 
+def _forced(state: DesiredState) -> DesiredState:
+    """A forced move of `state`'s partition to node 2, planned."""
+    moved = _move(state, to=2)
+    assert moved.migration is not None
+    return moved.model_copy(
+        update={"migration": moved.migration.model_copy(update={"migration_kind": MigrationKind.FORCED})}
+    )
+
+
 def _desired(store: ObjectStore, partitions: int = 2) -> DesiredStates:
     ledger = Ledger(store)
     ledger.init_cluster(partitions)
@@ -182,14 +191,7 @@ def test_a_forced_move_tells_its_old_owner_only_at_the_end(store: ObjectStore) -
     desired.update(P(0), lambda s: s.model_copy(update={"owner": 1}))
     _, dead_before = desired.assignment(N(1))
 
-    def forced(s: DesiredState) -> DesiredState:
-        moved = _move(s, to=2)
-        assert moved.migration is not None
-        return moved.model_copy(
-            update={"migration": moved.migration.model_copy(update={"migration_kind": MigrationKind.FORCED})}
-        )
-
-    desired.update(P(0), forced)
+    desired.update(P(0), _forced)
     for phase in phase_sequence(MigrationKind.FORCED)[1:-1]:
         desired.update(P(0), functools.partial(_phase, phase=phase))
         assert desired.assignment(N(1))[1] == dead_before, f"{phase} moved the old owner's assignment"
@@ -240,3 +242,32 @@ def test_moves_to_one_node_write_its_assignment_together_without_racing(store: O
         t.join(30)
     assert _partitions(desired, 1) == dict.fromkeys(range(16), 1)
     assert counting.lost == 0
+
+
+def test_a_forced_moves_target_learns_of_it_at_downloading_with_a_copy_of_its_state(store: ObjectStore) -> None:
+    """The target of a forced move has nothing to do before the fence: its assignment first names the
+    partition at Downloading, carrying a copy of the state at the listed revision (the node reads no
+    desired state), and the copy leaves the record with the write after the one that ended the move."""
+    desired = _desired(store)
+    desired.update(P(0), lambda s: s.model_copy(update={"owner": 1}))
+
+    desired.update(P(0), _forced)
+    assert desired.assignment(N(2))[0] is None, "the plan of a forced move told its target"
+    desired.update(P(0), functools.partial(_phase, phase=MigrationPhase.RELEASED))
+    assert desired.assignment(N(2))[0] is None
+    downloading = desired.update(P(0), functools.partial(_phase, phase=MigrationPhase.DOWNLOADING))
+    told, _ = desired.assignment(N(2))
+    assert told is not None and told.partitions == {0: downloading.revision}
+    assert told.state(0) == downloading
+    # A copy at another revision than the one listed is no copy.
+    stale = told.model_copy(update={"partitions": {0: downloading.revision + 1}})
+    assert stale.state(0) is None
+
+    for phase in (MigrationPhase.RESTORING, MigrationPhase.SEEKING):
+        desired.update(P(0), functools.partial(_phase, phase=phase))
+    done = desired.update(P(0), lambda s: _phase(s, MigrationPhase.ACTIVE).model_copy(update={"owner": 2}))
+    ended, _ = desired.assignment(N(2))
+    assert ended is not None and ended.state(0) == done
+    desired.update(P(1), lambda s: s.model_copy(update={"owner": 2}))
+    later, _ = desired.assignment(N(2))
+    assert later is not None and 0 not in later.states and later.partitions[0] == done.revision

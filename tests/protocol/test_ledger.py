@@ -271,3 +271,55 @@ def test_nodes_register_heartbeat_and_liveness(ledger: Ledger) -> None:
     assert not {v.record.node: v for v in ledger.nodes()}[1].alive
     assert ledger.membership().cluster_epoch == epoch_after_joins  # re-join is not a change
     assert ledger.bump_cluster_epoch("rebalance") == epoch_after_joins + 1
+
+
+def test_a_fence_from_a_stale_read_of_the_ownership_grants_nothing(ledger: Ledger) -> None:
+    """The failover plans from its own earlier read (`current=`): the create-only grant is what
+    checks it, so a grant made since wins and the stale fence raises EpochConflict."""
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    stale = ledger.ownership(P(0))
+    assert stale is not None and stale.epoch == 1
+    ledger.fence(P(0), N(3), expected_epoch=1, reason="another driver fenced first")
+    with pytest.raises(EpochConflict):
+        ledger.fence(P(0), N(2), expected_epoch=1, reason="planned from the stale read", current=stale)
+    own = ledger.ownership(P(0))
+    assert own is not None and (own.epoch, own.owner) == (2, 3)
+    assert [g.node for g in ledger.grants(P(0))] == [1, 3]
+
+
+def test_a_fence_seals_on_top_of_a_commit_that_landed_after_its_first_read_of_the_chain(
+    ledger: Ledger, store: ObjectStore
+) -> None:
+    """The grant seals from the chain it read before creating the grant; an old owner's commit in
+    between takes that sequence number, and the seal goes on top of it, carrying its offset."""
+    token = ledger.acquire(P(1), N(1), expected_epoch=0)
+    old_owner = ManifestPublisher(OutputCommitter(store), store)
+    old_owner.publish(token, ManifestUpdate(source_offset=5))
+    read_chain = ledger.sealer.read_chain
+    late: list[ManifestVersion] = []
+
+    def commit_after_the_read(partition: int) -> Any:
+        read = read_chain(partition)
+        if not late:  # the grant's first read only: the seal's second read sees the commit
+            late.append(old_owner.publish(token, ManifestUpdate(source_offset=9)))
+        return read
+
+    ledger.sealer.read_chain = commit_after_the_read  # type: ignore[method-assign]
+    ledger.fence(P(1), N(2), expected_epoch=1, reason="failover")
+    sealed = ManifestReader(store).current(P(1))
+    assert sealed is not None and sealed.manifest.is_seal and sealed.manifest.fencing_token == 2
+    assert sealed.manifest.parent_hash == late[0].raw_hash and sealed.manifest.source_offset == 9
+    with pytest.raises(StaleFencingToken):
+        old_owner.publish(token, ManifestUpdate(source_offset=12))
+
+
+def test_adopt_by_epoch_reads_the_grant_and_refuses_another_nodes_or_a_superseded_one(ledger: Ledger) -> None:
+    ledger.acquire(P(2), N(1), expected_epoch=0)
+    ledger.fence(P(2), N(2), expected_epoch=1, reason="failover")
+    assert ledger.adopt(P(2), N(2), epoch=2).epoch == 2
+    with pytest.raises(NotOwned):
+        ledger.adopt(P(2), N(1), epoch=2)  # the grant at 2 names node 2
+    ledger.fence(P(2), N(3), expected_epoch=2, reason="failover again")
+    with pytest.raises(NotOwned):
+        ledger.adopt(P(2), N(2), epoch=2)  # superseded: the current grant is node 3's
+    assert ledger.adopt(P(2), N(3), epoch=3).epoch == 3

@@ -112,3 +112,21 @@ def test_the_board_is_one_per_ledger(local_store: ObjectStore) -> None:
     ledger = Ledger(local_store)
     assert MoveReports.of(ledger) is MoveReports.of(ledger)
     assert MoveReports.of(Ledger(local_store)) is not MoveReports.of(ledger)
+
+
+def test_drivers_waiting_on_many_nodes_space_their_reads(local_store: ObjectStore) -> None:
+    """Polls of one or two nodes (a single move) are fresh when asked; with more nodes waited on at
+    once (a failover's burst) a read is shared for a while, so the reads do not grow with the nodes."""
+    counting = CountingStore(local_store)
+    for n in range(1, 6):
+        MoveReporter(LedgerWriter(local_store), N(n), generation=1).report({n: progress(n, "restoring")})
+    board = MoveReports(Ledger(counting))
+    board.progress(N(1), 1, max_age_s=0.0)
+    board.progress(N(1), 1, max_age_s=0.0)
+    assert counting.gets[move_report_key(1)] == 2, "one move's waits look fresh"
+    assert not board.busy()
+    for n in range(2, 6):
+        board.progress(N(n), n, max_age_s=0.0)
+    assert board.busy()
+    board.progress(N(1), 1, max_age_s=0.0)
+    assert counting.gets[move_report_key(1)] == 2, "five nodes waited on: a read just made is shared"
