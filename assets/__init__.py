@@ -206,12 +206,17 @@ def ownership_observation(ledger: Ledger, rows: Sequence[dict[str, Any]] | None 
     )
 
 
-def assignment_observation(ledger: Ledger) -> AssetObservation:
-    """The `assignment_plan`: what a rebalance would move now."""
-    if (empty := _uninitialized(ledger, assignment_plan.key)) is not None:
+def assignment_observation(ledger: Ledger, rows: Sequence[dict[str, Any]] | None = None) -> AssetObservation:
+    """The `assignment_plan`: what a rebalance would move now (from ownership `rows`, if read a moment ago)."""
+    if rows is None and (empty := _uninitialized(ledger, assignment_plan.key)) is not None:
         return empty
     try:
-        plan = plan_rebalance(ledger).assignment
+        if rows is None:
+            plan = plan_rebalance(ledger).assignment
+        else:
+            owners = {int(r["partition"]): int(r["owner"]) for r in rows}
+            moving = [int(r["partition"]) for r in rows if r["migration"]]
+            plan = plan_rebalance(ledger, owners=owners, moving=moving).assignment
     except AssignmentError as exc:
         return AssetObservation(
             asset_key=assignment_plan.key, metadata={"error": str(exc)}, tags={DATA_VERSION_TAG: "no-plan"}

@@ -427,7 +427,11 @@ def scale(window_s: float, partitions: int, nodes: int, *, dagster: bool = True)
             )
         )
         if dagster:
-            rows += _dagster_failover(cluster, log, ledger, victim=5, timeout_s=timeout_s, notes=notes)
+            try:
+                rows += _dagster_failover(cluster, log, ledger, victim=5, timeout_s=timeout_s, notes=notes)
+            except (RuntimeError, TimeoutError) as exc:  # the figures above still print
+                notes.append(f"scale Dagster failover: not measured: {str(exc)[:300]}")
+                rows.append(Row("kill -9 -> all active elsewhere", "Dagster node_failure_sensor", "not measured"))
     # The same node at 10 partitions, for the "does not grow with partitions" figure.
     with running_cluster("small", nodes, nodes) as (cluster, log, _):
         cluster.laminar("rebalance")

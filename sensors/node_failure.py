@@ -72,6 +72,7 @@ from laminar_orchestration.control.operations import (
 from laminar_orchestration.control.snapshot import ownership_rows, ownership_rows_patched
 from laminar_orchestration.protocol.ledger import ClusterNotInitialized, Ledger
 from laminar_orchestration.protocol.records import PartitionStatus
+from laminar_orchestration.protocol.tasks import MigrationPhase
 from resources import LaminarResource
 
 __all__ = [
@@ -152,6 +153,26 @@ def _ownership_events(
 ) -> list[AssetObservation | AssetCheckEvaluation]:
     rows = ownership_rows(ledger) if rows is None else rows
     return [ownership_observation(ledger, rows), live_owners_evaluation(rows)]
+
+
+def _failed_over_rows(ledger: Ledger, driven: Collection[DrivenFailover]) -> list[dict[str, Any]]:
+    """The ownership map after the failovers this tick drove, as they ended, over the rows this
+    process read last: no read of every partition while the recording runs wait for this tick."""
+    moved = {}
+    for d in driven:
+        fenced = any(r.phase == MigrationPhase.RELEASED for r in d.reports)
+        if d.migration_id is None or not fenced:
+            continue  # not fenced here (an error first): the partition's row stays as it was
+        last = d.reports[-1].phase if d.reports else MigrationPhase.RELEASED
+        moved[d.planned.partition] = {
+            "partition": d.planned.partition,
+            "epoch": d.to_epoch,
+            "owner": d.to_node,
+            "status": PartitionStatus.ACTIVE,
+            "owner_alive": True,
+            "migration": "" if d.done else f"{d.migration_id} ({last})",
+        }
+    return ownership_rows_patched(ledger, moved)
 
 
 def _dead_owner_rows(ledger: Ledger, failovers: Collection[PlannedFailover]) -> list[dict[str, Any]]:
@@ -258,9 +279,8 @@ def evaluate(
             "nothing to fail over" if plan.handled | unread != previous.handled else "every partition's owner is alive"
         )
         return SensorResult(cursor=new_cursor, skip_reason="; ".join(plan.skipped) or reason)
-    before = _ownership_events(
-        ledger, _dead_owner_rows(ledger, plan.failovers)
-    )  # the dead owner, as an operator sees it
+    # The dead owner, as an operator sees it (from the rows last read: no read of every partition).
+    before = _ownership_events(ledger, _dead_owner_rows(ledger, plan.failovers))
     if report is not None:
         for event in before:
             report(event)
@@ -273,7 +293,7 @@ def evaluate(
     return SensorResult(
         run_requests=[_run_request(d) for d in driven],
         cursor=new_cursor,
-        asset_events=[*before, *_ownership_events(ledger)],
+        asset_events=[*before, *_ownership_events(ledger, _failed_over_rows(ledger, driven))],
     )
 
 

@@ -130,7 +130,7 @@ def observe(
             out.cursor.ownership = own
         plan = fingerprint([(r["partition"], r["owner"], r["owner_alive"]) for r in rows])
         if plan != cursor.plan:
-            out.events.append(assignment_observation(ledger))
+            out.events.append(assignment_observation(ledger, rows))
             out.cursor.plan = plan
     if at - cursor.manifests_at >= CHECKPOINT_EVERY_S:
         committed = (

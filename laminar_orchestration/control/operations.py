@@ -110,17 +110,23 @@ class RebalancePlan:
 
 
 def plan_rebalance(
-    ledger: Ledger, weights: Mapping[int, float] | None = None, *, live: Collection[int] | None = None
+    ledger: Ledger,
+    weights: Mapping[int, float] | None = None,
+    *,
+    live: Collection[int] | None = None,
+    owners: Mapping[int, int] | None = None,
+    moving: Collection[int] | None = None,
 ) -> RebalancePlan:
     """Plan the fewest moves that leave every partition on a live node, balanced by weight.
 
     A partition whose migration is in flight is left to it: the plan's move
     for it is reported as skipped, not carried out. `live` defaults to the
-    nodes the ledger shows alive.
+    nodes the ledger shows alive; `owners` (partition -> owner) and `moving` (the partitions
+    in a move) to what the ledger shows, read here (every partition's records) when not given.
     """
     live_set = frozenset(live if live is not None else live_node_ids(ledger))
-    assignment = plan_assignment(ownership_map(ledger), live_set, weights)
-    moving = migrations_in_flight(ledger)
+    assignment = plan_assignment(dict(owners) if owners is not None else ownership_map(ledger), live_set, weights)
+    moving = set(moving) if moving is not None else set(migrations_in_flight(ledger))
     return RebalancePlan(
         live_nodes=live_set,
         assignment=assignment,

@@ -422,10 +422,13 @@ class OwnershipRows:
 
     Every grant follows a desired state that moves the assignment of a node it names, so a move's
     phases are seen as its nodes learn them; what no assignment shows (a ledger written by hand)
-    waits for the next full look (`rows(full=True)`). Thread-safe.
+    waits for the next full look (`rows(full=True)`, or every `full_every_s` by this object's own
+    clock: a look cut short by its caller's deadline still leaves the rows read). Thread-safe.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, full_every_s: float = 300.0) -> None:
+        self.full_every_s = full_every_s
+        self._full_at = -math.inf
         self._lock = threading.Lock()
         self._rows: dict[int, dict[str, Any]] = {}
         #: node -> its assignment's partitions and revisions at the last look.
@@ -442,9 +445,11 @@ class OwnershipRows:
                       for v in views}  # fmt: skip
             nodes = {v.record.node: (str(v.record.status), v.record.generation, v.alive) for v in views}
             # A node that joined or left: every partition (a rare event, and placements follow it).
-            if full or not self._rows or nodes.keys() != self._nodes.keys():
+            due = time.monotonic() - self._full_at >= self.full_every_s
+            if due or not self._rows or nodes.keys() != self._nodes.keys() or (full and not self._recent()):
                 fresh = _ownership_rows(ledger)
                 self._rows = {int(r["partition"]): r for r in fresh}
+                self._full_at = time.monotonic()
             else:
                 changed: set[int] = set()
                 for node in listed.keys() | self._listed.keys():
@@ -459,6 +464,10 @@ class OwnershipRows:
             rows = [self._rows[p] for p in sorted(self._rows)]
         _LAST_ROWS[ledger.store.url] = tuple(rows)
         return rows
+
+    def _recent(self) -> bool:
+        """Whether every row was read within the last minute (a full read asked again is not made)."""
+        return time.monotonic() - self._full_at < 60.0
 
 
 def _rows_of(

@@ -312,6 +312,8 @@ class Node:
             heartbeat_timeout_s=self.config.heartbeat_timeout_s,
             nudge_url=self._nudges.url if self._nudges else None,
         )
+        # This process's own entries need no read of its node record to tell its generation.
+        self.publisher.own_writer = (int(self.id), self.generation)
         self._move_reporter = MoveReporter(LedgerWriter(self.ledger.store), self.id, self.generation)
         # An empty report at once: a driver reads this record from the first move on, never the heartbeat.
         self._move_reporter.report({})

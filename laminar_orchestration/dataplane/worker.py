@@ -477,7 +477,9 @@ class PartitionWorker(threading.Thread):
         ledger = self.node.ledger
         while True:
             with contextlib.suppress(NotOwned):  # usually made by now: no read of the head first
-                token = ledger.adopt(self.partition, self.node.id, epoch=task.to_epoch)
+                # The restore's read of the chain checked the grant's seal: its grant is known.
+                known = self._publisher.grant_keys.known(self.partition, task.to_epoch)
+                token = ledger.adopt(self.partition, self.node.id, epoch=task.to_epoch, grant=known)
                 if token.epoch >= task.to_epoch:
                     return token
             own = ledger.ownership(self.partition)

@@ -143,6 +143,8 @@ class ManifestReader:
         self.forged: dict[str, ForgedRecord] = {}
         #: Genuine entries of writers the chain had already moved past, by key (void like forged ones).
         self.superseded: dict[str, SupersededEntry] = {}
+        #: (node, generation) of the process reading, when it is a node: its own generation is known.
+        self.own_writer: tuple[int, int] | None = None
 
     def _chain(self, partition: int) -> VersionedReader[ManifestVersion | None, ManifestKey]:
         return VersionedReader(
@@ -262,6 +264,8 @@ class ManifestReader:
             return True
         if m.node == UNASSIGNED:
             return False
+        if self.own_writer is not None and m.node == self.own_writer[0]:
+            return self.own_writer[1] > m.generation
         record = self._reads.get(node_key(m.node))
         if record is None:
             return False

@@ -425,21 +425,33 @@ class Ledger:
         return None if node == UNASSIGNED else _mint_token(partition, epoch, node)
 
     def adopt(
-        self, partition: PartitionId, node: NodeId, *, generation: int | None = None, epoch: int | None = None
+        self,
+        partition: PartitionId,
+        node: NodeId,
+        *,
+        generation: int | None = None,
+        epoch: int | None = None,
+        grant: EpochGrant | None = None,
     ) -> FencingToken:
         """Mint the token for a grant the control plane already made to `node`: how a node takes up
         a placement, a hand-over, a failover, or its own grant again after a restart.
 
-        `epoch`: the grant the node expects (a move's); it is read directly, and is current when
-        no later grant exists (two reads, not the head's roll-forward and the release).
+        `epoch`: the grant the node expects (a move's); it is read directly (or taken from `grant`,
+        as the caller read it: grants never change), and is current when no later grant exists
+        (one or two reads, not the head's roll-forward and the release).
         Raises NotOwned if the current grant names another node, or another
         generation of it when both are known.
         """
         ownership = self._ownership_of(partition)
-        if epoch is not None and ownership.entry(epoch + 1) is None and (found := ownership.entry(epoch)) is not None:
-            grant: EpochGrant | None = found.value
+        if epoch is not None and ownership.entry(epoch + 1) is None:
+            if grant is None or (grant.partition, grant.epoch) != (partition, epoch):
+                found = ownership.entry(epoch)
+                grant = found.value if found is not None else None
+        else:
+            grant = None  # no epoch expected, or a later grant exists: read the current one
+        if epoch is not None and grant is not None:
             current_epoch = epoch
-            if found.value.node != node:
+            if grant.node != node:
                 raise NotOwned(partition)
         else:
             current = self._current_or_unknown(partition)

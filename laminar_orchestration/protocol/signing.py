@@ -216,6 +216,10 @@ class GrantKeys:
         self._grants[(partition, epoch)] = grant
         return grant
 
+    def known(self, partition: int, epoch: int) -> EpochGrant | None:
+        """The grant of `partition` at `epoch` if this cache holds it (no read)."""
+        return self._grants.get((partition, epoch))
+
     def superseded(self, partition: int, epoch: int) -> bool:
         """Whether a later epoch than `epoch` of `partition` has been granted."""
         return self.grant(partition, epoch + 1) is not None

@@ -37,6 +37,7 @@ from dagster._core.definitions.freshness import TimeWindowFreshnessPolicy
 from assets import STREAM_FAIL_AFTER, STREAM_FRESHNESS, STREAM_WARN_AFTER, checkpoint_manifests
 from jobs import ATTEMPT_TAG, NOT_BEFORE_TAG, RETRY_OF_TAG, failover_partition, migrate_partition
 from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.control.snapshot import ownership_rows
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
@@ -532,3 +533,37 @@ def test_an_idle_observation_reads_no_partitions_records_and_a_move_is_seen_at_t
     ledger.fence(P(6), N(2), expected_epoch=own.epoch, reason="by hand")
     assert not observe(ledger, manifests, moved.cursor, now=at + 15).events
     assert observe(ledger, manifests, moved.cursor, now=at + 10 + OWNERSHIP_EVERY_S).events
+
+
+def test_the_death_tick_reports_the_dead_owner_from_the_rows_it_knows_without_reading_every_partition(
+    store: ObjectStore, meter: RequestMeter
+) -> None:
+    """At a death the sensor reports the dead owner before the failover: from the ownership rows this
+    process last read (the observation sensor's), patched with what the plan found, not from a read
+    of every partition on the failover's path."""
+    ledger = _placed_on_three_nodes(store, 60)
+    first = evaluate(ledger, None, heartbeat_timeout_s=None, log=lambda _: None, watch_s=0.0)
+    cursor = first.cursor if isinstance(first, SensorResult) else None
+    primed = sum(meter.snapshot().by_method.values())
+    ownership_rows(ledger)  # what the observation sensor read last, in this process
+    full_read = sum(meter.snapshot().by_method.values()) - primed
+    make_dead(ledger, 3)
+    start = sum(meter.snapshot().by_method.values())
+    reported: list[tuple[int, AssetObservation | AssetCheckEvaluation]] = []
+
+    def report(event: AssetObservation | AssetCheckEvaluation) -> None:
+        reported.append((sum(meter.snapshot().by_method.values()) - start, event))
+
+    death = evaluate(
+        ledger, cursor, heartbeat_timeout_s=None, log=lambda _: None, watch_s=0.0, budget_s=0.0, report=report
+    )
+    assert isinstance(death, SensorResult) and len(death.run_requests or []) == 20
+    (read_by_then, observation), (_, check) = reported
+    assert isinstance(observation, AssetObservation) and isinstance(check, AssetCheckEvaluation)
+    # The look at node 3's partitions for the plan, and no read of every partition's records on top.
+    assert read_by_then < full_read, (read_by_then, full_read)
+    rows = {r.data["partition"]: r.data for r in observation.metadata["ownership"].value.records}  # type: ignore[union-attr]
+    assert {p for p, r in rows.items() if r["health"] == "owner dead: failover pending"} == {
+        p for p in range(60) if p % 3 == 2
+    }
+    assert not check.passed
