@@ -57,6 +57,9 @@ from resources import LaminarResource
 
 __all__ = ["CHECKPOINT_EVERY_S", "OWNERSHIP_EVERY_S", "ObservationCursor", "laminar_observation_sensor", "observe"]
 
+#: How long one evaluation reads before it reports what it has and goes on at the next tick (the
+#: daemon gives a sensor 60 s; the first look at a large cluster's records takes longer).
+READ_BUDGET_S = 20.0
 #: Least time between two observations of the checkpoint manifests.
 CHECKPOINT_EVERY_S = 60.0
 #: Most time between two reads of every partition's ownership; in between they are read only when
@@ -114,13 +117,17 @@ def observe(
     `ownership`: the same for the ownership rows.
     """
     at = time.time() if now is None else now
+    # Reads that take longer (every partition of a large cluster) go on at the next tick.
+    deadline = time.monotonic() + READ_BUDGET_S
     out = Observed(cursor=ObservationCursor(**{**cursor.__dict__, "materialized_seqs": dict(cursor.materialized_seqs)}))
     # Every partition's records only when something that moves with them moved (three reads a node).
     signature = ownership_signature(ledger)
     full = at - cursor.ownership_at >= OWNERSHIP_EVERY_S
+    rows = None
     if signature != cursor.signature or full:
         # Only the partitions whose records moved are read again, unless every partition's is due.
-        rows = ownership.rows(ledger, full=full) if ownership is not None else ownership_rows(ledger)
+        rows = ownership.rows(ledger, full=full, deadline=deadline) if ownership is not None else ownership_rows(ledger)
+    if rows is not None:
         out.cursor.signature = signature
         if full or ownership is None:
             out.cursor.ownership_at = at
@@ -132,10 +139,14 @@ def observe(
         if plan != cursor.plan:
             out.events.append(assignment_observation(ledger, rows))
             out.cursor.plan = plan
+    committed = None
     if at - cursor.manifests_at >= CHECKPOINT_EVERY_S:
         committed = (
-            checkpoints.rows(ledger, manifests) if checkpoints is not None else checkpoint_rows(ledger, manifests)
+            checkpoints.rows(ledger, manifests, deadline=deadline)
+            if checkpoints is not None
+            else checkpoint_rows(ledger, manifests)
         )
+    if committed is not None:
         state = fingerprint([(r["partition"], r["seq"]) for r in committed])
         reported = {int(p): seq for p, seq in cursor.materialized_seqs.items()}
         progress = stream_progress(ledger, committed, reported)

@@ -435,31 +435,46 @@ class OwnershipRows:
         self._listed: dict[int, dict[int, int]] = {}
         #: node -> (status, generation, alive) at the last look.
         self._nodes: dict[int, tuple[str, int, bool]] = {}
+        #: A full read under way: the partitions left, the rows read so far.
+        self._todo: list[int] | None = None
+        self._staging: dict[int, dict[str, Any]] = {}
 
-    def rows(self, ledger: Ledger, *, full: bool = False) -> list[dict[str, Any]]:
-        """Every partition's row: read again where its records may have moved (all when `full`)."""
+    def rows(self, ledger: Ledger, *, full: bool = False, deadline: float | None = None) -> list[dict[str, Any]] | None:
+        """Every partition's row: read again where its records may have moved (all when `full`).
+
+        A full read stops at `deadline` (`time.monotonic()`) and goes on at the next call: None
+        until it is complete (the rows of a large cluster take more than one sensor tick).
+        """
         with self._lock:
             views = ledger.nodes()
             desired = DesiredStates(ledger, nudge=False)
             listed = {v.record.node: dict(a.partitions) if (a := desired.assignment(NodeId(v.record.node))[0]) else {}
                       for v in views}  # fmt: skip
             nodes = {v.record.node: (str(v.record.status), v.record.generation, v.alive) for v in views}
+            live = {n for n, (_, _, alive) in nodes.items() if alive}
             # A node that joined or left: every partition (a rare event, and placements follow it).
             due = time.monotonic() - self._full_at >= self.full_every_s
-            if due or not self._rows or nodes.keys() != self._nodes.keys() or (full and not self._recent()):
-                fresh = _ownership_rows(ledger)
-                self._rows = {int(r["partition"]): r for r in fresh}
-                self._full_at = time.monotonic()
-            else:
-                changed: set[int] = set()
-                for node in listed.keys() | self._listed.keys():
-                    now_, before = listed.get(node, {}), self._listed.get(node, {})
-                    changed |= {p for p in now_.keys() | before.keys() if now_.get(p) != before.get(p)}
-                for node in nodes.keys() | self._nodes.keys():
-                    if nodes.get(node) != self._nodes.get(node):
-                        changed |= set(listed.get(node, {})) | {p for p, r in self._rows.items() if r["owner"] == node}
-                live = {n for n, (_, _, alive) in nodes.items() if alive}
-                self._rows.update(_rows_of(ledger, desired, changed, live))
+            wanted = due or not self._rows or nodes.keys() != self._nodes.keys() or (full and not self._recent())
+            if wanted and self._todo is None:
+                self._todo = [int(p) for p in ledger.partitions()]
+                self._staging = {}
+                self._listed, self._nodes = listed, nodes  # what the full read is measured against
+            if self._todo is not None:
+                while self._todo and (deadline is None or time.monotonic() < deadline):
+                    chunk, self._todo = self._todo[:_CHUNK], self._todo[_CHUNK:]
+                    self._staging.update(_rows_of(ledger, desired, chunk, live))
+                if self._todo:
+                    return None
+                self._rows, self._todo, self._full_at = self._staging, None, time.monotonic()
+            # What moved since the last look (or since the full read began).
+            changed: set[int] = set()
+            for node in listed.keys() | self._listed.keys():
+                now_, before = listed.get(node, {}), self._listed.get(node, {})
+                changed |= {p for p in now_.keys() | before.keys() if now_.get(p) != before.get(p)}
+            for node in nodes.keys() | self._nodes.keys():
+                if nodes.get(node) != self._nodes.get(node):
+                    changed |= set(listed.get(node, {})) | {p for p, r in self._rows.items() if r["owner"] == node}
+            self._rows.update(_rows_of(ledger, desired, changed, live))
             self._listed, self._nodes = listed, nodes
             rows = [self._rows[p] for p in sorted(self._rows)]
         _LAST_ROWS[ledger.store.url] = tuple(rows)
@@ -468,6 +483,10 @@ class OwnershipRows:
     def _recent(self) -> bool:
         """Whether every row was read within the last minute (a full read asked again is not made)."""
         return time.monotonic() - self._full_at < 60.0
+
+
+#: Partitions a full read of `OwnershipRows` or `CheckpointRows` reads between looks at its deadline.
+_CHUNK = 50
 
 
 def _rows_of(
@@ -621,30 +640,41 @@ class CheckpointRows:
         self._full_at = -math.inf
         #: partition -> (what the nodes reported of it when its row was read, the row or None).
         self._rows: dict[int, tuple[Any, dict[str, Any] | None]] = {}
+        #: The partitions a full look still has to read (None: none under way).
+        self._due: set[int] | None = None
 
-    def rows(self, ledger: Ledger, manifests: ManifestReader) -> list[dict[str, Any]]:
-        """The rows as `checkpoint_rows` returns them."""
+    def rows(
+        self, ledger: Ledger, manifests: ManifestReader, *, deadline: float | None = None
+    ) -> list[dict[str, Any]] | None:
+        """The rows as `checkpoint_rows` returns them; None when `deadline` (`time.monotonic()`)
+        came before every manifest due was read (the next call goes on from there)."""
         reported: dict[int, list[tuple[int, int, str, int]]] = {}
         for view in ledger.nodes():
             for p, progress in view.record.partitions.items():
                 if progress.state not in WARM_STATES:  # a standby's progress is not a commit
                     key = (view.record.node, progress.epoch, progress.state, progress.commits)
                     reported.setdefault(int(p), []).append(key)
-        at = time.monotonic()
-        full = at - self._full_at >= self.full_every_s
-        if full:
-            self._full_at = at
-        out = []
-        for p in (int(p) for p in ledger.partitions()):
+        partitions = [int(p) for p in ledger.partitions()]
+        if self._due is None and time.monotonic() - self._full_at >= self.full_every_s:
+            self._due = set(partitions)  # every manifest, over as many calls as it takes
+        out, complete = [], True
+        for p in partitions:
             seen = sorted(reported.get(p, []))
             cached = self._rows.get(p)
-            if full or cached is None or cached[0] != seen:
+            if cached is None or cached[0] != seen or (self._due is not None and p in self._due):
+                if deadline is not None and time.monotonic() >= deadline:
+                    complete = False
+                    continue
                 version = manifests.current(PartitionId(p))
                 cached = (seen, None if version is None else _checkpoint_row(p, version.manifest))
                 self._rows[p] = cached
+                if self._due is not None:
+                    self._due.discard(p)
             if cached[1] is not None:
                 out.append(cached[1])
-        return out
+        if self._due is not None and not self._due:
+            self._due, self._full_at = None, time.monotonic()
+        return out if complete else None
 
 
 def checkpoints_version(rows: Sequence[Mapping[str, Any]]) -> str:

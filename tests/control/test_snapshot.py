@@ -174,3 +174,18 @@ def test_kept_ownership_rows_read_only_the_partitions_whose_assignment_or_node_m
     make_dead(ledger, 1)
     dead = kept.rows(ledger)
     assert dead == ownership_rows(ledger) and dead[0]["owner_alive"] is False and dead[1]["owner_alive"] is True
+
+
+def test_a_full_read_past_its_deadline_goes_on_at_the_next_look(ledger: Ledger) -> None:
+    """The first look at a large cluster takes longer than a sensor tick: each look reads until its
+    deadline, reports nothing until every partition was read, and the next goes on from there."""
+    make_alive(ledger, 1)
+    token = ledger.acquire(P(0), N(1), expected_epoch=0)
+    SourceLog(ledger.store).append(0, generate_events(20, 5, 1, 4)[0])
+    commit_all(ledger.store, token)
+    manifests = ManifestReader(ledger.store)
+    kept, checkpoints = OwnershipRows(), CheckpointRows()
+    assert kept.rows(ledger, deadline=time.monotonic()) is None  # out of time before the first chunk
+    assert checkpoints.rows(ledger, manifests, deadline=time.monotonic()) is None
+    assert kept.rows(ledger) == ownership_rows(ledger)
+    assert checkpoints.rows(ledger, manifests) == checkpoint_rows(ledger, manifests)
