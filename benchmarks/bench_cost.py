@@ -382,9 +382,10 @@ def scale(window_s: float, partitions: int, nodes: int, *, dagster: bool = True)
         held = [p["partition"] for p in status["partitions"] if p["owner"] == victim]
         progress(f"scale: kill -9 node {victim} holding {len(held)} partitions")
         ledger = Ledger(open_store(cluster.url))
+        # The target is the victim's own heartbeat timeout (the nodes' `--heartbeat-timeout`) + 10 s.
+        timeout_s = next(v.record.heartbeat_timeout_s for v in ledger.nodes() if v.record.node == victim)
         cluster.nodes[victim].kill()
         killed = time.monotonic()
-        timeout_s = 6.0
 
         def seen_dead() -> bool:
             return not any(v.alive for v in ledger.nodes() if v.record.node == victim)

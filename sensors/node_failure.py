@@ -69,7 +69,7 @@ from laminar_orchestration.control.operations import (
     plan_failovers,
     wait_for_suspects,
 )
-from laminar_orchestration.control.snapshot import ownership_rows, ownership_rows_patched
+from laminar_orchestration.control.snapshot import ownership_rows, ownership_rows_patched, patch_rows
 from laminar_orchestration.protocol.ledger import ClusterNotInitialized, Ledger
 from laminar_orchestration.protocol.records import PartitionStatus
 from laminar_orchestration.protocol.tasks import MigrationPhase
@@ -158,6 +158,13 @@ def _ownership_events(
 def _failed_over_rows(ledger: Ledger, driven: Collection[DrivenFailover]) -> list[dict[str, Any]]:
     """The ownership map after the failovers this tick drove, as they ended, over the rows this
     process read last: no read of every partition while the recording runs wait for this tick."""
+    rows = ownership_rows_patched(ledger, _failed_over(driven))
+    assert rows is not None  # read when none was kept
+    return rows
+
+
+def _failed_over(driven: Collection[DrivenFailover]) -> dict[int, dict[str, Any]]:
+    """The ownership rows of the partitions the failovers fenced, as the failovers ended."""
     moved = {}
     for d in driven:
         fenced = any(r.phase == MigrationPhase.RELEASED for r in d.reports)
@@ -172,13 +179,12 @@ def _failed_over_rows(ledger: Ledger, driven: Collection[DrivenFailover]) -> lis
             "owner_alive": True,
             "migration": "" if d.done else f"{d.migration_id} ({last})",
         }
-    return ownership_rows_patched(ledger, moved)
+    return moved
 
 
-def _dead_owner_rows(ledger: Ledger, failovers: Collection[PlannedFailover]) -> list[dict[str, Any]]:
-    """The ownership map with the dead owners' partitions as the plan found them, over the rows this
-    process read last: no read of every partition before the failovers."""
-    dead = {
+def _dead_owner_rows(failovers: Collection[PlannedFailover]) -> dict[int, dict[str, Any]]:
+    """The ownership rows of the dead owners' partitions, as the plan found them."""
+    return {
         f.partition: {
             "partition": f.partition,
             "epoch": f.epoch,
@@ -189,7 +195,6 @@ def _dead_owner_rows(ledger: Ledger, failovers: Collection[PlannedFailover]) -> 
         }
         for f in failovers
     }
-    return ownership_rows_patched(ledger, dead)
 
 
 def failover_run_config(driven: DrivenFailover) -> dict[str, Any]:
@@ -279,13 +284,25 @@ def evaluate(
             "nothing to fail over" if plan.handled | unread != previous.handled else "every partition's owner is alive"
         )
         return SensorResult(cursor=new_cursor, skip_reason="; ".join(plan.skipped) or reason)
-    # The dead owner, as an operator sees it (from the rows last read: no read of every partition).
-    before = _ownership_events(ledger, _dead_owner_rows(ledger, plan.failovers))
+    # The dead owner, as an operator sees it: from the rows this process read last. Never a read of
+    # every partition before the failovers: with none kept, the map is read after them.
+    dead = _dead_owner_rows(plan.failovers)
+    known = ownership_rows_patched(ledger, dead, read=False)
+    before = _ownership_events(ledger, known) if known is not None else []
     if report is not None:
         for event in before:
             report(event)
         before = []
     driven = drive_failovers(ledger, plan.failovers, budget_s=budget_s, heartbeat_timeout_s=heartbeat_timeout_s)
+    if known is None:
+        after_rows = ownership_rows(ledger)
+        before = _ownership_events(ledger, patch_rows(after_rows, dead))
+        if report is not None:
+            for event in before:
+                report(event)
+            before = []
+    else:
+        after_rows = _failed_over_rows(ledger, driven)
     for d in driven:
         p = d.planned
         what = "active" if d.done else f"left to its run ({d.left_to_run})"
@@ -293,7 +310,7 @@ def evaluate(
     return SensorResult(
         run_requests=[_run_request(d) for d in driven],
         cursor=new_cursor,
-        asset_events=[*before, *_ownership_events(ledger, _failed_over_rows(ledger, driven))],
+        asset_events=[*before, *_ownership_events(ledger, after_rows)],
     )
 
 

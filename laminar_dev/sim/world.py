@@ -693,10 +693,12 @@ def _sweep_before_fix(
     return report
 
 
-def _writer_moved_past_before_fix(self: ManifestReader, partition: int, m: PartitionManifest) -> bool:
+def _writer_moved_past_before_fix(
+    self: ManifestReader, partition: int, m: PartitionManifest, newest_grant: int | None = None
+) -> bool:
     """`ManifestReader._writer_moved_past` before it looked at the writer's node record: only a later
     grant made a reader distrust an entry reached through the pointer."""
-    return self.grant_keys.superseded(partition, m.fencing_token)
+    return m.fencing_token != newest_grant and self.grant_keys.superseded(partition, m.fencing_token)
 
 
 def _parent_before_fix(self: ManifestReader, version: ManifestVersion) -> ManifestVersion | None:

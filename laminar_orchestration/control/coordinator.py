@@ -106,6 +106,13 @@ class MigrationCoordinator:
         #: forced fence grants from it without reading both again (its create-only write checks them).
         self._planned: dict[str, tuple[Ownership, NodeRecord]] = {}
 
+    def with_config(self, config: MigrationConfig) -> MigrationCoordinator:
+        """This coordinator with other limits, sharing what it wrote and read (its last writes of the
+        records, what its plans read): a phase driven under a deadline reads nothing again."""
+        other = MigrationCoordinator(self.ledger, config, poll_interval_s=self.poll_interval_s)
+        other.desired, other._planned = self.desired, self._planned
+        return other
+
     # -- planning ---------------------------------------------------------------
 
     def current(self, partition: PartitionId) -> MigrationTask | None:

@@ -233,8 +233,7 @@ def drive_with_deadline(
         left = deadline - time.monotonic()
         if left <= 0 and phase not in always:
             return DeadlineDrive(task, tuple(reports), out_of_time_before=phase)
-        bounded = MigrationCoordinator(
-            coordinator.ledger,
+        bounded = coordinator.with_config(
             limits.model_copy(
                 update={
                     "release_wait_timeout_s": max(0.01, min(left, limits.release_wait_timeout_s)),

@@ -404,6 +404,9 @@ class PlannedFailover:
     epoch: int
     failed_node: int
     to_node: int
+    #: The ownership as the plan read it: the failover plans and fences from it (its grant's
+    #: create-only write checks it) instead of reading it again.
+    ownership: Ownership | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -553,7 +556,7 @@ def plan_failovers(
             unplaced.add(int(p))
             continue
         done.add(key)
-        failovers.append(PlannedFailover(int(p), own.epoch, int(own.owner), target))
+        failovers.append(PlannedFailover(int(p), own.epoch, int(own.owner), target, ownership=own))
     return FailoverPlan(tuple(failovers), frozenset(done), tuple(skipped), completed, frozenset(unplaced))
 
 
@@ -589,7 +592,7 @@ def drive_failover(
     coordinator = MigrationCoordinator(ledger, limits)
     started = time.monotonic()
     try:
-        decision = prepare_failover(coordinator, planned.partition, planned.to_node, live=live)
+        decision = prepare_failover(coordinator, planned.partition, planned.to_node, live=live, own=planned.ownership)
     except LaminarError as exc:
         return DrivenFailover(planned, left_to_run=f"{type(exc).__name__}: {exc}")
     task = decision.task

@@ -378,15 +378,23 @@ def ownership_signature(ledger: Ledger) -> str:
 _LAST_ROWS: dict[str, tuple[dict[str, Any], ...]] = {}
 
 
-def ownership_rows_patched(ledger: Ledger, changed: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]]:
+def ownership_rows_patched(
+    ledger: Ledger, changed: Mapping[int, Mapping[str, Any]], *, read: bool = True
+) -> list[dict[str, Any]] | None:
     """The rows this process last read (`ownership_rows`) with the `changed` ones over them: what a
-    caller that knows what just changed shows without reading every partition (read if none was)."""
+    caller that knows what just changed shows without reading every partition. When this process
+    read none yet: every partition's, read now (None if not `read`)."""
     last = _LAST_ROWS.get(ledger.store.url)
     if last is None:
-        return ownership_rows(ledger)
-    rows = [dict(changed.get(int(r["partition"]), r)) for r in last]
+        return ownership_rows(ledger) if read else None
+    rows = patch_rows(last, changed)
     _LAST_ROWS[ledger.store.url] = tuple(rows)
     return rows
+
+
+def patch_rows(rows: Sequence[Mapping[str, Any]], changed: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` with the `changed` ones over them (nothing read, nothing kept)."""
+    return [dict(changed.get(int(r["partition"]), r)) for r in rows]
 
 
 def ownership_rows(ledger: Ledger) -> list[dict[str, Any]]:

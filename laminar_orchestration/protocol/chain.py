@@ -215,8 +215,12 @@ class ManifestReader:
         """The newest genuine manifest: from the pointer (or a trusted start), rolled forward."""
         return self.read_chain(partition).version
 
-    def read_chain(self, partition: int) -> ChainRead:
-        """The chain's newest genuine entry, the pointer's ETag and the next free sequence number."""
+    def read_chain(self, partition: int, *, newest_grant: int | None = None) -> ChainRead:
+        """The chain's newest genuine entry, the pointer's ETag and the next free sequence number.
+
+        `newest_grant`: the newest epoch granted, as the caller has just read it (a granter about to
+        create the next): an entry of that epoch is not probed for a later grant.
+        """
         chain = self._chain(partition)
         pointer = chain.pointer()
         trusted = self._trusted.get(partition)
@@ -234,13 +238,17 @@ class ManifestReader:
         if from_trust:
             version, next_seq = self._walk(partition, start)
         else:
-            version, next_seq = self._walk_from_pointer(partition, start, trusted)
+            version, next_seq = self._walk_from_pointer(partition, start, trusted, newest_grant)
         if version is not None:
             self._trust(partition, version)
         return ChainRead(version, pointer.etag if pointer else None, next_seq)
 
     def _walk_from_pointer(
-        self, partition: int, pointed: ManifestVersion | None, trusted: ManifestVersion | None
+        self,
+        partition: int,
+        pointed: ManifestVersion | None,
+        trusted: ManifestVersion | None,
+        newest_grant: int | None = None,
     ) -> tuple[ManifestVersion | None, int]:
         """`_walk` from an entry reached through the pointer alone, which is only a hint: a former
         owner still holds its old epoch's key, so it can sign an entry after the seal that fenced it
@@ -251,16 +259,16 @@ class ManifestReader:
             version, next_seq = self._walk(partition, pointed)
         except BrokenManifestChain:
             return self._walk(partition, trusted)
-        if version is not None and self._writer_moved_past(partition, version.manifest):
+        if version is not None and self._writer_moved_past(partition, version.manifest, newest_grant):
             return self._walk(partition, trusted)
         return version, next_seq
 
-    def _writer_moved_past(self, partition: int, m: PartitionManifest) -> bool:
+    def _writer_moved_past(self, partition: int, m: PartitionManifest, newest_grant: int | None = None) -> bool:
         """Whether the ledger shows that the chain may have moved past `m`'s writer: a later epoch was
         granted, or the writing node has restarted since (its record carries a newer generation, and
         the restarted process seals the chain at it before it commits). Either way an entry reached
         through the pointer alone is not trusted: the walk from a trusted start decides."""
-        if self.grant_keys.superseded(partition, m.fencing_token):
+        if m.fencing_token != newest_grant and self.grant_keys.superseded(partition, m.fencing_token):
             return True
         if m.node == UNASSIGNED:
             return False

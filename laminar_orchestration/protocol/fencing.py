@@ -11,7 +11,7 @@ that also refreshes the cache.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 from laminar_orchestration.errors import FencedError, LaminarError, NotFoundError
@@ -165,6 +165,8 @@ class Ownership:
     status: PartitionStatus
     #: True when the head record lagged the grants and was rolled forward.
     head_lagged: bool = False
+    #: The head record's epoch and ETag as read (a granter moves it from there without reading it again).
+    head_read: tuple[int, str] | None = field(default=None, compare=False, repr=False)
 
 
 class OwnershipSource(Protocol):

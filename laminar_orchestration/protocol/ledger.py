@@ -336,7 +336,7 @@ class Ledger:
         # only a release its grant's key signed counts.
         if status == PartitionStatus.ACTIVE and owner != UNASSIGNED and self.release_record(partition, epoch):
             status = PartitionStatus.RELEASED
-        return Ownership(PartitionId(partition), epoch, owner, status, lagged)
+        return Ownership(PartitionId(partition), epoch, owner, status, lagged, head_read=(head.epoch, pointer.etag))
 
     def ownerships(self, partitions: list[PartitionId]) -> dict[PartitionId, Ownership | None]:
         """`ownership` for many partitions (parallel reads on remote stores)."""
@@ -436,17 +436,19 @@ class Ledger:
         """Mint the token for a grant the control plane already made to `node`: how a node takes up
         a placement, a hand-over, a failover, or its own grant again after a restart.
 
-        `epoch`: the grant the node expects (a move's); it is read directly (or taken from `grant`,
-        as the caller read it: grants never change), and is current when no later grant exists
-        (one or two reads, not the head's roll-forward and the release).
+        `epoch`: the grant the node expects (a move's); it is read directly, and is current when no
+        later grant exists (two reads, not the head's roll-forward and the release). `grant`: that
+        grant as the caller read it and found it current (none then): a later grant made since
+        fences whatever the token writes.
         Raises NotOwned if the current grant names another node, or another
         generation of it when both are known.
         """
         ownership = self._ownership_of(partition)
-        if epoch is not None and ownership.entry(epoch + 1) is None:
-            if grant is None or (grant.partition, grant.epoch) != (partition, epoch):
-                found = ownership.entry(epoch)
-                grant = found.value if found is not None else None
+        if epoch is not None and grant is not None and (grant.partition, grant.epoch) == (partition, epoch):
+            pass  # as the caller read it and found it current (a later grant fences what it writes)
+        elif epoch is not None and ownership.entry(epoch + 1) is None:
+            found = ownership.entry(epoch)
+            grant = found.value if found is not None else None
         else:
             grant = None  # no epoch expected, or a later grant exists: read the current one
         if epoch is not None and grant is not None:
@@ -494,7 +496,7 @@ class Ledger:
         # Only a hint: a chain that cannot be read does not keep the grant (the fence) from being made.
         hint: ChainRead | None = None
         with contextlib.suppress(LedgerError):
-            hint = self.sealer.read_chain(partition)
+            hint = self.sealer.read_chain(partition, newest_grant=current.epoch)
         signing_key = self._mint_signing_key(partition, epoch, node)
         grant = EpochGrant(
             partition=partition,
@@ -527,7 +529,7 @@ class Ledger:
         status = PartitionStatus.ACTIVE if node != UNASSIGNED else PartitionStatus.UNASSIGNED
         # The grant already holds; a successor may supersede it at once, which the
         # token's guard will then report on its next validate.
-        self._advance_head(partition, epoch, node, status, only_if_epoch=None)
+        self._advance_head(partition, epoch, node, status, only_if_epoch=None, read=current.head_read)
         return epoch
 
     def complete_grant(self, partition: PartitionId, ownership: Ownership | None = None) -> bool:
@@ -591,9 +593,19 @@ class Ledger:
         status: PartitionStatus,
         *,
         only_if_epoch: int | None,
+        read: tuple[int, str] | None = None,
     ) -> bool:
-        """Move the head forward by CAS. Never moves it back; returns whether it wrote."""
+        """Move the head forward by CAS. Never moves it back; returns whether it wrote.
+
+        `read`: the head's epoch and ETag as the caller read it: when it is behind `epoch`, the
+        first swap goes from there without reading the head again (it fails if the head moved).
+        """
         ownership = self._ownership_of(partition)
+        if read is not None and only_if_epoch is None and read[0] < epoch:
+            new = PartitionHead(partition=partition, epoch=epoch, owner=owner, status=status, updated_at=now())
+            with contextlib.suppress(PreconditionFailed):
+                ownership.move_pointer(_encode(new), read[1])
+                return True
         while True:
             head, etag = self._require(ownership.pointer_key, PartitionHead)
             if only_if_epoch is not None and head.epoch != only_if_epoch:

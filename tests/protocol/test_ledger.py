@@ -298,8 +298,8 @@ def test_a_fence_seals_on_top_of_a_commit_that_landed_after_its_first_read_of_th
     read_chain = ledger.sealer.read_chain
     late: list[ManifestVersion] = []
 
-    def commit_after_the_read(partition: int) -> Any:
-        read = read_chain(partition)
+    def commit_after_the_read(partition: int, **kwargs: Any) -> Any:
+        read = read_chain(partition, **kwargs)
         if not late:  # the grant's first read only: the seal's second read sees the commit
             late.append(old_owner.publish(token, ManifestUpdate(source_offset=9)))
         return read
