@@ -175,7 +175,7 @@ def _failed_over(driven: Collection[DrivenFailover]) -> dict[int, dict[str, Any]
             "partition": d.planned.partition,
             "epoch": d.to_epoch,
             "owner": d.to_node,
-            "status": PartitionStatus.ACTIVE,
+            "status": PartitionStatus.ACTIVE.value,
             "owner_alive": True,
             "migration": "" if d.done else f"{d.migration_id} ({last})",
         }
@@ -189,7 +189,7 @@ def _dead_owner_rows(failovers: Collection[PlannedFailover]) -> dict[int, dict[s
             "partition": f.partition,
             "epoch": f.epoch,
             "owner": f.failed_node,
-            "status": PartitionStatus.ACTIVE,
+            "status": PartitionStatus.ACTIVE.value,
             "owner_alive": False,
             "migration": "",
         }

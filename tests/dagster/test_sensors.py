@@ -33,6 +33,7 @@ from dagster import (
     build_sensor_context,
 )
 from dagster._core.definitions.freshness import TimeWindowFreshnessPolicy
+from dagster._serdes import serialize_value
 
 from assets import STREAM_FAIL_AFTER, STREAM_FRESHNESS, STREAM_WARN_AFTER, checkpoint_manifests
 from jobs import ATTEMPT_TAG, NOT_BEFORE_TAG, RETRY_OF_TAG, failover_partition, migrate_partition
@@ -139,6 +140,8 @@ def test_the_sensor_reports_the_dead_owner_then_the_failover(ledger: Ledger, lam
         result = quick_failure_sensor(context)
     assert isinstance(result, SensorResult)
     before_obs, before_check, after_obs, after_check = result.asset_events
+    for event in result.asset_events:
+        serialize_value(event)  # what the daemon does with them: only Dagster's own types pass
     assert isinstance(before_obs, AssetObservation) and isinstance(after_obs, AssetObservation)
     assert before_obs.metadata["on_dead_nodes"].value == 1
     rows = {r.data["partition"]: r.data for r in before_obs.metadata["ownership"].value.records}  # type: ignore[union-attr]
@@ -559,6 +562,8 @@ def test_the_death_tick_reports_the_dead_owner_from_the_rows_it_knows_without_re
     )
     assert isinstance(death, SensorResult) and len(death.run_requests or []) == 20
     (read_by_then, observation), (_, check) = reported
+    for event in [observation, check, *death.asset_events]:
+        serialize_value(event)  # what the daemon does with them: only Dagster's own types pass
     assert isinstance(observation, AssetObservation) and isinstance(check, AssetCheckEvaluation)
     # The look at node 3's partitions for the plan, and no read of every partition's records on top.
     assert read_by_then < full_read, (read_by_then, full_read)
