@@ -33,7 +33,7 @@ from laminar_orchestration.dataplane.tracking import BatchSteps, BatchTimings, F
 from laminar_orchestration.dataplane.worker_state import WorkerState as WorkerState
 from laminar_orchestration.dataplane.worker_state import check_transition
 from laminar_orchestration.identity import UNASSIGNED, PartitionId
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.chain import ManifestUpdate, ManifestVersion
 from laminar_orchestration.protocol.cluster_epoch import StaleClusterEpoch
 from laminar_orchestration.protocol.commit import commit
 from laminar_orchestration.protocol.fencing import (
@@ -310,7 +310,7 @@ class PartitionWorker(threading.Thread):
                 task = self._wait_phase(MigrationPhase.DOWNLOADING, timeout_s=poll)
                 if task is not None:
                     return task
-            current = self._publisher.current(self.partition)
+            current = self.node.publisher.current(self.partition)
             if final is not None:
                 # The batch needs the events, not the state: its Spark work overlaps the download.
                 self._prefetch(final.to_epoch, current.manifest.source_offset if current else 0)
@@ -454,7 +454,7 @@ class PartitionWorker(threading.Thread):
     def _download(self, task: MigrationTask, done: MigrationPhase) -> tuple[ManifestVersion | None, str | None]:
         """Restore from the chain (a graceful move: it must end at the released commit), report
         `done` and start the first batch. Returns what was restored and the released commit."""
-        manifest = self._publisher.current(self.partition)
+        manifest = self.node.publisher.current(self.partition)
         released: str | None = None
         if task.migration_kind == MigrationKind.GRACEFUL:
             release = self.node.ledger.release_record(self.partition, task.from_epoch)
@@ -476,9 +476,8 @@ class PartitionWorker(threading.Thread):
         """Adopt the epoch the control plane grants this node for `task`; PhaseAborted if the task ends first."""
         ledger = self.node.ledger
         while True:
-            with contextlib.suppress(NotOwned):  # usually made by now: no read of the head first
-                # The restore's read of the chain checked the grant's seal: its grant is known.
-                known = self._publisher.grant_keys.known(self.partition, task.to_epoch)
+            with contextlib.suppress(NotOwned):  # usually made by now (a forced move's: checked by the restore)
+                known = self.node.publisher.grant_keys.known(self.partition, task.to_epoch)
                 token = ledger.adopt(self.partition, self.node.id, epoch=task.to_epoch, grant=known)
                 if token.epoch >= task.to_epoch:
                     return token
@@ -497,10 +496,6 @@ class PartitionWorker(threading.Thread):
         self.token = token
         self.guard = PartitionGuard(token)
         self.node.guards.insert(self.guard)
-
-    @property
-    def _publisher(self) -> ManifestPublisher:
-        return self.node.publisher
 
     def _restore(self, manifest: ManifestVersion | None) -> CatchUp:
         """Bring the local store to `manifest`: snapshot + deltas, no replay of source events."""
@@ -530,7 +525,7 @@ class PartitionWorker(threading.Thread):
     def _sealed(self, token: FencingToken) -> ManifestVersion:
         """The chain sealed at `token.epoch` (`handoff.seal_at`); a newer epoch's seal fences the guard."""
         try:
-            return seal_at(self._publisher, token, generation=self.node.generation)
+            return seal_at(self.node.publisher, token, generation=self.node.generation)
         except StaleFencingToken as exc:
             if self.guard is not None:
                 self.guard.observe_epoch(exc.actual_epoch)
@@ -542,7 +537,7 @@ class PartitionWorker(threading.Thread):
         assert self.token is not None
         try:
             takeover = take_over(
-                self._publisher, self.token, generation=self.node.generation, restored=restored, released=released
+                self.node.publisher, self.token, generation=self.node.generation, restored=restored, released=released
             )
         except StaleFencingToken as exc:
             if self.guard is not None:
@@ -720,7 +715,7 @@ class PartitionWorker(threading.Thread):
         if look:
             self._next_successor_look = time.monotonic() + self.node.config.refresh_interval_s
         try:
-            return commit(self.node.ledger, self._publisher, self.token, update, look_for_successor=look)
+            return commit(self.node.ledger, self.node.publisher, self.token, update, look_for_successor=look)
         except EpochError as exc:
             if isinstance(exc, StaleEpoch):
                 self.guard.observe_epoch(exc.current_epoch)
@@ -780,7 +775,7 @@ class PartitionWorker(threading.Thread):
         assert self.token is not None
         commit = self._manifest.manifest.commit_ulid if self._manifest else None
         with contextlib.suppress(StoreError):
-            self._publisher.flush_pointer(self.partition)  # the next owner reads from there
+            self.node.publisher.flush_pointer(self.partition)  # the next owner reads from there
         self.node.ledger.release(self.token, commit_ulid=commit, source_offset=self._committed_offset)
         self._drop_guard()
         self.state_name = WorkerState.RELEASED

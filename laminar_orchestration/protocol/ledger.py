@@ -48,7 +48,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from laminar_orchestration.errors import ConflictError, InvalidArgument, NotFoundError
+from laminar_orchestration.errors import InvalidArgument
 from laminar_orchestration.identity import MAX_PARTITIONS, UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.capabilities import (
     LedgerKey,
@@ -78,6 +78,15 @@ from laminar_orchestration.protocol.keys import (
     release_key,
     signing_key_key,
 )
+from laminar_orchestration.protocol.ledger_errors import (
+    ClusterAlreadyInitialized as ClusterAlreadyInitialized,
+)
+from laminar_orchestration.protocol.ledger_errors import (
+    ClusterNotInitialized as ClusterNotInitialized,
+)
+from laminar_orchestration.protocol.ledger_errors import EpochConflict as EpochConflict
+from laminar_orchestration.protocol.ledger_errors import NodeIdentityConflict as NodeIdentityConflict
+from laminar_orchestration.protocol.ledger_errors import NotReleased as NotReleased
 from laminar_orchestration.protocol.records import (
     ClusterRecord,
     CorruptLedgerObject,
@@ -108,57 +117,6 @@ from laminar_orchestration.protocol.versioned import VersionedObject
 from laminar_orchestration.store import ObjectStore, PreconditionFailed, StoredObject
 
 M = TypeVar("M", bound=BaseModel)
-
-
-# --- errors ---------------------------------------------------------------
-
-
-class ClusterNotInitialized(LedgerError, NotFoundError):
-    store_url: str
-
-    message = "no cluster in {store_url}: run `laminar init --store {store_url} --partitions N`"
-
-
-class ClusterAlreadyInitialized(LedgerError, ConflictError):
-    store_url: str
-    partitions: int
-
-    message = (
-        "a cluster with {partitions} partitions already exists in {store_url}; "
-        "pass --force to re-initialize (epochs are kept, partitions can only be added)"
-    )
-
-
-class EpochConflict(LedgerError, ConflictError):
-    """Someone else moved the partition's epoch first: the caller's `expected` epoch is no longer current."""
-
-    partition: PartitionId
-    expected: int
-    actual: int
-
-    message = "epoch conflict for partition {partition}: expected={expected}, actual={actual}"
-
-
-class NotReleased(LedgerError, ConflictError):
-    """A graceful acquisition of a partition whose current owner has not released it."""
-
-    partition: PartitionId
-    epoch: int
-    owner: NodeId
-
-    message = (
-        "partition {partition} is held by node {owner} at epoch {epoch} "
-        "and has not been released; use a forced failover to take it"
-    )
-
-
-class NodeIdentityConflict(LedgerError, ConflictError):
-    """Another process wrote this node's record: two processes claim one node id."""
-
-    node: NodeId
-    generation: int
-
-    message = "node {node} (generation {generation}) lost its ledger record to another process with the same node id"
 
 
 # --- values ---------------------------------------------------------------
