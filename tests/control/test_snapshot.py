@@ -3,6 +3,7 @@ the committed manifests and whether the stream keeps up."""
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -24,7 +25,7 @@ from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.records import PartitionProgress
 from laminar_orchestration.protocol.source import SourceLog, generate_events
-from laminar_orchestration.protocol.tasks import DesiredStates, MigrationConfig
+from laminar_orchestration.protocol.tasks import DesiredState, DesiredStates, MigrationConfig
 from laminar_orchestration.store.metering import RequestMeter
 from tests.commits import commit_all
 from tests.ledgers import make_alive, make_dead
@@ -141,6 +142,10 @@ def test_kept_checkpoint_rows_read_a_manifest_again_only_when_a_node_reports_a_c
     assert manifest_reads() > before
 
 
+def _owned_by(state: DesiredState, *, node: int) -> DesiredState:
+    return state.model_copy(update={"owner": node})
+
+
 def test_kept_ownership_rows_read_only_the_partitions_whose_assignment_or_node_moved(
     ledger: Ledger, meter: RequestMeter
 ) -> None:
@@ -150,9 +155,9 @@ def test_kept_ownership_rows_read_only_the_partitions_whose_assignment_or_node_m
     desired = DesiredStates(ledger, nudge=False)
     make_alive(ledger, 1, 2)
     for p in range(4):
-        node = 1 + p % 2
-        desired.update(P(p), lambda s, node=node: s.model_copy(update={"owner": node}))
-        ledger.acquire(P(p), N(node), expected_epoch=0)
+        owner = 1 + p % 2
+        desired.update(P(p), functools.partial(_owned_by, node=owner))
+        ledger.acquire(P(p), N(owner), expected_epoch=0)
     kept = OwnershipRows()
     first = kept.rows(ledger)
     assert first == ownership_rows(ledger)
