@@ -155,14 +155,6 @@ def _ownership_events(
     return [ownership_observation(ledger, rows), live_owners_evaluation(rows)]
 
 
-def _failed_over_rows(ledger: Ledger, driven: Collection[DrivenFailover]) -> list[dict[str, Any]]:
-    """The ownership map after the failovers this tick drove, as they ended, over the rows this
-    process read last: no read of every partition while the recording runs wait for this tick."""
-    rows = ownership_rows_patched(ledger, _failed_over(driven))
-    assert rows is not None  # read when none was kept
-    return rows
-
-
 def _failed_over(driven: Collection[DrivenFailover]) -> dict[int, dict[str, Any]]:
     """The ownership rows of the partitions the failovers fenced, as the failovers ended."""
     moved = {}
@@ -287,7 +279,7 @@ def evaluate(
     # The dead owner, as an operator sees it: from the rows this process read last. Never a read of
     # every partition before the failovers: with none kept, the map is read after them.
     dead = _dead_owner_rows(plan.failovers)
-    known = ownership_rows_patched(ledger, dead, read=False)
+    known = ownership_rows_patched(ledger, dead)
     before = _ownership_events(ledger, known) if known is not None else []
     if report is not None:
         for event in before:
@@ -302,7 +294,7 @@ def evaluate(
                 report(event)
             before = []
     else:
-        after_rows = _failed_over_rows(ledger, driven)
+        after_rows = patch_rows(known, _failed_over(driven))  # as the failovers ended: nothing read
     for d in driven:
         p = d.planned
         what = "active" if d.done else f"left to its run ({d.left_to_run})"

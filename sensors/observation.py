@@ -126,7 +126,7 @@ def observe(
     rows = None
     if signature != cursor.signature or full:
         # Only the partitions whose records moved are read again, unless every partition's is due.
-        rows = ownership.rows(ledger, full=full, deadline=deadline) if ownership is not None else ownership_rows(ledger)
+        rows = ownership.rows(ledger, deadline=deadline) if ownership is not None else ownership_rows(ledger)
     if rows is not None:
         out.cursor.signature = signature
         if full or ownership is None:

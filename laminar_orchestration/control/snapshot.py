@@ -378,15 +378,13 @@ def ownership_signature(ledger: Ledger) -> str:
 _LAST_ROWS: dict[str, tuple[dict[str, Any], ...]] = {}
 
 
-def ownership_rows_patched(
-    ledger: Ledger, changed: Mapping[int, Mapping[str, Any]], *, read: bool = True
-) -> list[dict[str, Any]] | None:
-    """The rows this process last read (`ownership_rows`) with the `changed` ones over them: what a
-    caller that knows what just changed shows without reading every partition. When this process
-    read none yet: every partition's, read now (None if not `read`)."""
+def ownership_rows_patched(ledger: Ledger, changed: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]] | None:
+    """The rows this process last read (`ownership_rows`) with the `changed` ones over them, kept so:
+    what a caller that knows what just changed shows without reading every partition. None when
+    this process read none yet."""
     last = _LAST_ROWS.get(ledger.store.url)
     if last is None:
-        return ownership_rows(ledger) if read else None
+        return None
     rows = patch_rows(last, changed)
     _LAST_ROWS[ledger.store.url] = tuple(rows)
     return rows
@@ -409,17 +407,9 @@ def ownership_rows(ledger: Ledger) -> list[dict[str, Any]]:
 
 
 def _ownership_rows(ledger: Ledger) -> list[dict[str, Any]]:
-    return [
-        {
-            "partition": p.partition,
-            "epoch": p.epoch,
-            "owner": p.owner,
-            "status": p.status,
-            "owner_alive": p.owner_alive,
-            "migration": "" if p.migration is None else f"{p.migration.migration_id} ({p.migration.phase})",
-        }
-        for p in snapshot_cluster(ledger, offsets=False).partitions
-    ]
+    live = {v.record.node for v in ledger.nodes() if v.alive}
+    rows = _rows_of(ledger, DesiredStates(ledger, nudge=False), (int(p) for p in ledger.partitions()), live)
+    return [rows[p] for p in sorted(rows)]
 
 
 class OwnershipRows:
@@ -430,8 +420,8 @@ class OwnershipRows:
 
     Every grant follows a desired state that moves the assignment of a node it names, so a move's
     phases are seen as its nodes learn them; what no assignment shows (a ledger written by hand)
-    waits for the next full look (`rows(full=True)`, or every `full_every_s` by this object's own
-    clock: a look cut short by its caller's deadline still leaves the rows read). Thread-safe.
+    waits for the next full look, every `full_every_s` by this object's own clock (a look cut short
+    by its caller's deadline goes on at the next call). Thread-safe.
     """
 
     def __init__(self, full_every_s: float = 300.0) -> None:
@@ -447,8 +437,8 @@ class OwnershipRows:
         self._todo: list[int] | None = None
         self._staging: dict[int, dict[str, Any]] = {}
 
-    def rows(self, ledger: Ledger, *, full: bool = False, deadline: float | None = None) -> list[dict[str, Any]] | None:
-        """Every partition's row: read again where its records may have moved (all when `full`).
+    def rows(self, ledger: Ledger, *, deadline: float | None = None) -> list[dict[str, Any]] | None:
+        """Every partition's row, read again where its records may have moved (all of them when due).
 
         A full read stops at `deadline` (`time.monotonic()`) and goes on at the next call: None
         until it is complete (the rows of a large cluster take more than one sensor tick).
@@ -462,7 +452,7 @@ class OwnershipRows:
             live = {n for n, (_, _, alive) in nodes.items() if alive}
             # A node that joined or left: every partition (a rare event, and placements follow it).
             due = time.monotonic() - self._full_at >= self.full_every_s
-            wanted = due or not self._rows or nodes.keys() != self._nodes.keys() or (full and not self._recent())
+            wanted = due or not self._rows or nodes.keys() != self._nodes.keys()
             if wanted and self._todo is None:
                 self._todo = [int(p) for p in ledger.partitions()]
                 self._staging = {}
@@ -487,10 +477,6 @@ class OwnershipRows:
             rows = [self._rows[p] for p in sorted(self._rows)]
         _LAST_ROWS[ledger.store.url] = tuple(rows)
         return rows
-
-    def _recent(self) -> bool:
-        """Whether every row was read within the last minute (a full read asked again is not made)."""
-        return time.monotonic() - self._full_at < 60.0
 
 
 #: Partitions a full read of `OwnershipRows` or `CheckpointRows` reads between looks at its deadline.

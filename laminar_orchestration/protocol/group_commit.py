@@ -27,9 +27,9 @@ V = TypeVar("V", bound=Revised)
 _BATCHES_REMEMBERED = 256
 
 
-#: How long the writer of a node's assignment waits for more states once its writes carry several
-#: moves at a time (a failover's burst): one write for the moves whose phases end close together.
-#: A single move's writes never wait.
+#: How long the writer of a node's assignment waits for more states when its caller drives many moves
+#: at a time (a failover's burst): one write for the moves whose phases end close together. A single
+#: move's writes never wait.
 ASSIGNMENT_LINGER_S = 0.03
 
 
@@ -44,7 +44,6 @@ class GroupCommit(Generic[V]):
         self._done = -1  # every ticket up to this one is written
         self._writing = False
         self._changed: dict[int, bool] = {}  # the last ticket of a batch -> whether it changed the record
-        self._burst = False  # the last batch carried more than one caller's states
 
     def write(
         self,
@@ -54,7 +53,8 @@ class GroupCommit(Generic[V]):
     ) -> bool:
         """Have `states` written by `write` (here or by the thread writing now); True if the batch that
         carried them changed the record. A failed write raises in the thread that made it; the others
-        go on with the next batch."""
+        go on with the next batch. `linger_s`: how long the thread that writes waits for others to
+        join its batch first."""
         with self._cond:
             ticket = self._next
             self._next += 1
@@ -70,12 +70,10 @@ class GroupCommit(Generic[V]):
                     break
                 self._cond.wait()
             self._writing = True
-            if self._burst or linger_s > 0:
-                # Others are likely on their way: let them join this write (they wait on `_writing`).
-                self._cond.wait(max(linger_s, ASSIGNMENT_LINGER_S))
+            if linger_s > 0:
+                self._cond.wait(linger_s)  # others join this batch meanwhile (they wait on `_writing`)
             batch, self._pending = self._pending, {}
             last = self._next - 1
-            self._burst = last > ticket or self._done < ticket - 1
         changed = False
         try:
             changed = write(batch)

@@ -401,18 +401,11 @@ class Ledger:
         Raises NotOwned if the current grant names another node, or another
         generation of it when both are known.
         """
-        ownership = self._ownership_of(partition)
-        if epoch is not None and grant is not None and (grant.partition, grant.epoch) == (partition, epoch):
-            pass  # as the caller read it and found it current (a later grant fences what it writes)
-        elif epoch is not None and ownership.entry(epoch + 1) is None:
-            found = ownership.entry(epoch)
-            grant = found.value if found is not None else None
-        else:
-            grant = None  # no epoch expected, or a later grant exists: read the current one
-        if epoch is not None and grant is not None:
-            current_epoch = epoch
-            if grant.node != node:
+        expected = self._expected_grant(partition, epoch, grant) if epoch is not None else None
+        if expected is not None and epoch is not None:
+            if expected.node != node:
                 raise NotOwned(partition)
+            current_epoch, grant = epoch, expected
         else:
             current = self._current_or_unknown(partition)
             if current.owner != node or current.epoch == 0:
@@ -428,6 +421,17 @@ class Ledger:
                 partition, current_epoch, node, signing_key_key(node, partition, current_epoch), "not the grant's key"
             )
         return _mint_token(partition, current_epoch, node)
+
+    def _expected_grant(self, partition: PartitionId, epoch: int, known: EpochGrant | None) -> EpochGrant | None:
+        """The grant at `epoch` if it is the current one: `known` (the caller read it and found it
+        current), else read, after a probe for a later grant; None when a later grant or none exists."""
+        if known is not None and (known.partition, known.epoch) == (partition, epoch):
+            return known
+        ownership = self._ownership_of(partition)
+        if ownership.entry(epoch + 1) is not None:
+            return None
+        found = ownership.entry(epoch)
+        return found.value if found is not None else None
 
     def _current_or_unknown(self, partition: PartitionId) -> Ownership:
         current = self.ownership(partition)

@@ -117,7 +117,7 @@ class MoveReports:
 
     A read younger than the caller's `max_age_s` is shared: many moves waiting on one node cost
     one GET per look, not one per move. While more than two nodes are waited on, a read is shared
-    for at least `MOVE_REPORT_READS_PER_S` / their number.
+    for at least their number / `MOVE_REPORT_READS_PER_S` seconds.
     """
 
     _boards: ClassVar[weakref.WeakKeyDictionary[Ledger, MoveReports]] = weakref.WeakKeyDictionary()
