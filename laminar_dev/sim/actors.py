@@ -775,20 +775,20 @@ class NodeActor(Actor):
                 assert task is not None
                 return f"rising: waiting at {task.phase}"
             case NewOwnerAction.RESTORE:
-                assert task is not None and step.phase is not None
+                assert task is not None
                 return self._download(w, task, step.phase)
             case NewOwnerAction.REPORT:
                 assert step.phase is not None
                 self._report(w, step.phase)
                 return f"reported {step.phase}"
             case NewOwnerAction.TAKE_OVER:
-                assert task is not None
-                return self._adopt_grant(w, task)
+                assert task is not None and step.phase is not None
+                return self._adopt_grant(w, task, step.phase)
             case NewOwnerAction.RUN:
                 w.state = WorkerState.RUNNING
                 return f"active at epoch {w.token.epoch if w.token else 0}"
 
-    def _download(self, w: Worker, task: MigrationTask, done: MigrationPhase) -> str:
+    def _download(self, w: Worker, task: MigrationTask, done: MigrationPhase | None) -> str:
         """The new owner's download + restore: from the chain (a graceful move: the released commit)."""
         p = PartitionId(w.partition)
         current = self.publisher.current(p)
@@ -804,7 +804,8 @@ class NodeActor(Actor):
                 self._handoff_refused(task.to_epoch, HandoffMismatch(p, released, found))
         self._restore(w, current)
         w.state, w.migration, w.finished_migration, w.released = WorkerState.RISING, task, None, released
-        self._report(w, done)
+        if done is not None:  # a forced move's target reports once, with its take-over
+            self._report(w, done)
         return f"downloaded for migration {task.migration_id} (offset {w.offset})"
 
     def _handoff_refused(self, epoch: int, exc: HandoffMismatch) -> NoReturn:
@@ -812,8 +813,9 @@ class NodeActor(Actor):
         handoff that refuses it broke a promise."""
         self.world.violated(HandoffRefused(exc.partition, epoch, str(exc)))
 
-    def _adopt_grant(self, w: Worker, task: MigrationTask) -> str:
-        """Adopt the epoch the control plane granted when it recorded Seeking, take over, report Seeking."""
+    def _adopt_grant(self, w: Worker, task: MigrationTask, done: MigrationPhase) -> str:
+        """Adopt the epoch the control plane granted (at Seeking, or with a forced move's fence), take
+        over, report `done`."""
         p = PartitionId(w.partition)
         own = self.ledger.ownership(p)
         if own is None or own.epoch < task.to_epoch:
@@ -822,7 +824,7 @@ class NodeActor(Actor):
         token = self.ledger.adopt(p, self.node)
         text = self._take_over(w, token, then=WorkerState.RISING)
         if w.state == WorkerState.RISING:
-            self._report(w, MigrationPhase.SEEKING)
+            self._report(w, done)
         return text
 
     def _set(self, w: Worker, task: MigrationTask, step: OldOwnerStep) -> str:

@@ -83,6 +83,37 @@ _FAST_POLL_S = 0.3
 _MAX_REPORT_POLL_S = 0.05
 
 
+#: A forced move's target reports Restoring to Active at once (the fence granted it the epoch):
+#: these are recorded together, from that report, while Downloading is.
+_FORCED_TAKEN_WITH_ACTIVE = (MigrationPhase.RESTORING, MigrationPhase.SEEKING, MigrationPhase.ACTIVE)
+
+
+def _awaited(task: MigrationTask, phase: MigrationPhase) -> MigrationPhase:
+    """The phase whose report ends the wait for `phase`: itself, or Active for a forced move's download."""
+    if task.migration_kind == MigrationKind.FORCED and phase == MigrationPhase.DOWNLOADING:
+        return MigrationPhase.ACTIVE
+    return phase
+
+
+def _recorded_with_report(task: MigrationTask, phase: MigrationPhase) -> bool:
+    """Whether `phase` of `task` was recorded together with a later one, on its node's report (nothing
+    is left to record or to wait for)."""
+    return (
+        task.migration_kind == MigrationKind.FORCED
+        and phase in _FORCED_TAKEN_WITH_ACTIVE
+        and not task.phase.is_aborted
+        and task.phase.reached(phase)
+    )
+
+
+def _steps(task: MigrationTask, target: MigrationPhase) -> tuple[MigrationPhase, ...]:
+    """The phases of `task`'s sequence after its recorded one, up to `target` (just `target` if not ahead)."""
+    seq = phase_sequence(task.migration_kind)
+    if task.phase in seq and target in seq and seq.index(target) > seq.index(task.phase):
+        return seq[seq.index(task.phase) + 1 : seq.index(target) + 1]
+    return (target,)
+
+
 def _next_poll(interval: float, waited_s: float) -> float:
     return interval if waited_s < _FAST_POLL_S else min(interval * 1.5, _MAX_REPORT_POLL_S)
 
@@ -248,10 +279,12 @@ class MigrationCoordinator:
         granted: bool = False,
         read: tuple[DesiredState, str | None] | None = None,
         retry: bool = True,
+        through: bool = False,
     ) -> MigrationTask:
         """CAS `target` (with `fields`) onto the record (`read`: the record as just read, if it was; with
         `retry=False` a conflict raises PreconditionFailed). An abort passes `own`, the ledger read
-        after it completed any grant (`granted`)."""
+        after it completed any grant (`granted`). With `through`, the phases between the recorded one
+        and `target` are taken in the same write, each transition checked in turn."""
 
         def change(state: DesiredState) -> DesiredState | None:
             task = state.migration
@@ -259,7 +292,10 @@ class MigrationCoordinator:
                 raise MigrationEpochConflict(partition, -1, -1, task.migration_id if task else None)
             if task.phase == target:
                 return None  # already recorded (a resumed orchestrator)
-            check_transition(task.migration_kind, task.phase, target)
+            at = task.phase
+            for step in _steps(task, target) if through else (target,):
+                check_transition(task.migration_kind, at, step)
+                at = step
             if target.is_aborted and _grant_decided(task) and not granted:
                 raise _GrantPhaseRecorded()
             update: dict[str, object] = {"phase": target, "updated_at": now(), **fields}
@@ -367,14 +403,11 @@ class MigrationCoordinator:
         """
         guess = self.desired.last_written(partition)
         task = guess[0].migration if guess is not None else None
-        if (
-            guess is None
-            or task is None
-            or task.migration_id != migration_id
-            or phase not in phase_sequence(task.migration_kind)
-            or task.is_terminal
-            or deadline_passed(task)
-        ):
+        if guess is None or task is None or task.migration_id != migration_id:
+            return None
+        if phase in phase_sequence(task.migration_kind) and _recorded_with_report(task, phase):
+            return task  # taken with a later phase, on the node's report of it
+        if phase not in phase_sequence(task.migration_kind) or task.is_terminal or deadline_passed(task):
             return None
         if task.phase.reached(phase):
             return task if task.phase == phase else None
@@ -389,6 +422,9 @@ class MigrationCoordinator:
         task = self.begin_phase(partition, migration_id, phase)
         if phase not in phase_sequence(task.migration_kind):
             return PhaseReport(phase, 0.0, 0, f"not part of a {task.migration_kind} migration")
+        if _recorded_with_report(task, phase):
+            recorded = f"node {task.to_node} reported it done with {task.phase}, recorded at once"
+            return PhaseReport(phase, time.monotonic() - started, 0, recorded)
         if task.migration_kind == MigrationKind.FORCED and phase == MigrationPhase.RELEASED:
             fenced = f"epoch {task.from_epoch} fenced: node {task.to_node} granted epoch {task.to_epoch}"
             return PhaseReport(phase, time.monotonic() - started, 0, fenced)
@@ -664,7 +700,10 @@ class MigrationCoordinator:
             if progress.error:
                 raise MigrationFailed(p, phase, progress.error)
             done = progress.phase_done
-            if done is not None and MigrationPhase(done).reached(phase):
+            awaited = _awaited(task, phase)
+            if done is not None and MigrationPhase(done).reached(awaited):
+                if awaited != phase:
+                    self._record_through(task, awaited, phase)
                 return PartitionProgressView(progress.bytes_moved, progress.source_offset)
         if phase.needs_old_owner and judge_liveness:
             record = record or self.ledger.node(node)
@@ -673,6 +712,19 @@ class MigrationCoordinator:
         if deadline_passed(task):
             raise self._expire(task)
         return None
+
+    def _record_through(self, task: MigrationTask, target: MigrationPhase, phase: MigrationPhase) -> None:
+        """Record `task` at `target`, which its node reported done while `phase` was recorded: the
+        phases between are done too, and all are taken in one write."""
+        p = PartitionId(task.partition)
+        guess = self.desired.last_written(p)
+        last = guess[0].migration if guess is not None else None
+        read = guess if last is not None and last.migration_id == task.migration_id else None
+        try:
+            self._record(p, task.migration_id, target, {}, read=read, through=True)
+        except InvalidTransition:
+            self._still_running(task, phase)  # ended (cancelled, failed) meanwhile: say so
+            raise
 
     def _still_running(self, task: MigrationTask, phase: MigrationPhase) -> None:
         """Raise MigrationFailed if `task`'s record ended (or was replaced) behind the driver's back."""

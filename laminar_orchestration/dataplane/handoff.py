@@ -57,11 +57,13 @@ class NewOwnerAction(enum.StrEnum):
     #: Before Downloading: follow the chain like a standby and report how far behind it is.
     WARM = "warm"
     #: Download and restore from the chain (a graceful move: up to the released commit), then
-    #: report `phase` (Restoring: the restore is done with the download).
+    #: report `phase` (Restoring: the restore is done with the download; none for a forced move,
+    #: whose take-over follows at once and reports for both).
     RESTORE = "restore"
     #: Report `phase` done.
     REPORT = "report"
-    #: Adopt the epoch the control plane granted this node, seal the chain at it, report Seeking.
+    #: Adopt the epoch the control plane granted this node, seal the chain at it, report `phase`
+    #: (Seeking; Active for a forced move, which then runs at once).
     TAKE_OVER = "take_over"
     #: The phase is reported: wait for the coordinator to record the next one.
     WAIT = "wait"
@@ -81,7 +83,7 @@ class OldOwnerStep:
 @dataclass(frozen=True)
 class NewOwnerStep:
     action: NewOwnerAction
-    #: The phase to report (REPORT, and RESTORE once it is done).
+    #: The phase to report (REPORT, TAKE_OVER, and RESTORE once it is done).
     phase: MigrationPhase | None = None
 
 
@@ -140,19 +142,26 @@ def new_owner_step(
         return NewOwnerStep(NewOwnerAction.DROP)
     if not task.phase.reached(MigrationPhase.DOWNLOADING):
         return NewOwnerStep(NewOwnerAction.WARM)
+    if task.migration_kind == MigrationKind.FORCED:
+        # The fence granted the epoch before Downloading was recorded, and nobody else may write
+        # the partition at it: the target restores, takes the epoch, reports Active (the
+        # coordinator records Restoring to Active at once from that report) and processes.
+        if not restored:
+            return NewOwnerStep(NewOwnerAction.RESTORE)
+        if not took_over:
+            return NewOwnerStep(NewOwnerAction.TAKE_OVER, MigrationPhase.ACTIVE)
+        if reported != MigrationPhase.ACTIVE:
+            return NewOwnerStep(NewOwnerAction.REPORT, MigrationPhase.ACTIVE)
+        return NewOwnerStep(NewOwnerAction.RUN)
     if not restored:
         return NewOwnerStep(NewOwnerAction.RESTORE, MigrationPhase.RESTORING)
     if not task.phase.reached(MigrationPhase.SEEKING):
-        if task.migration_kind == MigrationKind.FORCED and not took_over:
-            # A forced move's fence granted the epoch before Downloading was recorded: the target
-            # takes it up as soon as it restored, and reports Seeking done with it.
-            return NewOwnerStep(NewOwnerAction.TAKE_OVER)
         if reported is None or not reported.reached(MigrationPhase.RESTORING):
             return NewOwnerStep(NewOwnerAction.REPORT, MigrationPhase.RESTORING)
         return NewOwnerStep(NewOwnerAction.WAIT)
     if not took_over:
         # Seeking: the control plane grants the epoch when it records Seeking.
-        return NewOwnerStep(NewOwnerAction.TAKE_OVER)
+        return NewOwnerStep(NewOwnerAction.TAKE_OVER, MigrationPhase.SEEKING)
     if task.phase == MigrationPhase.SEEKING:
         if reported != MigrationPhase.SEEKING:
             return NewOwnerStep(NewOwnerAction.REPORT, MigrationPhase.SEEKING)

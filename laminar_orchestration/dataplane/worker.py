@@ -411,7 +411,7 @@ class PartitionWorker(threading.Thread):
                 case NewOwnerAction.WARM:
                     self._warm_up()  # returns once Downloading is recorded
                 case NewOwnerAction.RESTORE:
-                    assert task is not None and step.phase is not None
+                    assert task is not None
                     restored, released = self._download(task, step.phase)
                     downloaded = True
                 case NewOwnerAction.REPORT:
@@ -425,7 +425,8 @@ class PartitionWorker(threading.Thread):
                     spent["grant"] = time.monotonic() - began
                     self._install(token)
                     self._takeover(restored, released=released)
-                    self._report(MigrationPhase.SEEKING)
+                    assert step.phase is not None
+                    self._report(step.phase)
                     self._prefetch(token.epoch, self._committed_offset)
                 case NewOwnerAction.WAIT:
                     self.batches.read_ahead_of(self.batches.prefetched, self.replica.source_offset)
@@ -451,9 +452,9 @@ class PartitionWorker(threading.Thread):
                     return
             spent[label] = spent.get(label, 0.0) + time.monotonic() - began
 
-    def _download(self, task: MigrationTask, done: MigrationPhase) -> tuple[ManifestVersion | None, str | None]:
-        """Restore from the chain (a graceful move: it must end at the released commit), report
-        `done` and start the first batch. Returns what was restored and the released commit."""
+    def _download(self, task: MigrationTask, done: MigrationPhase | None) -> tuple[ManifestVersion | None, str | None]:
+        """Restore from the chain (a graceful move: it must end at the released commit), report `done`
+        (None: the bytes wait for the next report), start the first batch; what was restored, and released."""
         manifest = self.node.publisher.current(self.partition)
         released: str | None = None
         if task.migration_kind == MigrationKind.GRACEFUL:
@@ -468,7 +469,9 @@ class PartitionWorker(threading.Thread):
         self._prefetch(task.to_epoch, manifest.manifest.source_offset if manifest else 0)
         # Snapshot (files this node does not hold yet) + deltas: the restore is done with the download.
         stats = self._restore(manifest)
-        self._report(done, self._bytes_moved + stats.bytes_downloaded)
+        self._bytes_moved += stats.bytes_downloaded
+        if done is not None:
+            self._report(done)
         self._prefetch(task.to_epoch, self._committed_offset)
         return manifest, released
 

@@ -140,14 +140,12 @@ def test_a_report_for_an_earlier_move_counts_for_nothing_in_this_one() -> None:
 # --- the new owner -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", list(MigrationKind))
-def test_the_new_owner_walks_every_phase_in_order_and_runs_only_once_active_is_recorded(
-    kind: MigrationKind,
-) -> None:
-    """Driving the target's machine along the recorded phases: it warms up until Downloading,
-    restores, reports each of its phases once, takes over only at Seeking (a forced move: once
-    restored, the fence having granted the epoch before Downloading) and runs only at Active."""
-    phases = GRACEFUL_PHASES if kind == MigrationKind.GRACEFUL else FORCED_PHASES
+def test_the_new_owner_walks_every_phase_in_order_and_runs_only_once_active_is_recorded() -> None:
+    """Driving the target of a graceful move along the recorded phases: it warms up until
+    Downloading, restores, reports each of its phases once, takes over only at Seeking and runs
+    only at Active."""
+    kind = MigrationKind.GRACEFUL
+    phases = GRACEFUL_PHASES
     reported: MigrationPhase | None = None
     restored = took_over = False
     done: list[tuple[MigrationPhase, NewOwnerAction]] = []
@@ -163,7 +161,8 @@ def test_the_new_owner_walks_every_phase_in_order_and_runs_only_once_active_is_r
                 assert step.phase == MigrationPhase.RESTORING
                 restored, reported = True, step.phase
             elif step.action == NewOwnerAction.TAKE_OVER:
-                took_over, reported = True, MigrationPhase.SEEKING
+                assert step.phase == MigrationPhase.SEEKING
+                took_over, reported = True, step.phase
             elif step.action == NewOwnerAction.REPORT:
                 assert step.phase == phase, f"reported {step.phase} while {phase} is recorded"
                 reported = step.phase
@@ -171,15 +170,49 @@ def test_the_new_owner_walks_every_phase_in_order_and_runs_only_once_active_is_r
                 pytest.fail(f"unexpected {step} at {phase}")
     acting = [(p, a) for p, a in done if a not in (NewOwnerAction.WAIT, NewOwnerAction.WARM)]
     # The restore is done with the download: one report covers Downloading and Restoring.
-    take_over_at = MigrationPhase.SEEKING if kind == MigrationKind.GRACEFUL else MigrationPhase.DOWNLOADING
     assert acting == [
         (MigrationPhase.DOWNLOADING, NewOwnerAction.RESTORE),
-        (take_over_at, NewOwnerAction.TAKE_OVER),
+        (MigrationPhase.SEEKING, NewOwnerAction.TAKE_OVER),
         (MigrationPhase.ACTIVE, NewOwnerAction.REPORT),
         (MigrationPhase.ACTIVE, NewOwnerAction.RUN),
     ]
     before_download = [a for p, a in done if not p.reached(MigrationPhase.DOWNLOADING)]
     assert set(before_download) == {NewOwnerAction.WARM}
+    assert kind == MigrationKind.GRACEFUL
+
+
+@pytest.mark.parametrize("recorded", [p for p in FORCED_PHASES if p.reached(MigrationPhase.DOWNLOADING)])
+def test_a_forced_moves_target_restores_takes_the_epoch_reports_active_once_and_runs(
+    recorded: MigrationPhase,
+) -> None:
+    """The fence granted the epoch before Downloading was recorded: from Downloading on, whatever
+    later phase is recorded, the target restores (no report of its own), takes the epoch and
+    reports Active with it, then runs - it waits for no record in between. Before Downloading it
+    only warms up."""
+    for phase in FORCED_PHASES:
+        if not phase.reached(MigrationPhase.DOWNLOADING):
+            assert new_step(task(phase, MigrationKind.FORCED)).action == NewOwnerAction.WARM
+    t = task(recorded, MigrationKind.FORCED)
+    reported: MigrationPhase | None = None
+    restored = took_over = False
+    steps: list[NewOwnerStep] = []
+    while not steps or steps[-1].action != NewOwnerAction.RUN:
+        assert len(steps) < 5, steps
+        step = new_step(t, reported, restored=restored, took_over=took_over)
+        steps.append(step)
+        if step.action == NewOwnerAction.RESTORE:
+            restored = True
+        elif step.action == NewOwnerAction.TAKE_OVER:
+            took_over, reported = True, step.phase
+    assert steps == [
+        NewOwnerStep(NewOwnerAction.RESTORE),
+        NewOwnerStep(NewOwnerAction.TAKE_OVER, MigrationPhase.ACTIVE),
+        NewOwnerStep(NewOwnerAction.RUN),
+    ]
+    # A report lost with a restart is made again before running.
+    assert new_step(t, None, restored=True, took_over=True) == NewOwnerStep(
+        NewOwnerAction.REPORT, MigrationPhase.ACTIVE
+    )
 
 
 @pytest.mark.parametrize("phase", GRACEFUL_PHASES)

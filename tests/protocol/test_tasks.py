@@ -31,6 +31,7 @@ from laminar_orchestration.protocol.tasks import (
     check_transition,
 )
 from laminar_orchestration.store import LocalObjectStore, ObjectStore, open_store
+from laminar_orchestration.store.metering import RequestMeter
 from tests.commits import commit_all
 
 P, N = PartitionId, NodeId
@@ -521,3 +522,63 @@ def test_the_drain_waits_for_the_old_owners_next_commit_when_the_last_is_older_t
     task = impatient.plan(P(0), N(2))
     report = impatient.run_phase(P(0), task.migration_id, MigrationPhase.PLANNED)
     assert "next commit not expected within 0.3s" in report.detail, report.detail
+
+
+def _report(handle: NodeHandle, task: MigrationTask, done: MigrationPhase) -> None:
+    progress = PartitionProgress(
+        partition=task.partition, epoch=task.to_epoch, state="running", migration_id=task.migration_id,
+        phase_done=done.value,
+    )  # fmt: skip
+    handle.heartbeat(partitions={task.partition: progress})
+
+
+def test_a_forced_moves_target_report_of_active_records_restoring_to_active_in_one_write(
+    store: ObjectStore, meter: RequestMeter
+) -> None:
+    """The fence granted the epoch, so a forced move's target restores, takes it and reports Active
+    at once. The wait on Downloading ends only on that report (a report of Restoring alone does not
+    end it), and the record then goes from Downloading through Restoring and Seeking to Active in one
+    checked write: the partition is the target's. The later phases are done with it: driving them
+    reads and writes nothing."""
+    ledger, handles = three_nodes(store)
+    coordinator = MigrationCoordinator(ledger, MigrationConfig(checkpoint_transfer_timeout_s=5))
+    task = coordinator.plan(P(0), N(2), forced=True)
+    for phase in (MigrationPhase.PLANNED, MigrationPhase.RELEASED):
+        coordinator.run_phase(P(0), task.migration_id, phase)
+    coordinator.begin_phase(P(0), task.migration_id, MigrationPhase.DOWNLOADING)
+    _report(handles[2], task, MigrationPhase.RESTORING)
+    assert coordinator.phase_reported(task, MigrationPhase.DOWNLOADING) is None
+    _report(handles[2], task, MigrationPhase.ACTIVE)
+    before = meter.snapshot()
+    assert coordinator.phase_reported(task, MigrationPhase.DOWNLOADING) is not None
+    writes = meter.snapshot().by_family.get(("PUT", "ledger/partitions/desired.json"), 0)
+    assert writes - before.by_family.get(("PUT", "ledger/partitions/desired.json"), 0) == 1
+    state = coordinator.desired.read(P(0))[0]
+    assert state.migration is not None and state.migration.phase == MigrationPhase.ACTIVE
+    assert state.owner == 2 and state.migration.completed_at is not None
+    quiet = meter.snapshot()
+    for phase in (MigrationPhase.RESTORING, MigrationPhase.SEEKING, MigrationPhase.ACTIVE):
+        report = coordinator.run_phase(P(0), task.migration_id, phase)
+        assert "recorded at once" in report.detail
+    assert meter.snapshot().by_method == quiet.by_method  # not one request
+    final = drive(MigrationCoordinator(ledger), task)  # a driver resuming it finds it done
+    assert final.phase == MigrationPhase.ACTIVE
+
+
+def test_a_forced_move_cancelled_before_the_targets_active_report_is_recorded_ends_cancelled(
+    store: ObjectStore,
+) -> None:
+    """A cancel recorded while Downloading is: the target's later report of Active does not take the
+    record to Active over it; the driver is told the move ended."""
+    ledger, handles = three_nodes(store)
+    coordinator = MigrationCoordinator(ledger, MigrationConfig(checkpoint_transfer_timeout_s=5))
+    task = coordinator.plan(P(0), N(2), forced=True)
+    for phase in (MigrationPhase.PLANNED, MigrationPhase.RELEASED):
+        coordinator.run_phase(P(0), task.migration_id, phase)
+    coordinator.begin_phase(P(0), task.migration_id, MigrationPhase.DOWNLOADING)
+    MigrationCoordinator(ledger).cancel(P(0), task.migration_id)
+    _report(handles[2], task, MigrationPhase.ACTIVE)
+    with pytest.raises(tasks.MigrationFailed):
+        coordinator.phase_reported(task, MigrationPhase.DOWNLOADING)
+    ended = coordinator.current(P(0))
+    assert ended is not None and ended.phase == MigrationPhase.CANCELLED
