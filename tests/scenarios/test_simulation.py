@@ -198,14 +198,14 @@ SWEEP_FAULT_STEPS = 1000
 #: Seeds that found a bug with its fix reverted (the knobs that revert it, the fault phase's steps);
 #: each passes on the code as it is.
 REGRESSION_SEEDS: list[tuple[tuple[str, ...], int, int, type[InvariantViolation]]] = [
-    (("revert_grant_seal", "skip_successor_probe"), 755, 300, ExactlyOnceViolated),
-    (("revert_grant_seal", "skip_successor_probe"), 807, 300, ExactlyOnceViolated),
+    (("revert_grant_seal", "skip_successor_probe"), 1181, 300, ExactlyOnceViolated),
+    (("revert_grant_seal", "skip_successor_probe"), 1304, 300, ExactlyOnceViolated),
     (("revert_lost_fence_fix",), 0, 300, MigrationWedged),
     (("revert_lost_fence_fix",), 4, 300, MigrationWedged),
-    (("revert_aborted_owner_fix",), 17, 300, PartitionNotLive),
-    (("revert_aborted_owner_fix",), 51, 300, PartitionNotLive),
+    (("revert_aborted_owner_fix",), 139, 300, PartitionNotLive),
+    (("revert_aborted_owner_fix",), 302, 300, PartitionNotLive),
     (("revert_sweep_sealed_only",), 2, SWEEP_FAULT_STEPS, ManifestArtifactDeleted),
-    (("revert_sweep_sealed_only",), 9, SWEEP_FAULT_STEPS, ManifestArtifactDeleted),
+    (("revert_sweep_sealed_only",), 11, SWEEP_FAULT_STEPS, ManifestArtifactDeleted),
     # A node restarted while its earlier process ran on (a zombie that skips its client-side
     # generation check): the zombie's entry after the restarted process's seal, reached through the
     # pointer, was taken for the chain's newest by a reader (a restarted owner publishing from its own
@@ -214,8 +214,8 @@ REGRESSION_SEEDS: list[tuple[tuple[str, ...], int, int, type[InvariantViolation]
     (("revert_generation_pointer_fix",), 705, 300, VoidEntryAdopted),
     # An intruder's entry between the old owner's release and the grant's seal: the takeover looked
     # for the released commit at the sequence number below the seal.
-    (("revert_handoff_parent_fix",), 62, 300, HandoffRefused),
-    (("revert_handoff_parent_fix",), 84, 300, HandoffRefused),
+    (("revert_handoff_parent_fix",), 211, 300, HandoffRefused),
+    (("revert_handoff_parent_fix",), 270, 300, HandoffRefused),
     # A granter died between a fence's grant and its seal; the control plane looked at the partition
     # afterwards, and the old owner's zombie (skipping the successor probe) still committed under the
     # fenced epoch, accepted.
