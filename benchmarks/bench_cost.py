@@ -290,6 +290,7 @@ def _dagster_failover(
         killed = time.time()
         cluster.nodes[victim].kill()
         done: dict[int, float] = {}
+        planned: dict[int, float] = {}
 
         def all_active() -> bool:
             for p in held:
@@ -304,6 +305,7 @@ def _dagster_failover(
                     and task.completed_at is not None
                 ):
                     done[p] = task.completed_at.timestamp()
+                    planned[p] = task.started_at.timestamp()
             return len(done) == len(held)
 
         # Polled slowly (its reads load the server the failover uses); the figure is the records' own.
@@ -317,6 +319,13 @@ def _dagster_failover(
             f"scale Dagster failover: {len(done)}/{len(held)} active; {per_move:.0f} requests per partition moved"
             " (the sensors' and the recording runs' included, until the last was seen active)"
         )
+        if planned:
+            # Where the time went: the sensor's detection (its first plan) and the drive after it.
+            notes.append(
+                f"scale Dagster failover: the sensor planned its first move {min(planned.values()) - killed:.1f} s"
+                f" after the kill, its last {max(planned.values()) - killed:.1f} s; the first Active at"
+                f" {min(done.values()) - killed:.1f} s"
+            )
         return [
             Row(
                 f"kill -9 of a node with {len(held)} partitions -> all active elsewhere",

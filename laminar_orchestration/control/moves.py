@@ -472,6 +472,7 @@ def prepare_failover(
     loads: Mapping[int, int] | None = None,
     allow_live_owner: bool = False,
     own: Ownership | None = None,
+    read: tuple[DesiredState, str | None] | None = None,
 ) -> FailoverDecision:
     """Plan (or resume) the forced migration that takes `partition` away from a dead owner.
 
@@ -485,7 +486,8 @@ def prepare_failover(
       epoch from a forced migration that failed before it became active).
     * The target is `to_node`, else the least-loaded live node.
 
-    `own`: the ownership as the caller just read it (else it is read here).
+    `own` and `read`: the ownership and the desired state (with its ETag) as the caller just read
+    them (else they are read here).
 
     Raises NoLiveNode when `to_node` is not alive, NoFailoverTarget when no
     live node other than the owner is left.
@@ -498,7 +500,9 @@ def prepare_failover(
     if own is None:
         raise tasks.MigrationNotOwned(p, UNASSIGNED)
     superseded = []
-    read = coordinator.read_state(p)  # a record past its deadline never blocks a failover
+    # A record past its deadline never blocks a failover.
+    if read is None or coordinator.expire_overdue(p, read[0]) is not None:
+        read = coordinator.read_state(p)
     running = read[0].migration
     if running is not None and not running.is_terminal:
         if moves_on_without_old_owner(running, live_set):

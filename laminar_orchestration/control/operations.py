@@ -44,6 +44,7 @@ from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.fencing import Ownership
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.tasks import (
+    DesiredState,
     DesiredStates,
     FenceLost,
     MigrationConfig,
@@ -407,6 +408,9 @@ class PlannedFailover:
     #: The ownership as the plan read it: the failover plans and fences from it (its grant's
     #: create-only write checks it) instead of reading it again.
     ownership: Ownership | None = field(default=None, compare=False, repr=False)
+    #: The desired state and its ETag as the plan read them: the failover's record is written on
+    #: them (a compare-and-swap: a write since makes it read again).
+    state: tuple[DesiredState, str | None] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -526,7 +530,9 @@ def plan_failovers(
     owners = ledger.ownerships(ledger.partitions() if partitions is None else sorted(partitions))
     loads = node_loads({int(p): (int(o.owner) if o else UNASSIGNED) for p, o in owners.items()}, live)
     warm = warm_copies(ledger.nodes())
-    desired = DesiredStates(ledger)
+    # The records of the dead owners' partitions, read at once (not one after the other).
+    orphaned = [p for p, o in owners.items() if o is not None and o.owner != UNASSIGNED and o.owner not in live]
+    states = DesiredStates(ledger).read_many(sorted(orphaned))
     failovers: list[PlannedFailover] = []
     done: set[tuple[int, int]] = set()
     skipped: list[str] = []
@@ -542,7 +548,7 @@ def plan_failovers(
         if own is None or own.owner == UNASSIGNED or own.owner in live:
             continue
         key = (int(p), own.epoch)
-        task = desired.read(PartitionId(p))[0].migration
+        task = states[p][0].migration
         if task is not None and moves_on_without_old_owner(task, live):
             skipped.append(f"p{p}: migration {task.migration_id} to node {task.to_node} in flight")
             done.add(key)
@@ -556,7 +562,7 @@ def plan_failovers(
             unplaced.add(int(p))
             continue
         done.add(key)
-        failovers.append(PlannedFailover(int(p), own.epoch, int(own.owner), target, ownership=own))
+        failovers.append(PlannedFailover(int(p), own.epoch, int(own.owner), target, ownership=own, state=states[p]))
     return FailoverPlan(tuple(failovers), frozenset(done), tuple(skipped), completed, frozenset(unplaced))
 
 
@@ -592,7 +598,9 @@ def drive_failover(
     coordinator = MigrationCoordinator(ledger, limits)
     started = time.monotonic()
     try:
-        decision = prepare_failover(coordinator, planned.partition, planned.to_node, live=live, own=planned.ownership)
+        decision = prepare_failover(
+            coordinator, planned.partition, planned.to_node, live=live, own=planned.ownership, read=planned.state
+        )
     except LaminarError as exc:
         return DrivenFailover(planned, left_to_run=f"{type(exc).__name__}: {exc}")
     task = decision.task

@@ -117,6 +117,7 @@ from laminar_orchestration.protocol.versioned import VersionedObject
 from laminar_orchestration.store import ObjectStore, PreconditionFailed, StoredObject
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 # --- values ---------------------------------------------------------------
@@ -205,7 +206,8 @@ class Ledger:
             raise CorruptLedgerObject(key, "missing")
         return got
 
-    def _map(self, fn: Callable[[PartitionId], Ownership | None], items: list[PartitionId]) -> list[Ownership | None]:
+    def read_each(self, fn: Callable[[PartitionId], T], items: list[PartitionId]) -> list[T]:
+        """`fn` of each partition, in order: reads in parallel on remote stores (the ledger's pool)."""
         if self._parallelism <= 1 or len(items) <= 1:
             return [fn(i) for i in items]
         with self._pool_lock:
@@ -298,7 +300,7 @@ class Ledger:
 
     def ownerships(self, partitions: list[PartitionId]) -> dict[PartitionId, Ownership | None]:
         """`ownership` for many partitions (parallel reads on remote stores)."""
-        return dict(zip(partitions, self._map(self.ownership, partitions), strict=True))
+        return dict(zip(partitions, self.read_each(self.ownership, partitions), strict=True))
 
     def grant(self, partition: PartitionId, epoch: int) -> EpochGrant | None:
         entry = self._ownership_of(partition).entry(epoch)

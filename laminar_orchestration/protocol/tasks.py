@@ -565,6 +565,10 @@ class DesiredStates:
             self._assign(partition, concerned_nodes(current, new), new, linger_s)
             return new
 
+    def read_many(self, partitions: list[PartitionId]) -> dict[PartitionId, tuple[DesiredState, str | None]]:
+        """`read` of each of `partitions` (in parallel on remote stores)."""
+        return dict(zip(partitions, self.ledger.read_each(self.read, partitions), strict=True))
+
     def all(self) -> dict[PartitionId, DesiredState]:
         return {p: self.read(p)[0] for p in self.ledger.partitions()}
 

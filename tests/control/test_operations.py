@@ -176,3 +176,29 @@ def test_a_periodic_look_reads_only_the_partitions_of_nodes_that_changed(
     plan = plan_failovers(ledger, partitions=settled.fail_over)
     assert {f.partition for f in plan.failovers} == {p for p in range(30) if p % 3 == 2}
     assert look_focus(ledger, changed.generations, full=True).full
+
+
+def test_a_planned_failover_records_its_move_on_the_desired_state_the_plan_read(
+    ledger: Ledger, meter: RequestMeter
+) -> None:
+    """The plan reads each dead owner's partition's desired state once (all at once), and the move is
+    recorded on that read: planning and fencing read no desired state again. The record is a
+    compare-and-swap, so a write since the plan's read (another driver's move, here) is found, not
+    overwritten: the failover is decided again from a fresh read and no second move is recorded."""
+    make_alive(ledger, 2, 3)
+    make_dead(ledger, 1)
+    for p in (0, 1):
+        ledger.acquire(P(p), N(1), expected_epoch=0)
+    plan = plan_failovers(ledger)
+    assert all(f.state is not None for f in plan.failovers)
+    desired_reads = ("GET", "ledger/partitions/desired.json")
+    before = meter.snapshot().by_family.get(desired_reads, 0)
+    first = drive_failovers(ledger, plan.failovers[:1], budget_s=0.0)[0]
+    assert meter.snapshot().by_family.get(desired_reads, 0) == before
+    assert first.migration_id is not None
+    # p1: another driver records a forced move after the plan's read; the planned failover finds it.
+    rival = MigrationCoordinator(ledger).plan(P(1), N(3), forced=True)
+    (second,) = drive_failovers(ledger, plan.failovers[1:], budget_s=0.0)
+    task = MigrationCoordinator(ledger).current(P(1))
+    assert task is not None and task.migration_id == rival.migration_id
+    assert second.migration_id in (None, rival.migration_id)
