@@ -7,10 +7,11 @@ part within its own evaluation. Every decision is the library's
 (`laminar_orchestration.control.operations`); this module only translates
 them into run requests, asset events and a cursor:
 
-1. **Detect** (`wait_for_suspects`). Nodes whose heartbeat is late (older than
-   a third of the timeout) are watched within the evaluation until they
-   heartbeat again or their timeout lapses — a node is declared dead within
-   ~0.2 s of its timeout, not up to 5 s later at the next tick.
+1. **Detect** (`wait_for_suspects`). Each evaluation watches the owning nodes
+   for most of the daemon's 5 s between evaluations, reading a node's record
+   again only when its last heartbeat would lapse (about one read a node per
+   timeout): a node is declared dead within ~0.1 s of its timeout, not up to
+   5 s later at the next tick.
 2. **Fail over** (`plan_failovers`, `drive_failovers`). For each partition of
    a dead owner (target: a live node with a warm copy, else the least-loaded
    one), plan the forced migration, fence the old epoch and drive download →
@@ -90,8 +91,9 @@ __all__ = [
 HEARTBEAT_TIMEOUT_ENV = "LAMINAR_FAILOVER_HEARTBEAT_TIMEOUT_S"
 #: Longest the sensor drives failovers itself; the runs drive whatever is left.
 DRIVE_BUDGET_S = 20.0
-#: Longest one evaluation watches late nodes (the daemon evaluates sensors every 5 s).
-WATCH_S = 5.0
+#: How long one evaluation watches the nodes: the daemon starts an evaluation every 5 s if the last
+#: one ended, so a watch a little shorter leaves only the evaluation's own work unwatched.
+WATCH_S = 4.0
 
 
 def failover_run_key(partition: int, epoch: int) -> str:
@@ -325,7 +327,7 @@ def build_node_failure_sensor(
 ) -> SensorDefinition:
     """The node-failure sensor; `heartbeat_timeout_s` overrides each node's own timeout.
 
-    `watch_s` bounds the watch of late nodes, `drive_budget_s` the failovers the sensor drives itself.
+    `watch_s` bounds the watch of the nodes, `drive_budget_s` the failovers the sensor drives itself.
     """
 
     @sensor(

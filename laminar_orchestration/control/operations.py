@@ -43,6 +43,7 @@ from laminar_orchestration.errors import InvalidInputError, LaminarError
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.fencing import Ownership
 from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.records import NodeRecord, now
 from laminar_orchestration.protocol.tasks import (
     DesiredState,
     DesiredStates,
@@ -56,7 +57,7 @@ from laminar_orchestration.protocol.tasks import (
 
 __all__ = [
     "FULL_LOOK_S",
-    "SUSPECT_POLL_S",
+    "LAPSE_MARGIN_S",
     "CoordinatorFactory",
     "DrivenFailover",
     "FailoverPlan",
@@ -361,40 +362,55 @@ def fail_over_node(
 
 # --- every dead owner's partitions, as the control plane's periodic look fails them over ------------
 
-#: How often `wait_for_suspects` reads the late nodes again.
-SUSPECT_POLL_S = 0.2
+#: How long after a heartbeat's lapse `wait_for_suspects` reads the node again (a heartbeat written
+#: just before the lapse is visible by then).
+LAPSE_MARGIN_S = 0.05
 
 
 def wait_for_suspects(
-    ledger: Ledger, *, heartbeat_timeout_s: float | None, watch_s: float, poll_s: float = SUSPECT_POLL_S
+    ledger: Ledger, *, heartbeat_timeout_s: float | None, watch_s: float, margin_s: float = LAPSE_MARGIN_S
 ) -> float:
-    """Watch owners whose heartbeat is late until each beats again or its timeout lapses (at most `watch_s`).
+    """Watch the owning nodes for up to `watch_s`, until one's heartbeat timeout lapses; the seconds spent.
 
-    A node is late when its heartbeat is older than a third of its timeout
-    (`heartbeat_timeout_s`, else the node's own); the watch ends as soon as one
-    owner's timeout lapses (dead now: fail over at once) or none is late. Only
-    owning nodes count: a late node without partitions needs no failover.
-    Returns the seconds spent.
+    Every node is read once; after that a node's record is read again only when its last heartbeat
+    would lapse (its time plus the timeout: `heartbeat_timeout_s`, else the node's own). A node that
+    beat since is watched on to its next lapse; one that did not is dead, and the watch ends at
+    once (fail over now) - within `margin_s` of the timeout, whenever the watch began, for about one
+    read a node per timeout. Only owning nodes end the watch: a node whose last heartbeat and
+    assignment name no partition needs no failover.
     """
     started = time.monotonic()
-    owners: set[int] | None = None  # read only once some node is late: an idle look reads no partition
-    while time.monotonic() - started < watch_s:
-        late = False
-        for view in ledger.nodes():
-            timeout = heartbeat_timeout_s if heartbeat_timeout_s is not None else view.record.heartbeat_timeout_s
-            if view.heartbeat_age_s <= timeout / 3:
-                continue
-            if owners is None:
-                owners = {int(o.owner) for o in ledger.ownerships(ledger.partitions()).values() if o is not None}
-            if view.record.node not in owners:
-                continue
-            if view.heartbeat_age_s > timeout:
+    records = {v.record.node: v.record for v in ledger.nodes()}
+    owning: dict[int, bool] = {}
+
+    def owns(record: NodeRecord) -> bool:
+        if record.node not in owning:
+            assignment, _ = DesiredStates(ledger, nudge=False).assignment(NodeId(record.node))
+            owning[record.node] = bool(record.partitions) or bool(assignment and assignment.partitions)
+        return owning[record.node]
+
+    while True:
+        at = now()
+        lapses: list[tuple[float, int]] = []
+        for node, record in records.items():
+            timeout = heartbeat_timeout_s if heartbeat_timeout_s is not None else record.heartbeat_timeout_s
+            left = timeout - (at - record.heartbeat_at).total_seconds()
+            if left >= 0:
+                lapses.append((left, node))
+            elif owns(record):
                 return time.monotonic() - started
-            late = True
-        if not late:
-            break
-        time.sleep(poll_s)
-    return time.monotonic() - started
+        if not lapses:
+            return time.monotonic() - started
+        left, node = min(lapses)
+        wake = time.monotonic() + left + margin_s
+        if wake > started + watch_s:
+            return time.monotonic() - started
+        time.sleep(max(0.0, wake - time.monotonic()))
+        fresh = ledger.node(NodeId(node))
+        if fresh is None:
+            del records[node]
+        else:
+            records[node] = fresh
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ wait for the new owner.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -23,6 +24,7 @@ from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader, ManifestUpdate
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import StaleFencingToken
+from laminar_orchestration.protocol.records import NodeRecord
 from laminar_orchestration.protocol.tasks import DesiredStates, MigrationConfig, MigrationPhase
 from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.store.metering import RequestMeter
@@ -83,22 +85,50 @@ def test_plan_failovers_completes_a_grant_whose_granter_died_before_sealing(
     assert dict(plan_failovers(ledger).completed_grants) == {}  # nothing lags any more
 
 
-def test_wait_for_suspects_watches_a_late_owner_until_its_timeout_lapses(ledger: Ledger) -> None:
+def test_wait_for_suspects_ends_within_a_moment_of_an_owners_lapse_reading_each_node_once_a_timeout(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watch reads a node again only when its last heartbeat would lapse: a node that keeps
+    beating costs about one read a timeout, and an owner that stopped is found dead within a
+    moment of its timeout, whenever the watch began. A dead node that owns nothing never ends it."""
     make_alive(ledger, 1, 2)
-    ledger.acquire(P(0), N(1), expected_epoch=0)  # node 2 owns nothing: never watched
-    # Nobody is late: no watch at all.
-    assert wait_for_suspects(ledger, heartbeat_timeout_s=None, watch_s=5.0) < 0.5
-    # Under a 1.5 s timeout node 1 is late after 0.5 s: watched until it is dead (1.5 s), not 5 s. Its
-    # heartbeat is fresh right before the sleep, so a slow store before it cannot make it dead already.
+    ledger.acquire(P(0), N(1), expected_epoch=0)  # node 2 owns nothing
+    beating = threading.Event()
+
+    def beat() -> None:  # node 1 beats every 0.3 s until told to stop
+        while not beating.wait(0.3):
+            make_alive(ledger, 1)
+
+    watcher = Ledger(ledger.store)  # the watch's own reads, counted apart from the beats'
+    reads: list[int] = []
+    real_node = watcher.node
+
+    def counted(node: NodeId) -> NodeRecord | None:
+        reads.append(int(node))
+        return real_node(node)
+
+    monkeypatch.setattr(watcher, "node", counted)
+    beater = threading.Thread(target=beat)
+    beater.start()
+    try:
+        # Under a 1 s timeout, 2.5 s of watching: node 1 is read about once a second, never found
+        # dead; node 2 lapses at once (nobody beats for it) but owns nothing.
+        spent = wait_for_suspects(watcher, heartbeat_timeout_s=1.0, watch_s=2.5)
+        assert 1.4 < spent <= 2.6, spent  # its next read would come after the window: it ends there
+        # The first look at both nodes, then node 1 at each of its lapses (about once a second).
+        assert sorted(reads[:2]) == [1, 2] and reads[2:] in ([1], [1, 1]), reads
+    finally:
+        beating.set()
+        beater.join()
+    # Node 1 stops beating: found dead within a moment of its lapse, not at the end of the watch.
     make_alive(ledger, 1)
-    time.sleep(0.7)
-    spent = wait_for_suspects(ledger, heartbeat_timeout_s=1.5, watch_s=5.0, poll_s=0.02)
-    assert 0.2 < spent < 4.0
-    assert next(v for v in ledger.nodes() if v.record.node == 1).heartbeat_age_s > 1.5
+    started = time.monotonic()
+    spent = wait_for_suspects(ledger, heartbeat_timeout_s=1.0, watch_s=5.0)
+    assert 0.9 < spent < 1.6, spent
+    assert time.monotonic() - started < 1.6
+    assert next(v for v in ledger.nodes() if v.record.node == 1).heartbeat_age_s > 1.0
     # The watch never outlasts `watch_s`.
-    make_alive(ledger, 1)
-    time.sleep(0.1)
-    assert wait_for_suspects(ledger, heartbeat_timeout_s=0.24, watch_s=0.0) < 0.5
+    assert wait_for_suspects(ledger, heartbeat_timeout_s=100.0, watch_s=0.3) <= 0.5
 
 
 def test_drive_failovers_fences_at_once_and_leaves_the_new_owners_wait_to_another_driver(ledger: Ledger) -> None:
