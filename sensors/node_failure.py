@@ -247,7 +247,7 @@ def evaluate(
     than with the sensor's result after it. None: they come with the result.
     """
     previous = _decode_cursor(cursor)
-    wait_for_suspects(ledger, heartbeat_timeout_s=heartbeat_timeout_s, watch_s=watch_s)
+    wait_for_suspects(ledger, heartbeat_timeout_s=heartbeat_timeout_s, watch_s=watch_s, known_dead=previous.dead)
     # Every partition now and then; in between only those of the nodes that joined, restarted or died.
     full = time.time() - previous.full_look_at >= FULL_LOOK_S
     focus = look_focus(

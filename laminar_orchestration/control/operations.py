@@ -368,7 +368,12 @@ LAPSE_MARGIN_S = 0.05
 
 
 def wait_for_suspects(
-    ledger: Ledger, *, heartbeat_timeout_s: float | None, watch_s: float, margin_s: float = LAPSE_MARGIN_S
+    ledger: Ledger,
+    *,
+    heartbeat_timeout_s: float | None,
+    watch_s: float,
+    known_dead: Collection[int] = (),
+    margin_s: float = LAPSE_MARGIN_S,
 ) -> float:
     """Watch the owning nodes for up to `watch_s`, until one's heartbeat timeout lapses; the seconds spent.
 
@@ -377,7 +382,8 @@ def wait_for_suspects(
     beat since is watched on to its next lapse; one that did not is dead, and the watch ends at
     once (fail over now) - within `margin_s` of the timeout, whenever the watch began, for about one
     read a node per timeout. Only owning nodes end the watch: a node whose last heartbeat and
-    assignment name no partition needs no failover.
+    assignment name no partition needs no failover, and one the caller already found dead
+    (`known_dead`: its failovers are planned) is not news.
     """
     started = time.monotonic()
     records = {v.record.node: v.record for v in ledger.nodes()}
@@ -397,7 +403,7 @@ def wait_for_suspects(
             left = timeout - (at - record.heartbeat_at).total_seconds()
             if left >= 0:
                 lapses.append((left, node))
-            elif owns(record):
+            elif node not in known_dead and owns(record):
                 return time.monotonic() - started
         if not lapses:
             return time.monotonic() - started
@@ -502,9 +508,12 @@ def look_focus(
         return frozenset().union(*assigned_partitions(ledger, nodes).values())
 
     changed = [n for n, g in generations.items() if seen.get(n) != g]
-    reported = {PartitionId(p) for v in views if int(v.record.node) in dead for p in v.record.partitions}
+    # A last heartbeat tells what a node held when it died; once that death was looked at, the
+    # node's assignment (its moves away end there) and the full looks say the rest.
+    newly_dead = dead - set(seen_dead)
+    reported = {PartitionId(p) for v in views if int(v.record.node) in newly_dead for p in v.record.partitions}
     fail_over = named(dead) | reported | {PartitionId(p) for p in unplaced}
-    return LookFocus(named(changed), frozenset(fail_over), generations, dead, full_next=bool(dead - set(seen_dead)))
+    return LookFocus(named(changed), frozenset(fail_over), generations, dead, full_next=bool(newly_dead))
 
 
 def _take(loads: dict[int, int], warm: Mapping[int, int] | None, to_node: int | None = None) -> int | None:

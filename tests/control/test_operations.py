@@ -24,7 +24,7 @@ from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader, ManifestUpdate
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import StaleFencingToken
-from laminar_orchestration.protocol.records import NodeRecord
+from laminar_orchestration.protocol.records import NodeRecord, PartitionProgress
 from laminar_orchestration.protocol.tasks import DesiredStates, MigrationConfig, MigrationPhase
 from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.store.metering import RequestMeter
@@ -93,6 +93,8 @@ def test_wait_for_suspects_ends_within_a_moment_of_an_owners_lapse_reading_each_
     moment of its timeout, whenever the watch began. A dead node that owns nothing never ends it."""
     make_alive(ledger, 1, 2)
     ledger.acquire(P(0), N(1), expected_epoch=0)  # node 2 owns nothing
+    make_dead(ledger, 3)
+    _place(ledger, 1, 3)  # node 3: dead, and its assignment names p1 (a death the caller already saw)
     beating = threading.Event()
 
     def beat() -> None:  # node 1 beats every 0.3 s until told to stop
@@ -113,17 +115,19 @@ def test_wait_for_suspects_ends_within_a_moment_of_an_owners_lapse_reading_each_
     try:
         # Under a 1 s timeout, 2.5 s of watching: node 1 is read about once a second, never found
         # dead; node 2 lapses at once (nobody beats for it) but owns nothing.
-        spent = wait_for_suspects(watcher, heartbeat_timeout_s=1.0, watch_s=2.5)
+        spent = wait_for_suspects(watcher, heartbeat_timeout_s=1.0, watch_s=2.5, known_dead={3})
         assert 1.4 < spent <= 2.6, spent  # its next read would come after the window: it ends there
-        # The first look at both nodes, then node 1 at each of its lapses (about once a second).
-        assert sorted(reads[:2]) == [1, 2] and reads[2:] in ([1], [1, 1]), reads
+        # The first look at the nodes, then node 1 at each of its lapses (about once a second).
+        assert sorted(reads[:3]) == [1, 2, 3] and reads[3:] in ([1], [1, 1]), reads
+        # A dead owner the caller did not know of is news: the watch ends at once.
+        assert wait_for_suspects(watcher, heartbeat_timeout_s=1.0, watch_s=2.5) < 0.5
     finally:
         beating.set()
         beater.join()
     # Node 1 stops beating: found dead within a moment of its lapse, not at the end of the watch.
     make_alive(ledger, 1)
     started = time.monotonic()
-    spent = wait_for_suspects(ledger, heartbeat_timeout_s=1.0, watch_s=5.0)
+    spent = wait_for_suspects(ledger, heartbeat_timeout_s=1.0, watch_s=5.0, known_dead={3})
     assert 0.9 < spent < 1.6, spent
     assert time.monotonic() - started < 1.6
     assert next(v for v in ledger.nodes() if v.record.node == 1).heartbeat_age_s > 1.0
@@ -232,3 +236,21 @@ def test_a_planned_failover_records_its_move_on_the_desired_state_the_plan_read(
     task = MigrationCoordinator(ledger).current(P(1))
     assert task is not None and task.migration_id == rival.migration_id
     assert second.migration_id in (None, rival.migration_id)
+
+
+def test_a_dead_nodes_last_heartbeat_is_read_at_the_look_that_finds_it_dead_not_at_every_look(
+    store: ObjectStore,
+) -> None:
+    """A node's last heartbeat says what it held when it died: the look that finds it dead fails
+    those partitions over. Later looks go by its assignment (its moves away end there), so a node
+    that stays dead does not make every look read its old partitions again."""
+    ledger = new_ledger(store, 4)
+    make_alive(ledger, 1)
+    handle = ledger.register_node(N(2), heartbeat_timeout_s=0.3)
+    first = look_focus(ledger, None, full=False)
+    handle.heartbeat(partitions={3: PartitionProgress(partition=3, epoch=1, state="running")})
+    time.sleep(0.4)
+    dying = look_focus(ledger, first.generations, full=False)
+    assert 2 in dying.dead and dying.fail_over == frozenset({P(3)}) and dying.full_next
+    later = look_focus(ledger, dying.generations, full=False, seen_dead=dying.dead)
+    assert later.fail_over == frozenset() and not later.full_next
