@@ -182,8 +182,9 @@ class MigrationConfig(BaseModel):
     release_wait_timeout_s: float = Field(default=15.0, gt=0)
     checkpoint_transfer_timeout_s: float = Field(default=60.0, gt=0)
     max_concurrent_migrations: int = Field(default=2, ge=1)
-    #: A node's failover asks nothing of the dead node: each target restores this many partitions at once.
-    max_concurrent_failovers: int = Field(default=4, ge=1)
+    #: A node's failover asks nothing of the dead node: each target restores this many partitions at once
+    #: (a forced move mostly waits on the store's round trips, so more at once finish sooner).
+    max_concurrent_failovers: int = Field(default=16, ge=1)
     max_retries: int = Field(default=3, ge=0)
     retry_delay_s: float = Field(default=5.0, ge=0)
     #: A graceful move asks the old owner to drain once the target's warm copy is within this many
