@@ -182,14 +182,14 @@ def test_migration_error_display() -> None:
 # --- wedged and overdue migrations ------------------------------------------------------
 
 
-def report_done(handle: NodeHandle, task: MigrationTask) -> None:
-    """What the target node's process reports when it finished every phase of `task`."""
+def report_done(handle: NodeHandle, task: MigrationTask, done: MigrationPhase = MigrationPhase.ACTIVE) -> None:
+    """What the target node's process reports when it finished `task` up to `done` (every phase)."""
     progress = PartitionProgress(
         partition=task.partition,
         epoch=task.to_epoch,
         state="running",
         migration_id=task.migration_id,
-        phase_done=MigrationPhase.ACTIVE.value,
+        phase_done=done.value,
     )
     handle.heartbeat(partitions={task.partition: progress})
 
@@ -524,12 +524,17 @@ def test_the_drain_waits_for_the_old_owners_next_commit_when_the_last_is_older_t
     assert "next commit not expected within 0.3s" in report.detail, report.detail
 
 
-def _report(handle: NodeHandle, task: MigrationTask, done: MigrationPhase) -> None:
-    progress = PartitionProgress(
-        partition=task.partition, epoch=task.to_epoch, state="running", migration_id=task.migration_id,
-        phase_done=done.value,
-    )  # fmt: skip
-    handle.heartbeat(partitions={task.partition: progress})
+def forced_move_at_downloading(
+    store: ObjectStore,
+) -> tuple[Ledger, dict[int, NodeHandle], MigrationCoordinator, MigrationTask]:
+    """A forced move of p0 from node 1 to node 2, fenced and recorded at Downloading."""
+    ledger, handles = three_nodes(store)
+    coordinator = MigrationCoordinator(ledger, MigrationConfig(checkpoint_transfer_timeout_s=5))
+    task = coordinator.plan(P(0), N(2), forced=True)
+    for phase in (MigrationPhase.PLANNED, MigrationPhase.RELEASED):
+        coordinator.run_phase(P(0), task.migration_id, phase)
+    coordinator.begin_phase(P(0), task.migration_id, MigrationPhase.DOWNLOADING)
+    return ledger, handles, coordinator, task
 
 
 def test_a_forced_moves_target_report_of_active_records_restoring_to_active_in_one_write(
@@ -540,15 +545,10 @@ def test_a_forced_moves_target_report_of_active_records_restoring_to_active_in_o
     end it), and the record then goes from Downloading through Restoring and Seeking to Active in one
     checked write: the partition is the target's. The later phases are done with it: driving them
     reads and writes nothing."""
-    ledger, handles = three_nodes(store)
-    coordinator = MigrationCoordinator(ledger, MigrationConfig(checkpoint_transfer_timeout_s=5))
-    task = coordinator.plan(P(0), N(2), forced=True)
-    for phase in (MigrationPhase.PLANNED, MigrationPhase.RELEASED):
-        coordinator.run_phase(P(0), task.migration_id, phase)
-    coordinator.begin_phase(P(0), task.migration_id, MigrationPhase.DOWNLOADING)
-    _report(handles[2], task, MigrationPhase.RESTORING)
+    ledger, handles, coordinator, task = forced_move_at_downloading(store)
+    report_done(handles[2], task, MigrationPhase.RESTORING)
     assert coordinator.phase_reported(task, MigrationPhase.DOWNLOADING) is None
-    _report(handles[2], task, MigrationPhase.ACTIVE)
+    report_done(handles[2], task)
     before = meter.snapshot()
     assert coordinator.phase_reported(task, MigrationPhase.DOWNLOADING) is not None
     writes = meter.snapshot().by_family.get(("PUT", "ledger/partitions/desired.json"), 0)
@@ -570,14 +570,9 @@ def test_a_forced_move_cancelled_before_the_targets_active_report_is_recorded_en
 ) -> None:
     """A cancel recorded while Downloading is: the target's later report of Active does not take the
     record to Active over it; the driver is told the move ended."""
-    ledger, handles = three_nodes(store)
-    coordinator = MigrationCoordinator(ledger, MigrationConfig(checkpoint_transfer_timeout_s=5))
-    task = coordinator.plan(P(0), N(2), forced=True)
-    for phase in (MigrationPhase.PLANNED, MigrationPhase.RELEASED):
-        coordinator.run_phase(P(0), task.migration_id, phase)
-    coordinator.begin_phase(P(0), task.migration_id, MigrationPhase.DOWNLOADING)
+    ledger, handles, coordinator, task = forced_move_at_downloading(store)
     MigrationCoordinator(ledger).cancel(P(0), task.migration_id)
-    _report(handles[2], task, MigrationPhase.ACTIVE)
+    report_done(handles[2], task)
     with pytest.raises(tasks.MigrationFailed):
         coordinator.phase_reported(task, MigrationPhase.DOWNLOADING)
     ended = coordinator.current(P(0))
