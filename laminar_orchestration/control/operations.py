@@ -388,10 +388,11 @@ def wait_for_suspects(
     started = time.monotonic()
     records = {v.record.node: v.record for v in ledger.nodes()}
     owning: dict[int, bool] = {}
+    desired = DesiredStates(ledger, nudge=False)
 
     def owns(record: NodeRecord) -> bool:
         if record.node not in owning:
-            assignment, _ = DesiredStates(ledger, nudge=False).assignment(NodeId(record.node))
+            assignment, _ = desired.assignment(NodeId(record.node))
             owning[record.node] = bool(record.partitions) or bool(assignment and assignment.partitions)
         return owning[record.node]
 
@@ -570,8 +571,9 @@ def plan_failovers(
                     completed[int(p)] = own.epoch
             except LaminarError as exc:
                 skipped.append(f"p{p}: the grant at epoch {own.epoch} is not sealed: {type(exc).__name__}: {exc}")
-        if own is None or own.owner == UNASSIGNED or own.owner in live:
-            continue
+        if p not in states:
+            continue  # its owner is alive, or nobody owns it
+        assert own is not None
         key = (int(p), own.epoch)
         task = states[p][0].migration
         if task is not None and moves_on_without_old_owner(task, live):
