@@ -400,11 +400,13 @@ def wait_for_suspects(
         at = now()
         lapses: list[tuple[float, int]] = []
         for node, record in records.items():
+            if node in known_dead:  # never news, so never read again
+                continue
             timeout = heartbeat_timeout_s if heartbeat_timeout_s is not None else record.heartbeat_timeout_s
             left = timeout - (at - record.heartbeat_at).total_seconds()
             if left >= 0:
                 lapses.append((left, node))
-            elif node not in known_dead and owns(record):
+            elif owns(record):
                 return time.monotonic() - started
         if not lapses:
             return time.monotonic() - started

@@ -104,9 +104,11 @@ def _source_ends(body: bytes) -> dict[int, int] | None:
 
 
 def send_nudge(url: str, *, timeout_s: float = NUDGE_TIMEOUT_S, body: bytes = b"") -> bool:
-    """Ask the node at `url` to look now; False (logged at debug) if it could not be reached."""
-    request = urllib.request.Request(url, data=body, method="POST")
+    """Ask the node at `url` to look now; False (logged at debug) if it could not be reached.
+
+    A malformed address (a node record written by hand or by another version) is unreachable too."""
     try:
+        request = urllib.request.Request(url, data=body, method="POST")
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return bool(200 <= response.status < 300)
     except (OSError, urllib.error.URLError, ValueError) as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 
 import pytest
 
@@ -118,8 +119,10 @@ def test_wait_for_suspects_ends_within_a_moment_of_an_owners_lapse_reading_each_
         spent = wait_for_suspects(watcher, heartbeat_timeout_s=2.0, watch_s=4.5, known_dead={3})
         # It ends with the window (or once its next read would come after it), never at node 2's lapse.
         assert 2.5 < spent <= 5.0, spent
-        # The first look at the nodes, then node 1 at each of its lapses.
-        assert sorted(reads[:3]) == [1, 2, 3] and reads[3:] in ([1], [1, 1]), reads
+        # The first look at the nodes; then node 1 at each of its lapses, node 2 at most once (at its
+        # lapse, unless that fell within a moment of a read of node 1), and node 3 never (known dead).
+        later = Counter(reads[3:])
+        assert sorted(reads[:3]) == [1, 2, 3] and later[1] in (1, 2) and later[2] <= 1 and not later[3], reads
         # A dead owner the caller did not know of is news: the watch ends at once.
         assert wait_for_suspects(watcher, heartbeat_timeout_s=2.0, watch_s=4.5) < 1.0
     finally:
