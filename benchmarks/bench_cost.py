@@ -29,7 +29,6 @@ import json
 import math
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,7 @@ from typing import Any
 import boto3
 
 from benchmarks.common import REPO_ROOT, Row, format_table, progress, verdict, write_result
+from laminar_dev.localcluster import stop_processes
 from laminar_dev.s3server import start_s3_server
 from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.ops.demo_processes import Producer
@@ -170,14 +170,7 @@ class Cluster:
         return all(p["owner"] and p["status"] == "active" and p["owner_alive"] for p in parts)
 
     def stop(self) -> None:
-        for proc in self.nodes.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.nodes.values():
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(self.nodes.values())
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,22 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interva
             return
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def stop_processes(procs: Iterable[subprocess.Popen[bytes]], timeout_s: float = 60.0) -> None:
+    """SIGTERM every process still running, then wait for each; one that outlives `timeout_s` is killed.
+
+    All are signalled before any is waited for, so their clean stops overlap."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class NodeProcess:

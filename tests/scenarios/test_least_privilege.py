@@ -22,7 +22,6 @@ import functools
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -36,7 +35,7 @@ import pyarrow as pa
 import pytest
 from botocore.exceptions import ClientError
 
-from laminar_dev.localcluster import wait_until
+from laminar_dev.localcluster import stop_processes, wait_until
 from laminar_dev.s3server import AccessKey, create_iam_user, start_s3_server
 from laminar_orchestration.dataplane.checkpoint import OutputWriter
 from laminar_orchestration.identity import MAX_PARTITIONS, NodeId, PartitionId
@@ -160,15 +159,7 @@ def roles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Roles]:
         try:
             yield r
         finally:
-            for proc in r.nodes.values():
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-            for proc in r.nodes.values():
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_processes(r.nodes.values(), timeout_s=20)
 
 
 # --- the scenario: every step on the role's own keys -----------------------------------------------
