@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -20,65 +19,11 @@ from laminar_orchestration.protocol.capabilities import OutputCommitter, ReadSto
 from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestUpdate
 from laminar_orchestration.protocol.fencing import PartitionGuard
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.store import LocalObjectStore, open_store
+from laminar_orchestration.store import open_store
 from tests.commits import commit_all, fold_output
 from tests.processes import laminar
 
 pytestmark = pytest.mark.processes
-
-
-def test_init_status_and_reinit(store_url: str) -> None:
-    first = laminar("init", "--store", store_url, "--partitions", "3")
-    assert first.returncode == 0, first.stderr
-    again = laminar("init", "--store", store_url, "--partitions", "3")
-    assert again.returncode == 4 and "already exists" in again.stderr and "--force" in again.stderr
-    status = laminar("status", "--store", store_url, "--json")
-    assert status.returncode == 0, status.stderr
-    report = json.loads(status.stdout)
-    assert report["cluster_epoch"] == 1
-    assert [(p["partition"], p["epoch"], p["owner"], p["status"]) for p in report["partitions"]] == [
-        (0, 0, 0, "unassigned"),
-        (1, 0, 0, "unassigned"),
-        (2, 0, 0, "unassigned"),
-    ]
-    forced = laminar("init", "--store", store_url, "--partitions", "5", "--force")
-    assert forced.returncode == 0, forced.stderr
-    assert len(json.loads(laminar("status", "--store", store_url, "--json").stdout)["partitions"]) == 5
-    text = laminar("status", "--store", store_url)
-    assert "PARTITION" in text.stdout and "unassigned" in text.stdout
-
-
-def test_store_defaults_to_env_then_working_directory(tmp_path: Path) -> None:
-    env_store = (tmp_path / "from-env").as_uri()
-    os.environ["LAMINAR_STORE"] = env_store
-    try:
-        assert laminar("init", "--partitions", "1", cwd=tmp_path).returncode == 0
-        assert LocalObjectStore(tmp_path / "from-env", create=False).object_path("ledger/cluster.json").exists()
-    finally:
-        del os.environ["LAMINAR_STORE"]
-    assert laminar("init", "--partitions", "1", cwd=tmp_path).returncode == 0
-    assert LocalObjectStore(tmp_path / ".laminar" / "store", create=False).object_path("ledger/cluster.json").exists()
-
-
-@pytest.mark.parametrize(
-    ("url", "message"),
-    [
-        ("ftp://somewhere/x", "unsupported scheme 'ftp'"),
-        ("s3://", "has no bucket"),
-        ("file://host/x", "take no host"),
-    ],
-)
-def test_bad_store_url_is_named(url: str, message: str) -> None:
-    result = laminar("status", "--store", url)
-    assert result.returncode == 2
-    assert message in result.stderr and url in result.stderr
-
-
-def test_status_of_missing_local_store_does_not_create_it(tmp_path: Path) -> None:
-    target = tmp_path / "typo"
-    result = laminar("status", "--store", target.as_uri())
-    assert result.returncode == 7 and "no local store" in result.stderr
-    assert not target.exists()
 
 
 def test_produce_from_file_query_and_verify(store_url: str, tmp_path: Path) -> None:

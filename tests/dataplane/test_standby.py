@@ -37,7 +37,7 @@ from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 from laminar_orchestration.ulid import next_ulid
 from tests.commits import commit_all
-from tests.scenarios.test_dataplane import (
+from tests.dataplane.plane import (
     P0,
     SCHEMA,
     as_dict,

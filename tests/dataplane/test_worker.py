@@ -22,9 +22,9 @@ from laminar_orchestration.protocol.keys import segment_key
 from laminar_orchestration.protocol.segments import encode_segment
 from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import ObjectStore
+from tests.dataplane.plane import running
 from tests.ledgers import new_ledger, place_on_node_1
 from tests.nodes import quick_node_config
-from tests.scenarios.test_dataplane import running
 
 P, N = PartitionId, NodeId
 

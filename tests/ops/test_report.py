@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import time
 import xml.etree.ElementTree as ET
@@ -11,13 +10,12 @@ from pathlib import Path
 import pytest
 
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.ops.report import render_html, write_report
+from laminar_orchestration.ops.report import render_html
 from laminar_orchestration.ops.timeline import FAILOVER, MIGRATION, PLACEMENT, collect_report
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.store import LocalObjectStore
 from tests.commits import commit_all
-from tests.processes import laminar
 
 P, N = PartitionId, NodeId
 SVG_NS = "{http://www.w3.org/2000/svg}"
@@ -127,43 +125,6 @@ def test_only_an_epoch_still_held_is_marked_current(tmp_path: Path) -> None:
     )
     assert "(current)" in grants["0", "3"]  # node 3 holds it
     assert "(current)" not in grants["1", "1"]  # released: nobody holds it
-
-
-@pytest.mark.processes
-def test_cli_writes_the_report_beside_the_local_store(tmp_path: Path) -> None:
-    build_history(tmp_path)
-    url = (tmp_path / "store").as_uri()
-    elsewhere = tmp_path / "cwd"
-    elsewhere.mkdir()
-    run = laminar("report", "--store", url, cwd=elsewhere)
-    assert run.returncode == 0, run.stderr
-    out = tmp_path / "laminar-report.html"
-    assert f"wrote {out}" in run.stdout
-    assert "3 partitions, 4 epochs (1 migration, 1 failover)" in run.stdout
-    assert not list(elsewhere.iterdir())  # nothing in the working directory
-    page = out.read_text()
-    assert (
-        page.startswith("<!doctype html>")
-        and "<script" not in page
-        and "http://" not in page.replace("http://www.w3.org/2000/svg", "")
-    )  # self-contained: nothing loaded from elsewhere
-    png = tmp_path / "laminar-report.png"
-    if importlib.util.find_spec("matplotlib") is None:
-        assert not png.exists() and "no PNG: matplotlib is not installed" in run.stdout
-    else:
-        assert f"wrote {png}" in run.stdout and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.mark.processes
-def test_cli_report_out_and_errors(tmp_path: Path) -> None:
-    ledger = build_history(tmp_path)
-    written = write_report(ledger, tmp_path / "sub" / "timeline.html", png=False)
-    assert written.html.is_file() and written.png is None
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    run = laminar("report", "--store", empty.as_uri(), "--out", str(tmp_path / "x.html"))
-    assert run.returncode == 7 and "no cluster" in run.stderr  # not found
-    assert not (tmp_path / "x.html").exists()
 
 
 @pytest.mark.parametrize("seconds", [1, 3, 90, 4000, 200_000])

@@ -32,9 +32,9 @@ from laminar_orchestration.protocol.signing import sign_record
 from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 from laminar_orchestration.ulid import next_ulid
+from tests.dataplane.plane import running
 from tests.ledgers import new_ledger, place_on_node_1
 from tests.nodes import quick_node_config
-from tests.scenarios.test_dataplane import running
 from tests.stores import PausingStore
 
 P, N = PartitionId, NodeId

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import pickle
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,18 +15,15 @@ import pytest
 from pydantic import ValidationError
 
 from laminar_dev.faults import FaultInjectingStore
-from laminar_orchestration.protocol.framing import BadMagic, FrameMismatch, encode_frame
 from laminar_orchestration.protocol.keys import segment_key, source_head_key
 from laminar_orchestration.protocol.segments import (
     EVENT_SCHEMA,
-    ROW_GROUP_EVENTS,
     BadInputLine,
     CorruptSourceHead,
     InvalidEvents,
     OffsetNotAtSegmentBoundary,
     PartitionOutOfRange,
     SourceEvent,
-    UndecodableSegment,
     encode_segment,
     normalize_events,
 )
@@ -55,39 +51,6 @@ def _assert_exactly_once(table: pa.Table, expected_keys: set[str]) -> None:
 
 
 # --- events ---------------------------------------------------------------------
-
-
-def test_source_event_is_strict() -> None:
-    assert SourceEvent(partition=0, key="k", value=3).value == 3.0  # ints are accepted
-    for bad in (
-        {"partition": 0, "key": "k", "value": 1, "extra": 1},
-        {"partition": 0, "key": "k", "value": "1"},
-        {"partition": -1, "key": "k", "value": 1},
-        {"partition": 0, "key": 5, "value": 1},
-        {"partition": 0, "key": "k", "value": True},
-        {"partition": 0, "key": "k", "value": float("nan")},
-    ):
-        with pytest.raises(ValidationError):
-            SourceEvent.model_validate(bad)
-
-
-def test_append_validates_tables() -> None:
-    ok = normalize_events(1, pa.table({"partition": [1, 1], "key": ["a", "b"], "value": [1, 2], "ts": [None, 5]}))
-    assert ok.column("value").type == pa.float64()
-    assert ok.column("ts")[1].as_py() == 5 and ok.column("ts")[0].as_py() > 1_600_000_000_000
-    for table, reason in (
-        (pa.table({"offset": [0], "key": ["a"], "value": [1.0]}), "assigned by the log"),
-        (pa.table({"key": ["a"]}), "missing column"),
-        (pa.table({"key": ["a", None], "value": [1.0, 2.0]}), "null"),
-        (pa.table({"key": ["a"], "value": [float("inf")]}), "NaN or infinity"),
-        (pa.table({"key": ["a"], "value": ["1"]}), "not a number"),
-        (pa.table({"partition": [2], "key": ["a"], "value": [1.0]}), "other partitions"),
-    ):
-        with pytest.raises(InvalidEvents, match=reason) as info:
-            normalize_events(1, table)
-        assert info.value.partition == 1
-    with pytest.raises(InvalidEvents, match="belongs to partition 0"):
-        normalize_events(1, _events(1))
 
 
 def _not_utf8(*values: bytes) -> pa.Array:
@@ -130,23 +93,6 @@ def test_a_lone_surrogate_key_is_invalid_input_not_a_unicode_error(local_store: 
     assert (info.value.partition, info.value.row, info.value.column) == (0, 2, "key")
     assert "lone surrogate" in str(info.value)
     assert log.end_offset(0) == 0 and list(local_store.list("source/")) == []
-
-
-def test_an_undecodable_segment_is_named_by_a_failed_batch(local_store: LocalObjectStore) -> None:
-    log = SourceLog(local_store)
-    log.append(0, _events(3))
-    poison = pa.table({"key": _not_utf8(b"d", b"\xff"), "value": [4.0, 5.0], "ts": pa.array([4, 5], pa.int64())})
-    # A writer bypassing `append`: the segment at the log end, then the head rolled past it.
-    local_store.put_if_absent(segment_key(0, 3), encode_segment(0, 3, poison, frame_events=1))
-    assert log.roll_forward(0) == 5
-    batch = log.read(0, 0, 10)
-    assert batch is not None and batch.segment_starts == (0, 3)
-    first = log.read(0, 0, 3)
-    assert first is not None and first.undecodable() is None  # a batch that decodes names nothing
-    error = batch.undecodable()
-    assert isinstance(error, UndecodableSegment)
-    assert (error.partition, error.key, error.start_offset, error.offset) == (0, segment_key(0, 3), 3, 4)
-    assert "b'\\xff' is not valid UTF-8" in str(error) and error.error_kind.value == "corrupt data"
 
 
 # --- append and read --------------------------------------------------------------
@@ -205,33 +151,6 @@ def test_read_off_a_segment_boundary_raises(store: ObjectStore) -> None:
         log.read(0, 11, 10)
     assert (beyond.value.offset, beyond.value.log_end) == (11, 10)
     assert "beyond the end" in str(beyond.value)
-
-
-def test_batch_writes_parquet_files_for_spark(local_store: LocalObjectStore, tmp_path: Path) -> None:
-    log = SourceLog(local_store, segment_events=4, frame_events=2)
-    log.append(0, _events(10))
-    batch = log.read(0, 0, 100)
-    assert batch is not None
-    paths = batch.write_parquet(tmp_path / "batch")
-    assert len(paths) == len(batch.payloads) == 5
-    assert sorted(p.name for p in (tmp_path / "batch").iterdir()) == sorted(p.name for p in paths)
-    from_disk = pq.read_table(tmp_path / "batch").sort_by("offset")
-    assert from_disk.column("offset").to_pylist() == list(range(10))
-    assert from_disk.column("key").to_pylist() == batch.to_table().column("key").to_pylist()
-
-
-def test_a_large_segment_is_split_into_row_groups_and_still_checked(local_store: LocalObjectStore) -> None:
-    """Spark splits a file only between row groups: a large segment holds several, so a large batch is
-    scanned by every core; the read still checks each group's offsets and returns every event once."""
-    n = 2 * ROW_GROUP_EVENTS + 10
-    log = SourceLog(local_store, segment_events=n)
-    keys = [f"k{i % 7}" for i in range(n)]
-    log.append(0, pa.table({"key": keys, "value": [float(i) for i in range(n)]}))
-    batch = log.read(0, 0, n)
-    assert batch is not None and len(batch.payloads) == 1
-    assert pq.ParquetFile(pa.BufferReader(batch.payloads[0])).metadata.num_row_groups == 3
-    assert batch.to_table().column("offset").to_pylist() == list(range(n))
-    assert sorted(batch.keys().to_pylist()) == [f"k{i}" for i in range(7)]
 
 
 def test_append_of_nothing_writes_nothing(store: ObjectStore) -> None:
@@ -328,42 +247,6 @@ def test_append_recognises_its_own_writes_reported_as_conflicts(tmp_path: Path) 
     assert [(s.start_offset, s.end_offset) for s in result.segments] == [(0, 2), (2, 4), (4, 6)]
     assert log.end_offset(0) == 6
     _assert_exactly_once(_all_events(log, 0), {f"e{i}" for i in range(6)})
-
-
-def test_source_errors_pickle_with_their_fields() -> None:
-    for err in (
-        OffsetNotAtSegmentBoundary(1, 5, 10),
-        BadInputLine("x.jsonl", 3, "value: bad"),
-        CorruptSourceHead("source/00000/head.json", "bad"),
-        InvalidEvents(2, "bad"),
-        InvalidEvents(2, "bad", 5, "key"),
-        UndecodableSegment(0, segment_key(0, 3), 3, 4, "bad"),
-        PartitionOutOfRange(7, 4),
-    ):
-        back = pickle.loads(pickle.dumps(err))
-        assert type(back) is type(err) and vars(back) == vars(err) and str(back) == str(err)
-
-
-def test_corrupt_segment_is_reported_by_name(local_store: LocalObjectStore) -> None:
-    log = SourceLog(local_store)
-    local_store.put_if_absent(segment_key(0, 0), b"\x00" * 40)
-    with pytest.raises(BadMagic) as info:
-        log.read(0, 0, 10)
-    assert info.value.source == segment_key(0, 0) and info.value.offset == 0
-    # A segment of partition 5 stored under partition 1 is caught by the frame header.
-    wrong = encode_segment(5, 0, normalize_events(5, _events(1, partition=5)))
-    local_store.put_if_absent(segment_key(1, 0), wrong)
-    with pytest.raises(FrameMismatch) as mismatch:
-        log.read(1, 0, 10)
-    assert (mismatch.value.field, mismatch.value.expected, mismatch.value.actual) == (
-        "partition",
-        1,
-        5,
-    )
-    local_store.put_if_absent(segment_key(2, 0), encode_frame(b"not parquet", 0, 0, 2))
-    with pytest.raises(Exception, match="unreadable Parquet") as bad:
-        log.read(2, 0, 10)
-    assert segment_key(2, 0) in str(bad.value)
 
 
 def test_corrupt_head_is_reported_by_name(local_store: LocalObjectStore) -> None:

@@ -2,26 +2,22 @@
 
 Each test states a promise of `ObjectStore` that laminar's fencing relies on and
 runs it against both backends through the `store` fixture. The concurrency
-tests race real threads (and, for the local store, real processes) so a
-non-atomic conditional write would show up as two winners or a lost update.
+tests race real threads so a non-atomic conditional write would show up as two
+winners or a lost update. What one backend alone promises is in
+`tests/store/test_local.py` (there, real processes race too) and
+`tests/store/test_s3.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import multiprocessing
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.queues import Queue as MpQueue
-from multiprocessing.synchronize import Event as MpEvent
-from pathlib import Path
 
 import pytest
 
-from laminar_orchestration.store import InvalidKey, LocalObjectStore, ObjectNotFound, ObjectStore, PreconditionFailed
-from laminar_orchestration.store.s3 import S3ObjectStore
+from laminar_orchestration.store import InvalidKey, ObjectNotFound, ObjectStore, PreconditionFailed
 from tests.threads import run_together
 
 # -- basic semantics -----------------------------------------------------------------
@@ -298,143 +294,3 @@ def test_threads_cas_increments_lose_no_update(store: ObjectStore) -> None:
     assert not errors, errors
     assert sum(len(log.bases) for log in logs) == n_threads * per_thread
     _assert_no_lost_update(store, "counter", logs)
-
-
-# -- concurrency: processes (local store only; S3 is shared by construction) ---------------
-
-N_PROCS = 4
-
-
-def _proc_main(task: str, root: str, start: MpEvent, out: MpQueue[tuple[int, str, object]], i: int) -> None:
-    """Body of one racing process; reports (i, "ok", result) or (i, "error", repr)."""
-    try:
-        store = LocalObjectStore(root)  # each process opens the store on its own
-        start.wait()
-        result: object
-        if task == "create":
-            try:
-                result = store.put_if_absent("race/lease", f"proc-{i}".encode())
-            except PreconditionFailed:
-                result = None
-        else:
-            result = _increment(store, "counter", f"p{i}", 10).bases
-        out.put((i, "ok", result))
-    except BaseException as exc:  # surface child failures instead of a queue timeout
-        out.put((i, "error", repr(exc)))
-
-
-def _run_procs(task: str, root: str) -> dict[int, object]:
-    # fork keeps this quick (spawn re-imports pytest and boto3 per child). The
-    # children still contend as independent processes: each opens its own
-    # store, so every flock is taken on a file description of its own.
-    ctx = multiprocessing.get_context("fork")
-    start = ctx.Event()
-    out: MpQueue[tuple[int, str, object]] = ctx.Queue()
-    procs = [ctx.Process(target=_proc_main, args=(task, root, start, out, i)) for i in range(N_PROCS)]
-    for p in procs:
-        p.start()
-    start.set()  # release them together
-    results: dict[int, object] = {}
-    for _ in procs:
-        i, status, value = out.get(timeout=60)
-        assert status == "ok", value
-        results[i] = value
-    for p in procs:
-        p.join(timeout=30)
-        assert p.exitcode == 0
-    return results
-
-
-def test_processes_racing_create_only_exactly_one_wins(local_store: LocalObjectStore) -> None:
-    results = _run_procs("create", str(local_store.root))
-
-    winners = {i: etag for i, etag in results.items() if etag is not None}
-    assert len(winners) == 1
-    [(winner, etag)] = winners.items()
-    obj = local_store.get("race/lease")
-    assert (obj.data, obj.etag) == (f"proc-{winner}".encode(), etag)
-
-
-def test_processes_cas_increments_lose_no_update(local_store: LocalObjectStore) -> None:
-    local_store.put_if_absent("counter", json.dumps({"n": 0, "writer": "init"}).encode())
-
-    results = _run_procs("increment", str(local_store.root))
-
-    logs = []
-    for bases in results.values():
-        assert isinstance(bases, list)
-        logs.append(_IncrementLog(bases=bases))
-    assert sum(len(log.bases) for log in logs) == N_PROCS * 10
-    _assert_no_lost_update(local_store, "counter", logs)
-
-
-# -- S3 specifics ----------------------------------------------------------------------------
-
-
-def test_s3_prefixes_isolate_stores(s3_endpoint: str, s3_bucket: str) -> None:
-    a = S3ObjectStore(s3_bucket, "tenant-a", endpoint_url=s3_endpoint)
-    b = S3ObjectStore(s3_bucket, "/tenant-b/", endpoint_url=s3_endpoint)
-    try:
-        assert (a.url, b.url) == (f"s3://{s3_bucket}/tenant-a", f"s3://{s3_bucket}/tenant-b")
-        a.put_if_absent("k", b"from-a")
-        b.put_if_absent("k", b"from-b")  # same key, other prefix: no conflict
-        assert (a.get("k").data, b.get("k").data) == (b"from-a", b"from-b")
-        assert list(a.list("")) == ["k"] and list(b.list("")) == ["k"]
-    finally:
-        a.close()
-        b.close()
-
-
-def test_s3_metadata_keys_come_back_lowercased(s3_store: S3ObjectStore) -> None:
-    s3_store.put_if_absent("m", b"x", {"Writer-Id": "W1"})
-    assert dict(s3_store.get("m").metadata) == {"writer-id": "W1"}
-
-
-# -- local store on-disk format --------------------------------------------------------------
-
-
-def test_local_store_opens_a_store_written_before_keys_were_escaped(tmp_path: Path) -> None:
-    root = tmp_path / "old"
-    (root / ".locks").mkdir(parents=True)
-    # An object as the previous format wrote it: the file sits under the plain key.
-    (root / "ledger").mkdir()
-    (root / "ledger" / "cluster.json").write_bytes(LocalObjectStore._encode(b"{}", None)[0] + b"{}")
-    old = LocalObjectStore(root)
-    assert old.format == 1 and old.get("ledger/cluster.json").data == b"{}"
-    assert list(old.list("")) == ["ledger/cluster.json"]
-    old.put_if_absent("ledger/more", b"x")
-    assert (root / "ledger" / "more").exists()
-    new = LocalObjectStore(tmp_path / "new")
-    new.put_if_absent("ledger/more", b"x")
-    assert new.format == 2 and new.object_path("ledger/more").name == "more%"
-    assert LocalObjectStore(tmp_path / "new", create=False).format == 2
-
-
-def test_local_store_syncs_the_directory_before_releasing_the_key_lock(
-    local_store: LocalObjectStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    events: list[str] = []
-    real_locked = local_store._locked
-    real_sync = local_store._sync_dir
-
-    @contextlib.contextmanager
-    def locked(key: str) -> Iterator[None]:
-        with real_locked(key):
-            events.append("lock")
-            yield
-            events.append("unlock")
-
-    def sync(path: Path) -> None:
-        events.append("sync")
-        real_sync(path)
-
-    monkeypatch.setattr(local_store, "_locked", locked)
-    monkeypatch.setattr(local_store, "_sync_dir", sync)
-    for op in (
-        lambda: local_store.put_if_absent("grants/1", b"g"),
-        lambda: local_store.put_if_match("grants/1", b"h", local_store.get("grants/1").etag),
-        lambda: local_store.delete_if_match("grants/1", local_store.get("grants/1").etag),
-    ):
-        events.clear()
-        op()
-        assert events[-3:] == ["lock", "sync", "unlock"], events

@@ -1,4 +1,4 @@
-"""The retry layer under injected faults, plus store error handling and `open_store`.
+"""The retry layer under injected faults, plus `open_store` and retries against an unreachable S3 endpoint.
 
 Fault tests wrap each backend as RetryingStore(FaultInjectingStore(backend)).
 The key promise: a conditional write whose response was lost is settled by
@@ -12,18 +12,13 @@ import contextlib
 import json
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-import botocore.exceptions as bce
 import pytest
-from botocore.stub import Stubber
 
 from laminar_dev.faults import FaultInjectingStore, FaultKind
 from laminar_orchestration.store import (
-    ConcurrentModification,
-    CorruptObject,
     InvalidStoreUrl,
     LocalObjectStore,
     ObjectNotFound,
@@ -35,10 +30,7 @@ from laminar_orchestration.store import (
     open_store,
 )
 from laminar_orchestration.store.retry import AmbiguousWrite, RetryingStore, RetryPolicy
-from laminar_orchestration.store.s3 import S3ObjectStore, make_s3_client
-
-if TYPE_CHECKING:
-    from mypy_boto3_s3 import S3Client
+from laminar_orchestration.store.s3 import S3ObjectStore
 
 NO_WAIT = RetryPolicy(max_attempts=6, base_delay_s=0.0, max_delay_s=0.0)
 META = {"writer-id": "w-1"}
@@ -447,33 +439,7 @@ def test_bad_store_urls(url: str, reason: str) -> None:
     assert reason in str(invalid.value)
 
 
-# -- S3 error handling ---------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("op", ["put_if_absent", "put_if_match", "delete_if_match", "get", "head", "list"])
-def test_s3_missing_bucket_is_unavailable_and_named(s3_client: S3Client, op: str) -> None:
-    s3 = S3ObjectStore("laminar-no-such-bucket", "p", client=s3_client)
-    retrying = RetryingStore(s3, NO_WAIT)
-    calls: dict[str, Callable[[], object]] = {
-        "put_if_absent": lambda: retrying.put_if_absent("k", b"v"),
-        "put_if_match": lambda: retrying.put_if_match("k", b"v", "e"),
-        "delete_if_match": lambda: retrying.delete_if_match("k", "e"),
-        "get": lambda: retrying.get("k"),
-        "head": lambda: retrying.head("k"),
-        "list": lambda: retrying.list(""),
-    }
-    with pytest.raises(StoreUnavailable) as unavailable:
-        calls[op]()
-    assert "laminar-no-such-bucket" in str(unavailable.value)
-    assert "does not exist" in str(unavailable.value)
-    assert retrying.retries == 0  # configuration errors are not retried
-
-
-def test_s3_malformed_endpoint_is_unavailable() -> None:
-    with pytest.raises(StoreUnavailable) as unavailable:
-        S3ObjectStore("bucket", endpoint_url="not a url")
-    assert "not a url" in str(unavailable.value)
-    assert "bucket" in str(unavailable.value)
+# -- an unreachable S3 endpoint ------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -502,151 +468,3 @@ def test_s3_unreachable_endpoint_exhausts_retries_and_names_it(closed_port: int)
 
     assert endpoint in str(unavailable.value)
     assert retrying.attempts == NO_WAIT.max_attempts
-
-
-@pytest.fixture(scope="module")
-def offline_client() -> Iterator[S3Client]:
-    """A client for a dead endpoint, shared because building one costs ~0.2 s; tests stub it."""
-    with pytest.MonkeyPatch.context() as mp:
-        # Credentials are resolved when the client is built; no real ones may leak in.
-        mp.setenv("AWS_ACCESS_KEY_ID", "testing")
-        mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        client = make_s3_client("http://127.0.0.1:9")
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def stubbed(offline_client: S3Client) -> Iterator[tuple[S3ObjectStore, Stubber]]:
-    """An S3ObjectStore (bucket "bucket", prefix "pfx") whose client answers from a Stubber."""
-    stub = Stubber(offline_client)
-    with stub:
-        yield S3ObjectStore("bucket", "pfx", client=offline_client), stub
-
-
-@pytest.mark.parametrize(
-    ("code", "status", "expected"),
-    [
-        ("PreconditionFailed", 412, PreconditionFailed),
-        ("ConditionalRequestConflict", 409, ConcurrentModification),
-        ("SlowDown", 503, TransientStoreError),
-        ("InternalError", 500, TransientStoreError),
-        ("ServiceUnavailable", 503, TransientStoreError),
-        ("RequestTimeout", 400, TransientStoreError),
-        ("AccessDenied", 403, StoreUnavailable),
-        ("InvalidAccessKeyId", 403, StoreUnavailable),
-        ("NoSuchBucket", 404, StoreUnavailable),
-        ("NotImplemented", 501, StoreUnavailable),
-        ("InvalidArgument", 400, StoreUnavailable),
-    ],
-)
-def test_s3_error_codes_map_to_typed_errors(
-    stubbed: tuple[S3ObjectStore, Stubber], code: str, status: int, expected: type[Exception]
-) -> None:
-    store, stub = stubbed
-    stub.add_client_error("put_object", service_error_code=code, http_status_code=status)
-    with pytest.raises(expected) as raised:
-        store.put_if_absent("k", b"v")
-    assert not isinstance(raised.value, bce.BotoCoreError | bce.ClientError)
-    if expected is StoreUnavailable:
-        assert "'bucket'" in str(raised.value)
-
-
-def test_s3_not_found_depends_on_the_operation(stubbed: tuple[S3ObjectStore, Stubber]) -> None:
-    store, stub = stubbed
-    for method in ("put_object", "delete_object", "get_object"):
-        stub.add_client_error(method, service_error_code="NoSuchKey", http_status_code=404)
-    # HEAD 404s carry no error code; the store checks the bucket once.
-    stub.add_client_error("head_object", service_error_code="404", http_status_code=404)
-    stub.add_response("head_bucket", {})
-    stub.add_client_error("head_object", service_error_code="404", http_status_code=404)
-
-    with pytest.raises(PreconditionFailed) as failed:  # CAS on a missing key
-        store.put_if_match("k", b"v", "abc")
-    assert failed.value.expected_etag == "abc"
-    with pytest.raises(ObjectNotFound):
-        store.delete_if_match("k", "abc")
-    with pytest.raises(ObjectNotFound):
-        store.get("k")
-    assert store.head("k") is None
-    assert store.head("k") is None  # no second bucket check
-    stub.assert_no_pending_responses()
-
-
-def test_s3_sends_conditional_headers_and_prefixed_keys(
-    stubbed: tuple[S3ObjectStore, Stubber],
-) -> None:
-    store, stub = stubbed
-    stub.add_response(
-        "put_object",
-        {"ETag": '"e1"'},
-        {"Bucket": "bucket", "Key": "pfx/a/k", "Body": b"v", "Metadata": {"w": "1"}, "IfNoneMatch": "*"},
-    )
-    stub.add_response(
-        "put_object",
-        {"ETag": '"e2"'},
-        {"Bucket": "bucket", "Key": "pfx/a/k", "Body": b"v2", "Metadata": {}, "IfMatch": '"e1"'},
-    )
-    stub.add_response("delete_object", {}, {"Bucket": "bucket", "Key": "pfx/a/k", "IfMatch": '"e2"'})
-    assert store.put_if_absent("a/k", b"v", {"W": "1"}) == "e1"  # metadata keys lowercased
-    assert store.put_if_match("a/k", b"v2", "e1") == "e2"
-    store.delete_if_match("a/k", "e2")
-    stub.assert_no_pending_responses()
-
-
-@pytest.mark.parametrize(
-    "error",
-    [
-        bce.ReadTimeoutError(endpoint_url="http://127.0.0.1:9"),
-        bce.ConnectTimeoutError(endpoint_url="http://127.0.0.1:9"),
-        bce.ConnectionClosedError(endpoint_url="http://127.0.0.1:9"),
-        bce.EndpointConnectionError(endpoint_url="http://127.0.0.1:9"),
-        bce.ResponseStreamingError(error="IncompleteRead(3 bytes read)"),
-    ],
-    ids=lambda e: type(e).__name__,
-)
-def test_s3_network_errors_are_transient(offline_client: S3Client, error: Exception) -> None:
-    store = S3ObjectStore("bucket", client=offline_client)
-
-    def fail(**_: Any) -> None:
-        raise error
-
-    # Fail where the HTTP request would be sent, as a dropped connection does.
-    offline_client.meta.events.register("before-send.s3.PutObject", fail)
-    try:
-        with pytest.raises(TransientStoreError) as transient:
-            store.put_if_absent("k", b"v")
-    finally:
-        offline_client.meta.events.unregister("before-send.s3.PutObject", fail)
-    assert transient.value.operation == "put_if_absent"
-    assert type(error).__name__ in str(transient.value)
-
-
-# -- local store corruption ----------------------------------------------------------------
-
-
-def _corrupt(store: LocalObjectStore, key: str, edit: Callable[[bytes], bytes]) -> None:
-    path = store.object_path(key)
-    path.write_bytes(edit(path.read_bytes()))
-
-
-@pytest.mark.parametrize(
-    "edit",
-    [
-        lambda raw: b"this is not a laminar object",
-        lambda raw: raw[:-1] + bytes([raw[-1] ^ 0xFF]),  # payload bit rot
-        lambda raw: raw[:-3],  # torn write
-    ],
-    ids=["garbage", "bit-rot", "truncated"],
-)
-def test_corrupt_local_object_is_reported_with_its_key(
-    local_store: LocalObjectStore, edit: Callable[[bytes], bytes]
-) -> None:
-    local_store.put_if_absent("leases/p7", b"payload-bytes", META)
-    _corrupt(local_store, "leases/p7", edit)
-
-    with pytest.raises(CorruptObject) as corrupt:
-        local_store.get("leases/p7")
-    assert corrupt.value.key == "leases/p7"
-    assert "leases/p7" in str(corrupt.value)

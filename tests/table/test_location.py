@@ -1,67 +1,56 @@
-"""Where the output table is: `<store>/tables/output` by default, chosen at `laminar init --output-table`
-and found there by every node and command; a place it may not be is refused, naming what is wrong."""
+"""Where the output table is (`location`): beside the store by default (``<root>/tables/output``
+locally, under the S3 store's prefix with its endpoint handed to delta-rs), even behind store
+wrappers; a location recorded in the store overrides that, and ``$LAMINAR_TABLE_URI`` or an explicit
+URI override both; a corrupt record is named. A place the table may not be is refused, naming what
+is wrong: a URI delta-rs cannot use, a place among the store's keys or around the store (its vacuum
+would delete them), a file, a place that holds another Delta table; under the store's ``tables/``
+prefix is fine. Through ``laminar init --output-table`` on a local store, and `check_table_uri` on
+the S3-protocol server.
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, write_deltalake
+from deltalake import write_deltalake
 
 from laminar_orchestration.cli import main
 from laminar_orchestration.errors import ErrorKind
 from laminar_orchestration.protocol.keys import OUTPUT_TABLE_KEY
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.store import LocalObjectStore, ObjectStore
+from laminar_orchestration.store import ForwardingStore, LocalObjectStore, ObjectStore
 from laminar_orchestration.store.s3 import S3ObjectStore
 from laminar_orchestration.table import (
     InvalidTableUri,
     OutputTableRecordCorrupt,
-    TableCommitter,
-    TableLocationConflict,
-    audit_table,
     check_table_uri,
     record_table_location,
-    recorded_table,
     table_location,
 )
 from laminar_orchestration.table.location import TABLE_URI_ENV
-from tests.table.cluster import Cluster, table_counts
+from tests.table.cluster import Cluster
 
 
-@pytest.fixture(autouse=True)
-def _no_table_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(TABLE_URI_ENV, raising=False)
-
-
-def test_init_records_the_table_where_nodes_and_commands_find_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_by_default_the_table_sits_in_the_local_stores_directory_even_behind_wrappers(
+    local_store: LocalObjectStore,
 ) -> None:
-    elsewhere = tmp_path / "lake" / "stream-output"
-    url = (tmp_path / "store").as_uri()
-    assert main(["init", "--store", url, "--partitions", "2", "--output-table", str(elsewhere)]) == 0
-    assert f"output table {elsewhere}" in capsys.readouterr().out
-    store = LocalObjectStore(tmp_path / "store", create=False)
-    record = recorded_table(store)
-    assert record is not None and record.uri == str(elsewhere)
+    location = table_location(ForwardingStore(ForwardingStore(local_store)))
+    assert location.uri == str(local_store.root / "tables" / "output")
+    assert location.is_local and location.options() is None
 
-    # What a node keeps (`laminar node run` builds its committer from the store alone) lands there.
-    committer = TableCommitter(store)
-    assert committer.location.uri == str(elsewhere)
-    cluster = Cluster(store, partitions=2, existing=True)
-    cluster.produce(120)
-    for p in (0, 1):
-        cluster.commit_batches(cluster.acquire(p, 1))
-    committer.sync([0, 1])
-    assert not (tmp_path / "store" / "tables" / "output").exists()
-    data = DeltaTable(str(elsewhere)).to_pyarrow_table()
-    for p in (0, 1):
-        assert table_counts(data, p) == cluster.source_counts(p)
-    assert main(["table", "status", "--store", url, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["uri"] == str(elsewhere)
-    assert audit_table(store).ok
+
+def test_by_default_the_table_sits_under_the_s3_stores_prefix_reached_through_its_endpoint(
+    s3_store: S3ObjectStore, s3_endpoint: str
+) -> None:
+    location = table_location(ForwardingStore(s3_store))
+    assert location.uri == f"s3://{s3_store.bucket}/{s3_store.prefix}/tables/output" and not location.is_local
+    # delta-rs does not use boto3: it is handed the store's endpoint (plain HTTP here) and a region.
+    options = location.options()
+    assert options is not None
+    assert options["AWS_ENDPOINT_URL"] == s3_endpoint and options["AWS_ALLOW_HTTP"] == "true"
+    assert options["AWS_REGION"]
 
 
 def _refused(tmp_path: Path, uri: str, capsys: pytest.CaptureFixture[str]) -> str:
@@ -106,28 +95,6 @@ def test_a_place_among_the_stores_keys_or_around_the_store_is_refused(
     # Under the store's tables/ prefix is fine.
     url = store.as_uri()
     assert main(["init", "--store", url, "--partitions", "1", "--output-table", str(store / "tables" / "b")]) == 0
-
-
-def test_moving_the_table_of_an_existing_cluster_takes_force(
-    local_store: LocalObjectStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    cluster = Cluster(local_store, partitions=1)
-    cluster.produce(60)
-    cluster.commit_batches(cluster.acquire(0, 1))
-    TableCommitter(local_store).sync([0])  # the default location has this cluster's table
-    default = table_location(local_store).uri
-    url, moved = local_store.url, str(tmp_path / "moved")
-    assert main(["init", "--store", url, "--partitions", "1", "--output-table", moved]) == 4  # exists, no --force
-    assert "already exists" in capsys.readouterr().err and recorded_table(local_store) is None
-    assert main(["init", "--store", url, "--partitions", "1", "--force", "--output-table", moved]) == 0
-    assert table_location(local_store).uri == moved
-    TableCommitter(local_store).sync([0])  # the new table is built from the manifest chains
-    assert table_counts(DeltaTable(moved).to_pyarrow_table(), 0) == cluster.source_counts(0)
-    # Back to the old place: it holds this cluster's table, so it is accepted.
-    assert main(["init", "--store", url, "--partitions", "1", "--force", "--output-table", default]) == 0
-    with pytest.raises(TableLocationConflict) as err:
-        record_table_location(local_store, moved, cluster_id=cluster.ledger.cluster().cluster_id)
-    assert err.value.error_kind is ErrorKind.CONFLICT and moved in str(err.value) and default in str(err.value)
 
 
 def test_the_environment_overrides_the_record_and_a_corrupt_record_is_named(

@@ -1,4 +1,6 @@
-"""The `stream_output` asset and the `table_maintenance` job, in process on an ephemeral instance."""
+"""The output table through Dagster, in process on an ephemeral instance: the `stream_output` asset
+observes the table (its version, rows and each partition's lag) and the `table_maintenance` job
+compacts it; the job's schedule ships stopped."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def _observed(instance: DagsterInstance) -> dict[str, Any]:
 def test_the_asset_observes_the_table_and_the_maintenance_job_compacts_it(local_store: LocalObjectStore) -> None:
     cluster = Cluster(local_store, partitions=2)
     cluster.produce(400)
-    tokens = [cluster.acquire(p, 1) for p in (0, 1)]
+    tokens = [cluster.acquire(p, 1) for p in range(cluster.partitions)]
     committer = TableCommitter(local_store)
     for _ in range(2):
         for token in tokens:

@@ -1,6 +1,11 @@
-"""What a sync costs once a node runs: the log entries added since it last looked, one GET each, and no
-replay of the log; one probe past each partition's newest manifest entry. Still exact when another
-committer lands the same partition in between, or the table is rebuilt under it."""
+"""`LandedSeqs`: each partition's transaction version in the output table, kept current from the log.
+
+A Delta log entry's transaction versions are read per partition. A committer asks delta-rs once per
+partition, then follows its own commits without reading them back and reads only the log entries
+another committer added (one GET each, no replay of the log), skipping what that committer landed.
+It stays exact when the table is rebuilt under a running committer, and a committer whose log was
+deleted stops instead of writing a lone entry.
+"""
 
 from __future__ import annotations
 
@@ -13,16 +18,9 @@ import pytest
 from deltalake import DeltaTable
 
 from laminar_orchestration.store import ObjectStore
-from laminar_orchestration.store.metering import RequestMeter
-from laminar_orchestration.table import (
-    TableCommitter,
-    TableLogCorrupt,
-    audit_table,
-    rebuild_table,
-    table_location,
-)
+from laminar_orchestration.table import TableCommitter, TableLogCorrupt, rebuild_table, table_location
 from laminar_orchestration.table.txns import log_entry_txns
-from tests.table.cluster import Cluster, batch_keys, table_counts
+from tests.table.cluster import Cluster, assert_exactly_once
 
 
 @pytest.fixture
@@ -37,16 +35,6 @@ def replays(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 
     monkeypatch.setattr(DeltaTable, "transaction_version", counted)
     return calls
-
-
-def _assert_exactly_once(cluster: Cluster) -> None:
-    location = table_location(cluster.store)
-    data = DeltaTable(location.uri, storage_options=location.options()).to_pyarrow_table()
-    assert max(batch_keys(data).values()) == 1, "a row appears twice"
-    for p in range(cluster.partitions):
-        assert table_counts(data, p) == cluster.source_counts(p), f"partition {p}"
-    audit = audit_table(cluster.store)
-    assert audit.ok, audit.summary_lines()
 
 
 def test_a_sync_reads_the_entries_another_committer_added_and_skips_what_it_landed(
@@ -75,7 +63,7 @@ def test_a_sync_reads_the_entries_another_committer_added_and_skips_what_it_land
     assert (result.commits, result.batches) == (1, 1)  # only the batch the rival had not landed
     assert node._landed.entries_read == read_before + 1  # the rival's one log entry
     assert replays["laminar/partition-0"] == 1  # the rival's own first look, not the node's
-    _assert_exactly_once(cluster)
+    assert_exactly_once(cluster)
 
 
 def test_a_table_rebuilt_under_a_running_committer_is_read_afresh(local_store: ObjectStore) -> None:
@@ -98,28 +86,7 @@ def test_a_table_rebuilt_under_a_running_committer_is_read_afresh(local_store: O
     node.sync([0])
     cluster.commit_batches(tokens[1])
     other.sync([1])
-    _assert_exactly_once(cluster)
-
-
-def test_a_steady_sync_probes_each_partition_once_and_reads_no_entry_back(
-    store: ObjectStore, meter: RequestMeter
-) -> None:
-    cluster = Cluster(store, partitions=2)
-    cluster.produce(400)
-    tokens = [cluster.acquire(p, 1) for p in (0, 1)]
-    node = TableCommitter(store)
-    for token in tokens:
-        cluster.commit_batches(token, max_batches=1, remember=node.remember)
-    node.sync([0, 1])
-    for token in tokens:
-        cluster.commit_batches(token, max_batches=2, remember=node.remember)
-    before = meter.snapshot()
-    result = node.sync([0, 1])
-    after = meter.snapshot()
-    used = {k: n - before.by_family.get(k, 0) for k, n in after.by_family.items() if n != before.by_family.get(k, 0)}
-    assert result.batches == 4
-    # One GET past each chain's end (it finds nothing: the chain ends there), no HEAD after it, nothing else.
-    assert used == {("GET", "manifests/history"): 2}, used
+    assert_exactly_once(cluster)
 
 
 def test_a_log_entrys_transaction_versions_are_read_per_partition() -> None:
@@ -151,4 +118,4 @@ def test_a_running_committer_whose_log_is_deleted_stops_instead_of_writing_a_lon
     assert not log_dir.exists()
     rebuild_table(local_store)
     node.sync([0])
-    _assert_exactly_once(cluster)
+    assert_exactly_once(cluster)
