@@ -70,19 +70,13 @@ from laminar_orchestration.protocol.tasks import (
 from laminar_orchestration.store import ObjectNotFound, ObjectStore, PreconditionFailed
 from laminar_orchestration.store.retry import RetryingStore
 
-from . import actors as actors_module
-from .actors import (
-    Actor,
-    ActorStatus,
-    CoordinatorActor,
-    CoordinatorRole,
-    IntruderActor,
-    NodeActor,
-    ProducerActor,
-    StandbyActor,
-    SweeperActor,
-)
+from . import coordinator_actor as coordinator_actor_module
+from . import node_actor as node_actor_module
+from .actors import IntruderActor, ProducerActor, StandbyActor, SweeperActor
+from .base_actor import Actor, ActorStatus
+from .coordinator_actor import CoordinatorActor, CoordinatorRole
 from .invariants import Checker, EventDecoder, InvariantViolation, MigrationWedged, PartitionNotLive
+from .node_actor import NodeActor
 from .store import MemoryObjectStore, SimStore
 
 #: How deep preemption nests (an actor preempted by one that is preempted by another...).
@@ -533,7 +527,7 @@ class World:
         afresh: they register a new generation and recover their partitions."""
         ledger = Ledger(self.memory, read_parallelism=1)
         for n in self.nodes:
-            ledger.register_node(n.node, heartbeat_timeout_s=actors_module.HEARTBEAT_TIMEOUT_S, host="sim", pid=1)
+            ledger.register_node(n.node, heartbeat_timeout_s=node_actor_module.HEARTBEAT_TIMEOUT_S, host="sim", pid=1)
         coordinator = MigrationCoordinator(ledger, self.migration_config)
         for p in range(self.config.partitions):
             node = self.rng.choice(self.nodes).node
@@ -752,7 +746,7 @@ def reverted(knobs: Knobs) -> Iterator[None]:
         patch(migration_module, "_took_epoch", lambda _task, _own: False)
         # Both repair a desired owner the ledger's owner is not: reverting one, revert the other.
         patch(moves_module, "stranded", _stranded_before_fix)
-        patch(actors_module, "stranded", _stranded_before_fix)
+        patch(coordinator_actor_module, "stranded", _stranded_before_fix)
     if knobs.revert_sweep_sealed_only:
         patch(antientropy, "sweep", _sweep_before_fix)
     if knobs.revert_generation_pointer_fix:

@@ -11,9 +11,8 @@ raw boto3, and must answer 403.
 
 moto evaluates neither Condition blocks nor bucket policies: the rules only S3
 enforces (conditional-write headers, ListBucket by prefix, no deletes of the
-ledger, manifests or source) are checked on the rendered documents by a small
-evaluator of IAM's semantics (explicit Deny wins, conditions Null and
-StringLike) at the end of this module.
+ledger, manifests or source) are checked on the rendered documents, by a small
+evaluator of IAM's semantics (`tests/iam.py`), in `tests/protocol/test_capabilities.py`.
 """
 
 from __future__ import annotations
@@ -21,11 +20,10 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from hashlib import sha256
 from pathlib import Path
@@ -49,8 +47,6 @@ from laminar_orchestration.protocol.capabilities import (
     OutputCommitter,
     manifest_key,
     node_role,
-    partition_session_policy,
-    role_access,
     storage_policies,
 )
 from laminar_orchestration.protocol.chain import ManifestReader, ManifestVersion
@@ -65,11 +61,9 @@ from laminar_orchestration.store import ObjectStore, PreconditionFailed, StoreUn
 from laminar_orchestration.store.s3 import S3ObjectStore
 from laminar_orchestration.table import table_status
 from laminar_orchestration.ulid import next_ulid
+from tests.iam import BUCKET, NODES, PREFIX, like, own_keys, spanning_keys
 
-BUCKET = "laminar-iam"
-PREFIX = "store"
 STORE_URL = f"s3://{BUCKET}/{PREFIX}"
-NODES = (1, 2, 3)
 HEARTBEAT_TIMEOUT_S = 2.0
 REPO = Path(__file__).resolve().parents[2]
 P, N = PartitionId, NodeId
@@ -731,190 +725,7 @@ def write_matrix(workdir: Path, rows: Sequence[tuple[str, str, str, str, str]]) 
     print("\n" + text)
 
 
-# --- what only S3 enforces: the documents, under IAM's evaluation rules --------------------------
-
-
-def _like(pattern: str, value: str) -> bool:
-    return re.fullmatch(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", "."), value) is not None
-
-
-def _as_list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else [value]
-
-
-def _conditions_hold(conditions: Mapping[str, Mapping[str, Any]], context: Mapping[str, str]) -> bool:
-    for operator, entries in conditions.items():
-        for key, expected in entries.items():
-            if operator == "Null":
-                if (str(expected).lower() == "true") != (key not in context):
-                    return False
-            elif operator == "StringLike":
-                if key not in context or not any(_like(p, context[key]) for p in _as_list(expected)):
-                    return False
-            else:
-                raise AssertionError(f"the evaluator does not know {operator}: extend it with the policy")
-    return True
-
-
-def _statement_applies(st: Mapping[str, Any], action: str, resource: str, context: Mapping[str, str]) -> bool:
-    return (
-        any(_like(a, action) for a in _as_list(st["Action"]))
-        and any(_like(r, resource) for r in _as_list(st["Resource"]))
-        and _conditions_hold(st.get("Condition", {}), context)
-    )
-
-
-def permitted(documents: Sequence[Mapping[str, Any]], action: str, resource: str, context: Mapping[str, str]) -> bool:
-    """IAM's decision: an explicit Deny wins, else an Allow is needed."""
-    statements = [st for doc in documents for st in doc["Statement"]]
-    if any(st["Effect"] == "Deny" and _statement_applies(st, action, resource, context) for st in statements):
-        return False
-    return any(st["Effect"] == "Allow" and _statement_applies(st, action, resource, context) for st in statements)
-
-
-RENDERED = storage_policies(BUCKET, PREFIX, nodes=NODES)
-IF_NONE_MATCH = {"s3:if-none-match": "*"}
-IF_MATCH = {"s3:if-match": '"etag"'}
-
-
-def can(role: str, action: str, key: str, context: Mapping[str, str] | None = None) -> bool:
-    resource = f"arn:aws:s3:::{BUCKET}" if action == "s3:ListBucket" else f"arn:aws:s3:::{BUCKET}/{PREFIX}/{key}"
-    return permitted([RENDERED.roles[role], RENDERED.bucket_policy], action, resource, context or {})
-
-
-#: One key of each kind, the way the code builds them.
-SAMPLES = {
-    keys.CLUSTER_KEY: keys.CLUSTER_KEY,
-    keys.MEMBERSHIP_KEY: keys.MEMBERSHIP_KEY,
-    keys.NODE_RECORDS_PATTERN: keys.node_key(2),
-    keys.OWNERSHIP_HEADS_PATTERN: keys.ownership_head_key(3),
-    keys.GRANTS_PATTERN: keys.grant_key(3, 7),
-    keys.RELEASES_PATTERN: keys.release_key(3, 7),
-    keys.DESIRED_STATES_PATTERN: keys.desired_state_key(3),
-    keys.MANIFEST_HISTORY_PATTERN: keys.manifest_history_key(3, 9),
-    keys.MANIFEST_POINTERS_PATTERN: keys.manifest_pointer_key(3),
-    keys.SEGMENTS_PATTERN: keys.segment_key(3, 100),
-    keys.SOURCE_HEADS_PATTERN: keys.source_head_key(3),
-    keys.LOG_ENDS_KEY: keys.LOG_ENDS_KEY,
-    keys.CHECKPOINT_OBJECTS_PATTERN: keys.delta_key(3, 2, 7, next_ulid()),
-    keys.OUTPUT_OBJECTS_PATTERN: keys.output_object_key(3, 2, 7, 0, 10, next_ulid()),
-    keys.SIGNING_KEYS_PATTERN: keys.signing_key_key(2, 3, 7),
-}
-
-
-def test_each_pattern_covers_exactly_its_kind_of_key() -> None:
-    for pattern, sample in SAMPLES.items():
-        matching = [k for k in SAMPLES.values() if _like(pattern, k)]
-        assert matching == [sample], (pattern, matching)
-    assert _like(keys.node_key(1), keys.node_key(1)) and not _like(keys.node_key(1), keys.node_key(11))
-    # A node's share of the grant signing keys is its own grants' keys, no other node's.
-    mine = keys.node_signing_keys_pattern(1)
-    assert _like(mine, keys.signing_key_key(1, 3, 7))
-    assert _like(keys.SIGNING_KEYS_PATTERN, keys.signing_key_key(1, 3, 7))
-    assert not any(_like(mine, keys.signing_key_key(n, 3, 7)) for n in (0, 2, 10, 11, 10001))
-    assert not any(_like(mine, k) for k in SAMPLES.values())
-    # Every write pattern of every role is either create-only or compare-and-swap: the bucket policy covers it.
-    for access in role_access(NODES).values():
-        for w in access.writes:
-            assert any(_like(p, SAMPLES.get(w, w)) for p in (*CREATE_ONLY_PATTERNS, *CAS_PATTERNS)), w
-
-
-def test_every_write_the_code_makes_is_allowed_with_the_header_it_sends() -> None:
-    for role, access in role_access(NODES).items():
-        for pattern in access.writes:
-            key = SAMPLES.get(pattern, pattern)
-            create_only = any(_like(p, key) for p in CREATE_ONLY_PATTERNS)
-            assert can(role, "s3:PutObject", key, IF_NONE_MATCH), (role, key)
-            assert can(role, "s3:PutObject", key, IF_MATCH) != create_only, (role, key)
-        for prefix in access.reads:
-            key = SAMPLES.get(prefix, prefix if not prefix.endswith("/") else prefix + "x")
-            assert can(role, "s3:GetObject", key), (role, key)
-            # A probe of a missing key gets 404, not 403, only with ListBucket on its prefix.
-            assert can(role, "s3:ListBucket", "", {"s3:prefix": f"{PREFIX}/{key}"}), (role, key)
-
-
-def test_what_only_s3_can_deny_is_denied_by_the_documents() -> None:
-    nodes = [node_role(n) for n in NODES]
-    everyone = [CONTROL_PLANE_ROLE, PRODUCER_ROLE, AUDITOR_ROLE, *nodes]
-    for role in everyone:
-        for key in (keys.grant_key(0, 1), keys.ownership_head_key(0), keys.manifest_history_key(0, 1),
-                    keys.segment_key(0, 0), keys.desired_state_key(0), keys.node_key(1)):  # fmt: skip
-            # No unconditional overwrite of any ledger, manifest or source object, whoever asks.
-            assert not can(role, "s3:PutObject", key), (role, key)
-            # And nothing is ever deleted there.
-            assert not can(role, "s3:DeleteObject", key), (role, key)
-    # A create-only object cannot be rewritten by the role that creates it (If-Match is not enough).
-    assert not can(PRODUCER_ROLE, "s3:PutObject", keys.segment_key(0, 0), IF_MATCH)
-    assert not can(CONTROL_PLANE_ROLE, "s3:PutObject", keys.grant_key(0, 1), IF_MATCH)
-    assert not can(node_role(1), "s3:PutObject", keys.manifest_history_key(0, 1), IF_MATCH)
-    assert not can(node_role(1), "s3:PutObject", keys.release_key(0, 1), IF_MATCH)
-    # Even an identity policy allowing everything cannot delete the ledger: the bucket policy denies it.
-    admin = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
-    grant = f"arn:aws:s3:::{BUCKET}/{PREFIX}/{keys.grant_key(0, 1)}"
-    assert not permitted([admin, RENDERED.bucket_policy], "s3:DeleteObject", grant, {})
-    # Listing is by prefix: a node and the producer cannot list the output, only the auditor can.
-    for role in (*nodes, PRODUCER_ROLE, CONTROL_PLANE_ROLE):
-        assert not can(role, "s3:ListBucket", "", {"s3:prefix": f"{PREFIX}/sink/"}), role
-        assert not can(role, "s3:ListBucket", "", {}), role  # nor the whole bucket
-    assert can(AUDITOR_ROLE, "s3:ListBucket", "", {"s3:prefix": f"{PREFIX}/sink/"})
-    # The producer reads node records (a restarted writer's generation) but lists no other ledger prefix.
-    assert not can(PRODUCER_ROLE, "s3:ListBucket", "", {"s3:prefix": f"{PREFIX}/ledger/partitions/"})
-    assert not can(PRODUCER_ROLE, "s3:PutObject", keys.node_key(1), IF_MATCH)
-    # Per node: its own record only, and data objects under its own node only.
-    assert can(node_role(1), "s3:PutObject", keys.node_key(1), IF_MATCH)
-    assert not can(node_role(1), "s3:PutObject", keys.node_key(2), IF_MATCH)
-    ulid = next_ulid()
-    for mine, other in (
-        (keys.delta_key(0, 1, 3, ulid), keys.delta_key(0, 2, 3, ulid)),
-        (keys.snapshot_file_key(0, 1, 3, ulid, "000001.sst"), keys.snapshot_file_key(0, 11, 3, ulid, "000001.sst")),
-        (keys.output_object_key(0, 1, 3, 0, 1, ulid), keys.output_object_key(0, 2, 3, 0, 1, ulid)),
-    ):
-        assert can(node_role(1), "s3:PutObject", mine, IF_NONE_MATCH), mine
-        assert not can(node_role(1), "s3:PutObject", other, IF_NONE_MATCH), other
-
-
-def spanning_keys(node: int, other: int) -> list[str]:
-    """Keys that end like `node`'s own but lie under `other`'s data prefix or a ledger/manifest prefix
-    `node` may not write: a `*` in the partition's place of `node`'s patterns would span the `/`s."""
-    ulid = next_ulid()
-    return [
-        f"{keys.checkpoint_partition_prefix(1)}n-{other:05d}/x/n-{node:05d}/y",
-        f"{keys.sink_partition_prefix(1)}n-{other:05d}/x/n-{node:05d}/y",
-        f"{keys.delta_key(1, other, 3, ulid)}/{keys.delta_key(1, node, 3, ulid)}",
-        f"{keys.snapshot_file_key(1, other, 3, ulid, 'a.sst')}/{keys.snapshot_file_key(1, node, 3, ulid, 'a.sst')}",
-        f"{keys.output_object_key(1, other, 3, 0, 1, ulid)}/{keys.output_object_key(1, node, 3, 0, 1, ulid)}",
-        # Under the grants of partition 0, and under its manifest pointer, by way of the release and
-        # manifest history patterns.
-        f"{keys.grant_key(0, 7)}/{keys.release_key(0, 7)}",
-        f"{keys.manifest_pointer_key(0)}/{keys.manifest_history_key(0, 7)}",
-    ]
-
-
-def own_keys(node: int) -> list[str]:
-    """Data objects `node` writes, at the lowest and the highest partition id."""
-    ulid = next_ulid()
-    return [
-        k
-        for p in (0, MAX_PARTITIONS - 1)
-        for k in (
-            keys.delta_key(p, node, 3, ulid),
-            keys.snapshot_file_key(p, node, 3, ulid, "000001.sst"),
-            keys.output_object_key(p, node, 3, 0, 1, ulid),
-        )
-    ]
-
-
-def test_a_nodes_patterns_span_no_segment_into_another_prefix() -> None:
-    for key in spanning_keys(1, 2):
-        assert not can(node_role(1), "s3:PutObject", key, IF_NONE_MATCH), key
-    for key in (*own_keys(1), keys.release_key(MAX_PARTITIONS - 1, 3), keys.manifest_history_key(0, 3)):
-        assert can(node_role(1), "s3:PutObject", key, IF_NONE_MATCH), key
-    # Another width than the five digits every partition id is spelled with matches no partition segment.
-    assert {len(f"{p:05d}") for p in (0, MAX_PARTITIONS - 1)} == {len(keys.PARTITION_SEGMENT_PATTERN)}
-    assert not can(node_role(1), "s3:PutObject", "checkpoints/1/n-00001/x", IF_NONE_MATCH)
-    # The auditor can still delete whatever lands under the data prefixes (the sweep removes it).
-    for key in spanning_keys(1, 2)[:5]:
-        assert can(AUDITOR_ROLE, "s3:DeleteObject", key), key
+# --- what the authenticating server enforces on the rendered documents -----------------------
 
 
 def test_a_nodes_keys_create_nothing_under_another_nodes_prefix(roles: Roles) -> None:
@@ -943,29 +754,6 @@ def test_a_nodes_keys_create_nothing_under_another_nodes_prefix(roles: Roles) ->
     assert not wrong, "\n".join(wrong)
 
 
-def test_a_partition_session_policy_narrows_a_node_to_its_partitions() -> None:
-    """What STS AssumeRole with this session policy grants is the intersection with the node's role
-    (moto does not apply session policies, so this is checked on the documents)."""
-    session = partition_session_policy(BUCKET, PREFIX, 1, [0])
-    role = RENDERED.roles[node_role(1)]
-
-    def effective(key: str, context: Mapping[str, str]) -> bool:
-        resource = f"arn:aws:s3:::{BUCKET}/{PREFIX}/{key}"
-        return all(
-            permitted([doc, RENDERED.bucket_policy], "s3:PutObject", resource, context) for doc in (role, session)
-        )
-
-    assert effective(keys.manifest_history_key(0, 5), IF_NONE_MATCH)
-    assert effective(keys.delta_key(0, 1, 3, next_ulid()), IF_NONE_MATCH)
-    assert not effective(keys.delta_key(0, 2, 3, next_ulid()), IF_NONE_MATCH)  # another node's
-    assert effective(keys.release_key(0, 3), IF_NONE_MATCH)
-    assert effective(keys.node_key(1), IF_MATCH)
-    assert not effective(keys.manifest_history_key(1, 5), IF_NONE_MATCH)
-    assert not effective(keys.delta_key(1, 1, 3, next_ulid()), IF_NONE_MATCH)
-    assert not effective(keys.output_object_key(1, 1, 3, 0, 1, next_ulid()), IF_NONE_MATCH)
-    assert not effective(keys.release_key(1, 3), IF_NONE_MATCH)
-
-
 def test_the_store_code_sends_a_condition_with_every_put(roles: Roles) -> None:
     """The bucket policy's conditions hold for everything the code writes: every PUT carries
     If-None-Match or If-Match, and a create-only key always If-None-Match."""
@@ -990,19 +778,6 @@ def test_the_store_code_sends_a_condition_with_every_put(roles: Roles) -> None:
     for key, if_none_match, if_match in sent:
         relative = key.removeprefix("conditions/")
         assert if_none_match or if_match, key
-        if any(_like(p, relative) for p in CREATE_ONLY_PATTERNS):
+        if any(like(p, relative) for p in CREATE_ONLY_PATTERNS):
             assert if_none_match, key
-        assert any(_like(p, relative) for p in (*CREATE_ONLY_PATTERNS, *CAS_PATTERNS)), key
-
-
-def test_laminar_policies_renders_the_documents_the_tests_apply(capsys: pytest.CaptureFixture[str]) -> None:
-    from laminar_orchestration.cli import main
-
-    assert main(["policies", "--bucket", BUCKET, "--prefix", PREFIX, "--nodes", "1,2,3", "--json"]) == 0
-    rendered = json.loads(capsys.readouterr().out)
-    assert rendered["roles"] == RENDERED.roles and rendered["bucket_policy"] == RENDERED.bucket_policy
-    assert main(["policies", "--bucket", BUCKET, "--nodes", "0"]) == 2
-    assert "--nodes" in capsys.readouterr().err
-    assert main(["policies", "--bucket", BUCKET]) == 0
-    text = capsys.readouterr().out
-    assert "# IAM policy of the node-1 role" in text and "# bucket policy of" in text
+        assert any(like(p, relative) for p in (*CREATE_ONLY_PATTERNS, *CAS_PATTERNS)), key
