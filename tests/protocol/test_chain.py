@@ -156,7 +156,9 @@ def test_a_new_owner_superseded_before_its_takeover_takes_nothing_over(store: Ob
 
     worker._restore = restore_while_superseded  # type: ignore[method-assign,assignment]
     worker.start()
-    worker.join(20)
+    # Driven without its node, nothing refreshes its kill switch: it finds the fence at its next
+    # write, here its stop (a node finds it at its next refresh); meanwhile it must write nothing.
+    worker.join(2)
     if worker.is_alive():
         worker.request_stop()
         worker.join(20)
