@@ -506,8 +506,8 @@ class PartitionWorker(threading.Thread):
         self.last_catch_up = stats
         self._manifest = manifest
         m = manifest.manifest if manifest else None
-        self._committed_offset = m.source_offset if m else 0
-        self._events_applied = m.events_applied if m else 0
+        self._committed_offset, self._events_applied = (m.source_offset, m.events_applied) if m else (0, 0)
+        self.log_watch.started_at(m.committed_at if m else None)
         self.snapshots.restored(m)
         self._log_catch_up("restored", stats)
         return stats
