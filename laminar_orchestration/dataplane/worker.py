@@ -507,7 +507,7 @@ class PartitionWorker(threading.Thread):
         self._manifest = manifest
         m = manifest.manifest if manifest else None
         self._committed_offset, self._events_applied = (m.source_offset, m.events_applied) if m else (0, 0)
-        self.log_watch.started_at(m.committed_at if m else None)
+        self.log_watch.started_at(m.committed_at if m and not m.is_seal else None)  # a seal is no batch
         self.snapshots.restored(m)
         self._log_catch_up("restored", stats)
         return stats

@@ -93,3 +93,20 @@ def test_an_undecodable_segment_fails_its_partition_once_and_is_reported(store: 
         assert segment_key(0, 3) in reason and "event at offset 4" in reason and "not valid UTF-8" in reason
         assert "not restarted" in reason
     assert segment_key(0, 3) in printed.getvalue()
+
+
+def test_a_worker_starting_from_a_fresh_seal_alone_does_not_probe_its_log_as_a_busy_one(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    """A seal is no batch: a partition whose chain holds only the seal its grant just wrote (a
+    placement, a failover of an idle partition) is not busy, so its empty first read is followed by
+    no probes of the log (at a failover of 100 idle partitions, 600 reads on a loaded store)."""
+    ledger = new_ledger(store, 1)
+    place_on_node_1(ledger)  # the grant seals the chain at epoch 1: a manifest written moments ago
+    node = ArrowNode(quick_node_config(store, tmp_path), store=store)
+    with running(node):
+        deadline = time.monotonic() + 30
+        while (worker := node.workers.get(P(0))) is None or worker.log_watch.read_at == 0.0:
+            assert time.monotonic() < deadline, "the worker never read its log"
+            time.sleep(0.02)
+        assert worker.log_watch.probe_s == float("inf"), worker.log_watch
