@@ -10,8 +10,9 @@ A log that had events at the last read is busy: its producer has likely appended
 ran. Unless a doorbell announces its appends, the worker looks again at once, then after 50 ms,
 100 ms ... up to 1 s while it finds nothing (six reads after a burst), rather than waiting up to
 a poll of the recorded ends: a loaded partition's batches follow each other, and a move drains
-right after its last one. A worker that starts on a partition committed moments ago (a move's new
-owner) probes its log the same way: its first read may come before the producer's next append.
+right after its last one. A worker that starts on a partition whose last batch was committed
+moments ago (a move's new owner; a seal is no batch) probes its log the same way: its first read
+may come before the producer's next append.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ DOORBELL_TRUST_S = 10.0
 #: The re-reads of a busy log: the first wait after an empty one, doubling up to the last.
 BUSY_PROBE_FIRST_S = 0.05
 BUSY_PROBE_LAST_S = 1.0
-#: A partition whose last commit is this recent when a worker starts on it is busy.
+#: A partition whose last batch was committed this recently when a worker starts on it is busy.
 BUSY_AT_START_S = 5.0
 
 
@@ -64,8 +65,8 @@ class LogWatch:
         return False
 
     def started_at(self, last_commit_at: datetime | None) -> None:
-        """The worker starts from a commit made at `last_commit_at` (None: none yet): if that was
-        moments ago the log is busy, and an empty first read is followed by probes, not a poll."""
+        """The worker starts from a batch committed at `last_commit_at` (None: none, or only a seal):
+        if that was moments ago the log is busy, and an empty first read is followed by probes, not a poll."""
         if last_commit_at is not None and (now() - last_commit_at).total_seconds() <= BUSY_AT_START_S:
             self.probe_s = 0.0
 
