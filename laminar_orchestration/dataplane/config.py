@@ -51,8 +51,9 @@ class NodeConfig(BaseModel):
     #: polls its own log only every `source_fallback_poll_s` (a producer may die before recording).
     log_ends_poll_s: float = Field(default=2.0, gt=0)
     #: How often the node appends its partitions' new committed batches to the output table, in one
-    #: Delta commit (when it keeps the table): the table's lag, traded against its requests.
-    table_sync_interval_s: float = Field(default=30.0, gt=0)
+    #: Delta commit (when it keeps the table): the table's lag, traded against its requests. 5 s keeps
+    #: the table a few seconds behind for a small share of the cluster's requests (docs/output-table.md).
+    table_sync_interval_s: float = Field(default=5.0, gt=0)
     source_fallback_poll_s: float = Field(default=300.0, gt=0)
     #: How often a migration's target reads the ownership head while it waits for the grant that
     #: follows Seeking (the control plane makes it right after recording the phase). Every poll is a GET.
