@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from laminar_orchestration.control.leave import LeaveSettings, attach
 from laminar_orchestration.dataplane.config import NodeConfig
 from laminar_orchestration.store import open_store
 from laminar_orchestration.table import TableCommitter
@@ -37,6 +38,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--table-sync-interval", type=float, default=None, help="keep the output table, syncing it this often"
     )
+    parser.add_argument(
+        "--leave-deadline",
+        type=float,
+        default=None,
+        help="leave gracefully at SIGTERM (moves first, then release), within this many seconds; "
+        "and take the node's share back at start",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.node_defaults:
@@ -61,7 +69,10 @@ def main(argv: list[str] | None = None) -> None:
         **({"table_sync_interval_s": args.table_sync_interval} if args.table_sync_interval else {}),
     )
     table = TableCommitter(open_store(args.store)) if args.table_sync_interval else None
-    ArrowNode(config, output_table=table).run()
+    node = ArrowNode(config, output_table=table)
+    if args.leave_deadline is not None:
+        attach(node, LeaveSettings(deadline_s=args.leave_deadline))
+    node.run()
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+from wsgiref.simple_server import WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -341,15 +342,72 @@ class MetricsServer:
             close()
 
 
-def serve_metrics(port: int, host: str = "127.0.0.1", *, registry: CollectorRegistry) -> MetricsServer:
+@dataclass(frozen=True)
+class Health:
+    """What a process's health endpoints answer: `/healthz` (readiness) and `/livez` (liveness)."""
+
+    #: Ready for work: Kubernetes routes to it and counts it available (a PodDisruptionBudget's unit).
+    ready: bool
+    #: Alive: false asks the kubelet to restart the process.
+    live: bool
+    #: One line saying why, shown in the response body.
+    detail: str
+
+
+#: The readiness and liveness paths served beside /metrics when a health callback is given.
+HEALTH_PATHS = {"/healthz": "ready", "/readyz": "ready", "/livez": "live"}
+
+
+def _health_app(registry: CollectorRegistry, health: Callable[[], Health]) -> Callable[..., Iterable[bytes]]:
+    """A WSGI app: the health paths answered from `health()`, everything else the Prometheus exposition."""
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict[str, object], start_response: Callable[..., object]) -> Iterable[bytes]:
+        which = HEALTH_PATHS.get(str(environ.get("PATH_INFO", "")))
+        if which is None:
+            return metrics_app(environ, start_response)  # type: ignore[no-any-return]
+        try:
+            report = health()
+        except Exception as exc:  # a broken check is an unhealthy process, never a 500 with a traceback
+            report = Health(False, False, f"health check failed: {type(exc).__name__}: {exc}")
+        ok = report.ready if which == "ready" else report.live
+        status = "200 OK" if ok else "503 Service Unavailable"
+        body = f"{'ok' if ok else 'not ' + which}: {report.detail}\n".encode()
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    return app
+
+
+def serve_metrics(
+    port: int,
+    host: str = "127.0.0.1",
+    *,
+    registry: CollectorRegistry,
+    health: Callable[[], Health] | None = None,
+) -> MetricsServer:
     """Serve `registry` at ``http://host:port/metrics`` from a daemon thread (port 0: any free port).
 
-    `MetricsPortUnavailable` if the port is taken.
+    With `health`, the same server answers ``/healthz`` (and ``/readyz``) 200 while `health().ready`,
+    503 otherwise, and ``/livez`` by `health().live`. `MetricsPortUnavailable` if the port is taken.
     """
     try:
-        server, thread = start_http_server(port, addr=host, registry=registry)
+        if health is None:
+            server, thread = start_http_server(port, addr=host, registry=registry)
+        else:
+            server, thread = _serve_wsgi(port, host, _health_app(registry, health))
     except OSError as exc:
         raise MetricsPortUnavailable(host, port, exc.strerror or str(exc)) from None
     bound = int(server.server_address[1])
     log.info("metrics: serving http://%s:%s/metrics", host, bound)
     return MetricsServer(host, bound, server, thread)
+
+
+def _serve_wsgi(port: int, host: str, app: Callable[..., Iterable[bytes]]) -> tuple[WSGIServer, threading.Thread]:
+    """`app` on a threading WSGI server that does not log each request (as prometheus_client serves)."""
+    from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
+
+    server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_SilentHandler)
+    thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+    thread.start()
+    return server, thread

@@ -78,6 +78,19 @@ class NodeRun(Command):
             "--metrics-host", default="127.0.0.1", help="address the metrics are served on (default 127.0.0.1)"
         )
         parser.add_argument(
+            "--leave-deadline",
+            type=float,
+            default=20.0,
+            metavar="SECONDS",
+            help="at SIGTERM, move the node's partitions to live nodes for at most this long, then release "
+            "the rest (a second SIGTERM ends it at once; keep it below the pod's grace period; default 20)",
+        )
+        parser.add_argument(
+            "--no-rejoin",
+            action="store_true",
+            help="do not take this node's share of the partitions back when it starts (leave it to a rebalance)",
+        )
+        parser.add_argument(
             "--standby-for",
             default="",
             metavar="P[,P...]",
@@ -86,7 +99,8 @@ class NodeRun(Command):
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
         from laminar_orchestration.dataplane.config import NodeConfig
-        from laminar_orchestration.dataplane.node import run_node
+        from laminar_orchestration.control.leave import LeaveSettings, attach
+        from laminar_orchestration.dataplane.node import Node
         from laminar_orchestration.store import open_store
         from laminar_orchestration.table import TableCommitter
 
@@ -97,6 +111,7 @@ class NodeRun(Command):
             "--table-sync-interval": args.table_sync_interval,
             "--heartbeat-interval": args.heartbeat_interval,
             "--checkpoint-every-s": args.checkpoint_every_s,
+            "--leave-deadline": args.leave_deadline,
         }
         for flag, value in positive.items():
             if not value > 0:
@@ -136,7 +151,10 @@ class NodeRun(Command):
         )
         # The committed output is also a Delta table beside the store (`laminar table`).
         committer = TableCommitter(open_store(config.store_url))
-        run_node(config, output_table=committer)
+        node = Node(config, output_table=committer)
+        # SIGTERM moves the partitions away before the node stops; at start it takes its share back.
+        attach(node, LeaveSettings(deadline_s=args.leave_deadline, rejoin=not args.no_rejoin))
+        node.run()
         return 0
 
 

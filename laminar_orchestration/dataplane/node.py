@@ -30,7 +30,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,6 +192,10 @@ class Node:
         #: Partitions whose worker failed: restarted only after an exponential delay.
         self._backoff: dict[PartitionId, RestartBackoff] = {}
         self._stop = threading.Event()
+        #: Set at the first SIGTERM/SIGINT: /healthz answers "not ready" from then on.
+        self.leaving = threading.Event()
+        #: Called at every SIGTERM/SIGINT instead of `stop` when set: a graceful leave, which stops the node.
+        self.on_leave: Callable[[], None] | None = None
         self._report_now = threading.Event()
         #: Set by a worker's report: the move report is written at once (`_move_reports_loop`).
         self._moves_changed = threading.Event()
@@ -393,13 +397,15 @@ class Node:
         return self.config.reconcile_interval_s
 
     def stop(self) -> None:
+        self.leaving.set()
         self._stop.set()
         self._wake.set()
 
     def _install_signal_handlers(self) -> None:
         def handler(signum: int, _frame: FrameType | None) -> None:
             log.info("node %s: %s received, draining", self.id, signal.Signals(signum).name)
-            self.stop()
+            self.leaving.set()
+            (self.on_leave or self.stop)()
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
