@@ -16,7 +16,7 @@ It starts, on a fresh embedded store under ``./.laminar/demo-<timestamp>``
 While it runs it prints a table every few seconds: per partition the owner,
 epoch and status, the committed offset, the lag and the committed throughput,
 and the output table's version and rows (the nodes keep it every
-``table_sync_interval_s``, 1 s here, so it stays within about a second of the
+``table_sync_interval_s``, the nodes' default of 5 s, so it stays a few seconds behind the
 manifests). The banner says what to try (`demo_walkthrough`), reading the table
 downstream with plain ``deltalake`` included.
 On Ctrl-C (SIGINT), SIGTERM or after ``--duration`` it stops everything in an
@@ -54,7 +54,8 @@ from typing import TextIO
 
 from laminar_orchestration.control.moves import MoveOutcome
 from laminar_orchestration.control.operations import plan_rebalance, run_rebalance
-from laminar_orchestration.control.snapshot import live_node_ids, migrations_in_flight, ownership_map, snapshot_cluster
+from laminar_orchestration.control.snapshot import ClusterSnapshot, live_node_ids, migrations_in_flight, ownership_map
+from laminar_orchestration.dataplane.config import NodeConfig
 from laminar_orchestration.errors import OperationFailedError
 from laminar_orchestration.identity import UNASSIGNED, PartitionId
 from laminar_orchestration.metrics import LagClock, MetricsServer
@@ -118,9 +119,8 @@ class DemoOptions:
     #: Prometheus metrics: the control plane on this port, node N on this port + N (a free one if taken);
     #: None: no metrics.
     metrics_port: int | None = 9100
-    #: The nodes' `--table-sync-interval`: 1 s keeps the output table within about a second of the
-    #: manifests at the demo's load (`laminar node run`'s default, 30 s, costs fewer store requests).
-    table_sync_interval_s: float = 1.0
+    #: The nodes' `--table-sync-interval`: `laminar node run`'s default, so the demo costs what users run.
+    table_sync_interval_s: float = float(NodeConfig.model_fields["table_sync_interval_s"].default)
 
     def check(self) -> None:
         """Raise ValueError naming the first option out of range."""
@@ -236,6 +236,7 @@ class Demo:
         self._last_owners: dict[int, tuple[int, int]] = {}
         self._print_lock = threading.Lock()
         self._phases = PhaseWatch()
+        self._last_snapshot: ClusterSnapshot | None = None
         self._lag_clock = LagClock()
         #: Where each node (and, as node 0, the control plane) serves /metrics.
         self.metrics_ports: dict[int, int] = {}
@@ -524,7 +525,7 @@ class Demo:
         """A line per migration phase as the ledger records it, between the tables."""
         assert self.ledger is not None
         try:
-            lines = self._phases.poll(self.ledger)
+            lines = self._phases.poll(self.ledger) if self._phases.due() else []
         except StoreError:
             return  # the next table says the store is unavailable
         for line in lines:
@@ -564,7 +565,8 @@ class Demo:
     def _rows(self) -> list[_PartitionRow]:
         assert self.ledger is not None
         at = time.monotonic()
-        snapshot = snapshot_cluster(self.ledger)
+        snapshot = self._phases.watch(self.ledger).snapshot()  # the table reads what the phase lines read
+        self._last_snapshot = snapshot
         committed = {p.partition: p.committed_offset or 0 for p in snapshot.partitions}
         prev = self._last_sample
         gone = {n for n, child in self.nodes.items() if not child.running()}
@@ -631,7 +633,7 @@ class Demo:
                 f"{r.partition:>9}  {owner:>5}  {r.epoch:>5}  {r.status:<34} {r.committed:>10,} {r.lag:>8,} "
                 f"{r.lag_s:>6.0f} {ev:>9}"
             )
-        live = {v.record.node: v for v in self.ledger.nodes()}
+        live = {n.node: n for n in (self._last_snapshot.nodes if self._last_snapshot else ())}
         nodes = []
         for n, child in sorted(self.nodes.items()):
             view = live.get(n)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Collection
 from datetime import datetime
 
 from laminar_orchestration.control.snapshot import PartitionSnapshot
+from laminar_orchestration.control.watch import ClusterWatch
 from laminar_orchestration.identity import UNASSIGNED
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.records import PartitionStatus
-from laminar_orchestration.protocol.tasks import DesiredStates, MigrationPhase, MigrationTask, phase_sequence
+from laminar_orchestration.protocol.tasks import MigrationPhase, MigrationTask, phase_sequence
 
 
 def move_name(task: MigrationTask) -> str:
@@ -51,32 +53,54 @@ def passed_phases(task: MigrationTask, before: MigrationPhase | None) -> list[Mi
 
 
 class PhaseWatch:
-    """A line per migration phase the ledger shows, each time the demo looks (a few times a second).
+    """A line per migration phase the ledger shows, each time the demo looks (a few times a second
+    while a move is in flight).
 
-    A phase that began and ended between two looks is still named, in order,
-    on the line of the next phase seen.
+    It reads through a `ClusterWatch`: the nodes' assignments, and a partition's desired state only
+    when its listed revision moved or a move of it is in flight. A phase that began and ended
+    between two looks is still named, in order, on the line of the next phase seen.
     """
 
-    def __init__(self) -> None:
+    #: Seconds between two looks while a move is in flight, and while none is: every look reads each
+    #: node's assignment, so an idle demo's phase lines cost one read a node per 2 s.
+    busy_every_s = 0.25
+    idle_every_s = 2.0
+
+    def __init__(self, watch: ClusterWatch | None = None) -> None:
+        self._watch = watch
+        self._next_look = 0.0
         self._seen: dict[int, tuple[str, MigrationPhase]] = {}
         self._primed = False
 
+    def watch(self, ledger: Ledger) -> ClusterWatch:
+        """The `ClusterWatch` this reads through, made on first use: the demo's table shares it."""
+        if self._watch is None:
+            self._watch = ClusterWatch(ledger)
+        return self._watch
+
+    def due(self) -> bool:
+        """Whether the next look is due (`busy_every_s` while a move is in flight, else `idle_every_s`)."""
+        return time.monotonic() >= self._next_look
+
     def poll(self, ledger: Ledger) -> list[str]:
         """Lines for the phases reached since the previous poll (the first poll only remembers)."""
+        watch = self.watch(ledger)
+        changed = watch.poll()
+        self._next_look = time.monotonic() + (self.busy_every_s if watch.moving() else self.idle_every_s)
         lines = []
-        for p, state in sorted(DesiredStates(ledger).all().items()):
-            task = state.migration
+        for p in sorted(changed if self._primed else watch.states):
+            task = watch.states[p].migration
             if task is None:
                 continue
-            seen = self._seen.get(int(p))
+            seen = self._seen.get(p)
             before = seen[1] if seen is not None and seen[0] == task.migration_id else None
             if before == task.phase:
                 continue
-            self._seen[int(p)] = (task.migration_id, task.phase)
+            self._seen[p] = (task.migration_id, task.phase)
             if not self._primed:
                 continue  # under way or over before the demo looked: only remembered
             phases = " → ".join(str(ph) for ph in passed_phases(task, before))
-            line = f"partition {int(p)}: {move_name(task)}: {phases}"
+            line = f"partition {p}: {move_name(task)}: {phases}"
             if task.is_terminal:
                 line += f" in {_seconds(task.started_at, task.completed_at or task.updated_at)}"
                 if task.error:
