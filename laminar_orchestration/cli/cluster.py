@@ -7,11 +7,16 @@ import argparse
 from laminar_orchestration.cli.base import Command, open_ledger
 from laminar_orchestration.cli.output import Output
 from laminar_orchestration.control.snapshot import snapshot_cluster
+from laminar_orchestration.control.watch import summarize_cluster
 from laminar_orchestration.errors import InvalidArgument
 from laminar_orchestration.identity import MAX_PARTITIONS
 from laminar_orchestration.protocol.ledger import Ledger
 
-__all__ = ["Init", "Status"]
+__all__ = ["DETAIL_UP_TO", "Init", "Status"]
+
+#: Up to this many partitions `status` reads every partition's records (about six reads each, in
+#: parallel); beyond, it summarizes from the node records and assignments unless asked for --detail.
+DETAIL_UP_TO = 64
 
 
 class Init(Command):
@@ -67,10 +72,41 @@ class Status(Command):
     help = "partitions (epoch, owner, status), nodes (heartbeat, liveness), cluster epoch"
     json_output = True
 
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        how = parser.add_mutually_exclusive_group()
+        how.add_argument(
+            "--detail",
+            action="store_true",
+            help="read every partition's ledger records, manifest and log end (the default up to "
+            f"{DETAIL_UP_TO} partitions)",
+        )
+        how.add_argument(
+            "--summary",
+            action="store_true",
+            help="each partition as its owner's heartbeat and the assignments show it: a few reads a node, "
+            f"whatever the partitions (the default beyond {DETAIL_UP_TO} partitions)",
+        )
+        parser.add_argument(
+            "--partition",
+            type=int,
+            action="append",
+            metavar="P",
+            help="only partition P, read in detail from its ledger records (repeat for more)",
+        )
+
     def run(self, args: argparse.Namespace, out: Output) -> int:
         from laminar_orchestration.table import table_status
 
         ledger = open_ledger(args)
-        snapshot = snapshot_cluster(ledger)
+        if args.partition:
+            known = ledger.cluster().partitions
+            for p in args.partition:
+                if not 0 <= p < known:
+                    raise InvalidArgument("--partition", f"{p} is not within 0..{known - 1}")
+            snapshot = snapshot_cluster(ledger, partitions=args.partition)
+        elif args.detail or (not args.summary and ledger.cluster().partitions <= DETAIL_UP_TO):
+            snapshot = snapshot_cluster(ledger)
+        else:
+            snapshot = summarize_cluster(ledger)
         out.status(snapshot, table_status(ledger.store, ledger=ledger))
         return 0

@@ -134,6 +134,8 @@ class ConsoleOutput:
     def status(self, snapshot: ClusterSnapshot, table: TableStatus | None = None) -> None:
         say = self._say
         say(f"store {snapshot.store}  cluster {snapshot.cluster_id}  cluster epoch {snapshot.cluster_epoch}")
+        if not snapshot.detail:
+            say("as the owners' heartbeats and the assignments show it (--detail: every partition's ledger records)")
         say(
             f"{'PARTITION':>9}  {'EPOCH':>5}  {'OWNER':>5}  {'COMMITTED':>12}  {'LOG END':>12}  {'LAG':>10}  "
             f"{'TABLE LAG':>9}  {'STANDBYS':<12}  {'FAILURES':>8}  STATUS"
@@ -144,9 +146,10 @@ class ConsoleOutput:
             owner = p.owner or "-"
             failing = f"  ({p.last_failure})" if p.failures else ""
             standbys = ",".join(f"{n}(lag {lag})" for n, lag in p.standbys.items()) or "-"
+            committed, end, lag = (("-" if v is None else v) for v in (p.committed_offset, p.log_end, p.lag))
             say(
-                f"{p.partition:>9}  {p.epoch:>5}  {owner:>5}  {p.committed_offset:>12}  {p.log_end:>12}  "
-                f"{p.lag:>10}  {behind.get(p.partition, '-'):>9}  {standbys:<12}  {p.failures:>8}  "
+                f"{p.partition:>9}  {p.epoch:>5}  {owner:>5}  {committed:>12}  {end:>12}  "
+                f"{lag:>10}  {behind.get(p.partition, '-'):>9}  {standbys:<12}  {p.failures:>8}  "
                 f"{p.phase_text()}{failing}"
             )
         if table is not None:

@@ -198,6 +198,8 @@ class ClusterSnapshot:
     cluster_epoch: int
     partitions: tuple[PartitionSnapshot, ...]
     nodes: tuple[NodeSnapshot, ...]
+    #: False: a summary from node and assignment records (`control.watch.summarize_cluster`).
+    detail: bool = True
 
     def request_rate(self) -> float:
         """The live nodes' store requests per second, as their last heartbeats report them."""
@@ -222,6 +224,7 @@ class ClusterSnapshot:
             "store": self.store,
             "cluster_id": self.cluster_id,
             "cluster_epoch": self.cluster_epoch,
+            "detail": self.detail,
             "partitions": [
                 {
                     "partition": p.partition,
@@ -265,14 +268,19 @@ class ClusterSnapshot:
 
 
 def snapshot_cluster(
-    ledger: Ledger, *, offsets: bool = True, heartbeat_timeout_s: float | None = None
+    ledger: Ledger,
+    *,
+    offsets: bool = True,
+    heartbeat_timeout_s: float | None = None,
+    partitions: Sequence[int] | None = None,
 ) -> ClusterSnapshot:
     """Read the cluster's ownership once: partitions (owner, epoch, status, migration, offsets) and nodes.
 
     ``offsets=False`` skips the manifest and source-log reads (two per
     partition): what changes with every commit is then left out, as an
     observer that fingerprints ownership wants. `heartbeat_timeout_s`
-    overrides each node's own timeout when judging liveness.
+    overrides each node's own timeout when judging liveness; `partitions` reads only those.
+    Per-partition records are read in parallel on remote stores (the ledger's pool).
     """
     cluster = ledger.cluster()
     membership = ledger.membership()
@@ -281,21 +289,27 @@ def snapshot_cluster(
     # What the owner reports about its worker: consecutive failures and the last reason.
     progress = {(v.record.node, int(p)): pr for v in views for p, pr in v.record.partitions.items()}
     standbys = warm_copies(views)
-    moving = migrations_in_flight(ledger)
-    manifests = ManifestReader(ledger.store) if offsets else None
-    source = _source_log(ledger) if offsets else None
-    partitions = []
-    for pid, own in ledger.ownerships(ledger.partitions()).items():
+    wanted = ledger.partitions() if partitions is None else [PartitionId(p) for p in sorted(set(partitions))]
+    states = DesiredStates(ledger, nudge=False).read_many(wanted)
+    moving = {int(p): s.migration for p, (s, _) in states.items() if s.migration and not s.migration.is_terminal}
+    committed_at: dict[int, int] = {}
+    ends: dict[int, int] = {}
+    if offsets:
+        manifests, source = ManifestReader(ledger.store), _source_log(ledger)
+        current = ledger.read_each(manifests.current, wanted)
+        committed_at = {int(p): c.manifest.source_offset if c else 0 for p, c in zip(wanted, current, strict=True)}
+        recorded = source.log_ends()  # one read for all; a store from before it: each head
+        heads = ledger.read_each(lambda p: source.end_offset(int(p)), wanted) if recorded is None else None
+        ends = recorded if recorded is not None else {int(p): e for p, e in zip(wanted, heads or [], strict=True)}
+    rows = []
+    for pid, own in ledger.ownerships(wanted).items():
         if own is None:
             continue
         p, owner = int(pid), int(own.owner)
         reported = progress.get((owner, p))
-        committed = log_end = None
-        if manifests is not None and source is not None:
-            current = manifests.current(pid)
-            committed = current.manifest.source_offset if current else 0
-            log_end = source.end_offset(p)
-        partitions.append(
+        committed = committed_at.get(p) if offsets else None
+        log_end = max(ends.get(p, 0), committed or 0) if offsets else None
+        rows.append(
             PartitionSnapshot(
                 partition=p,
                 epoch=own.epoch,
@@ -330,7 +344,7 @@ def snapshot_cluster(
         store=ledger.store.url,
         cluster_id=cluster.cluster_id,
         cluster_epoch=membership.cluster_epoch,
-        partitions=tuple(partitions),
+        partitions=tuple(rows),
         nodes=nodes,
     )
 

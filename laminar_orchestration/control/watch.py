@@ -270,6 +270,7 @@ def summarize_cluster(ledger: Ledger, *, heartbeat_timeout_s: float | None = Non
         cluster_epoch=membership.cluster_epoch,
         partitions=tuple(_with_standbys(partitions, views)),
         nodes=tuple(_node(v, v.record.node in live) for v in views),
+        detail=False,
     )
 
 

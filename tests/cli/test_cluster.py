@@ -13,7 +13,9 @@ import pytest
 from laminar_orchestration import cli
 from laminar_orchestration.identity import MAX_PARTITIONS, NodeId, PartitionId
 from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.records import PartitionProgress
 from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.tasks import DesiredStates
 from laminar_orchestration.store import open_store
 from tests.cli.conftest import run_error, snapshot
 from tests.processes import laminar
@@ -82,3 +84,28 @@ def test_status_reads_owners_offsets_and_liveness_from_the_store(
     assert rows == [(0, 1, 1, "active", True), (1, 0, 0, "unassigned", False)]
     assert [(p["committed_offset"], p["log_end"], p["lag"]) for p in report["partitions"]] == [(0, 7, 7), (0, 0, 0)]
     assert [(n["node"], n["alive"]) for n in report["nodes"]] == [(1, True)]
+
+
+def test_status_summarizes_beyond_its_detail_limit_and_details_on_request(
+    cluster: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ledger = Ledger(open_store(cluster))
+    handle = ledger.register_node(NodeId(1), heartbeat_timeout_s=60)
+    ledger.admit_nodes()
+    DesiredStates(ledger, nudge=False).update(PartitionId(0), lambda s: s.model_copy(update={"owner": 1}))
+    ledger.acquire(PartitionId(0), NodeId(1), expected_epoch=0)
+    handle.heartbeat(partitions={0: PartitionProgress(partition=0, epoch=1, state="running", source_offset=5)})
+    assert cli.main(["status", "--store", cluster, "--json", "--summary"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["detail"] is False
+    assert [
+        (p["partition"], p["epoch"], p["owner"], p["status"], p["committed_offset"]) for p in summary["partitions"]
+    ] == [
+        (0, 1, 1, "active", 5),
+        (1, 0, 0, "unassigned", None),
+    ]
+    assert cli.main(["status", "--store", cluster, "--json", "--partition", "1"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert one["detail"] is True and [p["partition"] for p in one["partitions"]] == [1]
+    assert cli.main(["status", "--store", cluster]) == 0  # two partitions: the detail by default
+    assert "--detail" not in capsys.readouterr().out

@@ -34,7 +34,7 @@ def placed(store: ObjectStore) -> Ledger:
     desired = DesiredStates(ledger, nudge=False)
     for p in range(PARTITIONS):
         node = 1 + p % 2
-        desired.update(PartitionId(p), lambda s, n=node: s.model_copy(update={"owner": n}))
+        desired.update(PartitionId(p), lambda s, n=node: s.model_copy(update={"owner": n}))  # type: ignore[misc]
         ledger.acquire(PartitionId(p), NodeId(node), expected_epoch=0, generation=1)
     for n, handle in handles.items():
         progress = {
