@@ -264,7 +264,11 @@ def plan_node_failover(
         owners = ledger.ownerships(sorted(partitions))
         read = {int(p): own for p, own in owners.items() if own is not None}
         current = {int(p): int(own.owner) if own is not None else UNASSIGNED for p, own in owners.items()}
-        loads = {n: len(named) for n, named in assigned_partitions(ledger, live_set - {node}).items()}
+        assigned = assigned_partitions(ledger, live_set - {node})
+        loads = {n: len(named) for n, named in assigned.items()}
+        for pid, own in read.items():  # what the ledger alone shows a live node holds counts too
+            if int(own.owner) in loads and PartitionId(pid) not in assigned[int(own.owner)]:
+                loads[int(own.owner)] += 1
     warm = warm_copies(ledger.nodes())
     moves = []
     for p in sorted(p for p, owner in current.items() if owner == node and p not in exclude):
@@ -341,16 +345,21 @@ def fail_over_node(
     """Fail over every partition `node` owns; the plan carried out (both passes) and every outcome.
 
     First the partitions its assignment and last heartbeat name (`failover_candidates`: two
-    reads, not one per partition), at once; then every partition's owner is read, and any other
-    partition `node` still owns (an assignment left behind its state by a writer that died) is
-    failed over too. Raises what `plan_node_failover` raises.
+    reads, not one per partition), at once; then the owner of every partition no other node's
+    assignment names is read, and any of those `node` still owns (an assignment left behind its
+    state by a writer that died) is failed over too: a read a node, not one per partition, when
+    every partition is placed. Raises what `plan_node_failover` raises.
     """
     plan = plan_node_failover(ledger, node, to_node=to_node, force=force, partitions=failover_candidates(ledger, node))
     if on_planned is not None:
         on_planned(plan)
     outcomes = run_node_failover(ledger, plan, config, on_done=on_done)
+    moved = {m.partition for m in plan.moves}
+    others = [int(v.record.node) for v in ledger.nodes() if v.record.node != node]
+    listed = {int(p) for named in assigned_partitions(ledger, others).values() for p in named}
+    unlisted = [p for p in ledger.partitions() if int(p) not in listed and int(p) not in moved]
     rest = plan_node_failover(
-        ledger, node, to_node=to_node, force=force, live=plan.live_nodes, exclude={m.partition for m in plan.moves}
+        ledger, node, to_node=to_node, force=force, live=plan.live_nodes, partitions=unlisted, exclude=moved
     )
     if rest.moves:
         if on_planned is not None:

@@ -555,3 +555,25 @@ def test_node_failover_plan_spreads_a_dead_nodes_partitions(ledger: Ledger) -> N
     outcomes = run_node_failover(ledger, plan, MigrationConfig(checkpoint_transfer_timeout_s=0.1))
     assert [o.move for o in outcomes] == list(plan.moves) and not any(o.ok for o in outcomes)
     assert [ledger.ownership(P(p)).owner for p in range(3)] == [3, 2, 3]  # type: ignore[union-attr]
+
+
+def test_a_node_failover_reads_no_owner_of_a_partition_another_node_is_assigned(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After its moves, the failover looks only at partitions no other node's assignment names: placed
+    partitions cost a read a node, not one each."""
+    _dead_node_1_holds_p0_to_p2(ledger)
+    desired = DesiredStates(ledger, nudge=False)
+    for p, owner in ((0, 1), (1, 1), (3, 2)):
+        desired.update(P(p), lambda s, n=owner: s.model_copy(update={"owner": n}))  # type: ignore[misc]
+    asked: list[int] = []
+    ownerships = Ledger.ownerships
+
+    def spy(self: Ledger, partitions: list[PartitionId]) -> dict[PartitionId, object]:
+        asked.extend(int(p) for p in partitions)
+        return ownerships(self, partitions)  # type: ignore[return-value]
+
+    monkeypatch.setattr(Ledger, "ownerships", spy)
+    plan, _ = fail_over_node(ledger, 1, MigrationConfig(checkpoint_transfer_timeout_s=0.1))
+    assert sorted(m.partition for m in plan.moves) == [0, 1, 2]  # p2: only the ledger named it
+    assert 3 not in asked  # node 2's assignment names p3: its owner is never read
