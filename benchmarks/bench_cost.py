@@ -1,6 +1,7 @@
 """What a cluster costs in store requests, counted the way S3 bills them, from the server's own log.
 
-    python -m benchmarks.bench_cost [--only demo-idle,demo-load,scale] [--window S]
+    python -m benchmarks.bench_cost [--only demo-idle,demo-load,shipped-idle,shipped-load,
+                                     shipped-dagster-idle,scale] [--window S]
                                     [--scale-partitions 1000] [--scale-nodes 10]
 
 Against the S3-protocol server on loopback (`laminar_dev.s3server`):
@@ -8,6 +9,9 @@ Against the S3-protocol server on loopback (`laminar_dev.s3server`):
 * **demo shape, idle**: 3 nodes, 4 partitions placed by `laminar rebalance`, no events;
 * **demo shape, loaded**: the same with the demo's producer appending 200 events/s
   (its requests count too), and the steady lag behind the log;
+* **the demo as shipped** (`shipped-*`): `laminar demo` itself, its Spark nodes, its viewer (status
+  tables and phase lines) and the output table at its default interval, idle and at 200 events/s
+  with ``--no-dagster``, and idle with its Dagster webserver and daemon;
 * **scale**: 1,000 partitions on 10 nodes, idle; the idle rate of one node at 10 and at
   1,000 partitions; one graceful migration from launch to Active; a node holding about
   100 partitions killed with SIGKILL, then `laminar failover` until every one of its
@@ -255,6 +259,44 @@ def demo_shape(window_s: float, *, loaded: bool) -> tuple[list[Row], list[str]]:
         return rows, notes
 
 
+def demo_shipped(window_s: float, *, rate: float, dagster: bool) -> tuple[list[Row], list[str]]:
+    """`laminar demo` exactly as shipped (Spark nodes, its viewer printing tables and phase lines, the
+    output table at the demo's interval; with `dagster`, its webserver and daemon), on the S3-protocol
+    server: the requests of everything it runs over a window once its cluster is up."""
+    name = f"`laminar demo`{'' if dagster else ' --no-dagster'}, " + (f"{rate:g} events/s" if rate else "idle")
+    target = (40.0 if rate else 10.0) if not dagster else 15.0
+    with s3_store("shipped") as (url, log, tmp):
+        settle_s = 30.0 if dagster else 15.0  # the first tables, the daemon's first sensor ticks
+        duration = settle_s + window_s + 5
+        args = [PYTHON, "-m", "laminar_orchestration.cli", "demo", "--store", url, "--rate", f"{rate:g}"]
+        args += ["--duration", f"{duration:g}", "--port", "3077", "--metrics-port", "9377"]
+        args += [] if dagster else ["--no-dagster"]
+        out = open(tmp / "demo.out", "w+")  # noqa: SIM115 - closed below
+        # From the checkout: the Dagster code location is found there (its demo directory too).
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT, text=True)
+        try:
+            # Its cluster is up once it printed its first status table (`--duration` counts from then).
+            deadline = time.monotonic() + 900
+            while "── status" not in (tmp / "demo.out").read_text() and time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    raise RuntimeError(
+                        f"laminar demo exited ({proc.returncode}): {(tmp / 'demo.out').read_text()[-1500:]}"
+                    )
+                time.sleep(1)
+            progress(f"{name}: up; settling {settle_s:.0f}s, then measuring {window_s:.0f}s")
+            time.sleep(settle_s)
+            window = measure(log, window_s)
+            proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=120)
+            out.close()
+        notes = [f"{name}: busiest {window.busiest()}"]
+        return _rows_for(name, window, target), notes
+
+
 #: Graceful migrations timed at scale (the median is the figure).
 MIGRATIONS = 3
 
@@ -352,6 +394,7 @@ def scale(window_s: float, partitions: int, nodes: int, *, dagster: bool = True)
         rows += _rows_for(f"{partitions} partitions on {nodes} nodes, idle", window, 50.0)
         notes.append(f"scale idle: busiest {window.busiest()}")
         per_node_large = window.rate / nodes
+        rows += _status_rows(cluster, partitions, notes)
         status = cluster.status()
         per_node = {int(n["node"]): sum(n["requests_per_s"].values()) for n in status["nodes"]}
         one = per_node.get(1, 0.0)
@@ -405,6 +448,15 @@ def scale(window_s: float, partitions: int, nodes: int, *, dagster: bool = True)
         # partition's owner, for any partition the dead node's assignment did not name).
         done_at = [at for at, line in lines if line.startswith("partition ") and ": active" in line]
         took = (max(done_at) - killed) if len(done_at) >= len(held) else returned
+        rows.append(
+            Row(
+                "`laminar failover` wall time from the kill (the command as the user waits for it)",
+                "laminar failover",
+                f"{returned:.1f} s",
+                f"<= {timeout_s + 10:g} s",
+                verdict(returned, timeout_s + 10),
+            )
+        )
         failed_over = log.since_mark(returned - dead_after)
         per_move = sum(failed_over.methods.values()) / max(1, len(held))
         notes.append(
@@ -458,9 +510,36 @@ def scale(window_s: float, partitions: int, nodes: int, *, dagster: bool = True)
     return rows, notes
 
 
+#: `laminar status` runs timed at scale (the median is the figure).
+STATUS_RUNS = 3
+
+
+def _status_rows(cluster: Cluster, partitions: int, notes: list[str]) -> list[Row]:
+    """`laminar status` (its default: the summary beyond 64 partitions) and `--json --detail`, wall time."""
+    rows = []
+    for label, args, target in (("", (), 5.0), (" --detail", ("--detail",), None)):
+        times = []
+        for _ in range(STATUS_RUNS if target is not None else 1):
+            started = time.monotonic()
+            cluster.laminar("status", "--json", *args)
+            times.append(time.monotonic() - started)
+        took = statistics.median(times)
+        notes.append(f"scale: laminar status --json{label}: {', '.join(f'{t:.2f}' for t in times)} s")
+        rows.append(
+            Row(
+                f"`laminar status --json{label}` at {partitions} partitions (wall, median of {len(times)})",
+                "laminar status",
+                f"{took:.2f} s",
+                f"<= {target:g} s" if target is not None else "",
+                verdict(took, target) if target is not None else "",
+            )
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--only", default="demo-idle,demo-load,scale")
+    parser.add_argument("--only", default="demo-idle,demo-load,shipped-idle,shipped-load,shipped-dagster-idle,scale")
     parser.add_argument("--window", type=float, default=30.0, help="seconds of each steady window")
     parser.add_argument("--scale-partitions", type=int, default=1000)
     parser.add_argument("--scale-nodes", type=int, default=10)
@@ -477,6 +556,18 @@ def main(argv: list[str] | None = None) -> None:
         r, n = demo_shape(args.window, loaded=True)
         rows += r
         notes += n
+    for section, rate, dagster in (
+        ("shipped-idle", 0.0, False),
+        ("shipped-load", 200.0, False),
+        ("shipped-dagster-idle", 0.0, True),
+    ):
+        if section in only:
+            try:
+                r, n = demo_shipped(args.window, rate=rate, dagster=dagster)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:  # the other figures still print
+                r, n = [Row(section, "laminar demo", "not measured")], [f"{section}: {str(exc)[:300]}"]
+            rows += r
+            notes += n
     if "scale" in only:
         r, n = scale(args.window, args.scale_partitions, args.scale_nodes, dagster=not args.no_dagster)
         rows += r
