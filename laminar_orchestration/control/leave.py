@@ -77,8 +77,9 @@ class LeaveSettings(BaseModel):
     max_concurrent: int = Field(default=4, ge=1)
     #: Take this node's share back when it starts (`rejoin`).
     rejoin: bool = True
-    #: The moves' timeouts; their waits are also cut to the deadline.
-    migration: MigrationConfig = Field(default_factory=MigrationConfig)
+    #: The moves' timeouts; their waits are also cut to the deadline. A leaving node is on a clock: a
+    #: move waits at most 2 s for its target's warm copy before the drain (a cold target restores more).
+    migration: MigrationConfig = Field(default_factory=lambda: MigrationConfig(warmup_timeout_s=2.0))
 
 
 class LeavingNode(Protocol):
