@@ -146,13 +146,23 @@ class ChainFollower:
         return self.reader.entry(PartitionId(partition), seq)
 
     def walk(self, partition: int, start: ManifestVersion | None) -> ChainWalk:
-        """Every committed batch after `start` (None: from the chain's first entry), in chain order."""
+        """Every committed batch after `start` (None: from the chain's first entry), in chain order.
+
+        A walk that took only entries this process published stops after the last of them without
+        probing the chain's end: later entries are another writer's (a successor after a move), and
+        the successor's node, whose own walk starts by reading, appends them.
+        """
         previous = start
         seq = start.manifest.seq + 1 if start else 1
         skipped = 0
         batches: list[CommittedBatch] = []
+        first, remembered_only = seq, True
         while True:
+            if remembered_only and seq > first and (partition, seq) not in self._known:
+                break  # past the last entry this process published: no probe
+            known = self._known.get((partition, seq))
             version = self.entry(partition, seq)
+            remembered_only = remembered_only and known is not None and version is known
             if version is None:
                 if self._store.head(manifest_history_key(partition, seq)) is None:
                     break  # the end of the chain

@@ -9,13 +9,22 @@ Exactly once, by construction:
 * **at most once** - every Delta commit carries one transaction identifier
   per partition it appends for (`batches.app_id`), whose version is the seq
   of the newest manifest entry it holds. Before each commit the committer
-  reads those versions from the table snapshot it commits on, and appends
-  only entries above them. Two committers racing for the same partition
-  both commit on top of the same log version, and the Delta log entry of
-  that version is a create-only object: one lands, the other fails
-  (`CommitFailedError`; commits are never rebased, whatever they hold).
-  The loser re-reads the table and skips what landed; a commit whose
-  response was lost is found the same way.
+  reads those versions at the table version it commits on (`txns.TableLog`),
+  and appends only entries above them. The commit is a create-only write of
+  the next log entry: of two committers racing from the same version one
+  lands and the other finds the name taken (commits are never rebased,
+  whatever they hold). The loser reads the entry that beat it and skips what
+  landed; a commit whose response was lost is found the same way.
+
+A commit is the committer's own, not delta-rs's (whose commit lists the log and
+reads its entry back): one create-only PUT of the batches' Parquet file and one
+of the log entry, after a HEAD of log entry 0 and a GET of each entry other
+committers added plus one of the absent next name. Every
+`delta.checkpointInterval` (100) versions, the committer of that version has
+delta-rs write a checkpoint, so readers and a restarted committer replay a short
+log. What it writes is plain Delta (protocol 1/2: `add` with statistics, `txn`,
+`commitInfo` naming the batches and transaction versions), which `deltalake`,
+polars, DuckDB and Spark read.
 
 One call of `TableCommitter.sync` makes one Delta commit for all the
 partitions it is given (more only for a catch-up longer than
@@ -30,22 +39,18 @@ import logging
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_deltalake
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Schema
 from deltalake.exceptions import CommitFailedError, DeltaError, DeltaProtocolError, TableNotFoundError
-from deltalake.transaction import PostCommitHookProperties
 
-from laminar_orchestration.errors import (
-    CorruptDataError,
-    InvalidInputError,
-    LaminarError,
-    UnavailableError,
-)
 from laminar_orchestration.protocol.capabilities import ReadStore
 from laminar_orchestration.protocol.chain import ManifestVersion
 from laminar_orchestration.protocol.ledger import Ledger
@@ -58,63 +63,38 @@ from laminar_orchestration.table.batches import (
     batch_rows,
     read_output,
 )
+from laminar_orchestration.table.errors import (
+    TableCommitFailed,
+    TableError,
+    TableLogCorrupt,
+    TableMismatch,
+    TableSchemaMismatch,
+    TableStoreFault,
+)
 from laminar_orchestration.table.location import TableLocation, table_location
-from laminar_orchestration.table.txns import LandedSeqs
+from laminar_orchestration.table.objects import TableObjects
+from laminar_orchestration.table.txns import LogState, TableLog, entry_name
+
+__all__ = [
+    "SyncResult",
+    "TableCommitFailed",
+    "TableCommitter",
+    "TableError",
+    "TableLogCorrupt",
+    "TableMismatch",
+    "TableSchemaMismatch",
+    "TableStoreFault",
+    "check_identity",
+    "landed_seq",
+    "open_table",
+    "rebuild_table",
+    "remove_table",
+]
 
 log = logging.getLogger(__name__)
 
 #: The table's name (Delta metadata) is this plus the cluster id: a table of another cluster is refused.
 TABLE_NAME_PREFIX = "laminar_output/"
-
-
-# --- errors -----------------------------------------------------------------------------------
-
-
-class TableError(LaminarError):
-    """Base of the output table's errors (each subclass declares its kind)."""
-
-
-class TableMismatch(TableError, InvalidInputError):
-    """The table location holds something that is not this cluster's output table."""
-
-    uri: str
-    reason: str
-
-    message = "output table {uri!r} is not this cluster's output table: {reason}"
-
-
-class TableSchemaMismatch(TableError, InvalidInputError):
-    """A committed batch's output columns differ from the table's schema (fixed at its first commit)."""
-
-    uri: str
-    partition: int
-    seq: int
-    expected: str
-    actual: str
-
-    message = (
-        "output of partition {partition} (manifest seq {seq}) does not fit the schema of table {uri!r}: "
-        "table has [{expected}], batch has [{actual}]; nothing was written"
-    )
-
-
-class TableLogCorrupt(TableError, CorruptDataError):
-    """The table's Delta log is missing or unreadable; `rebuild_table` recreates it from the manifests."""
-
-    uri: str
-    reason: str
-
-    message = "the Delta log of output table {uri!r} is unusable ({reason}); run `laminar table rebuild`"
-
-
-class TableCommitFailed(TableError, UnavailableError):
-    """A table commit kept failing (store errors or concurrent commits); nothing was appended twice."""
-
-    uri: str
-    attempts: int
-    reason: str
-
-    message = "could not commit to output table {uri!r} after {attempts} attempts: {reason}"
 
 
 # --- reading the table -------------------------------------------------------------------------
@@ -199,10 +179,14 @@ def remove_table(location: TableLocation) -> int:
 
 def check_identity(table: DeltaTable, location: TableLocation, cluster_id: str) -> None:
     """TableMismatch unless `table` is the output table of cluster `cluster_id`."""
-    name = table.metadata().name or ""
+    check_identity_of(table.metadata().name or "", pa.schema(table.schema().to_arrow()), location, cluster_id)
+
+
+def check_identity_of(name: str, schema: pa.Schema, location: TableLocation, cluster_id: str) -> None:
+    """TableMismatch unless a table named `name` with `schema` is the output table of `cluster_id`."""
     if name != TABLE_NAME_PREFIX + cluster_id:
         raise TableMismatch(location.uri, f"its name is {name!r}, expected {TABLE_NAME_PREFIX + cluster_id!r}")
-    have = {f.name: f for f in pa.schema(table.schema().to_arrow())}
+    have = {f.name: f for f in schema}
     for want in LINEAGE_SCHEMA:
         got = have.get(want.name)
         if got is None or got.type != want.type:
@@ -250,11 +234,15 @@ class _ProbeMemo(ForwardingStore):
         self.inner.close()
 
 
-#: After each commit: a checkpoint every `delta.checkpointInterval` commits (readers replay a short
-#: log), but no expired-log cleanup, which lists the whole `_delta_log` on every commit
-#: (`laminar table maintain` cleans the log up).
 TABLE_DESCRIPTION = "laminar-orchestration: the committed output of every partition, exactly once"
-_POST_COMMIT = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
+#: Versions between two checkpoints unless the table's `delta.checkpointInterval` says otherwise.
+CHECKPOINT_INTERVAL = 100
+#: Written into each commit's `commitInfo` (what `DeltaTable.history()` shows).
+CLIENT_VERSION = "laminar-orchestration"
+
+
+class _CommitRaced(Exception):
+    """The log entry a commit was to write is there already: another committer landed that version."""
 
 
 @dataclass
@@ -283,11 +271,28 @@ class SyncResult:
         return {**vars(self), "landed": {str(p): s for p, s in sorted(self.landed.items())}}
 
 
+def _stats(data: pa.Table) -> str:
+    """A data file's Delta statistics: its rows, and the lineage columns' bounds (readers skip files by them)."""
+    low: dict[str, int] = {}
+    high: dict[str, int] = {}
+    for f in LINEAGE_SCHEMA:
+        if pa.types.is_integer(f.type) and f.name in data.column_names:
+            bounds = pc.min_max(data[f.name])
+            low[f.name], high[f.name] = bounds["min"].as_py(), bounds["max"].as_py()
+    nulls = {name: 0 for name in low}
+    return json.dumps(
+        {"numRecords": data.num_rows, "minValues": low, "maxValues": high, "nullCount": nulls},
+        separators=(",", ":"),
+    )
+
+
 class TableCommitter:
     """Catches the output table up with the manifest chains of the partitions it is given.
 
     Thread-safe (one sync at a time per committer); several committers, in any
-    processes, may sync the same or overlapping partitions concurrently.
+    processes, may sync the same or overlapping partitions concurrently. `node`
+    (else the node of the first entry `remember` is given) puts the data files this
+    committer writes under ``n-{node}/``, where a node's storage policy lets it write.
     """
 
     def __init__(
@@ -295,12 +300,14 @@ class TableCommitter:
         store: ObjectStore,
         location: TableLocation | None = None,
         *,
+        node: int | None = None,
         max_attempts: int = 8,
         max_batches_per_commit: int = 2_000,
         retry_backoff_s: float = 0.05,
     ) -> None:
         self.store = store
         self.location = location or table_location(store)
+        self.node = node
         self.max_attempts = max_attempts
         self.max_batches_per_commit = max_batches_per_commit
         self.retry_backoff_s = retry_backoff_s
@@ -309,11 +316,17 @@ class TableCommitter:
         #: Output rows this process wrote (`remember`), by object key: not read back.
         self._known_outputs: dict[str, pa.Table] = {}
         self._reads = ReadStore(store)
-        #: Each partition's transaction version in the table, following the log (no replay per sync).
-        self._landed = LandedSeqs(self.location)
+        self.objects = TableObjects(self.location)
+        #: The log as of the last look: the table version and each partition's transaction version.
+        self.log = TableLog(self.objects)
         self._lock = threading.Lock()
-        self._table: DeltaTable | None = None
         self._cluster_id: str | None = None
+        #: The table id whose name and lineage columns were checked, and its schema (Delta, Arrow).
+        self._checked: str | None = None
+        self._schema: tuple[str, Schema, pa.Schema] | None = None
+        #: The data file written for a set of batches whose commit failed: a retry of the same
+        #: batches names it again instead of writing another.
+        self._written: dict[tuple[tuple[int, int], ...], tuple[str, int]] = {}
         #: partition -> (the table's seq when the walk was made, the newest entry walked up to).
         self._positions: dict[int, tuple[int, ManifestVersion | None]] = {}
 
@@ -323,23 +336,6 @@ class TableCommitter:
             self._cluster_id = Ledger(self.store).cluster().cluster_id
         return self._cluster_id
 
-    # -- the table ---------------------------------------------------------------------------
-
-    def table(self) -> DeltaTable | None:
-        """The table at its newest version (None: not created yet); checked to be this cluster's."""
-        if self._table is not None:
-            try:
-                self._table.update_incremental()
-                return self._table
-            except (DeltaError, OSError) as exc:
-                log.info("reloading output table %s: %s", self.location.uri, exc)
-                self._table = None
-        table = open_table(self.location)
-        if table is not None:
-            check_identity(table, self.location, self.cluster_id)
-        self._table = table
-        return table
-
     # -- sync ---------------------------------------------------------------------------------
 
     def remember(self, version: ManifestVersion, outputs: Mapping[str, pa.Table]) -> None:
@@ -347,6 +343,8 @@ class TableCommitter:
         sync takes them instead of reading them back (the node that wrote them calls this)."""
         # No lock: a sync may hold the committer's for seconds, and this runs on the batch's path
         # (single dict operations are atomic; a batch not found here is read from the store).
+        if self.node is None:
+            self.node = version.manifest.node  # only the node that published an entry hands it over
         if len(self._known_outputs) > KNOWN_MAX:
             self._known_outputs.clear()  # never synced (a partition that moved away): read if needed
         self._follower.remember(version)
@@ -366,9 +364,24 @@ class TableCommitter:
                 if not more:
                     return result
 
-    def _start(self, table: DeltaTable | None, partition: int) -> tuple[int, ManifestVersion | None]:
+    def _follow(self) -> LogState | None:
+        """The table at its newest version, checked to be this cluster's (None: not created yet)."""
+        state = self.log.follow()
+        if state is None:
+            # No log: nothing there, a creation in progress, or files whose log was lost (corrupt).
+            if open_table(self.location) is None:
+                return None
+            state = self.log.follow()  # created meanwhile by a racing committer
+            if state is None:
+                raise TableLogCorrupt(self.location.uri, "neither _last_checkpoint nor log entry 0 is readable")
+        if self._checked != state.table_id:
+            check_identity_of(state.name, state.arrow_schema(), self.location, self.cluster_id)
+            self._checked = state.table_id
+        return state
+
+    def _start(self, state: LogState | None, partition: int) -> tuple[int, ManifestVersion | None]:
         """Where to walk `partition`'s chain from: the table's seq and the entry at (or past) it."""
-        landed = self._landed.seq(table, partition)
+        landed = state.txns.get(partition, 0) if state is not None else 0
         known = self._positions.get(partition)
         if known is not None and known[0] == landed and (known[1] is None or known[1].manifest.seq >= landed):
             return landed, known[1]  # walked before from the same table state: go on from there
@@ -387,56 +400,62 @@ class TableCommitter:
         rows_cache: dict[tuple[int, int], pa.Table | None] = {}
         last_error = ""
         for attempt in range(1, self.max_attempts + 1):
-            table = self.table()
-            if not self._landed.refresh(table):
-                # Rebuilt, or its log lost or cleaned up, under this handle: never commit through a stale one.
-                log.warning("output table %s: log entry 0 changed: reopening it", self.location.uri)
-                self._table = None
-                table = self.table()
-                self._landed.refresh(table)
-            starts = {p: self._start(table, p) for p in partitions}
+            try:
+                state = self._follow()
+            except TableStoreFault as exc:
+                last_error = str(exc)
+                result.retries += 1
+                time.sleep(self.retry_backoff_s * attempt)
+                continue
+            starts = {p: self._start(state, p) for p in partitions}
             walks = {p: self._follower.walk(p, start) for p, (_, start) in starts.items()}
-            result.version = table.version() if table is not None else None
+            result.version = state.version if state is not None else None
             chosen = self._choose({p: w.batches for p, w in walks.items()})
             if not chosen:
                 for p in partitions:
                     self._positions[p] = (starts[p][0], walks[p].newest)
                     result.landed[p] = starts[p][0]
                 return False
-            data = self._rows(table, chosen, rows_cache)
+            data = self._rows(state, chosen, rows_cache)
             txns: dict[int, int] = {}
             for b in chosen:
                 txns[b.partition] = max(txns.get(b.partition, 0), b.seq)
-            if data is None and table is None:
-                # Only empty outputs and no table to record their versions in yet: nothing to hold.
-                return False
-            if table is None:
-                assert data is not None
+            if state is None:
+                if data is None:
+                    return False  # only empty outputs and no table to record their versions in yet
                 # Log entry 0 first, with no data file: a table's files never precede its log, so
                 # files without a log always mean a lost log, however slow the store.
                 failed = self._create(data.schema)
-                table = self.table()
-                if table is None:  # a store fault, not a lost race: wait as after a failed commit
+                self.log.reset()
+                try:
+                    state = self._follow()
+                except TableStoreFault as exc:
+                    failed, state = str(exc), None
+                if state is None:  # a store fault, not a lost race: wait as after a failed commit
                     last_error = failed or "log entry 0 not found after it was written"
                     result.retries += 1
                     time.sleep(self.retry_backoff_s * attempt)
                     continue
-                if table.version() != 0 or not self._landed.refresh(table):
+                if state.version != 0:
                     continue  # a racing committer appended already: walk from what landed
-            # The snapshot the commit is made on (delta-rs moves `table` to the new version on success).
-            base = table.version()
+            base = state.version
             try:
-                self._append(table, data, txns, chosen)
-            except (CommitFailedError, DeltaError, OSError) as exc:
-                # Lost to a concurrent commit (delta-rs refused the rebase: the same transaction
-                # identifier moved), a store fault, or an unknown outcome: re-read and skip what landed.
+                self._append(state, data, txns, chosen)
+            except _CommitRaced:
+                # Another committer landed this version: the next look reads it and skips what it holds.
+                last_error = f"log entry {base + 1} was written by another committer"
+                log.info("output table commit attempt %d: %s", attempt, last_error)
+                result.retries += 1
+                time.sleep(self.retry_backoff_s * attempt)
+                continue
+            except (TableStoreFault, OSError) as exc:
+                # Unknown outcome: the next look finds the entry if it landed, and skips what it holds.
                 last_error = " ".join(str(exc).split())[:300]
                 log.info("output table commit attempt %d failed: %s", attempt, last_error)
                 result.retries += 1
-                if not isinstance(exc, CommitFailedError):
-                    self._table = None  # maybe a broken handle: open the table afresh
                 time.sleep(self.retry_backoff_s * attempt)
                 continue
+            self._written.clear()
             result.commits += 1
             result.batches += len(chosen)
             result.rows += data.num_rows if data is not None else 0
@@ -449,9 +468,10 @@ class TableCommitter:
                 self._positions[p] = (new, walks[p].newest if walked_all else self._follower.entry(p, new))
                 self._follower.forget(p, new)
                 result.landed[p] = new
-            # Never rebased: the commit is the version after the snapshot it was made on.
+            # Never rebased: the commit is the version after the one it was made on.
             result.version = base + 1
-            self._landed.committed(result.version, txns)
+            self.log.committed(base + 1, txns)
+            self._checkpoint(state, base + 1)
             return not exhausted
         raise TableCommitFailed(self.location.uri, self.max_attempts, last_error)
 
@@ -465,15 +485,27 @@ class TableCommitter:
             chosen.extend(pending[p][:room])
         return chosen
 
+    def _table_schema(self, state: LogState | None) -> tuple[Schema, pa.Schema] | None:
+        if state is None or not state.schema_json:
+            return None
+        if self._schema is None or self._schema[0] != state.schema_json:
+            delta = state.delta_schema()
+            self._schema = (state.schema_json, delta, pa.schema(delta.to_arrow()))
+        return self._schema[1], self._schema[2]
+
     def _rows(
         self,
-        table: DeltaTable | None,
+        state: LogState | None,
         batches: Sequence[CommittedBatch],
         cache: dict[tuple[int, int], pa.Table | None],
     ) -> pa.Table | None:
-        """The rows of `batches`, checked against the table's schema (or the first batch's)."""
-        expected: Schema | None = table.schema() if table is not None else None
-        expected_arrow = pa.schema(expected.to_arrow()) if expected is not None else None
+        """The rows of `batches`, checked against the table's schema (or the first batch's).
+
+        The schema is whatever the processor's output is (after the lineage columns): the first
+        commit fixes it, and every later batch must match it.
+        """
+        fixed = self._table_schema(state)
+        expected, expected_arrow = fixed if fixed is not None else (None, None)
         parts: list[pa.Table] = []
         for b in batches:
             if (b.partition, b.seq) not in cache:
@@ -492,10 +524,9 @@ class TableCommitter:
                 )
             parts.append(rows)
         if not parts:
-            if table is None or expected_arrow is None:
-                return None
-            return expected_arrow.empty_table()
-        target = parts[0].schema
+            return None
+        target = expected_arrow if fixed is not None else parts[0].schema
+        assert target is not None
         return pa.concat_tables([p if p.schema.equals(target) else p.cast(target) for p in parts])
 
     def _create(self, schema: pa.Schema) -> str | None:
@@ -503,7 +534,6 @@ class TableCommitter:
 
         Returns why it failed, if it did (a store fault: the caller's next attempt looks again).
         """
-        self._table = None
         try:
             DeltaTable.create(
                 self.location.uri,
@@ -518,33 +548,75 @@ class TableCommitter:
         except (CommitFailedError, DeltaError, OSError) as exc:
             reason = " ".join(str(exc).split())[:300]
             log.info("output table %s: not created here (%s)", self.location.uri, reason)
-            return reason
+            return None if "already exists" in reason.lower() else reason
         return None
 
-    def _append(
-        self, table: DeltaTable, data: pa.Table | None, txns: dict[int, int], batches: Sequence[CommittedBatch]
-    ) -> None:
-        """One Delta commit: `data` with a transaction identifier per partition (version: its newest seq).
+    def _data_file(self, data: pa.Table, batches: Sequence[CommittedBatch], at_ms: int) -> dict[str, Any]:
+        """The `add` action of the data file holding `data` (written now, or by a failed attempt)."""
+        key = tuple((b.partition, b.seq) for b in batches)
+        written = self._written.get(key)
+        if written is None:
+            sink = pa.BufferOutputStream()
+            pq.write_table(data, sink, compression="snappy")
+            raw = sink.getvalue().to_pybytes()
+            folder = f"n-{self.node}/" if self.node is not None else ""
+            name = f"{folder}part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+            if not self.objects.create(name, raw):
+                raise TableStoreFault(self.location.uri, name, "a fresh data file's name was taken")
+            written = (name, len(raw))
+            self._written = {key: written}
+        name, size = written
+        return {
+            "path": name,
+            "partitionValues": {},
+            "size": size,
+            "modificationTime": at_ms,
+            "dataChange": True,
+            "stats": _stats(data),
+        }
 
-        On top of `table` (the snapshot the versions were read from), so a concurrent commit of the
-        same partitions makes delta-rs refuse this one instead of rebasing it.
+    def _append(
+        self, state: LogState, data: pa.Table | None, txns: dict[int, int], batches: Sequence[CommittedBatch]
+    ) -> None:
+        """One Delta commit on top of `state`: the data file, then log entry `state.version + 1`
+        holding it with a transaction identifier per partition (version: its newest seq).
+
+        _CommitRaced if that entry is there already (never rebased onto it); TableStoreFault if
+        the outcome is unknown.
         """
-        assert data is not None
+        at_ms = int(time.time() * 1000)
         summary = {str(p): [b.seq for b in batches if b.partition == p] for p in sorted(txns)}
-        write_deltalake(
-            table,
-            data,
-            post_commithook_properties=_POST_COMMIT,
-            mode="append",
-            commit_properties=CommitProperties(
-                # No rebase onto a concurrent commit: delta-rs's rebase does not check every case (a
-                # racing create lands twice), so any concurrent commit fails this one at the log's
-                # create-only entry, and `sync` re-reads the transaction versions before it tries again.
-                max_commit_retries=0,
-                app_transactions=[Transaction(app_id(p), seq) for p, seq in sorted(txns.items())],
-                custom_metadata={"laminar.batches": json.dumps(summary, separators=(",", ":"))},
-            ),
-        )
+        versions = {app_id(p): seq for p, seq in sorted(txns.items())}
+        actions: list[dict[str, Any]] = [
+            {
+                "commitInfo": {
+                    "timestamp": at_ms,
+                    "operation": "WRITE",
+                    "operationParameters": {"mode": "Append"},
+                    "clientVersion": CLIENT_VERSION,
+                    "readVersion": state.version,
+                    "laminar.batches": json.dumps(summary, separators=(",", ":")),
+                    "laminar.transactions": json.dumps(versions, separators=(",", ":")),
+                }
+            }
+        ]
+        actions += [{"txn": {"appId": a, "version": v, "lastUpdated": at_ms}} for a, v in versions.items()]
+        if data is not None and data.num_rows:
+            actions.append({"add": self._data_file(data, batches, at_ms)})
+        body = "\n".join(json.dumps(a, separators=(",", ":")) for a in actions).encode()
+        if not self.objects.create(entry_name(state.version + 1), body):
+            raise _CommitRaced()
+
+    def _checkpoint(self, state: LogState, version: int) -> None:
+        """Every `delta.checkpointInterval` versions, a checkpoint at `version` (by delta-rs, which
+        replays the log since the last one): readers and a new committer start there."""
+        interval = state.setting("delta.checkpointInterval", CHECKPOINT_INTERVAL)
+        if interval <= 0 or version % interval:
+            return
+        try:
+            DeltaTable(self.location.uri, version=version, storage_options=self.location.options()).create_checkpoint()
+        except (DeltaError, OSError, ValueError) as exc:  # an optimisation: the log stays complete without it
+            log.warning("output table %s: no checkpoint at version %d: %s", self.location.uri, version, exc)
 
 
 def rebuild_table(

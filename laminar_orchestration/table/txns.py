@@ -1,42 +1,46 @@
-"""Each partition's transaction version in the output table, kept current by reading only new log entries.
+"""The output table's log as the committer follows it: its version, schema and every partition's
+transaction version, kept current by reading only the log entries it has not seen.
 
 The table says how far it holds each partition in a Delta transaction identifier
 (`batches.app_id`) whose version is the seq of the newest manifest entry it holds.
-delta-rs answers `DeltaTable.transaction_version` by replaying the log from its
-last checkpoint, one GET per log entry, on every call: per partition per sync,
-that was most of the table's requests. `LandedSeqs` asks delta-rs once per
-partition, then follows the log itself: every sync reads the entries added since
-it last looked (one GET each: normally the other nodes' commits), and a commit of
-its own needs no read at all.
+`TableLog` learns them once, from the checkpoint `_last_checkpoint` names and the
+entries after it (a GET each, no listing), then follows the log forward: each sync
+reads the entries added since it last looked (normally the other nodes' commits)
+and one name past them, which is absent: that is the version its commit takes.
+Its own commits need no read at all (`committed`).
 
-It is exact, not a hint: the versions it gives are those of the table version the
-next commit is made on (`refresh`), and a commit is never rebased, so the
-at-most-once argument of `committer` is unchanged. A log entry that is gone
-(cleaned up after a long pause) makes it start over from delta-rs. A table
-replaced under a running committer (`laminar table rebuild`, or its log lost) is
-one a delta-rs handle cannot see: it updates incrementally from its own version
-on, keeping the old table's id and state. So each refresh also looks at log
-entry 0 (one HEAD): if it is not the one seen before, the caller reopens the
-table instead of committing through a handle of another table.
+It is exact, not a hint: the versions it gives are those of the version the next
+commit is made on, and that commit is a create-only write of the next log entry,
+so a commit made on anything older fails and is never rebased: the at-most-once
+argument of `committer` rests on this. A table replaced under a running committer
+(`laminar table rebuild`, or its log lost) could hold the next name too, so each
+sync also looks at log entry 0 (one HEAD): if it is not the one seen before, the
+log is read afresh.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import re
-from collections.abc import Mapping
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
-from deltalake import DeltaTable
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import Schema
 
-from laminar_orchestration.table.batches import app_id
-from laminar_orchestration.table.location import TableLocation
-
-log = logging.getLogger(__name__)
+from laminar_orchestration.table.errors import TableLogCorrupt, TableMismatch
+from laminar_orchestration.table.objects import TableObjects
 
 _APP = re.compile(r"^laminar/partition-(\d+)$")
+LAST_CHECKPOINT = "_delta_log/_last_checkpoint"
+#: Writer features a plain append honours without doing anything (the table's own are none).
+_HARMLESS_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "timestampNtz"})
+
+
+def entry_name(version: int) -> str:
+    """The object name of log entry `version`."""
+    return f"_delta_log/{version:020d}.json"
 
 
 def log_entry_txns(raw: bytes) -> dict[int, int]:
@@ -46,135 +50,164 @@ def log_entry_txns(raw: bytes) -> dict[int, int]:
         if b'"txn"' not in line:
             continue
         txn = json.loads(line).get("txn")
-        if not isinstance(txn, dict):
-            continue
-        match = _APP.match(str(txn.get("appId", "")))
-        if match:
-            found[int(match.group(1))] = int(txn["version"])
+        if isinstance(txn, dict):
+            _take_txn(txn, found)
     return found
 
 
-class LandedSeqs:
-    """Per partition, the seq of the newest manifest entry the output table holds, at one table version.
+def _take_txn(txn: dict[str, Any], into: dict[int, int]) -> None:
+    match = _APP.match(str(txn.get("appId", "")))
+    if match:
+        into[int(match.group(1))] = int(txn["version"])
 
-    Not thread-safe: its committer calls it under its own lock.
-    """
 
-    def __init__(self, location: TableLocation) -> None:
-        self.location = location
-        self._table_id: str | None = None
-        #: The table version `_seqs` is exact at (None: nothing known).
-        self._version: int | None = None
-        #: partition -> landed seq (0: none), for the partitions asked about since the last reset.
-        self._seqs: dict[int, int] = {}
-        self._s3: Any = None
-        #: Log entry 0 as stored when first seen (ETag, or inode, size and mtime; None: absent).
+@dataclass
+class LogState:
+    """The table at one version, as far as a commit on top of it needs to know."""
+
+    version: int
+    table_id: str = ""
+    name: str = ""
+    schema_json: str = ""
+    configuration: dict[str, str] = field(default_factory=dict)
+    #: partition -> the seq of its newest manifest entry in the table (absent: none).
+    txns: dict[int, int] = field(default_factory=dict)
+
+    def delta_schema(self) -> Schema:
+        return Schema.from_json(self.schema_json)
+
+    def arrow_schema(self) -> pa.Schema:
+        return pa.schema(self.delta_schema().to_arrow())
+
+    def setting(self, key: str, default: int) -> int:
+        try:
+            return int(self.configuration.get(key, default))
+        except ValueError:
+            return default
+
+    def apply_metadata(self, meta: dict[str, Any]) -> None:
+        self.table_id = str(meta.get("id") or "")
+        self.name = str(meta.get("name") or "")
+        self.schema_json = str(meta.get("schemaString") or "")
+        config = meta.get("configuration") or {}
+        self.configuration = {str(k): str(v) for k, v in (config.items() if isinstance(config, dict) else config)}
+
+
+def _check_protocol(uri: str, protocol: dict[str, Any]) -> None:
+    """TableMismatch if a commit of ours would not honour the table's protocol (its writer features)."""
+    features = set(protocol.get("writerFeatures") or ()) - _HARMLESS_WRITER_FEATURES
+    if int(protocol.get("minWriterVersion") or 0) > 7 or features:
+        raise TableMismatch(uri, f"its Delta protocol asks writers for {sorted(features) or protocol}")
+
+
+class TableLog:
+    """Follows one table's log forward. Not thread-safe: its committer calls it under its own lock."""
+
+    def __init__(self, objects: TableObjects) -> None:
+        self.objects = objects
+        self.uri = objects.location.uri
+        self.state: LogState | None = None
+        #: Log entry 0 as stored when the state was read (None: absent, e.g. cleaned up behind a checkpoint).
         self._anchor: str | None = None
-        #: Log entries read by this tracker (the figure the benchmark reports).
+        #: Log entries read after the first look (the other committers' commits).
         self.entries_read = 0
 
     def reset(self) -> None:
-        self._table_id, self._version, self._seqs = None, None, {}
+        self.state, self._anchor = None, None
 
-    def refresh(self, table: DeltaTable | None) -> bool:
-        """Catch up with `table` at its current version: read the log entries added since the last call.
+    def follow(self) -> LogState | None:
+        """The table at its newest version (None: no log entry 0 and no checkpoint, so no table).
 
-        False when the location no longer holds the table the tracker followed (replaced, or its log
-        gone): `table` is a stale handle, the caller reopens it and refreshes again.
+        TableLogCorrupt for an unreadable entry or checkpoint; TableStoreFault for a failed request.
         """
-        if table is None:
-            self.reset()
-            self._anchor = None
-            return True
-        anchor = self._identity(0)
-        if self._anchor is not None and anchor != self._anchor:
-            self.reset()
-            self._anchor = None
-            return False
-        self._anchor = anchor
-        version, table_id = table.version(), str(table.metadata().id)
-        if self._version is None or table_id != self._table_id or version < self._version:
-            self.reset()
-        else:
-            for v in range(self._version + 1, version + 1):
-                raw = self._read_entry(v)
-                try:
-                    txns = log_entry_txns(raw) if raw is not None else None
-                except (ValueError, KeyError, TypeError):
-                    txns = None
-                if txns is None:  # gone (cleaned up after a long pause) or unreadable: ask delta-rs again
-                    self.reset()
-                    break
-                for partition, seq in txns.items():
-                    if partition in self._seqs:
-                        self._seqs[partition] = seq
-        self._table_id, self._version = table_id, version
-        return True
+        if self.state is not None:
+            if self.objects.identity(entry_name(0)) == self._anchor:
+                self._forward(self.state, counted=True)
+                return self.state
+            self.reset()  # rebuilt, or its log lost or cleaned up, under this committer: read afresh
+        return self._load()
 
-    def seq(self, table: DeltaTable | None, partition: int) -> int:
-        """The landed seq of `partition` at the version of the last `refresh` (`table` must be at it)."""
-        if table is None:
-            return 0
-        if partition not in self._seqs:
-            # Once per partition: delta-rs replays the log from its last checkpoint.
-            self._seqs[partition] = table.transaction_version(app_id(partition)) or 0
-        return self._seqs[partition]
-
-    def committed(self, version: int, txns: Mapping[int, int]) -> None:
-        """Our own commit landed as `version` (the one after the snapshot it was made on) with `txns`."""
-        if self._version is None or version != self._version + 1:
+    def committed(self, version: int, txns: dict[int, int]) -> None:
+        """Our own commit landed as `version` (the one after the state it was made on) with `txns`."""
+        if self.state is None or version != self.state.version + 1:
             self.reset()
             return
-        self._version = version
-        for partition, seq in txns.items():
-            self._seqs[partition] = seq
+        self.state.version = version
+        self.state.txns.update(txns)
 
-    # -- reading one log entry ---------------------------------------------------------------
+    # -- reading -------------------------------------------------------------------------------
 
-    def _read_entry(self, version: int) -> bytes | None:
-        """Log entry `version` as stored; None if it is gone or cannot be read (the caller starts over)."""
-        self.entries_read += 1
-        name = f"_delta_log/{version:020d}.json"
-        try:
-            if self.location.is_local:
-                return (Path(self.location.uri) / name).read_bytes()
-            bucket, key = self._s3_key(name)
-            body = self._client().get_object(Bucket=bucket, Key=key)["Body"]
-            try:
-                return bytes(body.read())
-            finally:
-                body.close()
-        except Exception as exc:  # any failure: delta-rs's own replay is the exact fallback
-            log.info("output table %s: log entry %d unread (%s): replaying the log", self.location.uri, version, exc)
+    def _load(self) -> LogState | None:
+        self._anchor = self.objects.identity(entry_name(0))
+        state = self._from_checkpoint()
+        if state is None:
+            raw = self.objects.get(entry_name(0))
+            if raw is None:
+                return None
+            state = LogState(version=0)
+            self._apply(state, 0, raw)
+        self._forward(state, counted=False)
+        self.state = state
+        return state
+
+    def _from_checkpoint(self) -> LogState | None:
+        """The state at the checkpoint `_last_checkpoint` names (None: none, so read from entry 0)."""
+        raw = self.objects.get(LAST_CHECKPOINT)
+        if raw is None:
             return None
-
-    def _identity(self, version: int) -> str | None:
-        """Log entry `version` as stored, in one HEAD (a stat locally); None if absent."""
-        name = f"_delta_log/{version:020d}.json"
-        if self.location.is_local:
-            try:
-                st = (Path(self.location.uri) / name).stat()
-            except FileNotFoundError:
-                return None
-            return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
-        bucket, key = self._s3_key(name)
-        client = self._client()
         try:
-            head = client.head_object(Bucket=bucket, Key=key)
-        except client.exceptions.ClientError as exc:
-            if str(exc.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise
-        return f"{head.get('ETag')}:{head.get('ContentLength')}"
+            pointer = json.loads(raw)
+            version, parts = int(pointer["version"]), int(pointer.get("parts") or 0)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise TableLogCorrupt(self.uri, f"_last_checkpoint is unreadable: {exc}") from exc
+        names = (
+            [f"_delta_log/{version:020d}.checkpoint.{i:010d}.{parts:010d}.parquet" for i in range(1, parts + 1)]
+            if parts
+            else [f"_delta_log/{version:020d}.checkpoint.parquet"]
+        )
+        state = LogState(version=version)
+        for name in names:
+            data = self.objects.get(name)
+            if data is None:
+                return None  # a checkpoint named but gone: the log from entry 0 is the truth
+            try:
+                file = pq.ParquetFile(pa.BufferReader(data))
+                wanted = [c for c in ("protocol", "metaData", "txn") if c in file.schema_arrow.names]
+                actions = file.read(columns=wanted).to_pydict()
+            except (pa.ArrowException, OSError) as exc:
+                raise TableLogCorrupt(self.uri, f"checkpoint {name} is unreadable: {exc}") from exc
+            for protocol in actions.get("protocol", []):
+                if protocol:
+                    _check_protocol(self.uri, protocol)
+            for meta in actions.get("metaData", []):
+                if meta:
+                    state.apply_metadata(meta)
+            for txn in actions.get("txn", []):
+                if txn:
+                    _take_txn(txn, state.txns)
+        return state
 
-    def _s3_key(self, name: str) -> tuple[str, str]:
-        rest = self.location.uri.split("://", 1)[1]
-        bucket, _, prefix = rest.partition("/")
-        return bucket, f"{prefix.strip('/')}/{name}" if prefix.strip("/") else name
+    def _forward(self, state: LogState, *, counted: bool) -> None:
+        """Read the entries after `state.version` until the first absent one."""
+        while True:
+            raw = self.objects.get(entry_name(state.version + 1))
+            if raw is None:
+                return
+            self._apply(state, state.version + 1, raw)
+            state.version += 1
+            self.entries_read += counted
 
-    def _client(self) -> Any:
-        if self._s3 is None:
-            from laminar_orchestration.store.s3 import make_s3_client
-
-            self._s3 = make_s3_client(self.location.storage_options.get("AWS_ENDPOINT_URL"))
-        return self._s3
+    def _apply(self, state: LogState, version: int, raw: bytes) -> None:
+        try:
+            for line in raw.splitlines():
+                if not line.strip():
+                    continue
+                action = json.loads(line)
+                if "txn" in action:
+                    _take_txn(action["txn"], state.txns)
+                elif "metaData" in action:
+                    state.apply_metadata(action["metaData"])
+                elif "protocol" in action:
+                    _check_protocol(self.uri, action["protocol"])
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise TableLogCorrupt(self.uri, f"log entry {version} is unreadable: {exc}") from exc

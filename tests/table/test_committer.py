@@ -4,8 +4,8 @@ After the fence: only entries on the manifest chain reach the table, so a zombie
 fence never does. At most once: each commit carries each partition's transaction version, so a
 graceful move, committers racing for the same partitions, two commits on one table version, a commit
 whose response was lost and one beaten between its data files and its log entry each land every
-batch once. The batches a node remembers are not read back, and a steady sync probes each chain
-once past its end. Faults around a commit (store faults while reading the chains, a corrupted or
+batch once. The batches a node remembers are not read back, and a steady sync of them reads no
+manifest and commits in four requests. Faults around a commit (store faults while reading the chains, a corrupted or
 deleted log, a batch of another schema, a location holding another table) are a clear error or a
 retried commit, never a duplicate; `rebuild_table` restores exactly-once content from the manifest
 chains. Read back with `deltalake` alone, on the local store and on the S3-protocol server.
@@ -190,7 +190,7 @@ def test_batches_their_node_remembers_are_not_read_back_and_a_forged_one_is(
     assert_exactly_once(cluster)
 
 
-def test_a_steady_sync_probes_each_partition_once_and_reads_no_entry_back(
+def test_a_steady_sync_of_remembered_batches_reads_nothing_back_and_commits_in_four_requests(
     store: ObjectStore, meter: RequestMeter
 ) -> None:
     cluster = Cluster(store, partitions=2)
@@ -202,13 +202,17 @@ def test_a_steady_sync_probes_each_partition_once_and_reads_no_entry_back(
     node.sync([0, 1])
     for token in tokens:
         cluster.commit_batches(token, max_batches=2, remember=node.remember)
-    before = meter.snapshot()
+    before, table_before = meter.snapshot(), dict(node.objects.requests)
     result = node.sync([0, 1])
     after = meter.snapshot()
     used = {k: n - before.by_family.get(k, 0) for k, n in after.by_family.items() if n != before.by_family.get(k, 0)}
-    assert result.batches == 4
-    # One GET past each chain's end (it finds nothing: the chain ends there), no HEAD after it, nothing else.
-    assert used == {("GET", "manifests/history"): 2}, used
+    table_used = {m: n - table_before.get(m, 0) for m, n in node.objects.requests.items() if n != table_before.get(m)}
+    assert (result.batches, result.commits) == (4, 1)
+    # Every entry it walked is one its node published: no manifest read, not even a probe past the end.
+    assert used == {}, used
+    # The commit: a HEAD of log entry 0, a GET of the next (absent) name, the data file and the entry.
+    assert table_used == {"HEAD": 1, "GET": 1, "PUT": 2}, table_used
+    assert_exactly_once(cluster)
 
 
 # --- faults around a commit -----------------------------------------------------------------------

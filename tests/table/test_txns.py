@@ -1,14 +1,18 @@
-"""`LandedSeqs`: each partition's transaction version in the output table, kept current from the log.
+"""`TableLog`: the output table's version and each partition's transaction version, kept current from
+the log without listing it or replaying it.
 
-A Delta log entry's transaction versions are read per partition. A committer asks delta-rs once per
-partition, then follows its own commits without reading them back and reads only the log entries
-another committer added (one GET each, no replay of the log), skipping what that committer landed.
-It stays exact when the table is rebuilt under a running committer, and a committer whose log was
-deleted stops instead of writing a lone entry.
+A committer reads the log once (from the checkpoint `_last_checkpoint` names, then the entries after
+it), follows its own commits without reading them back, and reads only the log entries another
+committer added (one GET each), skipping what that committer landed; delta-rs's per-partition replay
+(`DeltaTable.transaction_version`) is never asked. Every `delta.checkpointInterval` versions the
+committer of that version writes a checkpoint. The commits are plain Delta: `deltalake` reads their
+rows, transaction versions and history. It stays exact when the table is rebuilt under a running
+committer, and a committer whose log was deleted stops instead of writing a lone entry.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -18,9 +22,11 @@ import pytest
 from deltalake import DeltaTable
 
 from laminar_orchestration.store import ObjectStore
-from laminar_orchestration.table import TableCommitter, TableLogCorrupt, rebuild_table, table_location
+from laminar_orchestration.table import TableCommitter, TableLogCorrupt, app_id, rebuild_table, table_location
+from laminar_orchestration.table import committer as committer_module
+from laminar_orchestration.table.objects import TableObjects
 from laminar_orchestration.table.txns import log_entry_txns
-from tests.table.cluster import Cluster, assert_exactly_once
+from tests.table.cluster import Cluster, assert_exactly_once, table_counts
 
 
 @pytest.fixture
@@ -37,6 +43,20 @@ def replays(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     return calls
 
 
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the table's objects every committer GETs, in order."""
+    names: list[str] = []
+    real = TableObjects.get
+
+    def recorded(self: TableObjects, name: str) -> bytes | None:
+        names.append(name)
+        return real(self, name)
+
+    monkeypatch.setattr(TableObjects, "get", recorded)
+    return names
+
+
 def test_a_sync_reads_the_entries_another_committer_added_and_skips_what_it_landed(
     local_store: ObjectStore, replays: Counter[str]
 ) -> None:
@@ -49,9 +69,7 @@ def test_a_sync_reads_the_entries_another_committer_added_and_skips_what_it_land
     for _ in range(3):
         cluster.commit_batches(token, max_batches=1, remember=node.remember)
         node.sync([0])
-    assert replays["laminar/partition-0"] == 0  # it created the table, then followed its own commits
-    read_before = node._landed.entries_read
-    assert read_before == 0  # its own commits: nothing to read back
+    assert node.log.entries_read == 0  # its own commits: nothing to read back
 
     # Another committer (`laminar table sync`) lands partition 0's next batches, then the node syncs.
     cluster.commit_batches(token, max_batches=2, remember=node.remember)
@@ -61,8 +79,64 @@ def test_a_sync_reads_the_entries_another_committer_added_and_skips_what_it_land
     cluster.commit_batches(token, max_batches=1, remember=node.remember)
     result = node.sync([0])
     assert (result.commits, result.batches) == (1, 1)  # only the batch the rival had not landed
-    assert node._landed.entries_read == read_before + 1  # the rival's one log entry
-    assert replays["laminar/partition-0"] == 1  # the rival's own first look, not the node's
+    assert node.log.entries_read == 1  # the rival's one log entry
+    assert sum(replays.values()) == 0  # no committer asked delta-rs to replay the log
+    assert_exactly_once(cluster)
+
+
+def test_a_checkpoint_every_interval_and_a_new_committer_starts_from_it(
+    local_store: ObjectStore, monkeypatch: pytest.MonkeyPatch, reads: list[str]
+) -> None:
+    monkeypatch.setattr(committer_module, "CHECKPOINT_INTERVAL", 3)
+    cluster = Cluster(local_store, partitions=1)
+    cluster.produce(800)
+    token = cluster.acquire(0, 1)
+    node = TableCommitter(local_store)
+    for _ in range(7):  # versions 0 (created) to 7
+        cluster.commit_batches(token, max_batches=1, remember=node.remember)
+        node.sync([0])
+    log_dir = Path(table_location(local_store).uri) / "_delta_log"
+    assert sorted(p.name for p in log_dir.glob("*.checkpoint.parquet")) == [
+        f"{v:020d}.checkpoint.parquet" for v in (3, 6)
+    ]
+    assert json.loads((log_dir / "_last_checkpoint").read_text())["version"] == 6
+
+    # A restarted node reads the checkpoint and the one entry after it: no listing, no older entry.
+    cluster.commit_batches(token, max_batches=1)
+    reads.clear()
+    restarted = TableCommitter(local_store)
+    result = restarted.sync([0])
+    assert result.commits == 1 and result.version == 8
+    entries = [n for n in reads if n.endswith(".json")]
+    assert entries == [f"_delta_log/{v:020d}.json" for v in (7, 8)], reads  # 8: absent, the next version
+    assert "_delta_log/00000000000000000000.json" not in reads
+    assert_exactly_once(cluster)
+
+
+def test_the_commits_are_plain_delta_with_their_transactions_in_the_history(local_store: ObjectStore) -> None:
+    cluster = Cluster(local_store, partitions=2)
+    cluster.produce(300)
+    tokens = [cluster.acquire(p, 1) for p in (0, 1)]
+    node = TableCommitter(local_store)
+    for _ in range(2):
+        for token in tokens:
+            cluster.commit_batches(token, max_batches=1, remember=node.remember)
+        node.sync([0, 1])
+    table = DeltaTable(table_location(local_store).uri)
+    history = [c for c in table.history() if c.get("operation") == "WRITE"]
+    assert len(history) == 2
+    for commit in history:
+        txns = json.loads(commit["laminar.transactions"])
+        batches = json.loads(commit["laminar.batches"])
+        assert txns == {app_id(int(p)): max(seqs) for p, seqs in batches.items()}
+    newest = json.loads(history[0]["laminar.transactions"])
+    assert {app_id(p): table.transaction_version(app_id(p)) for p in (0, 1)} == newest
+    # A node's data files sit under its own folder, where its storage policy lets it write.
+    assert all(Path(uri).parent.name == "n-1" for uri in table.file_uris())
+    rows = table.to_pandas()
+    for p in (0, 1):
+        assert table_counts(table.to_pyarrow_table(), p) == cluster.source_counts(p)
+        assert (rows["partition"] == p).any()
     assert_exactly_once(cluster)
 
 
@@ -75,7 +149,7 @@ def test_a_table_rebuilt_under_a_running_committer_is_read_afresh(local_store: O
         cluster.commit_batches(tokens[0], max_batches=1, remember=node.remember)
         node.sync([0])
     # The operator rebuilds the table; other partitions' commits then move its versions past the
-    # node's: only the table's id tells the node its seqs are of another table.
+    # node's: only log entry 0 tells the node its seqs are of another table.
     cluster.commit_batches(tokens[0], max_batches=2)
     rebuild_table(local_store)
     other = TableCommitter(local_store)
@@ -114,7 +188,7 @@ def test_a_running_committer_whose_log_is_deleted_stops_instead_of_writing_a_lon
     shutil.rmtree(log_dir)
     cluster.commit_batches(token, max_batches=1, remember=node.remember)
     with pytest.raises(TableLogCorrupt):
-        node.sync([0])  # its handle would have committed version 3 into an empty log
+        node.sync([0])  # it would have committed version 3 into an empty log
     assert not log_dir.exists()
     rebuild_table(local_store)
     node.sync([0])

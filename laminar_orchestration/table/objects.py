@@ -1,0 +1,133 @@
+"""The output table's own objects (log entries, checkpoints, data files), read and written by name.
+
+The committer writes its commits itself instead of through delta-rs, whose commit lists the log and
+reads its own entry back: a request here is one billed request (one GET, HEAD or PUT), on a local
+directory or under an S3 prefix. Every write is create-only (``If-None-Match: *`` on S3, a hard link
+of a finished temporary file locally), so a log entry lands once or not at all and no writer can
+replace another's data file.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from laminar_orchestration.table.errors import TableStoreFault
+from laminar_orchestration.table.location import TableLocation
+
+#: S3 error codes meaning "no such object" (a HEAD answers a bare 404).
+_ABSENT = frozenset({"404", "NoSuchKey", "NotFound"})
+#: S3 error codes meaning "a create-only write found the object there" (409: a concurrent one in flight).
+_PRESENT = frozenset({"412", "PreconditionFailed", "409", "ConditionalRequestConflict"})
+
+
+def _code(exc: Any) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code") or response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
+
+
+class TableObjects:
+    """The objects under one table location, by name relative to its root (``_delta_log/...``)."""
+
+    def __init__(self, location: TableLocation) -> None:
+        self.location = location
+        self._client: Any = None
+        #: Requests sent, by method (GET, HEAD, PUT): what the tests and the benchmark count.
+        self.requests: Counter[str] = Counter()
+
+    # -- addressing ----------------------------------------------------------------------------
+
+    def _path(self, name: str) -> Path:
+        return Path(self.location.uri) / name
+
+    def _bucket_key(self, name: str) -> tuple[str, str]:
+        bucket, _, prefix = self.location.uri.split("://", 1)[1].partition("/")
+        prefix = prefix.strip("/")
+        return bucket, f"{prefix}/{name}" if prefix else name
+
+    def _s3(self) -> Any:
+        if self._client is None:
+            from laminar_orchestration.store.s3 import make_s3_client
+
+            self._client = make_s3_client(self.location.storage_options.get("AWS_ENDPOINT_URL"))
+        return self._client
+
+    def _fault(self, name: str, exc: BaseException) -> TableStoreFault:
+        return TableStoreFault(self.location.uri, name, " ".join(str(exc).split())[:300])
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def get(self, name: str) -> bytes | None:
+        """The object's bytes; None if there is none."""
+        self.requests["GET"] += 1
+        if self.location.is_local:
+            try:
+                return self._path(name).read_bytes()
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            except OSError as exc:
+                raise self._fault(name, exc) from exc
+        bucket, key = self._bucket_key(name)
+        try:
+            body = self._s3().get_object(Bucket=bucket, Key=key)["Body"]
+            try:
+                return bytes(body.read())
+            finally:
+                body.close()
+        except Exception as exc:
+            if _code(exc) in _ABSENT:
+                return None
+            raise self._fault(name, exc) from exc
+
+    def identity(self, name: str) -> str | None:
+        """What tells this object from a replacement under the same name (ETag and size; inode,
+        size and mtime locally), in one HEAD; None if there is none."""
+        self.requests["HEAD"] += 1
+        if self.location.is_local:
+            try:
+                st = self._path(name).stat()
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+        bucket, key = self._bucket_key(name)
+        try:
+            head = self._s3().head_object(Bucket=bucket, Key=key)
+        except Exception as exc:
+            if _code(exc) in _ABSENT:
+                return None
+            raise self._fault(name, exc) from exc
+        return f"{head.get('ETag')}:{head.get('ContentLength')}"
+
+    def create(self, name: str, data: bytes) -> bool:
+        """Write the object unless one is there: True if this call wrote it, False if it was there.
+
+        TableStoreFault when the outcome is unknown (the caller reads the name again to find out).
+        """
+        self.requests["PUT"] += 1
+        if self.location.is_local:
+            path = self._path(name)
+            # A finished file appears under its name at once, or not at all (readers never see half of it).
+            tmp = path.parent / f"_commit_{uuid.uuid4().hex}.json.tmp"
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_bytes(data)
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    return False
+                return True
+            except OSError as exc:
+                raise self._fault(name, exc) from exc
+            finally:
+                tmp.unlink(missing_ok=True)
+        bucket, key = self._bucket_key(name)
+        try:
+            self._s3().put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        except Exception as exc:
+            if _code(exc) in _PRESENT:
+                return False
+            raise self._fault(name, exc) from exc
+        return True
