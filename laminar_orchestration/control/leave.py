@@ -220,8 +220,14 @@ class GracefulLeave:
         ended_by = "moved" if done.is_set() else ("second signal" if self._abort.is_set() else "deadline")
         left = {m.partition: results.get(m.partition) or "still moving" for m in moves}
         left = {p: why for p, why in left.items() if why != _ACTIVE}
-        for p in left:
-            left[p] = self._cancel(p, left[p])
+        # The cancels run at once and get at most CANCEL_BUDGET_S: on a slow store the grace period
+        # must still hold the release (a move not cancelled is released all the same, or finishes).
+        cancels = [threading.Thread(target=self._cancel, args=(p, left), daemon=True) for p in left]
+        for thread in cancels:
+            thread.start()
+        budget_ends = time.monotonic() + CANCEL_BUDGET_S
+        for thread in cancels:
+            thread.join(max(0.0, budget_ends - time.monotonic()))
         moved = tuple(m.partition for m in moves if m.partition not in left)
         outcome = LeaveOutcome(node, moves, moved, left, ended_by, time.monotonic() - started)
         log.info(
@@ -250,17 +256,21 @@ class GracefulLeave:
             return f"{type(driven.error).__name__}: {driven.error}"
         return f"the deadline passed before {driven.out_of_time_before}"
 
-    def _cancel(self, partition: int, why: str) -> str:
+    def _cancel(self, partition: int, left: dict[int, str]) -> None:
         """Cancel the partition's unfinished move where that is still safe (before its new owner
-        seeks), so the node's stop releases it; a move past that point finishes on its own."""
+        seeks), so the node's stop releases it; a move past that point finishes on its own. Notes
+        the result in `left`."""
         coordinator = MigrationCoordinator(self.node.ledger, self.settings.migration)
         try:
             coordinator.cancel_current(PartitionId(partition))
         except (LaminarError, StoreError) as exc:
-            return f"{why}; not cancelled ({type(exc).__name__})"
-        return f"{why}; cancelled"
+            left[partition] += f"; not cancelled ({type(exc).__name__})"
+            return
+        left[partition] += "; cancelled"
 
 
+#: How long the end of a drain waits for the cancels of the moves it did not finish.
+CANCEL_BUDGET_S = 2.0
 #: What `GracefulLeave._move` returns for a move that ended Active.
 _ACTIVE = "active"
 
