@@ -29,6 +29,7 @@ from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import PartitionManifest, SnapshotRef
 from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import ObjectStore
+from laminar_orchestration.processing.contract import FoldContext
 
 from .common import Row, median, progress, verdict
 from .runtime_setup import (
@@ -352,7 +353,7 @@ def breakdown_once(
 
     def fold() -> Any:
         previous = local.get_many(aggregate["key"].to_pylist())
-        return engine.processor.fold(aggregate, previous, epoch=token.epoch, generation=0)
+        return engine.processor.fold(aggregate, previous, FoldContext.at(token.epoch, 0))
 
     folded = step(STEP_NAMES[3], fold)
     end = batch.end_offset

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from laminar_orchestration.dataplane.checkpoint import CheckpointStore, OutputWriter
-from laminar_orchestration.dataplane.engine import keyed_aggregation
+from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.dataplane.restore import StateReplica
 from laminar_orchestration.ops.verify import reference_batch_aggregate
 from laminar_orchestration.protocol.capabilities import CheckpointWriter, OutputCommitter, ReadStore
@@ -22,6 +22,7 @@ from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestUpda
 from laminar_orchestration.protocol.fencing import FencingToken, PartitionGuard
 from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import ObjectStore
+from laminar_orchestration.processing.contract import FoldContext
 
 
 def fold_output(events: pa.Table, replica: StateReplica, epoch: int) -> pa.Table:
@@ -29,7 +30,7 @@ def fold_output(events: pa.Table, replica: StateReplica, epoch: int) -> pa.Table
     aggregate = reference_batch_aggregate(events)
     assert replica.store is not None
     previous = replica.store.get_many(aggregate["key"].to_pylist())
-    return keyed_aggregation.fold(aggregate, previous, epoch=epoch, generation=1).output
+    return keyed_aggregation.fold(aggregate, previous, FoldContext.at(epoch, 1)).output
 
 
 def commit_all(
@@ -56,7 +57,7 @@ def commit_all(
             aggregate = reference_batch_aggregate(batch.to_table())
             assert replica.store is not None
             previous = replica.store.get_many(aggregate["key"].to_pylist())
-            fold = keyed_aggregation.fold(aggregate, previous, epoch=token.epoch, generation=1)
+            fold = keyed_aggregation.fold(aggregate, previous, FoldContext.at(token.epoch, 1))
             ref = outputs.write(guard, fold.output, batch.start_offset, batch.end_offset)
             deltas.append(checkpoints.upload_delta(guard, fold.delta, batch.start_offset, batch.end_offset))
             version = publisher.publish(

@@ -1,7 +1,7 @@
 """The package's layout is its architecture: layers that import only downwards, no cycles, small rooms.
 
 Layers, bottom up: the shared root (errors, identity, clock, ulid, metrics), `store`,
-`protocol`, then `dataplane`, `control` and `table` side by side (none imports
+`processing` (the user's stream and its logic), `protocol`, then `dataplane`, `control` and `table` side by side (none imports
 another), `ops`, and `cli` on top. The package's face (`__init__`) may re-export. The development
 tools import each other in no cycle either, and no module of ours (library, tools, benchmarks,
 Dagster code, tests) is over 800 lines.
@@ -23,12 +23,13 @@ LAYERS: dict[str, int] = {
     "ulid": 0,
     "metrics": 0,
     "store": 1,
-    "protocol": 2,
-    "dataplane": 3,
-    "control": 3,
-    "table": 3,
-    "ops": 4,
-    "cli": 5,
+    "processing": 2,
+    "protocol": 3,
+    "dataplane": 4,
+    "control": 4,
+    "table": 4,
+    "ops": 5,
+    "cli": 6,
 }
 MAX_ROOT_MODULES = 12
 MAX_MODULE_LINES = 800

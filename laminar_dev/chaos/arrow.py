@@ -5,7 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from laminar_orchestration.dataplane.engine import BatchEvents, keyed_aggregation
+from laminar_orchestration.dataplane.engine import BatchEvents
+from laminar_orchestration.processing.keyed import keyed_aggregation
+from laminar_orchestration.processing.schema import DEFAULT_STREAM_SCHEMA
 from laminar_orchestration.dataplane.node import Node
 from laminar_orchestration.ops.verify import reference_batch_aggregate
 
@@ -21,6 +23,7 @@ class ArrowBatchEngine:
     """
 
     processor = keyed_aggregation
+    stream = DEFAULT_STREAM_SCHEMA
 
     def warm_up(self) -> float:
         """Nothing to warm up: no JVM."""
@@ -29,7 +32,9 @@ class ArrowBatchEngine:
     def before_batch(self, epoch: int, job_group: str | None) -> None:
         """Runs before each aggregate: nothing here; a test's engine holds, slows or records the batch."""
 
-    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
+    def aggregate(
+        self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None, progress: object = None
+    ) -> pa.Table:
         """The batch aggregate of `events` (the audit's reference fold of the batch)."""
         self.before_batch(epoch, job_group)
         table = events if isinstance(events, pa.Table) else pa.concat_tables([pq.read_table(f) for f in events])

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from laminar_orchestration.dataplane.engine import BatchEngine, spark_takes_table
 from laminar_orchestration.errors import LaminarError
+from laminar_orchestration.processing.contract import EventTimeProgress
 from laminar_orchestration.protocol.segments import SourceBatch
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ class InFlightBatch:
     #: time.monotonic() when the batch was read, and when its files were staged for Spark.
     read_at: float
     staged_at: float
+    #: The event-time progress the aggregate was given: the committed one at the batch's start.
+    progress: EventTimeProgress = field(default_factory=EventTimeProgress)
 
     def matches(self, offset: int, epoch: int) -> bool:
         """Whether a worker at committed `offset` holding `epoch` may commit this batch."""
@@ -119,6 +122,7 @@ def start_aggregate(
     cluster_epoch: int,
     read_at: float,
     on_done: Callable[[], None] | None = None,
+    progress: EventTimeProgress | None = None,
 ) -> InFlightBatch:
     """Stage `batch` as the engine's input and start its aggregate on `executor`.
 
@@ -131,7 +135,7 @@ def start_aggregate(
     staged_at = time.monotonic()
 
     def aggregate() -> tuple[pa.Table, float]:
-        table = engine.aggregate(events, epoch=epoch, generation=generation, job_group=group)
+        table = engine.aggregate(events, epoch=epoch, generation=generation, job_group=group, progress=progress)
         return table, time.monotonic()
 
     future = executor.submit(aggregate)
@@ -145,7 +149,9 @@ def start_aggregate(
             on_done()
 
     future.add_done_callback(finished)
-    return InFlightBatch(batch, future, epoch, group, cluster_epoch, read_at, staged_at)
+    return InFlightBatch(
+        batch, future, epoch, group, cluster_epoch, read_at, staged_at, progress or EventTimeProgress()
+    )
 
 
 @contextlib.contextmanager

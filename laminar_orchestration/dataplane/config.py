@@ -17,6 +17,9 @@ class NodeConfig(BaseModel):
 
     store_url: str
     node_id: int = Field(ge=1)
+    #: The processor this node runs (``package.module:attribute``, an entry point's or a built-in's
+    #: name); None: the one the cluster recorded at ``laminar init``. Either must match the record.
+    processor: str | None = None
     spark_master: str = "local[*]"
     spark_ui: bool = False
     #: Synthetic batches Spark runs in the background at start, until the node's first real batch:

@@ -1,25 +1,5 @@
-"""The Spark side of a batch, and the processor contract: a per-key fold.
-
-A `KeyedProcessor` has two halves:
-
-* ``aggregate(batch) -> DataFrame`` runs on Spark over *the batch only* and
-  returns one row per touched key: a ``key`` column plus the processor's
-  batch-aggregate columns;
-* ``merge(aggregate, previous) -> pyarrow.Table`` runs on the node, vectorised,
-  over the touched keys only: ``previous`` holds the state's value columns for
-  those keys (null for a key seen for the first time), row-aligned with
-  ``aggregate``; the result holds the new value columns.
-
-So a batch costs O(batch), never O(state). The touched keys' new values are the
-batch's state delta; the output row of a key is its aggregate, its new values
-and the writer's epoch and generation. `batch` has the columns of
-`EVENT_SCHEMA` (offset, key, value, ts) plus the `epoch` and `generation`
-stamped on every record the node reads. State columns are fixed-width numbers
-(int64, int32, float64, float32, bool). A processor that needs the whole state
-at once (a global sort, a join of keys with each other) is out of scope.
-
-The default, `keyed_aggregation`, keeps per key count, sum, min, max and the
-last value (by offset).
+"""The Spark side of a batch: a node's SparkSession and the engine that runs a processor's
+`batch_aggregate` over one batch (the processor contract is in `laminar_orchestration.processing`).
 """
 
 from __future__ import annotations
@@ -30,136 +10,16 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from laminar_orchestration.dataplane.statestore import ValueCodec
-from laminar_orchestration.errors import InvalidInputError
-
-Aggregate = Callable[[Any], Any]
-Merge = Callable[[pa.Table, pa.Table], pa.Table]
-
-
-class MergeResultInvalid(InvalidInputError, ValueError):
-    """A processor's merge broke the contract: one row per touched key, every state column."""
-
-    processor: str
-    expected_rows: int
-    rows: int
-    columns: list[str]
-    missing: list[str]
-
-    message = (
-        "processor {processor!r}: merge must return {expected_rows} rows with columns "
-        "{columns}; got {rows} rows, missing {missing}"
-    )
-
-
-@dataclass(frozen=True)
-class KeyedProcessor:
-    """A per-key fold: Spark aggregates the batch, the node merges touched keys with their old values."""
-
-    name: str
-    #: The state's value columns (without ``key``); fixed-width numbers only.
-    state_schema: pa.Schema
-    aggregate: Aggregate
-    merge: Merge
-    codec: ValueCodec = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        # Fails at construction, not at the first batch, for a schema the store cannot hold.
-        object.__setattr__(self, "codec", ValueCodec(self.state_schema))
-
-    @property
-    def full_state_schema(self) -> pa.Schema:
-        """``key`` plus the value columns: the schema of deltas and of `laminar query`."""
-        return pa.schema([pa.field("key", pa.string()), *self.state_schema])
-
-    def fold(self, aggregate: pa.Table, previous: pa.Table, *, epoch: int, generation: int) -> BatchFold:
-        """New values and output for the touched keys (node side of a batch)."""
-        values = self.merge(aggregate, previous)
-        missing = [f.name for f in self.state_schema if f.name not in values.column_names]
-        if missing or values.num_rows != aggregate.num_rows:
-            raise MergeResultInvalid(self.name, aggregate.num_rows, values.num_rows, self.state_schema.names, missing)
-        keys = aggregate["key"]
-        delta = pa.table(
-            [keys, *(values[f.name].cast(f.type) for f in self.state_schema)],
-            schema=self.full_state_schema,
-        )
-        n = aggregate.num_rows
-        output_columns = {name: aggregate[name] for name in aggregate.column_names}
-        for f in self.state_schema:
-            output_columns[f.name] = delta[f.name]
-        output_columns["epoch"] = pa.array(pa.repeat(pa.scalar(epoch, pa.int64()), n))
-        output_columns["generation"] = pa.array(pa.repeat(pa.scalar(generation, pa.int64()), n))
-        return BatchFold(delta=delta, output=pa.table(output_columns))
-
-
-@dataclass(frozen=True)
-class BatchFold:
-    """One batch folded: the touched keys' full new values (the delta) and the output rows."""
-
-    delta: pa.Table
-    output: pa.Table
-
-
-# --- the default processor ------------------------------------------------------------
-
-STATE_SCHEMA = pa.schema(
-    [
-        ("key", pa.string()),
-        ("count", pa.int64()),
-        ("sum", pa.float64()),
-        ("min", pa.float64()),
-        ("max", pa.float64()),
-        ("last", pa.float64()),
-        ("last_offset", pa.int64()),
-    ]
-)
-
-
-def _aggregate_counts(batch: Any) -> Any:
-    from pyspark.sql import functions as F
-
-    # SQL text: one call into the JVM per column, where building each Column in Python takes
-    # three (about a fifth of a small batch's time goes into such calls).
-    return batch.groupBy("key").agg(
-        F.expr("count(1) AS batch_count"),
-        F.expr("sum(value) AS batch_sum"),
-        F.expr("min(value) AS batch_min"),
-        F.expr("max(value) AS batch_max"),
-        F.expr("max_by(value, offset) AS batch_last"),
-        F.expr("max(offset) AS batch_last_offset"),
-    )
-
-
-def _merge_counts(batch: pa.Table, previous: pa.Table) -> pa.Table:
-    zero_i, zero_f = pa.scalar(0, pa.int64()), pa.scalar(0.0, pa.float64())
-    return pa.table(
-        {
-            "count": pc.add(pc.fill_null(previous["count"], zero_i), batch["batch_count"].cast(pa.int64())),
-            "sum": pc.add(pc.fill_null(previous["sum"], zero_f), batch["batch_sum"]),
-            "min": pc.min_element_wise(previous["min"], batch["batch_min"], skip_nulls=True),
-            "max": pc.max_element_wise(previous["max"], batch["batch_max"], skip_nulls=True),
-            "last": batch["batch_last"],
-            "last_offset": batch["batch_last_offset"],
-        }
-    )
-
-
-#: Per key: count, sum, min, max and last value (by offset) of ``value``.
-keyed_aggregation = KeyedProcessor(
-    name="keyed_aggregation",
-    state_schema=pa.schema([f for f in STATE_SCHEMA if f.name != "key"]),
-    aggregate=_aggregate_counts,
-    merge=_merge_counts,
-)
+from laminar_orchestration.processing.contract import EventTimeProgress, FoldContext, Processor
+from laminar_orchestration.processing.keyed import keyed_aggregation
+from laminar_orchestration.processing.schema import DEFAULT_STREAM_SCHEMA, StreamSchema
 
 
 def table_to_parquet_bytes(table: pa.Table) -> bytes:
@@ -174,10 +34,6 @@ def parquet_bytes_to_table(data: bytes) -> pa.Table:
     return pq.read_table(pa.BufferReader(data))
 
 
-def empty_state() -> pa.Table:
-    return STATE_SCHEMA.empty_table()
-
-
 # --- engines -------------------------------------------------------------------------
 
 #: A batch's events as an engine takes them: one Arrow table (`EVENT_SCHEMA`) or the batch's Parquet files.
@@ -187,12 +43,19 @@ BatchEvents: TypeAlias = pa.Table | Sequence[Path]
 class BatchEngine(Protocol):
     """Computes a batch's per-key aggregate (the data-plane half of a processor)."""
 
-    processor: KeyedProcessor
+    processor: Processor
+    stream: StreamSchema
 
     def warm_up(self) -> float: ...
 
     def aggregate(
-        self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None
+        self,
+        events: BatchEvents,
+        *,
+        epoch: int,
+        generation: int,
+        job_group: str | None = None,
+        progress: EventTimeProgress | None = None,
     ) -> pa.Table: ...
 
     def cancel(self, job_group: str) -> None: ...
@@ -277,17 +140,41 @@ WARM_UP_EVENTS = 4_000
 log = logging.getLogger(__name__)
 
 
-def _spark_event_schema() -> Any:
-    from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+def _spark_event_schema(stream: StreamSchema) -> Any:
+    """The stream's stored events as a Spark schema: given, so Spark infers nothing."""
+    from pyspark.sql.pandas.types import from_arrow_schema
 
-    return StructType(
-        [
-            StructField("offset", LongType(), False),
-            StructField("key", StringType(), False),
-            StructField("value", DoubleType(), False),
-            StructField("ts", LongType(), False),
-        ]
-    )
+    return from_arrow_schema(stream.event_schema)
+
+
+def synthetic_events(stream: StreamSchema, n: int) -> pa.Table:
+    """`n` events of `stream`'s schema for warming Spark up: a key per four events, nulls where allowed."""
+    keys = max(1, n // 4)
+    columns: list[pa.Array] = [pa.array(range(n), pa.int64())]
+    for f in stream.input_schema:
+        if f.name == stream.key:
+            raw = [f"warm-{i % keys}" for i in range(n)] if pa.types.is_string(f.type) else [i % keys for i in range(n)]
+            columns.append(pa.array(raw).cast(f.type))
+        elif f.name == stream.event_time:
+            columns.append(pa.array(range(n), pa.int64()).cast(f.type))
+        elif pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type):
+            columns.append(pa.array([i % 97 for i in range(n)], pa.int64()).cast(f.type))
+        elif pa.types.is_string(f.type):
+            columns.append(pa.array([f"v{i % 97}" for i in range(n)], pa.string()))
+        elif f.nullable:
+            columns.append(pa.nulls(n, f.type))
+        else:
+            columns.append(
+                pa.array([None] * n, f.type).fill_null(pa.scalar(False))
+                if pa.types.is_boolean(f.type)
+                else pa.nulls(n, f.type)
+            )
+    return pa.Table.from_arrays(columns, schema=stream.event_schema)
+
+
+class _NoTimers:
+    def due(self, until: int, *, limit: int | None = None) -> pa.Table:
+        return pa.table({"key": pa.array([], pa.string())})
 
 
 class SparkBatchEngine:
@@ -296,12 +183,20 @@ class SparkBatchEngine:
     The schema is given, so Spark infers nothing: one job per batch.
     """
 
-    def __init__(self, spark: Any, processor: KeyedProcessor | None = None, workdir: str | None = None) -> None:
+    def __init__(
+        self,
+        spark: Any,
+        processor: Processor | None = None,
+        workdir: str | None = None,
+        *,
+        stream: StreamSchema = DEFAULT_STREAM_SCHEMA,
+    ) -> None:
         self.spark = spark
-        self.processor = processor or keyed_aggregation
+        self.stream = stream
+        self.processor = (processor or keyed_aggregation).bind(stream)
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="laminar-spark-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._schema = _spark_event_schema()
+        self._schema = _spark_event_schema(stream)
         #: Set by the first real batch, or by `stop_warming`: the warm-up ends.
         self._warming_over = threading.Event()
         self._warming: threading.Thread | None = None
@@ -314,7 +209,10 @@ class SparkBatchEngine:
         for events in self._warm_up_events(1):
             aggregate = self.aggregate(events, epoch=1, generation=0, job_group=WARM_UP_JOB_GROUP)
         previous = self.processor.codec.decode([None] * aggregate.num_rows)
-        fold = self.processor.fold(aggregate, previous, epoch=1, generation=0)
+        context = FoldContext(
+            epoch=1, generation=0, progress=EventTimeProgress(), timers=_NoTimers(), processing_time_ms=0
+        )
+        fold = self.processor.fold(aggregate, previous, context)
         self.processor.codec.encode(fold.delta)
         table_to_parquet_bytes(fold.output)
         return time.monotonic() - started
@@ -367,21 +265,22 @@ class SparkBatchEngine:
 
     def _warm_up_events(self, n: int) -> tuple[pa.Table, list[Path]]:
         """`n` synthetic events, as a table and as a file."""
-        keys = max(1, n // 4)
-        events = pa.table(
-            {
-                "offset": pa.array(range(n), pa.int64()),
-                "key": pa.array([f"warm-{i % keys}" for i in range(n)], pa.string()),
-                "value": pa.array([float(i % 97) for i in range(n)], pa.float64()),
-                "ts": pa.array(range(n), pa.int64()),
-            }
-        )
+        events = synthetic_events(self.stream, n)
         path = self.workdir / f"warm-up-events-{n}.parquet"
         pq.write_table(events, path)
         return events, [path]
 
-    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
-        """The processor's per-key aggregate of one batch. Jobs run in `job_group` so `cancel` can abandon them."""
+    def aggregate(
+        self,
+        events: BatchEvents,
+        *,
+        epoch: int,
+        generation: int,
+        job_group: str | None = None,
+        progress: EventTimeProgress | None = None,
+    ) -> pa.Table:
+        """The processor's per-key aggregate of one batch, given the event-time progress before it.
+        Jobs run in `job_group` so `cancel` can abandon them."""
         if job_group != WARM_UP_JOB_GROUP and not self._warming_over.is_set():
             self._warming_over.set()
             self.spark.sparkContext.cancelJobGroup(WARM_UP_JOB_GROUP)
@@ -402,7 +301,7 @@ class SparkBatchEngine:
             # One partition is already clustered by any key: the aggregate runs as one task with no
             # shuffle, which costs a small batch a fifth less time and CPU than two stages.
             batch = batch.coalesce(1)
-        table: pa.Table = self.processor.aggregate(batch).toArrow()
+        table: pa.Table = self.processor.batch_aggregate(batch, progress or EventTimeProgress()).toArrow()
         return table
 
     def cancel(self, job_group: str) -> None:

@@ -47,11 +47,11 @@ from laminar_orchestration.dataplane.checkpoint import CheckpointStore, OutputWr
 from laminar_orchestration.dataplane.config import NodeConfig
 from laminar_orchestration.dataplane.engine import (
     BatchEngine,
-    KeyedProcessor,
     SparkBatchEngine,
     build_spark_session,
 )
 from laminar_orchestration.dataplane.exporter import expose_node
+from laminar_orchestration.dataplane.folding import resolve_logic
 from laminar_orchestration.dataplane.handoff import (
     PartitionDuty,
     partition_duty,
@@ -64,6 +64,7 @@ from laminar_orchestration.dataplane.worker_state import WorkerState as WorkerSt
 from laminar_orchestration.errors import CorruptDataError
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.metrics import NodeMetrics
+from laminar_orchestration.processing.contract import Processor
 from laminar_orchestration.protocol.capabilities import CheckpointWriter, LedgerWriter, OutputCommitter, ReadStore
 from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestVersion
 from laminar_orchestration.protocol.cluster_epoch import ClusterEpochWindow
@@ -146,7 +147,7 @@ class Node:
         config: NodeConfig,
         *,
         store: ObjectStore | None = None,
-        processor: KeyedProcessor | None = None,
+        processor: Processor | None = None,
         spark: Any = None,
         output_table: OutputTable | None = None,
     ) -> None:
@@ -168,7 +169,9 @@ class Node:
         self.publisher = ManifestPublisher(OutputCommitter(opened), opened, signing_keys=self.ledger.signing_keys)
         self.outputs = OutputWriter(OutputCommitter(opened))
         self.checkpoints = CheckpointStore(CheckpointWriter(opened))
-        self.source = SourceLog(self.reader)
+        #: The cluster's stream schema and the processor this node runs on it (checked against the record).
+        self.logic = resolve_logic(opened, config.node_id, reference=config.processor, given=processor)
+        self.source = SourceLog(self.reader)  # TEMPORARY: schema=self.logic.stream once the log takes it
         self.guards = PartitionGuardSet(self.id)
         self._owns_workdir = config.workdir is None
         self.workdir = Path(config.workdir or tempfile.mkdtemp(prefix=f"laminar-node{config.node_id}-"))
@@ -178,7 +181,7 @@ class Node:
         self.scratch = self.workdir / "batches"
         shutil.rmtree(self.scratch, ignore_errors=True)
         self.scratch.mkdir()
-        self._processor = processor
+        self._processor = self.logic.processor
         self._spark = spark
         self.engine: BatchEngine
         #: The Spark engine this node built (None when another engine was given): its warm-up ends with the node.
@@ -255,7 +258,8 @@ class Node:
 
     def _new_replica(self, partition: PartitionId) -> StateReplica:
         root = self.workdir / "state" / f"p{int(partition):05d}"
-        return StateReplica(root, partition, self.engine.processor.state_schema, self.reader)
+        processor = self.logic.processor
+        return StateReplica(root, partition, processor.codec.schema, self.reader, expiry_column=processor.expiry_column)
 
     def _source_rang(self, ends: dict[int, int]) -> None:
         """A producer's doorbell: wake the workers of the partitions whose logs grew."""
@@ -295,7 +299,7 @@ class Node:
             self._spark = build_spark_session(
                 self.config.spark_master, f"laminar-node-{self.id}", ui=self.config.spark_ui
             )
-        engine = SparkBatchEngine(self._spark, self._processor, str(self.workdir / "spark"))
+        engine = SparkBatchEngine(self._spark, self._processor, str(self.workdir / "spark"), stream=self.logic.stream)
         self.engine = self._spark_engine = engine
         warm = engine.warm_up()
         log.info("node %s: spark ready in %.1fs (warm-up %.1fs)", self.id, time.monotonic() - started, warm)
@@ -783,7 +787,7 @@ class Node:
 
 
 def run_node(
-    config: NodeConfig, *, processor: KeyedProcessor | None = None, output_table: OutputTable | None = None
+    config: NodeConfig, *, processor: Processor | None = None, output_table: OutputTable | None = None
 ) -> None:
     """Entry point of `laminar node run`."""
     Node(config, processor=processor, output_table=output_table).run()

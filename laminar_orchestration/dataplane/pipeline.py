@@ -21,6 +21,7 @@ from laminar_orchestration.dataplane.batches import InFlightBatch, ReadAhead, ca
 from laminar_orchestration.dataplane.host import WorkerHost
 from laminar_orchestration.dataplane.restore import StateReplica
 from laminar_orchestration.identity import PartitionId
+from laminar_orchestration.processing.contract import EventTimeProgress
 from laminar_orchestration.protocol.segments import SourceBatch
 
 log = logging.getLogger("laminar.node")
@@ -85,7 +86,14 @@ class BatchPipeline:
             except Exception as exc:  # the job then runs to its end in the background, unused
                 log.warning("node %s: partition %s: cancel failed: %s", self._host.id, self._partition, exc)
 
-    def prefetch(self, epoch: int, offset: int, *, log_is_empty_past: bool = False) -> None:
+    def prefetch(
+        self,
+        epoch: int,
+        offset: int,
+        *,
+        log_is_empty_past: bool = False,
+        progress: EventTimeProgress | None = None,
+    ) -> None:
         """Start the first batch's Spark work (from `offset`, stamped `epoch`) as soon as the committed
         offset is final; it commits only once the move is Active, and only if it began at the offset
         and epoch the worker then holds. `log_is_empty_past`: nothing is past `offset` to read (the
@@ -101,20 +109,28 @@ class BatchPipeline:
         read_at = time.monotonic()
         batch = self._host.source.read(self._partition, offset, self._host.config.batch_max_events)
         if batch is not None:
-            self.prefetched = self.start(batch, read_at=read_at, epoch=epoch)
+            self.prefetched = self.start(batch, read_at=read_at, epoch=epoch, progress=progress)
 
-    def take_prefetched(self, offset: int, epoch: int) -> InFlightBatch | None:
+    def take_prefetched(
+        self, offset: int, epoch: int, progress: EventTimeProgress | None = None
+    ) -> InFlightBatch | None:
         """The batch started ahead, if a worker at committed `offset` holding `epoch` may commit it
         (it is then the awaited batch); one started for a handoff that went differently is dropped."""
         inflight, self.prefetched = self.prefetched, None
-        if inflight is not None and not inflight.matches(offset, epoch):
+        # A watermarked processor's batch judged lateness by the progress it started with: it must be this one.
+        judged = progress is None or not self._host.engine.processor.watermarked or inflight is None
+        if inflight is not None and (
+            not inflight.matches(offset, epoch) or not (judged or inflight.progress == progress)
+        ):
             cancel(self._host.engine, inflight)  # another offset or epoch: not ours to commit
             inflight = None
         if inflight is not None:
             self._group = inflight.group  # a drain abandons it like one started here
         return inflight
 
-    def start(self, batch: SourceBatch, *, read_at: float, epoch: int) -> InFlightBatch:
+    def start(
+        self, batch: SourceBatch, *, read_at: float, epoch: int, progress: EventTimeProgress | None = None
+    ) -> InFlightBatch:
         """Stage the batch's files and start its aggregate on the batch thread.
 
         The thread lets the worker drop the batch without waiting for it: a Spark cancel only
@@ -137,6 +153,7 @@ class BatchPipeline:
             cluster_epoch=self._host.cluster_epoch,
             read_at=read_at,
             on_done=self._wake,
+            progress=progress,
         )
 
     def await_batch(self, inflight: InFlightBatch, leaving: Callable[[], bool]) -> tuple[pa.Table, float] | None:

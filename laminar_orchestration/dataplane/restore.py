@@ -22,13 +22,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from laminar_orchestration.dataplane.checkpoint import download_snapshot, download_table
-from laminar_orchestration.dataplane.engine import keyed_aggregation
 from laminar_orchestration.dataplane.statestore import LocalStateUnusable, PartitionStateStore
 from laminar_orchestration.errors import CorruptDataError
 from laminar_orchestration.identity import PartitionId
+from laminar_orchestration.processing.contract import DELETED_COLUMN, NO_EVENT_TIME, EventTimeProgress, split_delta
+from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.protocol.capabilities import ReadStore
 from laminar_orchestration.protocol.chain import ManifestReader
-from laminar_orchestration.protocol.manifest import PartitionManifest, SnapshotFile, SnapshotRef
+from laminar_orchestration.protocol.manifest import EventTimeRecord, PartitionManifest, SnapshotFile, SnapshotRef
 from laminar_orchestration.store import ObjectStore
 
 
@@ -58,12 +59,34 @@ class CatchUp:
     def total_s(self) -> float:
         return self.download_s + self.open_s + self.apply_s
 
+    def describe(self) -> str:
+        """The offset reached and how, for a log line."""
+        how = "snapshot + deltas" if self.full_restore else "local store + deltas"
+        return (
+            f"{self.source_offset} ({how}, {self.bytes_downloaded} bytes, {self.deltas_applied} deltas, "
+            f"{self.total_s * 1000:.0f} ms)"
+        )
+
 
 @dataclass
 class _Lineage:
     snapshot: SnapshotRef | None = None
     #: Snapshot files this store descends from, by name (what a new snapshot need not upload again).
     files: dict[str, SnapshotFile] = field(default_factory=dict)
+
+
+def progress_of(manifest: PartitionManifest | None) -> EventTimeProgress:
+    """The event-time progress a manifest commits (none before any event time was committed)."""
+    if manifest is None or manifest.event_time is None:
+        return EventTimeProgress()
+    return EventTimeProgress(manifest.event_time.max_event_time, manifest.event_time.late_events)
+
+
+def progress_record(progress: EventTimeProgress) -> EventTimeRecord | None:
+    """`progress` as a manifest holds it (None before any event time)."""
+    if progress.max_event_time == NO_EVENT_TIME and not progress.late_events:
+        return None
+    return EventTimeRecord(max_event_time=progress.max_event_time, late_events=progress.late_events)
 
 
 def check_lineage(manifest: PartitionManifest) -> None:
@@ -82,10 +105,20 @@ def check_lineage(manifest: PartitionManifest) -> None:
 class StateReplica:
     """The local store of one partition under `root`, following the manifest chain."""
 
-    def __init__(self, root: Path, partition: int, state_schema: pa.Schema, reader: ReadStore) -> None:
+    def __init__(
+        self,
+        root: Path,
+        partition: int,
+        state_schema: pa.Schema,
+        reader: ReadStore,
+        *,
+        expiry_column: str | None = None,
+    ) -> None:
         self.root = root
         self.partition = partition
+        #: The stored value columns (the processor codec's schema) and the expiry-indexed one.
         self.schema = state_schema
+        self.expiry_column = expiry_column
         self._reader = reader
         self._generation = itertools.count()
         self.store: PartitionStateStore | None = None
@@ -112,7 +145,9 @@ class StateReplica:
             shutil.rmtree(stale, ignore_errors=True)
         if dirs:
             try:
-                self.store = PartitionStateStore.open_existing(dirs[-1], self.schema, partition=self.partition)
+                self.store = PartitionStateStore.open_existing(
+                    dirs[-1], self.schema, partition=self.partition, expiry_column=self.expiry_column
+                )
             except LocalStateUnusable:
                 shutil.rmtree(dirs[-1], ignore_errors=True)
 
@@ -133,7 +168,7 @@ class StateReplica:
         if manifest is None:
             if self.store is None or self.store.source_offset != 0:
                 self._drop_store()
-                self.store = PartitionStateStore(self._new_dir(), self.schema, partition=self.partition)
+                self.store = self._open(self._new_dir())
                 self._lineage = _Lineage()
             return stats
         check_lineage(manifest)
@@ -147,8 +182,8 @@ class StateReplica:
         for delta in manifest.deltas:
             if delta.start_offset < local:
                 continue
-            rows = download_table(self._reader, delta.ref)
-            self.store.apply(rows, delta.end_offset)
+            rows, removed = split_delta(download_table(self._reader, delta.ref))
+            self.store.apply(rows, delta.end_offset, deleted=removed)
             stats.deltas_applied += 1
             stats.bytes_downloaded += delta.ref.size
         stats.apply_s = time.monotonic() - started
@@ -161,7 +196,7 @@ class StateReplica:
         path = self._new_dir()
         snapshot = manifest.snapshot
         if snapshot is None:
-            self.store = PartitionStateStore(path, self.schema, partition=self.partition)
+            self.store = self._open(path)
             self._lineage = _Lineage()
             return
         started = time.monotonic()
@@ -169,7 +204,9 @@ class StateReplica:
         stats.download_s = time.monotonic() - started
         started = time.monotonic()
         try:
-            store = PartitionStateStore.open_existing(path, self.schema, partition=self.partition)
+            store = PartitionStateStore.open_existing(
+                path, self.schema, partition=self.partition, expiry_column=self.expiry_column
+            )
         except LocalStateUnusable as exc:
             shutil.rmtree(path, ignore_errors=True)
             raise StateGap(manifest.partition, manifest.seq, f"snapshot does not open: {exc.reason}") from exc
@@ -188,10 +225,13 @@ class StateReplica:
             if cached.name not in keep:
                 cached.unlink(missing_ok=True)
 
-    def apply(self, delta: pa.Table, source_offset: int) -> None:
-        """Apply a commit this node just published (the owner's path)."""
+    def _open(self, path: Path) -> PartitionStateStore:
+        return PartitionStateStore(path, self.schema, partition=self.partition, expiry_column=self.expiry_column)
+
+    def apply(self, delta: pa.Table, source_offset: int, *, deleted: pa.Array | None = None) -> None:
+        """Apply a commit this node just published (the owner's path): new values, removed keys."""
         assert self.store is not None, "catch_up first"
-        self.store.apply(delta, source_offset)
+        self.store.apply(delta, source_offset, deleted=deleted)
 
     def snapshot_files(self) -> tuple[list[Path], int, Path]:
         """A consistent copy of the store for upload: (files, the offset they reflect, their directory)."""
@@ -255,6 +295,8 @@ def lookup(
         rows = download_table(reader, delta.ref)
         hit = rows.filter(pc.equal(rows["key"], key))
         if hit.num_rows:
+            if DELETED_COLUMN in hit.column_names and hit[DELETED_COLUMN][hit.num_rows - 1].as_py():
+                return None, m.source_offset  # removed (a closed window, an expired key)
             return {f.name: hit[f.name][hit.num_rows - 1].as_py() for f in schema}, m.source_offset
     if m.snapshot is None:
         return None, m.source_offset

@@ -34,9 +34,10 @@ from laminar_orchestration.dataplane.batches import (
     start_aggregate,
 )
 from laminar_orchestration.dataplane.engine import BatchEngine
-from laminar_orchestration.dataplane.restore import StateReplica
+from laminar_orchestration.dataplane.restore import StateReplica, progress_of
 from laminar_orchestration.errors import LaminarError
 from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.processing.contract import EventTimeProgress
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger, NodeView
 from laminar_orchestration.protocol.records import NodeStatus, PartitionStatus
@@ -99,7 +100,9 @@ class TakeoverSpeculation:
                 return None
         return own.epoch + 1
 
-    def start(self, partition: PartitionId, offset: int, epoch: int) -> InFlightBatch | None:
+    def start(
+        self, partition: PartitionId, offset: int, epoch: int, progress: EventTimeProgress | None = None
+    ) -> InFlightBatch | None:
         """Start the aggregate of the events from `offset` (None if there are none yet)."""
         read_at = time.monotonic()
         batch = self._source.read(partition, offset, self._batch_max_events)
@@ -118,6 +121,7 @@ class TakeoverSpeculation:
             group=f"laminar-n{self._node}-p{int(partition)}-speculative-{seq}",
             cluster_epoch=self._cluster_epoch(),
             read_at=read_at,
+            progress=progress,
         )
         log.info(
             "node %s: partition %s: owner looks dead; first takeover batch [%s, %s) started at epoch %s",
@@ -163,6 +167,8 @@ class StandbyFollower(threading.Thread):
         self._stop_requested = threading.Event()
         #: The newest committed offset seen in the chain, and the one the replica reflects.
         self.committed_offset = 0
+        #: The event-time progress committed with `committed_offset`.
+        self.committed_progress = EventTimeProgress()
         self.error: str | None = None
         #: A forced takeover's first batch, started while the owner looks dead, and its keys'
         #: values read from the copy once its aggregate is done (the takeover only merges).
@@ -192,6 +198,7 @@ class StandbyFollower(threading.Thread):
             if version.manifest.source_offset != self.committed_offset:
                 self._advanced_at = time.monotonic()
             self.committed_offset = version.manifest.source_offset
+            self.committed_progress = progress_of(version.manifest)
             if self.replica.store is None or self.replica.source_offset != self.committed_offset:
                 self.replica.catch_up(version.manifest)
             self._speculate()
@@ -227,7 +234,7 @@ class StandbyFollower(threading.Thread):
             return
         if current is not None:
             speculation.cancel(current)
-        self.speculative = speculation.start(PartitionId(self.partition), offset, epoch)
+        self.speculative = speculation.start(PartitionId(self.partition), offset, epoch, self.committed_progress)
 
     def _read_ahead(self) -> None:
         # On this thread, the only one that writes the copy: nothing moves it during the read.

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from laminar_orchestration.dataplane.batches import poison_check, remove_after_grace
-from laminar_orchestration.dataplane.engine import BatchFold
+from laminar_orchestration.dataplane.folding import fold_batch, fold_context
 from laminar_orchestration.dataplane.handoff import (
     HandoffMismatch,
     NewOwnerAction,
@@ -27,12 +27,13 @@ from laminar_orchestration.dataplane.handoff import (
 from laminar_orchestration.dataplane.host import WorkerHost
 from laminar_orchestration.dataplane.log_watch import LogWatch
 from laminar_orchestration.dataplane.pipeline import BatchPipeline
-from laminar_orchestration.dataplane.restore import CatchUp
+from laminar_orchestration.dataplane.restore import CatchUp, progress_of, progress_record
 from laminar_orchestration.dataplane.snapshots import SnapshotSchedule
 from laminar_orchestration.dataplane.tracking import BatchSteps, BatchTimings, Fenced, PhaseAborted, Tracker, elapsed_ms
 from laminar_orchestration.dataplane.worker_state import WorkerState as WorkerState
 from laminar_orchestration.dataplane.worker_state import check_transition
 from laminar_orchestration.identity import UNASSIGNED, PartitionId
+from laminar_orchestration.processing.contract import BatchFold, EventTimeProgress, delta_with_removals
 from laminar_orchestration.protocol.chain import ManifestUpdate, ManifestVersion
 from laminar_orchestration.protocol.cluster_epoch import StaleClusterEpoch
 from laminar_orchestration.protocol.commit import commit
@@ -73,6 +74,8 @@ class PartitionWorker(threading.Thread):
         self.replica, speculative, ahead = node.take_over_copy(partition)
         self._committed_offset = 0
         self._events_applied = 0
+        #: The event-time progress committed with `_committed_offset`.
+        self._progress = EventTimeProgress()
         self._manifest: ManifestVersion | None = None
         #: The committed checkpoint, and when the local store is snapshotted.
         self.snapshots = SnapshotSchedule(node, partition, self.replica)
@@ -117,10 +120,10 @@ class PartitionWorker(threading.Thread):
             if self.log_watch.advanced(end_offset, from_log_ends=from_log_ends):
                 self._task_changed.notify_all()
 
-    def _prefetch(self, epoch: int, offset: int) -> None:
+    def _prefetch(self, epoch: int, offset: int, progress: EventTimeProgress) -> None:
         with self._task_changed:
             empty = self.log_watch.shows_an_empty_log()
-        self.batches.prefetch(epoch, offset, log_is_empty_past=empty)
+        self.batches.prefetch(epoch, offset, log_is_empty_past=empty, progress=progress)
 
     def _caught_up_until(self) -> float | None:
         return self.log_watch.idle_until(self._committed_offset)
@@ -313,7 +316,8 @@ class PartitionWorker(threading.Thread):
             current = self.node.publisher.current(self.partition)
             if final is not None:
                 # The batch needs the events, not the state: its Spark work overlaps the download.
-                self._prefetch(final.to_epoch, current.manifest.source_offset if current else 0)
+                m = current.manifest if current else None
+                self._prefetch(final.to_epoch, m.source_offset if m else 0, progress_of(m))
             if current is not None:
                 stats = self.replica.catch_up(current.manifest)
                 # The target counts every byte it downloads for this move, warm-up and handoff alike;
@@ -321,7 +325,7 @@ class PartitionWorker(threading.Thread):
                 self._bytes_moved += stats.bytes_downloaded
                 if stats.bytes_downloaded:
                     self.node.report_now()
-                self._committed_offset = self.replica.source_offset
+                self._committed_offset, self._progress = self.replica.source_offset, progress_of(current.manifest)
                 if stats.full_restore or stats.deltas_applied:
                     self._log_catch_up("warmed up", stats)
                 lag = max(0, current.manifest.source_offset - self.replica.source_offset)
@@ -427,7 +431,7 @@ class PartitionWorker(threading.Thread):
                     self._takeover(restored, released=released)
                     assert step.phase is not None
                     self._report(step.phase)
-                    self._prefetch(token.epoch, self._committed_offset)
+                    self._prefetch(token.epoch, self._committed_offset, self._progress)
                 case NewOwnerAction.WAIT:
                     self.batches.read_ahead_of(self.batches.prefetched, self.replica.source_offset)
                     self._await_task_change(task)
@@ -466,13 +470,14 @@ class PartitionWorker(threading.Thread):
                 raise HandoffMismatch(self.partition, released, manifest.manifest.commit_ulid if manifest else None)
         self.state_name = WorkerState.RESTORING
         # The batch needs the events, not the state: its Spark work overlaps the download.
-        self._prefetch(task.to_epoch, manifest.manifest.source_offset if manifest else 0)
+        m = manifest.manifest if manifest else None
+        self._prefetch(task.to_epoch, m.source_offset if m else 0, progress_of(m))
         # Snapshot (files this node does not hold yet) + deltas: the restore is done with the download.
         stats = self._restore(manifest)
         self._bytes_moved += stats.bytes_downloaded
         if done is not None:
             self._report(done)
-        self._prefetch(task.to_epoch, self._committed_offset)
+        self._prefetch(task.to_epoch, self._committed_offset, self._progress)
         return manifest, released
 
     def _await_grant(self, task: MigrationTask) -> FencingToken:
@@ -507,23 +512,14 @@ class PartitionWorker(threading.Thread):
         self._manifest = manifest
         m = manifest.manifest if manifest else None
         self._committed_offset, self._events_applied = (m.source_offset, m.events_applied) if m else (0, 0)
+        self._progress = progress_of(m)
         self.log_watch.started_at(m.committed_at if m and not m.is_seal else None)  # a seal is no batch
         self.snapshots.restored(m)
         self._log_catch_up("restored", stats)
         return stats
 
     def _log_catch_up(self, what: str, stats: CatchUp) -> None:
-        log.info(
-            "node %s: partition %s %s to offset %s (%s, %d bytes, %d deltas, %.0f ms)",
-            self.node.id,
-            self.partition,
-            what,
-            stats.source_offset,
-            "snapshot + deltas" if stats.full_restore else "local store + deltas",
-            stats.bytes_downloaded,
-            stats.deltas_applied,
-            stats.total_s * 1000,
-        )
+        log.info("node %s: partition %s %s to offset %s", self.node.id, self.partition, what, stats.describe())
 
     def _sealed(self, token: FencingToken) -> ManifestVersion:
         """The chain sealed at `token.epoch` (`handoff.seal_at`); a newer epoch's seal fences the guard."""
@@ -566,6 +562,7 @@ class PartitionWorker(threading.Thread):
             events_applied=self._events_applied,
             cluster_epoch=self.node.cluster_epoch,
             generation=self.node.generation,
+            event_time=progress_record(self._progress),
         )
         return dataclasses.replace(current, **changes)
 
@@ -579,7 +576,7 @@ class PartitionWorker(threading.Thread):
         while not self._stop_requested.is_set() and not self._draining_requested():
             self._check()
             # A batch started ahead for a handoff that went differently (another offset or epoch) is dropped.
-            inflight = self.batches.take_prefetched(self._committed_offset, self.epoch)
+            inflight = self.batches.take_prefetched(self._committed_offset, self.epoch, self._progress)
             if inflight is None:
                 if self._caught_up_until() is not None:
                     self._snapshot_step(idle=True)
@@ -611,7 +608,7 @@ class PartitionWorker(threading.Thread):
                     idle_wait = min(idle_wait * 2, max(cfg.idle_poll_s, cfg.idle_poll_max_s))
                     continue
                 idle_wait = cfg.idle_poll_s
-                inflight = self.batches.start(batch, read_at=read_at, epoch=self.epoch)
+                inflight = self.batches.start(batch, read_at=read_at, epoch=self.epoch, progress=self._progress)
             # The touched keys' values are read while Spark aggregates the batch.
             self.batches.read_ahead_of(inflight, self._committed_offset)
             waited_from = time.monotonic()
@@ -634,7 +631,9 @@ class PartitionWorker(threading.Thread):
                     previous = self.replica.store.get_many(aggregate["key"].to_pylist())
                 assert previous is not None, "restored before processing"
                 state_read_at = time.monotonic()
-                fold = engine.processor.fold(aggregate, previous, epoch=self.epoch, generation=self.node.generation)
+                assert self.replica.store is not None
+                context = fold_context(self.epoch, self.node.generation, self._progress, self.replica.store)
+                fold = fold_batch(engine, inflight.batch, aggregate, previous, context)
             start, end, cluster_epoch = inflight.batch.start_offset, inflight.batch.end_offset, inflight.cluster_epoch
             steps = BatchSteps(
                 events=end - start,
@@ -661,7 +660,7 @@ class PartitionWorker(threading.Thread):
         t0 = time.monotonic()
         out_ref = self.node.outputs.write(self.guard, fold.output, start, end)
         t1 = time.monotonic()
-        delta = self.node.checkpoints.upload_delta(self.guard, fold.delta, start, end)
+        delta = self.node.checkpoints.upload_delta(self.guard, delta_with_removals(fold), start, end)
         t2 = time.monotonic()
         snapshot, deltas = self.snapshots.next_checkpoint(delta)
         self._check()
@@ -672,12 +671,13 @@ class PartitionWorker(threading.Thread):
             outputs=(out_ref,),
             events_applied=self._events_applied + (end - start),
             cluster_epoch=cluster_epoch,
+            event_time=progress_record(fold.progress),
         )
         version = self._publish(update)
         self.node.note_committed(version, {out_ref.key: fold.output})
         t3 = time.monotonic()
         # The local store only ever holds committed state: it is written after the publish.
-        self.replica.apply(fold.delta, end)
+        self.replica.apply(fold.delta, end, deleted=fold.deleted)
         t4 = time.monotonic()
         self.last_batch = BatchTimings(
             **dataclasses.asdict(steps),
@@ -698,7 +698,7 @@ class PartitionWorker(threading.Thread):
     def _committed(self, version: ManifestVersion) -> None:
         m = version.manifest
         self._manifest = version
-        self._committed_offset = m.source_offset
+        self._committed_offset, self._progress = m.source_offset, progress_of(m)
         self.snapshots.committed(m)
 
     def _snapshot_step(self, *, idle: bool) -> None:

@@ -32,9 +32,9 @@ from laminar_orchestration.dataplane.checkpoint import (
     CheckpointCorrupt,
     download_table,
 )
-from laminar_orchestration.dataplane.engine import STATE_SCHEMA, empty_state
 from laminar_orchestration.dataplane.restore import StateGap, committed_state
 from laminar_orchestration.identity import UNASSIGNED, PartitionId
+from laminar_orchestration.processing.keyed import STATE_SCHEMA, empty_state
 from laminar_orchestration.protocol.capabilities import ReadStore
 from laminar_orchestration.protocol.chain import ManifestReader, ManifestVersion
 from laminar_orchestration.protocol.keys import (

@@ -18,6 +18,7 @@ from laminar_orchestration.protocol.manifest import (
     ArtifactRef,
     BrokenManifestChain,
     DeltaRef,
+    EventTimeRecord,
     PartitionManifest,
     PublishContended,
     SealContended,
@@ -68,6 +69,7 @@ class ManifestUpdate:
     cluster_epoch: int = 0
     generation: int = 0
     note: str = ""
+    event_time: EventTimeRecord | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,7 @@ def next_manifest(token: FencingToken, update: ManifestUpdate, read: ChainRead) 
         events_applied=update.events_applied,
         note=update.note,
         committed_at=now(),
+        event_time=update.event_time,
     )
 
 

@@ -43,6 +43,7 @@ it took moves on to the next, and nothing it names is ever read or restored.
 from __future__ import annotations
 
 import hashlib
+import json
 from datetime import datetime
 from typing import Literal
 
@@ -104,6 +105,15 @@ class DeltaRef(Record):
     rows: int = Field(ge=0)
 
 
+class EventTimeRecord(Record):
+    """A partition's event-time progress, committed with its offset so it moves exactly once."""
+
+    #: The largest event time (epoch ms) of any event below the commit's offset.
+    max_event_time: int
+    #: Events found late (below the watermark) and not applied, since the partition began.
+    late_events: int = Field(ge=0)
+
+
 class PartitionManifest(SignedRecord):
     """One commit of one partition, signed with the key of the grant of its `fencing_token`."""
 
@@ -131,6 +141,15 @@ class PartitionManifest(SignedRecord):
     note: str = ""
     committed_at: datetime
     write_id: str = Field(default_factory=new_write_id)
+    #: The event-time progress at `source_offset` (None until an event with an event time was committed).
+    event_time: EventTimeRecord | None = None
+
+    def signed_bytes(self) -> bytes:
+        # A manifest without event time signs exactly the bytes it did before the field existed.
+        body = self.model_dump(
+            mode="json", exclude={"signature"} | ({"event_time"} if self.event_time is None else set())
+        )
+        return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
     @property
     def is_seal(self) -> bool:

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from laminar_orchestration.dataplane.checkpoint import OutputWriter
-from laminar_orchestration.dataplane.engine import keyed_aggregation
+from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.dataplane.restore import StateReplica
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.capabilities import OutputCommitter, ReadStore

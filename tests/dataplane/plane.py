@@ -20,7 +20,8 @@ import pytest
 
 from laminar_dev.chaos import ArrowBatchEngine
 from laminar_orchestration.dataplane.config import NodeConfig
-from laminar_orchestration.dataplane.engine import BatchEvents, keyed_aggregation
+from laminar_orchestration.dataplane.engine import BatchEvents
+from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.dataplane.node import Node
 from laminar_orchestration.dataplane.restore import CatchUp, StateReplica
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId

@@ -58,9 +58,11 @@ def test_batch_touches_only_its_keys_in_the_local_store(
             reads.append(len(keys))
             return get_many(self, keys)
 
-        def spy_apply(self: PartitionStateStore, rows: pa.Table, source_offset: int) -> None:
+        def spy_apply(
+            self: PartitionStateStore, rows: pa.Table, source_offset: int, *, deleted: pa.Array | None = None
+        ) -> None:
             writes.append((rows.num_rows, source_offset))
-            apply(self, rows, source_offset)
+            apply(self, rows, source_offset, deleted=deleted)
 
         def spy_scan(self: PartitionStateStore, *, rows_per_batch: int = 65_536) -> Iterator[pa.Table]:
             scans.append(1)
@@ -112,7 +114,9 @@ class _AggregateAwaitsRead(ArrowBatchEngine):
             self.reads += 1
             self.read.notify_all()
 
-    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
+    def aggregate(
+        self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None, progress: object = None
+    ) -> pa.Table:
         with self.read:
             nth = len(self.read_before_done) + 1
             self.read_before_done.append(self.read.wait_for(lambda: self.reads >= nth, 10))
@@ -159,7 +163,9 @@ class _FirstBatchHangs(ArrowBatchEngine):
         self.release = threading.Event()
         self.calls = 0
 
-    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
+    def aggregate(
+        self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None, progress: object = None
+    ) -> pa.Table:
         self.calls += 1
         if self.calls == 1:
             self.entered.set()
@@ -203,7 +209,9 @@ class _FailsWhenReleased(ArrowBatchEngine):
     def __init__(self) -> None:
         self.release = threading.Event()
 
-    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
+    def aggregate(
+        self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None, progress: object = None
+    ) -> pa.Table:
         assert self.release.wait(30)
         raise RuntimeError(f"job group {job_group} cancelled")
 

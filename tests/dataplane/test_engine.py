@@ -26,20 +26,21 @@ from laminar_orchestration.dataplane.engine import (
     ARROW_INPUT_SMALL_EVENTS,
     SPARK_JAVA_OPTIONS,
     BatchEvents,
-    KeyedProcessor,
     SparkBatchEngine,
     build_spark_session,
     spark_conf,
 )
 from laminar_orchestration.dataplane.node import Node
 from laminar_orchestration.dataplane.restore import committed_state
-from laminar_orchestration.dataplane.statestore import InvalidStateSchema
+from laminar_orchestration.processing.codec import InvalidStateSchema
 from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.ops.verify import reference_batch_aggregate
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.segments import ROW_GROUP_EVENTS, SourceBatch
 from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import ObjectStore
+from laminar_orchestration.processing.contract import FoldContext
+from laminar_orchestration.processing.keyed import KeyedProcessor
 from tests.dataplane import plane
 
 RUNNING_MAX_SCHEMA = pa.schema([("max", pa.float64())])
@@ -243,7 +244,7 @@ def test_merge_returning_the_wrong_row_count_is_a_clear_error() -> None:
     aggregate = pa.table({"key": ["a", "b", "c"], "batch_max": [1.0, 2.0, 3.0]})
     previous = pa.table({"max": pa.array([None, None, None], pa.float64())})
     with pytest.raises(ValueError, match=r"'bad_max'.*merge must return 3 rows.*got 1 rows"):
-        bad.fold(aggregate, previous, epoch=1, generation=1)
+        bad.fold(aggregate, previous, FoldContext.at(1, 1))
     # The contract itself: the right merge produces one delta row per touched key.
-    fold = running_max.fold(aggregate, previous, epoch=1, generation=1)
+    fold = running_max.fold(aggregate, previous, FoldContext.at(1, 1))
     assert fold.delta.to_pylist() == [{"key": "a", "max": 1.0}, {"key": "b", "max": 2.0}, {"key": "c", "max": 3.0}]

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from laminar_dev.chaos import ArrowNode
-from laminar_orchestration.dataplane.engine import keyed_aggregation
+from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.dataplane.restore import committed_state
 from laminar_orchestration.dataplane.statestore import LocalStateWriteFailed, PartitionStateStore
 from laminar_orchestration.ops.verify import audit_partition, audit_store

@@ -15,7 +15,8 @@ from laminar_orchestration import cli
 from laminar_orchestration.cli.output import ConsoleOutput
 from laminar_orchestration.clock import SYSTEM_CLOCK, use_clock
 from laminar_orchestration.dataplane.checkpoint import CheckpointStore, OutputWriter
-from laminar_orchestration.dataplane.engine import keyed_aggregation
+from laminar_orchestration.processing.contract import FoldContext
+from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.dataplane.restore import StateReplica, committed_state
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ops.sweep import InvalidGracePeriod, sweep
@@ -108,7 +109,7 @@ def test_sweep_never_deletes_what_a_stalled_owner_is_about_to_publish(
         assert replica.store is not None
         aggregate = reference_batch_aggregate(batch.to_table())
         fold = keyed_aggregation.fold(
-            aggregate, replica.store.get_many(aggregate["key"].to_pylist()), epoch=token.epoch, generation=1
+            aggregate, replica.store.get_many(aggregate["key"].to_pylist()), FoldContext.at(token.epoch, 1)
         )
         replica.apply(fold.delta, batch.end_offset)
         files, at, _ = replica.snapshot_files()

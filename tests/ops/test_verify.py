@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from laminar_orchestration.dataplane.engine import STATE_SCHEMA
+from laminar_orchestration.processing.keyed import STATE_SCHEMA
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ops.verify import (
     PartitionAudit,

@@ -177,7 +177,9 @@ def test_a_new_owner_superseded_before_its_takeover_takes_nothing_over(store: Ob
 class PoisonEngine(ArrowBatchEngine):
     """Every batch fails, as a poison record would make it."""
 
-    def aggregate(self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None) -> pa.Table:
+    def aggregate(
+        self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None, progress: object = None
+    ) -> pa.Table:
         raise ValueError("poison batch")
 
 

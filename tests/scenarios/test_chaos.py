@@ -33,7 +33,7 @@ from laminar_dev.chaos import (
 from laminar_dev.chaos import main as chaos_main
 from laminar_orchestration.cli import main as cli_main
 from laminar_orchestration.dataplane.checkpoint import OutputWriter
-from laminar_orchestration.dataplane.engine import keyed_aggregation
+from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.dataplane.statestore import PartitionStateStore
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ops.verify import audit_epoch_history, reference_fold
@@ -46,6 +46,7 @@ from laminar_orchestration.protocol.manifest import StaleFencingToken
 from laminar_orchestration.protocol.signing import sign_record
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 from laminar_orchestration.ulid import next_ulid
+from laminar_orchestration.processing.contract import FoldContext
 
 P, N = PartitionId, NodeId
 
@@ -136,7 +137,7 @@ def test_arrow_engine_and_the_default_merge_fold_like_the_reference(tmp_path: Pa
             pq.write_table(batch, path)
             aggregate = engine.aggregate([path], epoch=4, generation=2)
             previous = local.get_many(aggregate["key"].to_pylist())
-            fold = keyed_aggregation.fold(aggregate, previous, epoch=4, generation=2)
+            fold = keyed_aggregation.fold(aggregate, previous, FoldContext.at(4, 2))
             local.apply(fold.delta, int(batch["offset"][-1].as_py()) + 1)
             outputs.append(fold.output)
         state = local.to_table()
