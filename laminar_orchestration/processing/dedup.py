@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from laminar_orchestration.processing.codec import ValueCodec
 from laminar_orchestration.processing.contract import NO_EVENT_TIME, BatchFold, EventTimeProgress, FoldContext
 from laminar_orchestration.processing.keyed import millis
-from laminar_orchestration.processing.schema import DEFAULT_STREAM_SCHEMA, InvalidSchema, StreamSchema
+from laminar_orchestration.processing.schema import InvalidSchema, StreamSchema
 from laminar_orchestration.processing.windows import WINDOW_END, with_watermark
 
 
@@ -35,7 +35,8 @@ class Deduplicate:
     ttl: timedelta
     lateness: timedelta = timedelta(0)
     version: str = "1"
-    stream: StreamSchema = DEFAULT_STREAM_SCHEMA
+    #: The stream it runs on; None until `bind` (its state columns depend on the stream's types).
+    stream: StreamSchema | None = None
     watermarked: bool = field(default=True, init=False)
     expiry_column: str | None = field(default=WINDOW_END, init=False)
     state_schema: pa.Schema = field(init=False, compare=False)
@@ -53,14 +54,20 @@ class Deduplicate:
             raise InvalidSchema(f"processor {self.name!r}", f"the stream has no id column {self.id_column!r}")
         return replace(self, stream=schema)
 
+    @property
+    def _stream(self) -> StreamSchema:
+        if self.stream is None:
+            raise InvalidSchema(f"processor {self.name!r}", "not bound to a stream yet (`bind`)")
+        return self.stream
+
     def output_schema(self) -> pa.Schema | None:
         return None
 
     def batch_aggregate(self, batch: Any, progress: EventTimeProgress) -> Any:
         from pyspark.sql import functions as F
 
-        marked = with_watermark(batch, self.stream, progress, millis(self.lateness))
-        columns = ", ".join(f"`{f.name}`" for f in self.stream.input_schema)
+        marked = with_watermark(batch, self._stream, progress, millis(self.lateness))
+        columns = ", ".join(f"`{f.name}`" for f in self._stream.input_schema)
         return marked.groupBy(F.expr(f"CAST(`{self.id_column}` AS STRING) AS key")).agg(
             F.expr("count(1) FILTER (WHERE _late) AS _late_events"),
             F.expr("max(_t) AS _max_t"),
@@ -101,7 +108,7 @@ class Deduplicate:
             schema=pa.schema([pa.field("key", pa.string()), *self.state_schema]),
         )
         emitted.sort(key=lambda e: e[0])
-        output = pa.Table.from_pylist([e for _, e in emitted], schema=self.stream.input_schema)
+        output = pa.Table.from_pylist([e for _, e in emitted], schema=self._stream.input_schema)
         n = output.num_rows
         output = output.append_column("offset", pa.array([o for o, _ in emitted], pa.int64()))
         output = output.append_column("epoch", pa.array([context.epoch] * n, pa.int64()))

@@ -17,7 +17,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import os
 import re
+import sys
 from importlib.metadata import entry_points
 
 from laminar_orchestration.errors import InvalidInputError
@@ -57,6 +59,9 @@ def load_processor(reference: str) -> Processor:
         if not _REFERENCE.match(reference):
             raise ProcessorNotFound(reference, "expected package.module:attribute")
         module_name, attribute = reference.split(":", 1)
+        # As `python -m` does: a module beside the command (examples.sessions) imports from the working directory.
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.append(os.getcwd())
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:

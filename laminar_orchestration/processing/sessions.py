@@ -29,8 +29,8 @@ from laminar_orchestration.processing.aggregates import Agg, merge_partials
 from laminar_orchestration.processing.codec import ValueCodec
 from laminar_orchestration.processing.contract import NO_EVENT_TIME, BatchFold, EventTimeProgress, FoldContext
 from laminar_orchestration.processing.keyed import millis
-from laminar_orchestration.processing.schema import DEFAULT_STREAM_SCHEMA, InvalidSchema, StreamSchema
-from laminar_orchestration.processing.windows import WINDOW_END, with_watermark
+from laminar_orchestration.processing.schema import InvalidSchema, StreamSchema
+from laminar_orchestration.processing.windows import WINDOW_END, unbound_state, with_watermark
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,8 @@ class SessionWindows:
     aggregates: tuple[Agg, ...]
     lateness: timedelta = timedelta(0)
     version: str = "1"
-    stream: StreamSchema = DEFAULT_STREAM_SCHEMA
+    #: The stream it runs on; None until `bind` (its state columns depend on the stream's types).
+    stream: StreamSchema | None = None
     watermarked: bool = field(default=True, init=False)
     expiry_column: str | None = field(default=WINDOW_END, init=False)
     state_schema: pa.Schema = field(init=False, compare=False)
@@ -54,12 +55,15 @@ class SessionWindows:
         names = [a.name for a in self.aggregates]
         if not names or len(set(names)) != len(names):
             raise InvalidSchema(f"processor {self.name!r}", f"aggregates need distinct names, got {names}")
+        unbound_state(self)
+        if self.stream is None:
+            return
         session_fields = [pa.field("start", pa.int64()), pa.field("last", pa.int64())]
         for agg in self.aggregates:
-            session_fields += agg.state_fields(self.stream)
+            session_fields += agg.state_fields(self._stream)
         schema = pa.schema(
             [
-                pa.field("session_key", self.stream.input_schema.field(self.stream.key).type),
+                pa.field("session_key", self._stream.input_schema.field(self._stream.key).type),
                 pa.field("sessions", pa.list_(pa.struct(session_fields))),
                 pa.field(WINDOW_END, pa.int64(), nullable=False),
             ]
@@ -70,6 +74,12 @@ class SessionWindows:
     def bind(self, schema: StreamSchema) -> SessionWindows:
         return replace(self, stream=schema)
 
+    @property
+    def _stream(self) -> StreamSchema:
+        if self.stream is None:
+            raise InvalidSchema(f"processor {self.name!r}", "not bound to a stream yet (`bind`)")
+        return self.stream
+
     def output_schema(self) -> pa.Schema | None:
         return None
 
@@ -79,8 +89,8 @@ class SessionWindows:
         from pyspark.sql import functions as F
 
         gap = millis(self.gap)
-        marked = with_watermark(batch, self.stream, progress, millis(self.lateness)).selectExpr(
-            "*", f"`{self.stream.key}` AS _skey"
+        marked = with_watermark(batch, self._stream, progress, millis(self.lateness)).selectExpr(
+            "*", f"`{self._stream.key}` AS _skey"
         )
         key = "_skey"
         timely = marked.where("NOT _late").selectExpr(
@@ -94,7 +104,7 @@ class SessionWindows:
         for agg in self.aggregates:
             columns += agg.spark_exprs("TRUE")
         sessions = numbered.groupBy(key, "_sid").agg(*[F.expr(c) for c in columns])
-        names = ["start", "last", *(f.name for a in self.aggregates for f in a.state_fields(self.stream))]
+        names = ["start", "last", *(f.name for a in self.aggregates for f in a.state_fields(self._stream))]
         per_key = sessions.groupBy(key).agg(
             F.expr(f"array_sort(collect_list(struct({', '.join(f'`{n}`' for n in names)}))) AS _sessions")
         )

@@ -36,7 +36,7 @@ from laminar_orchestration.processing.contract import (
     FoldContext,
 )
 from laminar_orchestration.processing.keyed import millis
-from laminar_orchestration.processing.schema import DEFAULT_STREAM_SCHEMA, InvalidSchema, StreamSchema
+from laminar_orchestration.processing.schema import InvalidSchema, StreamSchema
 
 #: Event times are clamped here before the lateness is taken off (no int64 overflow before any event).
 _FLOOR = -(2**62)
@@ -82,6 +82,12 @@ def with_watermark(batch: Any, stream: StreamSchema, progress: EventTimeProgress
     ).selectExpr("*", "_t < _wm AS _late")
 
 
+def unbound_state(processor: object) -> None:
+    """No state columns yet: a window processor's depend on the stream it is bound to."""
+    object.__setattr__(processor, "state_schema", pa.schema([]))
+    object.__setattr__(processor, "codec", ValueCodec(pa.schema([])))
+
+
 def state_key(start: int, key: Any) -> str:
     return f"{start}|{key}"
 
@@ -95,7 +101,8 @@ class WindowedAggregation:
     aggregates: tuple[Agg, ...]
     lateness: timedelta = timedelta(0)
     version: str = "1"
-    stream: StreamSchema = DEFAULT_STREAM_SCHEMA
+    #: The stream it runs on; None until `bind` (its state columns depend on the stream's types).
+    stream: StreamSchema | None = None
     watermarked: bool = field(default=True, init=False)
     expiry_column: str | None = field(default=WINDOW_END, init=False)
     state_schema: pa.Schema = field(init=False, compare=False)
@@ -111,14 +118,17 @@ class WindowedAggregation:
         names = [a.name for a in self.aggregates]
         if not names or len(set(names)) != len(names):
             raise InvalidSchema(f"processor {self.name!r}", f"aggregates need distinct names, got {names}")
-        key_type = self.stream.input_schema.field(self.stream.key).type
+        unbound_state(self)
+        if self.stream is None:
+            return
+        key_type = self._stream.input_schema.field(self._stream.key).type
         fields = [
             pa.field("window_key", key_type),
             pa.field("window_start", pa.int64(), nullable=False),
             pa.field(WINDOW_END, pa.int64(), nullable=False),
         ]
         for agg in self.aggregates:
-            fields += agg.state_fields(self.stream)
+            fields += agg.state_fields(self._stream)
         schema = pa.schema(fields)
         object.__setattr__(self, "state_schema", schema)
         object.__setattr__(self, "codec", ValueCodec(schema))
@@ -134,6 +144,12 @@ class WindowedAggregation:
     def bind(self, schema: StreamSchema) -> WindowedAggregation:
         return replace(self, stream=schema)
 
+    @property
+    def _stream(self) -> StreamSchema:
+        if self.stream is None:
+            raise InvalidSchema(f"processor {self.name!r}", "not bound to a stream yet (`bind`)")
+        return self.stream
+
     def output_schema(self) -> pa.Schema | None:
         return None
 
@@ -141,12 +157,12 @@ class WindowedAggregation:
 
     def batch_aggregate(self, batch: Any, progress: EventTimeProgress) -> Any:
         size, slide = self.size_ms, self.slide_ms
-        marked = with_watermark(batch, self.stream, progress, millis(self.lateness))
+        marked = with_watermark(batch, self._stream, progress, millis(self.lateness))
         # The k-th window back from the latest one holding the event (k = 0 counts its lateness once).
         exploded = marked.selectExpr("*", f"explode(sequence(0, {size // slide - 1})) AS _k").selectExpr(
             "*", f"(_t - pmod(_t, {slide})) - _k * {slide} AS _start"
         )
-        exploded = exploded.selectExpr("*", f"`{self.stream.key}` AS _wkey")
+        exploded = exploded.selectExpr("*", f"`{self._stream.key}` AS _wkey")
         columns = [
             "count(1) FILTER (WHERE NOT _late) AS _n",
             "count(1) FILTER (WHERE _late AND _k = 0) AS _late_events",
