@@ -91,6 +91,12 @@ class NodeRun(Command):
             help="do not take this node's share of the partitions back when it starts (leave it to a rebalance)",
         )
         parser.add_argument(
+            "--processor",
+            metavar="REF",
+            help="the processor to run (package.module:attribute or an installed name); default: the cluster's "
+            "recorded one, which any other must match",
+        )
+        parser.add_argument(
             "--standby-for",
             default="",
             metavar="P[,P...]",
@@ -98,8 +104,8 @@ class NodeRun(Command):
         )
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
-        from laminar_orchestration.dataplane.config import NodeConfig
         from laminar_orchestration.control.leave import LeaveSettings, attach
+        from laminar_orchestration.dataplane.config import NodeConfig
         from laminar_orchestration.dataplane.node import Node
         from laminar_orchestration.store import open_store
         from laminar_orchestration.table import TableCommitter
@@ -136,6 +142,7 @@ class NodeRun(Command):
             "checkpoint_every_batches",
             "checkpoint_every_s",
             "spark_warm_up_batches",
+            "processor",
         )
         config = NodeConfig(
             store_url=args.store,
