@@ -16,10 +16,12 @@ from laminar_orchestration import cli
 from laminar_orchestration.dataplane.checkpoint import CheckpointCorrupt, next_checkpoint
 from laminar_orchestration.dataplane.restore import StateReplica
 from laminar_orchestration.errors import CorruptDataError, exit_code
+from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.capabilities import ReadStore
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.manifest import ArtifactRef, DeltaRef, SnapshotRef
 from laminar_orchestration.store import ObjectStore, open_store
+from laminar_orchestration.store.metering import RequestMeter
 from tests.dataplane import plane
 
 
@@ -98,3 +100,28 @@ def test_node_does_not_take_over_a_partition_with_a_corrupt_checkpoint(
             continue
         assert mine.is_seal and not mine.outputs, f"the node published seq {mine.seq} ({mine.note!r})"
     assert sorted(store.list("sink/")) == sink_before, "output was written"
+
+
+def test_a_snapshot_after_the_first_sends_nothing_for_the_table_files_it_uploaded(
+    store: ObjectStore, meter: RequestMeter, tmp_path: Path
+) -> None:
+    """Content-addressed table files this node uploaded are named again from memory: no HEAD, no PUT."""
+    from laminar_orchestration.dataplane.checkpoint import CheckpointStore
+    from laminar_orchestration.protocol.capabilities import CheckpointWriter
+    from laminar_orchestration.protocol.fencing import PartitionGuard, _mint_token
+
+    guard = PartitionGuard(_mint_token(PartitionId(0), 1, NodeId(1)))
+    files = {name: tmp_path / name for name in ("000007.sst", "000008.sst", "MANIFEST-000009", "CURRENT")}
+    for i, path in enumerate(files.values()):
+        path.write_bytes(bytes([i]) * (100 + i))
+    checkpoints = CheckpointStore(CheckpointWriter(store))
+    first = checkpoints.upload_snapshot(guard, files.values(), 10, {})
+    before = meter.snapshot()
+    second = checkpoints.upload_snapshot(guard, files.values(), 20, {f.name: f for f in first.files})
+    after = meter.snapshot()
+    sent = {m: n - before.by_method.get(m, 0) for m, n in after.by_method.items()}
+    # Only the small files RocksDB rewrites (MANIFEST, CURRENT) go again; no HEAD of anything.
+    assert sent.get("HEAD", 0) == 0 and sent.get("GET", 0) == 0 and sent.get("PUT", 0) == 2
+    assert {f.name: f.ref for f in second.files if f.name.endswith(".sst")} == {
+        f.name: f.ref for f in first.files if f.name.endswith(".sst")
+    }
