@@ -18,10 +18,12 @@ import numpy as np
 import pyarrow as pa
 
 from laminar_orchestration.dataplane.checkpoint import CheckpointStore, OutputWriter
-from laminar_orchestration.dataplane.engine import SparkBatchEngine, keyed_aggregation
+from laminar_orchestration.dataplane.engine import SparkBatchEngine
 from laminar_orchestration.dataplane.restore import CatchUp, StateReplica
 from laminar_orchestration.dataplane.statestore import PartitionStateStore
 from laminar_orchestration.dataplane.worker import PartitionWorker
+from laminar_orchestration.processing.contract import FoldContext
+from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.protocol.capabilities import CheckpointWriter, OutputCommitter, ReadStore
 from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
 from laminar_orchestration.protocol.fencing import FencingToken, PartitionGuard
@@ -29,7 +31,6 @@ from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import PartitionManifest, SnapshotRef
 from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import ObjectStore
-from laminar_orchestration.processing.contract import FoldContext
 
 from .common import Row, median, progress, verdict
 from .runtime_setup import (

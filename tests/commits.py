@@ -14,15 +14,15 @@ from pathlib import Path
 import pyarrow as pa
 
 from laminar_orchestration.dataplane.checkpoint import CheckpointStore, OutputWriter
-from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.dataplane.restore import StateReplica
 from laminar_orchestration.ops.verify import reference_batch_aggregate
+from laminar_orchestration.processing.contract import FoldContext
+from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.protocol.capabilities import CheckpointWriter, OutputCommitter, ReadStore
 from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestUpdate, ManifestVersion
 from laminar_orchestration.protocol.fencing import FencingToken, PartitionGuard
 from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import ObjectStore
-from laminar_orchestration.processing.contract import FoldContext
 
 
 def fold_output(events: pa.Table, replica: StateReplica, epoch: int) -> pa.Table:

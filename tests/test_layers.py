@@ -1,10 +1,10 @@
 """The package's layout is its architecture: layers that import only downwards, no cycles, small rooms.
 
 Layers, bottom up: the shared root (errors, identity, clock, ulid, metrics), `store`,
-`processing` (the user's stream and its logic), `protocol`, then `dataplane`, `control` and `table` side by side (none imports
-another), `ops`, and `cli` on top. The package's face (`__init__`) may re-export. The development
-tools import each other in no cycle either, and no module of ours (library, tools, benchmarks,
-Dagster code, tests) is over 800 lines.
+`processing` (the user's stream and its logic), `protocol`, then `dataplane`, `control` and
+`table` side by side (none imports another), `ops`, and `cli` on top. The package's face
+(`__init__`) may re-export. The development tools import each other in no cycle either, and no
+module of ours (library, tools, benchmarks, Dagster code, tests) is over 800 lines.
 """
 
 from __future__ import annotations

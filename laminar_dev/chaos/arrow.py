@@ -6,10 +6,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from laminar_orchestration.dataplane.engine import BatchEvents
-from laminar_orchestration.processing.keyed import keyed_aggregation
-from laminar_orchestration.processing.schema import DEFAULT_STREAM_SCHEMA
 from laminar_orchestration.dataplane.node import Node
 from laminar_orchestration.ops.verify import reference_batch_aggregate
+from laminar_orchestration.processing.keyed import keyed_aggregation
+from laminar_orchestration.processing.schema import DEFAULT_STREAM_SCHEMA
 
 
 class ArrowBatchEngine:

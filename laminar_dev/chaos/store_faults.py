@@ -21,9 +21,9 @@ from laminar_orchestration.control.moves import drive, prepare_failover
 from laminar_orchestration.control.snapshot import live_node_ids
 from laminar_orchestration.dataplane.checkpoint import CheckpointStore, OutputWriter
 from laminar_orchestration.dataplane.config import NodeConfig
-from laminar_orchestration.processing.keyed import empty_state
 from laminar_orchestration.dataplane.worker import PartitionWorker
 from laminar_orchestration.dataplane.worker_state import WorkerState
+from laminar_orchestration.processing.keyed import empty_state
 from laminar_orchestration.protocol.capabilities import CheckpointWriter, OutputCommitter
 from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate
 from laminar_orchestration.protocol.fencing import EpochError, PartitionGuard

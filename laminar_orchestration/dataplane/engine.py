@@ -43,8 +43,11 @@ BatchEvents: TypeAlias = pa.Table | Sequence[Path]
 class BatchEngine(Protocol):
     """Computes a batch's per-key aggregate (the data-plane half of a processor)."""
 
-    processor: Processor
-    stream: StreamSchema
+    @property
+    def processor(self) -> Processor: ...
+
+    @property
+    def stream(self) -> StreamSchema: ...
 
     def warm_up(self) -> float: ...
 

@@ -19,6 +19,7 @@ from laminar_orchestration.processing.contract import BatchFold, EventTimeProgre
 from laminar_orchestration.processing.registry import DEFAULT_PROCESSOR, load_processor, processor_fingerprint
 from laminar_orchestration.processing.schema import DEFAULT_STREAM_SCHEMA, StreamSchema
 from laminar_orchestration.protocol.segments import SourceBatch
+from laminar_orchestration.protocol.stream import read_stream_record
 from laminar_orchestration.store import ObjectStore
 
 
@@ -82,12 +83,7 @@ def resolve_logic(store: ObjectStore, node: int, *, reference: str | None, given
     recorded reference; either must have the recorded fingerprint. A cluster without a stream
     record runs the default schema, with any processor (it predates the record).
     """
-    try:  # TEMPORARY until protocol.stream lands
-        from laminar_orchestration.protocol.stream import read_stream_record
-
-        record = read_stream_record(store)
-    except ImportError:
-        record = None
+    record = read_stream_record(store)
     stream = record.stream_schema if record is not None else DEFAULT_STREAM_SCHEMA
     chosen = reference or (record.processor if record is not None else DEFAULT_PROCESSOR)
     processor = (given if given is not None else load_processor(chosen)).bind(stream)

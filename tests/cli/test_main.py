@@ -12,9 +12,9 @@ import pyarrow as pa
 import pytest
 
 from laminar_orchestration.dataplane.checkpoint import OutputWriter
-from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.dataplane.restore import StateReplica
 from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.protocol.capabilities import OutputCommitter, ReadStore
 from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestUpdate
 from laminar_orchestration.protocol.fencing import PartitionGuard

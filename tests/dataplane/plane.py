@@ -21,11 +21,11 @@ import pytest
 from laminar_dev.chaos import ArrowBatchEngine
 from laminar_orchestration.dataplane.config import NodeConfig
 from laminar_orchestration.dataplane.engine import BatchEvents
-from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.dataplane.node import Node
 from laminar_orchestration.dataplane.restore import CatchUp, StateReplica
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.ops.verify import reference_fold
+from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.fencing import FencingToken
 from laminar_orchestration.protocol.ledger import Ledger

@@ -32,15 +32,15 @@ from laminar_orchestration.dataplane.engine import (
 )
 from laminar_orchestration.dataplane.node import Node
 from laminar_orchestration.dataplane.restore import committed_state
-from laminar_orchestration.processing.codec import InvalidStateSchema
 from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.ops.verify import reference_batch_aggregate
+from laminar_orchestration.processing.codec import InvalidStateSchema
+from laminar_orchestration.processing.contract import FoldContext
+from laminar_orchestration.processing.keyed import KeyedProcessor
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.segments import ROW_GROUP_EVENTS, SourceBatch
 from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import ObjectStore
-from laminar_orchestration.processing.contract import FoldContext
-from laminar_orchestration.processing.keyed import KeyedProcessor
 from tests.dataplane import plane
 
 RUNNING_MAX_SCHEMA = pa.schema([("max", pa.float64())])
@@ -178,7 +178,13 @@ def test_a_batch_of_few_events_or_many_small_segments_reaches_the_engine_as_one_
 
     class Recording(ArrowBatchEngine):
         def aggregate(
-            self, events: BatchEvents, *, epoch: int, generation: int, job_group: str | None = None
+            self,
+            events: BatchEvents,
+            *,
+            epoch: int,
+            generation: int,
+            job_group: str | None = None,
+            progress: object = None,
         ) -> pa.Table:
             seen.append(events)
             return super().aggregate(events, epoch=epoch, generation=generation, job_group=job_group)

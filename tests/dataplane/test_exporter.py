@@ -3,6 +3,7 @@ its workers at each scrape along with the process's store requests, served from 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,8 @@ class FakeNode:
     source: Any = field(default_factory=lambda: FakeSource({}))
     metrics: NodeMetrics = field(default_factory=lambda: NodeMetrics(1))
     _meter: RequestMeter = field(default_factory=RequestMeter)
+    handle: Any = None
+    leaving: threading.Event = field(default_factory=threading.Event)
 
 
 def test_a_nodes_lag_is_its_source_log_end_minus_its_committed_offset() -> None:

@@ -15,12 +15,12 @@ from laminar_orchestration import cli
 from laminar_orchestration.cli.output import ConsoleOutput
 from laminar_orchestration.clock import SYSTEM_CLOCK, use_clock
 from laminar_orchestration.dataplane.checkpoint import CheckpointStore, OutputWriter
-from laminar_orchestration.processing.contract import FoldContext
-from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.dataplane.restore import StateReplica, committed_state
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ops.sweep import InvalidGracePeriod, sweep
 from laminar_orchestration.ops.verify import audit_store, reference_batch_aggregate
+from laminar_orchestration.processing.contract import FoldContext
+from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.protocol.capabilities import CheckpointWriter, OutputCommitter, ReadStore
 from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate
 from laminar_orchestration.protocol.fencing import PartitionGuard

@@ -11,7 +11,6 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from laminar_orchestration.processing.keyed import STATE_SCHEMA
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ops.verify import (
     PartitionAudit,
@@ -20,6 +19,7 @@ from laminar_orchestration.ops.verify import (
     reference_batch_aggregate,
     reference_fold,
 )
+from laminar_orchestration.processing.keyed import STATE_SCHEMA
 from laminar_orchestration.protocol.capabilities import OutputCommitter
 from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
 from laminar_orchestration.protocol.fencing import FencingToken

@@ -33,10 +33,11 @@ from laminar_dev.chaos import (
 from laminar_dev.chaos import main as chaos_main
 from laminar_orchestration.cli import main as cli_main
 from laminar_orchestration.dataplane.checkpoint import OutputWriter
-from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.dataplane.statestore import PartitionStateStore
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ops.verify import audit_epoch_history, reference_fold
+from laminar_orchestration.processing.contract import FoldContext
+from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.protocol.capabilities import OutputCommitter
 from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestUpdate
 from laminar_orchestration.protocol.fencing import PartitionGuard, StaleEpoch
@@ -46,7 +47,6 @@ from laminar_orchestration.protocol.manifest import StaleFencingToken
 from laminar_orchestration.protocol.signing import sign_record
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 from laminar_orchestration.ulid import next_ulid
-from laminar_orchestration.processing.contract import FoldContext
 
 P, N = PartitionId, NodeId
 
