@@ -233,16 +233,17 @@ def test_spark_conf_runs_the_jvm_with_the_node_options(monkeypatch: pytest.Monke
     assert spark_conf("local[2]")["spark.driver.extraJavaOptions"] == ""
 
 
-def test_state_schema_with_a_string_column_is_rejected_at_construction() -> None:
+def test_state_schema_with_a_type_the_store_cannot_hold_is_rejected_at_construction() -> None:
+    union = pa.dense_union([pa.field("a", pa.int64()), pa.field("b", pa.string())])
     with pytest.raises(InvalidStateSchema) as info:
         KeyedProcessor(
             name="labels",
-            state_schema=pa.schema([("max", pa.float64()), ("label", pa.string())]),
+            state_schema=pa.schema([("max", pa.float64()), ("label", union)]),
             aggregate=_running_max_aggregate,
             merge=_running_max_merge,
         )
     assert info.value.column == "label"
-    assert "'label'" in str(info.value) and "string" in str(info.value)
+    assert "'label'" in str(info.value) and "union" in str(info.value)
 
 
 def test_merge_returning_the_wrong_row_count_is_a_clear_error() -> None:
