@@ -108,5 +108,7 @@ class Status(Command):
             snapshot = snapshot_cluster(ledger)
         else:
             snapshot = summarize_cluster(ledger)
-        out.status(snapshot, table_status(ledger.store, ledger=ledger))
+        # The table's lag walks each partition's chain from the table's position: only with the detail.
+        shown = None if snapshot.detail else [p.partition for p in snapshot.partitions if args.partition]
+        out.status(snapshot, table_status(ledger.store, ledger=ledger, partitions=shown))
         return 0

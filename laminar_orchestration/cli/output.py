@@ -153,7 +153,9 @@ class ConsoleOutput:
                 f"{p.phase_text()}{failing}"
             )
         if table is not None:
-            say(table.summary_lines()[0])
+            line = table.summary_lines()[0]
+            # A summary walks no chain: the table's version and rows, and where its lag is.
+            say(line if snapshot.detail else f"{line.rpartition(', ')[0]}; its lag per partition with --detail")
         say(f"{'NODE':>9}  {'GEN':>5}  {'ALIVE':>5}  {'HEARTBEAT AGE':>13}  {'REQUESTS/S':>10}  STATUS")
         for n in snapshot.nodes:
             alive = "yes" if n.alive else "NO"
