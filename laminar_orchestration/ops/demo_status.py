@@ -62,9 +62,10 @@ class PhaseWatch:
     """
 
     #: Seconds between two looks while a move is in flight, and while none is: every look reads each
-    #: node's assignment, so an idle demo's phase lines cost one read a node per 2 s.
+    #: node's assignment, so an idle demo's phase lines cost one read a node per 5 s (a move's first
+    #: phases are then named together on its first line, up to 5 s late).
     busy_every_s = 0.25
-    idle_every_s = 2.0
+    idle_every_s = 5.0
 
     def __init__(self, watch: ClusterWatch | None = None) -> None:
         self._watch = watch
