@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
         # As `laminar node run` runs: its output table too.
         ArrowNode(
             NodeConfig(store_url=args.store, node_id=args.node_id, heartbeat_timeout_s=args.heartbeat_timeout),
-            output_table=TableCommitter(open_store(args.store)),
+            output_table=TableCommitter(open_store(args.store), node=args.node_id),
         ).run()
         return
     config = NodeConfig(
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         metrics_port=args.metrics_port,
         **({"table_sync_interval_s": args.table_sync_interval} if args.table_sync_interval else {}),
     )
-    table = TableCommitter(open_store(args.store)) if args.table_sync_interval else None
+    table = TableCommitter(open_store(args.store), node=args.node_id) if args.table_sync_interval else None
     node = ArrowNode(config, output_table=table)
     if args.leave_deadline is not None:
         attach(node, LeaveSettings(deadline_s=args.leave_deadline))

@@ -198,8 +198,10 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
       the grants' private keys, deletes only unreferenced fenced objects (output and checkpoints)
       in the sweep.
     * the output table at its default place (`keys.OUTPUT_TABLE_PREFIX`): the nodes that keep it
-      and the control plane (`laminar table`, the maintenance job, which also deletes there) read
-      and write it; a table placed elsewhere (`laminar init --output-table`) needs its own grants.
+      read it and write its log and their own data folder (`keys.table_node_folder`), nothing
+      else under ``tables/``; the control plane (`laminar table`, the maintenance job, which also
+      deletes there) reads and writes all of it; a table placed elsewhere (`laminar init
+      --output-table`) needs its own grants.
     """
     all_prefixes = tuple(p for p in PREFIXES.values() if p != keys.GRANT_KEYS_PREFIX)
     # The record of where the output table is: every process that keeps or shows the table reads it.
@@ -262,7 +264,9 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
                 keys.node_checkpoint_objects_pattern(n),
                 keys.node_output_objects_pattern(n),
             ),
-            table_writes=(keys.OUTPUT_TABLE_PREFIX,),
+            # The table's log, and data files under its own folder only: another node's committed
+            # data file is not its to replace (nor to delete: nodes delete nothing).
+            table_writes=(keys.OUTPUT_TABLE_LOG_PREFIX, keys.OUTPUT_TABLE_PREFIX + keys.table_node_folder(n)),
         )
     return access
 

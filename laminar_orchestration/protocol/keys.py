@@ -56,6 +56,14 @@ TABLES_PREFIX = "tables/"
 OUTPUT_TABLE_KEY = f"{TABLES_PREFIX}output.json"
 #: The objects of the output table at its default place: its Delta log, data files and checkpoints.
 OUTPUT_TABLE_PREFIX = f"{TABLES_PREFIX}output/"
+#: The output table's Delta log (its entries, written create-only, and its checkpoints).
+OUTPUT_TABLE_LOG_PREFIX = f"{OUTPUT_TABLE_PREFIX}_delta_log/"
+
+
+def table_node_folder(node: int) -> str:
+    """The folder, relative to the output table's root, of the data files node `node` writes."""
+    return f"n-{node:05d}/"
+
 
 #: Every top-level prefix by the name the capabilities and storage policies use.
 PREFIXES: Mapping[str, str] = MappingProxyType(

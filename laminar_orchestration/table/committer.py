@@ -53,6 +53,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, DeltaProtocolErr
 
 from laminar_orchestration.protocol.capabilities import ReadStore
 from laminar_orchestration.protocol.chain import ManifestVersion
+from laminar_orchestration.protocol.keys import table_node_folder
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.store import ForwardingStore, ObjectMeta, ObjectNotFound, ObjectStore, StoredObject
 from laminar_orchestration.table.batches import (
@@ -292,7 +293,7 @@ class TableCommitter:
     Thread-safe (one sync at a time per committer); several committers, in any
     processes, may sync the same or overlapping partitions concurrently. `node`
     (else the node of the first entry `remember` is given) puts the data files this
-    committer writes under ``n-{node}/``, where a node's storage policy lets it write.
+    committer writes under its folder (``n-00001/``), where a node's storage policy lets it write.
     """
 
     def __init__(
@@ -559,7 +560,7 @@ class TableCommitter:
             sink = pa.BufferOutputStream()
             pq.write_table(data, sink, compression="snappy")
             raw = sink.getvalue().to_pybytes()
-            folder = f"n-{self.node}/" if self.node is not None else ""
+            folder = table_node_folder(self.node) if self.node is not None else ""
             name = f"{folder}part-00000-{uuid.uuid4()}-c000.snappy.parquet"
             if not self.objects.create(name, raw):
                 raise TableStoreFault(self.location.uri, name, "a fresh data file's name was taken")

@@ -143,8 +143,13 @@ def test_storage_policies_split_writes_by_role() -> None:
         "sink/?????/n-00001/*",
     }
     assert writes("auditor") == set()
-    # The nodes keep the output table at its default place (delta-rs's objects, not protocol state).
-    assert "tables/output/*" in writes("node-1") and "tables/output/*" in reads("node-1")
+    # The nodes keep the output table at its default place (not protocol state): its log and their
+    # own data folder, nothing else under tables/.
+    assert {w for w in writes("node-1") if w.startswith("tables/")} == {
+        "tables/output/_delta_log/*",
+        "tables/output/n-00001/*",
+    }
+    assert "tables/output/*" in reads("node-1")
     # A node writes its own record, never another's, never a grant, a head or the source.
     assert "ledger/nodes/00001.json" in writes("node-1") and "ledger/nodes/00002.json" not in writes("node-1")
     assert not {w for w in writes("node-1") if "grants" in w or "head.json" in w or w.startswith("source/")}

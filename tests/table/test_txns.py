@@ -132,7 +132,7 @@ def test_the_commits_are_plain_delta_with_their_transactions_in_the_history(loca
     newest = json.loads(history[0]["laminar.transactions"])
     assert {app_id(p): table.transaction_version(app_id(p)) for p in (0, 1)} == newest
     # A node's data files sit under its own folder, where its storage policy lets it write.
-    assert all(Path(uri).parent.name == "n-1" for uri in table.file_uris())
+    assert all(Path(uri).parent.name == "n-00001" for uri in table.file_uris())
     rows = table.to_pandas()
     for p in (0, 1):
         assert table_counts(table.to_pyarrow_table(), p) == cluster.source_counts(p)
