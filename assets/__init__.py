@@ -116,6 +116,7 @@ _OWNERSHIP_COLUMNS = [
     ("status", "string"),
     ("owner_alive", "bool"),
     ("migration", "string"),
+    ("failure", "string"),
     ("health", "string"),
 ]
 

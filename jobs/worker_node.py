@@ -62,6 +62,11 @@ class WorkerNodeConfig(Config):
     standby_for: list[int] = Field(
         default_factory=list, description="Partitions to follow as a warm standby while others own them."
     )
+    processor: str | None = Field(
+        default=None,
+        description="The processor to run (package.module:attribute or an installed name); left out, the one "
+        "the cluster recorded at `laminar init`. Any other is refused unless its fingerprint matches the record.",
+    )
 
     def node_config(self, store_url: str, spark_master: str) -> NodeConfig:
         """The `NodeConfig` of this node on `store_url`."""
@@ -73,6 +78,7 @@ class WorkerNodeConfig(Config):
             heartbeat_timeout_s=self.heartbeat_timeout_s,
             refresh_interval_s=self.refresh_interval_s,
             standby_for=tuple(self.standby_for),
+            processor=self.processor,
         )
 
 

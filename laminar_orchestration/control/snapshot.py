@@ -298,9 +298,10 @@ def snapshot_cluster(
         manifests, source = ManifestReader(ledger.store), _source_log(ledger)
         current = ledger.read_each(manifests.current, wanted)
         committed_at = {int(p): c.manifest.source_offset if c else 0 for p, c in zip(wanted, current, strict=True)}
-        recorded = source.log_ends()  # one read for all; a store from before it: each head
-        heads = ledger.read_each(lambda p: source.end_offset(int(p)), wanted) if recorded is None else None
-        ends = recorded if recorded is not None else {int(p): e for p, e in zip(wanted, heads or [], strict=True)}
+        # Each log's own end (its head, rolled forward), in parallel: the producers' recorded ends are a
+        # hint that lags a producer that died before recording, and the detail must tell the truth.
+        heads = ledger.read_each(lambda p: source.end_offset(int(p)), wanted)
+        ends = {int(p): e for p, e in zip(wanted, heads, strict=True)}
     rows = []
     for pid, own in ledger.ownerships(wanted).items():
         if own is None:
@@ -421,9 +422,24 @@ def ownership_rows(ledger: Ledger) -> list[dict[str, Any]]:
 
 
 def _ownership_rows(ledger: Ledger) -> list[dict[str, Any]]:
-    live = {v.record.node for v in ledger.nodes() if v.alive}
+    views = ledger.nodes()
+    live = {v.record.node for v in views if v.alive}
     rows = _rows_of(ledger, DesiredStates(ledger, nudge=False), (int(p) for p in ledger.partitions()), live)
-    return [rows[p] for p in sorted(rows)]
+    return with_failures([rows[p] for p in sorted(rows)], views)
+
+
+def with_failures(rows: Sequence[Mapping[str, Any]], views: Iterable[NodeView]) -> list[dict[str, Any]]:
+    """`rows` with ``failure``: the last failure the owner reports for the partition ("" while it runs).
+
+    Read from the node records a look reads anyway: a processor that raised shows at the next look.
+    """
+    failures = {
+        (v.record.node, p): progress.last_failure or progress.error or "failed"
+        for v in views
+        for p, progress in v.record.partitions.items()
+        if progress.consecutive_failures or progress.state == "failed"
+    }
+    return [{**r, "failure": failures.get((int(r["owner"]), int(r["partition"])), "")} for r in rows]
 
 
 class OwnershipRows:
@@ -488,7 +504,7 @@ class OwnershipRows:
                     changed |= set(listed.get(node, {})) | {p for p, r in self._rows.items() if r["owner"] == node}
             self._rows.update(_rows_of(ledger, desired, changed, live))
             self._listed, self._nodes = listed, nodes
-            rows = [self._rows[p] for p in sorted(self._rows)]
+            rows = with_failures([self._rows[p] for p in sorted(self._rows)], views)
         _LAST_ROWS[ledger.store.url] = tuple(rows)
         return rows
 
@@ -526,6 +542,8 @@ def ownership_health(row: Mapping[str, Any]) -> str:
         return f"released by node {row['owner']}"  # a clean stop: nobody died holding it
     if not row["owner_alive"]:
         return "failover in flight" if row["migration"] else "owner dead: failover pending"
+    if row.get("failure"):
+        return f"failed: {row['failure']}"
     return "moving" if row["migration"] else "ok"
 
 

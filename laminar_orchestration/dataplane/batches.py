@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from laminar_orchestration.dataplane.engine import BatchEngine, spark_takes_table
 from laminar_orchestration.errors import LaminarError
-from laminar_orchestration.processing.contract import EventTimeProgress
+from laminar_orchestration.processing.contract import EventTimeProgress, ProcessorFailed, processor_error
 from laminar_orchestration.protocol.segments import SourceBatch
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ def start_aggregate(
 
 
 @contextlib.contextmanager
-def poison_check(batch: SourceBatch) -> Iterator[None]:
+def poison_check(batch: SourceBatch, processor: str = "") -> Iterator[None]:
     """Raise `UndecodableSegment` instead of a failure of `batch` that an undecodable event caused.
 
     A key that is not valid UTF-8 (a segment written before `SourceLog.append` checked keys, or by a
@@ -164,7 +164,8 @@ def poison_check(batch: SourceBatch) -> Iterator[None]:
     retry, so it is named for what it is, the segment and the event's offset, and the node does not
     restart the partition. Laminar's own errors (a fence, a store outage, a conflict) already say
     what they are and pass unchanged, as does any failure of a batch whose events all decode. Costs
-    nothing while the batch succeeds: the check decodes the batch only after a failure.
+    nothing while the batch succeeds: the check decodes the batch only after a failure. A failure
+    of the `processor`'s own making on Spark (`processor_error`) is `ProcessorFailed`, as permanent.
     """
     try:
         yield
@@ -172,9 +173,11 @@ def poison_check(batch: SourceBatch) -> Iterator[None]:
         raise
     except Exception as exc:
         poison = batch.undecodable()
-        if poison is None:
-            raise
-        raise poison from exc
+        if poison is not None:
+            raise poison from exc
+        if processor and processor_error(exc):
+            raise ProcessorFailed(processor, batch.start_offset, f"{type(exc).__name__}: {exc}") from exc
+        raise
 
 
 def remove_after_grace(directory: Path) -> None:

@@ -14,8 +14,14 @@ import pyarrow.parquet as pq
 
 from laminar_orchestration.dataplane.engine import BatchEngine
 from laminar_orchestration.dataplane.statestore import PartitionStateStore
-from laminar_orchestration.errors import InvalidInputError
-from laminar_orchestration.processing.contract import BatchFold, EventTimeProgress, FoldContext, Processor
+from laminar_orchestration.errors import InvalidInputError, LaminarError
+from laminar_orchestration.processing.contract import (
+    BatchFold,
+    EventTimeProgress,
+    FoldContext,
+    Processor,
+    ProcessorFailed,
+)
 from laminar_orchestration.processing.registry import DEFAULT_PROCESSOR, load_processor, processor_fingerprint
 from laminar_orchestration.processing.schema import DEFAULT_STREAM_SCHEMA, StreamSchema
 from laminar_orchestration.protocol.segments import SourceBatch
@@ -48,7 +54,12 @@ def fold_batch(
 ) -> BatchFold:
     """Fold one batch's aggregate into the touched keys' values, removing the keys whose time came."""
     top = batch_max_event_time(batch, engine.stream)
-    return engine.processor.fold(aggregate, previous, dataclasses.replace(context, batch_max_event_time=top))
+    try:
+        return engine.processor.fold(aggregate, previous, dataclasses.replace(context, batch_max_event_time=top))
+    except LaminarError:
+        raise
+    except Exception as exc:  # the user's code: whatever it raises fails the batch, the same way every time
+        raise ProcessorFailed(engine.processor.name, batch.start_offset, f"{type(exc).__name__}: {exc}") from exc
 
 
 class ProcessorMismatch(InvalidInputError):

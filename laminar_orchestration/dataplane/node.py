@@ -64,7 +64,7 @@ from laminar_orchestration.dataplane.worker_state import WorkerState as WorkerSt
 from laminar_orchestration.errors import CorruptDataError
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.metrics import NodeMetrics
-from laminar_orchestration.processing.contract import Processor
+from laminar_orchestration.processing.contract import Processor, ProcessorFailed
 from laminar_orchestration.protocol.capabilities import CheckpointWriter, LedgerWriter, OutputCommitter, ReadStore
 from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestVersion
 from laminar_orchestration.protocol.cluster_epoch import ClusterEpochWindow
@@ -103,7 +103,8 @@ HEARTBEAT_MIN_GAP_S = 1.0
 class RestartBackoff:
     """Consecutive failures of one partition on a node, and when it may be restarted.
 
-    A permanent failure (`UndecodableSegment`: the next segment cannot be decoded, on any retry) has no
+    A permanent failure (`UndecodableSegment`: the next segment cannot be decoded, on any retry;
+    `ProcessorFailed`: the processor's code raised on the batch) has no
     delay and is not restarted: the partition stays failed, with its reason in the node's report,
     until the control plane moves it to this node again or the node restarts.
     """
@@ -744,7 +745,7 @@ class Node:
         previous = self._backoff.get(p)
         failures = 1 if previous is None or worker.commits else previous.failures + 1
         reason = worker.progress().error or "unknown"
-        if isinstance(worker.failure, UndecodableSegment):
+        if isinstance(worker.failure, (UndecodableSegment, ProcessorFailed)):
             # Every restart would fail on the same immutable segment: the partition stays failed, its reason
             # reported, and nothing of the segment is skipped.
             reason = f"{reason} (permanent: not restarted)"

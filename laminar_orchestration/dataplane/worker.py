@@ -614,7 +614,7 @@ class PartitionWorker(threading.Thread):
             waited_from = time.monotonic()
             # A batch that fails on an event it cannot decode fails the same way every time: it fails
             # the partition with `UndecodableSegment`, which the node does not restart.
-            with poison_check(inflight.batch):
+            with poison_check(inflight.batch, self.node.engine.processor.name):
                 done = self.batches.await_batch(inflight, self._asked_to_leave)
                 if done is None:
                     # Nothing of the batch is written: dropping it is safe, and a drain (or a kill-switch)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
-from laminar_orchestration.errors import InvalidInputError
+from laminar_orchestration.errors import InvalidInputError, OperationFailedError
 
 if TYPE_CHECKING:
     from laminar_orchestration.processing.codec import ValueCodec
@@ -137,6 +137,27 @@ def split_delta(delta: pa.Table) -> tuple[pa.Table, pa.Array]:
     upserts = delta.filter(pc.invert(marks)).drop_columns([DELETED_COLUMN])
     removed = delta.filter(marks)["key"].combine_chunks()
     return upserts, removed
+
+
+class ProcessorFailed(OperationFailedError):
+    """The processor's own code raised on a batch: nothing of the batch is committed, and the
+    partition stays failed (the same events would fail the same way) until it is moved or its node
+    restarts with a fixed processor."""
+
+    processor: str
+    offset: int
+    error: str
+
+    message = "processor {processor!r} raised on the batch at offset {offset}: {error}"
+
+
+#: Spark's errors of a query's own making (a wrong column, the user's Python raising): deterministic.
+SPARK_PROCESSOR_ERRORS = frozenset({"AnalysisException", "PythonException", "ArithmeticException"})
+
+
+def processor_error(exc: BaseException) -> bool:
+    """Whether `exc`, raised by a processor's Spark half, is the processor's doing (not a lost executor)."""
+    return any(c.__name__ in SPARK_PROCESSOR_ERRORS for c in type(exc).__mro__)
 
 
 class MergeResultInvalid(InvalidInputError, ValueError):

@@ -42,6 +42,7 @@ def row(partition: int, owner: int, alive: bool, migration: str = "", epoch: int
         "status": status,
         "owner_alive": alive,
         "migration": migration,
+        "failure": "",
     }
 
 

@@ -441,6 +441,7 @@ def test_observations_record_the_ledger_as_asset_metadata(ledger: Ledger) -> Non
         "status": "active",
         "owner_alive": True,
         "migration": "",
+        "failure": "",
         "health": "ok",
     }
     assert rows[2]["health"] == "unassigned"

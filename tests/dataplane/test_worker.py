@@ -1,23 +1,26 @@
-"""A segment the node cannot decode (a key that is not UTF-8, written around `SourceLog.append`) fails
-its partition once, for good, with the segment and offset in the node's report and `laminar status`;
-the partition is not restarted in a loop and nothing of the segment is skipped.
+"""A segment the node cannot decode (a key that is not UTF-8, written around `SourceLog.append`), or a
+processor whose code raises, fails its partition once, for good, with the reason in the node's report,
+`laminar status` and the ownership map; the partition is not restarted in a loop and nothing of the
+batch is committed or skipped.
 
 The node is the real runtime with a pyarrow fold instead of Spark (`ArrowNode`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import time
 from pathlib import Path
 
 import pyarrow as pa
 
-from laminar_dev.chaos import ArrowNode
+from laminar_dev.chaos import ArrowBatchEngine, ArrowNode
 from laminar_orchestration.cli.output import ConsoleOutput
-from laminar_orchestration.control.snapshot import snapshot_cluster
+from laminar_orchestration.control.snapshot import ownership_health, ownership_rows, snapshot_cluster
 from laminar_orchestration.dataplane.worker import PartitionWorker
 from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.protocol.keys import segment_key
 from laminar_orchestration.protocol.segments import encode_segment
 from laminar_orchestration.protocol.source import SourceLog
@@ -110,3 +113,51 @@ def test_a_worker_starting_from_a_fresh_seal_alone_does_not_probe_its_log_as_a_b
             assert time.monotonic() < deadline, "the worker never read its log"
             time.sleep(0.02)
         assert worker.log_watch.probe_s == float("inf"), worker.log_watch
+
+
+def _explode(batch: pa.Table, previous: pa.Table) -> pa.Table:
+    raise ZeroDivisionError("the user's merge divided by zero")
+
+
+class ExplodingNode(CountingNode):
+    """The default aggregate, and a merge of the user's that raises on every batch."""
+
+    def start_spark(self) -> None:
+        super().start_spark()
+        engine = self.engine
+        assert isinstance(engine, ArrowBatchEngine)
+        engine.processor = dataclasses.replace(keyed_aggregation, name="exploding", merge=_explode)
+
+
+def test_a_processor_raising_fails_its_partition_once_commits_nothing_and_says_so(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    ledger = new_ledger(store, 1)
+    log = SourceLog(store, partitions=1)
+    log.append(0, pa.table({"key": ["a", "b", "c"], "value": [1.0, 2.0, 3.0]}))
+    place_on_node_1(ledger)
+    node = ExplodingNode(
+        quick_node_config(store, tmp_path, restart_backoff_initial_s=0.05, restart_backoff_max_s=0.1), store=store
+    )
+    with running(node):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            progress = node._progress().get(0)
+            if progress is not None and progress.consecutive_failures:
+                break
+            time.sleep(0.02)
+        time.sleep(1.2)  # a restart loop would restart it a dozen times meanwhile
+        progress = node._progress().get(0)
+        status = snapshot_cluster(ledger)
+        rows = ownership_rows(ledger)
+    assert node.starts == 1
+    assert progress is not None and progress.state == "failed"
+    assert (progress.consecutive_failures, progress.retry_delay_s) == (1, None)
+    row = status.partitions[0]
+    assert (row.committed_offset, row.log_end) == (0, 3)  # nothing of the batch committed
+    assert row.last_failure is not None
+    assert row.last_failure.startswith("ProcessorFailed: processor 'exploding' raised on the batch at offset 0")
+    assert "ZeroDivisionError: the user's merge divided by zero" in row.last_failure
+    # The ownership map (the Dagster asset's rows) says it too.
+    health = ownership_health(rows[0])
+    assert health.startswith("failed: ProcessorFailed") and "not restarted" in health
