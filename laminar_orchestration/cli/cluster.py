@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from laminar_orchestration.cli.base import Command, open_ledger
 from laminar_orchestration.cli.output import Output
@@ -17,6 +18,9 @@ __all__ = ["DETAIL_UP_TO", "Init", "Status"]
 #: Up to this many partitions `status` reads every partition's records (about six reads each, in
 #: parallel); beyond, it summarizes from the node records and assignments unless asked for --detail.
 DETAIL_UP_TO = 64
+
+if TYPE_CHECKING:
+    from laminar_orchestration.processing.schema import StreamSchema
 
 
 class Init(Command):
@@ -34,17 +38,29 @@ class Init(Command):
             help="where the output table is: a path or s3://bucket/prefix, recorded in the store for every node "
             "and command (default: <store>/tables/output; with --force, moves it)",
         )
+        parser.add_argument(
+            "--schema",
+            metavar="FILE",
+            help="the stream's schema (JSON or YAML: columns, key, event_time); default: key, value, ts",
+        )
+        parser.add_argument(
+            "--processor",
+            metavar="REF",
+            help="the processor every node runs: package.module:attribute or an installed name "
+            "(default: keyed_aggregation)",
+        )
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
         if not 1 <= args.partitions <= MAX_PARTITIONS:
             raise InvalidArgument("--partitions", f"{args.partitions} is not within 1..{MAX_PARTITIONS}")
         if args.output_table is not None and not args.output_table.strip():
             raise InvalidArgument("--output-table", "empty: give a path, file:///path or s3://bucket/prefix")
+        stream = _stream_of(args.schema, args.processor)  # checked before anything is written
         ledger = open_ledger(args, create=True)
         table = None
         if args.output_table is not None:
             table = self._record_table(ledger, args.output_table, force=args.force)
-        out.initialized(ledger.init_cluster(args.partitions, force=args.force), ledger.store.url)
+        out.initialized(ledger.init_cluster(args.partitions, force=args.force, stream=stream), ledger.store.url)
         if table is not None and not args.json:
             print(f"output table {table}")
         return 0
@@ -65,6 +81,22 @@ class Init(Command):
         except InvalidTableUri as exc:
             raise InvalidArgument("--output-table", f"{uri!r}: {exc.reason}") from None
         return location.describe()
+
+
+def _stream_of(schema_file: str | None, reference: str | None) -> tuple[StreamSchema, str, str] | None:
+    """The schema, processor reference and fingerprint `init` records; None when neither flag is given."""
+    from laminar_orchestration.processing.registry import DEFAULT_PROCESSOR, load_processor, processor_fingerprint
+    from laminar_orchestration.processing.schema import DEFAULT_STREAM_SCHEMA, InvalidSchema, StreamSchema
+
+    if schema_file is None and reference is None:
+        return None
+    try:
+        schema = StreamSchema.from_file(schema_file) if schema_file is not None else DEFAULT_STREAM_SCHEMA
+    except InvalidSchema as exc:
+        raise InvalidArgument("--schema", str(exc)) from None
+    name = reference or DEFAULT_PROCESSOR
+    processor = load_processor(name).bind(schema)
+    return schema, name, processor_fingerprint(processor, schema)
 
 
 class Status(Command):

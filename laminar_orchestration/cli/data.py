@@ -171,7 +171,14 @@ class Produce(Command):
     json_output = True
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--from-file", help='JSONL file: one {"partition", "key", "value"[, "ts"]} per line')
+        parser.add_argument(
+            "--from-file",
+            help="events file (- for stdin): JSON lines, CSV or Parquet of the stream's schema (the default schema: "
+            'JSONL of {"partition", "key", "value"[, "ts"]})',
+        )
+        parser.add_argument(
+            "--format", choices=["jsonl", "csv", "parquet"], help="the file's format (default: its suffix)"
+        )
         parser.add_argument("--count", type=int, help="generate N events instead")
         parser.add_argument("--keys", type=int, default=100, help="distinct keys for --count (default 100)")
         parser.add_argument("--seed", type=int, default=0, help="random seed for --count")
@@ -185,7 +192,10 @@ class Produce(Command):
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
         from laminar_orchestration.dataplane.backpressure import admit, partition_backpressure
+        from laminar_orchestration.processing.schema import DEFAULT_STREAM_SCHEMA
+        from laminar_orchestration.protocol.event_files import file_format, read_events
         from laminar_orchestration.protocol.source import SourceLog, generate_events, produce_from_jsonl
+        from laminar_orchestration.protocol.stream import read_stream_record
 
         if args.from_file is None and args.count is None:
             raise InvalidArgument("produce", "give --from-file FILE or --count N")
@@ -196,7 +206,11 @@ class Produce(Command):
         check_at_least("--hard-lag", args.hard_lag, 0)
         ledger = open_ledger(args)
         partitions = ledger.cluster().partitions
-        log = SourceLog(ledger.store, partitions=partitions, segment_events=args.segment_events)
+        record = read_stream_record(ledger.store)
+        schema = record.stream_schema if record is not None else DEFAULT_STREAM_SCHEMA
+        if args.count is not None and schema != DEFAULT_STREAM_SCHEMA:
+            raise InvalidArgument("--count", "generates the default schema's events; this stream has its own")
+        log = SourceLog(ledger.store, partitions=partitions, segment_events=args.segment_events, schema=schema)
         # Backpressure before anything is appended: a rejected produce appends nothing.
         if args.hard_lag > 0:
             soft = min(args.soft_lag, args.hard_lag)
@@ -211,7 +225,11 @@ class Produce(Command):
                     file=sys.stderr,
                 )
         counts: dict[int, int] = {}
-        if args.from_file:
+        if args.from_file and log.schema != DEFAULT_STREAM_SCHEMA:
+            events = read_events(args.from_file, log.schema, file_format(args.from_file, args.format))
+            for p, res in log.append_routed(events).items():
+                counts[p] = res.events
+        elif args.from_file:
             for p, res in produce_from_jsonl(args.from_file, log).items():
                 counts[p] = res.events
         else:

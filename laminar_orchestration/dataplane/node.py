@@ -172,7 +172,7 @@ class Node:
         self.checkpoints = CheckpointStore(CheckpointWriter(opened))
         #: The cluster's stream schema and the processor this node runs on it (checked against the record).
         self.logic = resolve_logic(opened, config.node_id, reference=config.processor, given=processor)
-        self.source = SourceLog(self.reader)  # TEMPORARY: schema=self.logic.stream once the log takes it
+        self.source = SourceLog(self.reader, schema=self.logic.stream)
         self.guards = PartitionGuardSet(self.id)
         self._owns_workdir = config.workdir is None
         self.workdir = Path(config.workdir or tempfile.mkdtemp(prefix=f"laminar-node{config.node_id}-"))

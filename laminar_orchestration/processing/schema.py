@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -369,3 +370,75 @@ DEFAULT_STREAM_SCHEMA = StreamSchema(
     event_time="ts",
     required=["value"],
 )
+
+
+# --- events against the schema ------------------------------------------------------------
+
+
+def _first_bad_row(column: pa.ChunkedArray | pa.Array, ok: Callable[[pa.Array], bool]) -> int:
+    """The first row of `column` for which `ok` fails on its own (bisection over slices)."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    lo, hi = 0, len(array)  # the first bad row is in [lo, hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(array.slice(lo, mid - lo)):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def conform(schema: StreamSchema, events: pa.Table) -> pa.Table:
+    """`events` with exactly the schema's input columns and types, or `EventsDoNotMatchSchema` naming
+    the column and the first row that does not fit (values are cast only where no value changes)."""
+    target = schema.input_schema
+    names = set(events.column_names)
+    if OFFSET_COLUMN in names:
+        raise EventsDoNotMatchSchema(OFFSET_COLUMN, None, "offsets are assigned by the log")
+    unknown = sorted(names - set(target.names) - {"partition"})
+    if unknown:
+        raise EventsDoNotMatchSchema(unknown[0], None, f"not a column of the stream (its columns: {target.names})")
+    columns: list[pa.ChunkedArray | pa.Array] = []
+    for f in target:
+        if f.name not in names:
+            if not f.nullable:
+                raise EventsDoNotMatchSchema(f.name, None, "missing, and it may not be null")
+            columns.append(pa.nulls(events.num_rows, f.type))
+            continue
+        column = events[f.name]
+        if column.type != f.type:
+            try:
+                column = pc.cast(column, f.type, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                if isinstance(exc, pa.ArrowNotImplementedError) or not len(column):
+                    raise EventsDoNotMatchSchema(f.name, None, f"has type {column.type}, not {f.type}") from None
+
+                def casts(part: pa.Array, to: pa.DataType = f.type) -> bool:
+                    try:
+                        pc.cast(part, to, safe=True)
+                    except (pa.ArrowInvalid, pa.ArrowTypeError):
+                        return False
+                    return True
+
+                row = _first_bad_row(column, casts)
+                value = column[row].as_py()
+                raise EventsDoNotMatchSchema(f.name, row, f"{value!r} is not a {f.type}") from None
+        if not f.nullable and column.null_count:
+            row = _first_bad_row(column, lambda part: part.null_count == 0)
+            raise EventsDoNotMatchSchema(f.name, row, "is null, and it may not be")
+        if pa.types.is_string(f.type):
+            try:
+                (column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column).validate(full=True)
+            except pa.ArrowInvalid:
+                row = _first_bad_row(column, _valid)
+                raise EventsDoNotMatchSchema(f.name, row, "is not valid UTF-8") from None
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=target)
+
+
+def _valid(part: pa.Array) -> bool:
+    try:
+        part.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True

@@ -50,6 +50,7 @@ from pydantic import BaseModel
 
 from laminar_orchestration.errors import InvalidArgument
 from laminar_orchestration.identity import MAX_PARTITIONS, UNASSIGNED, NodeId, PartitionId
+from laminar_orchestration.processing.schema import StreamSchema
 from laminar_orchestration.protocol.capabilities import (
     LedgerKey,
     LedgerWriter,
@@ -113,6 +114,7 @@ from laminar_orchestration.protocol.signing import (
     SigningKeyUnavailable,
     sign_record,
 )
+from laminar_orchestration.protocol.stream import record_stream
 from laminar_orchestration.protocol.versioned import VersionedObject
 from laminar_orchestration.store import ObjectStore, PreconditionFailed, StoredObject
 
@@ -224,7 +226,9 @@ class Ledger:
     def is_initialized(self) -> bool:
         return self._writer.head(CLUSTER_KEY) is not None
 
-    def init_cluster(self, partitions: int, *, force: bool = False) -> ClusterRecord:
+    def init_cluster(
+        self, partitions: int, *, force: bool = False, stream: tuple[StreamSchema, str, str] | None = None
+    ) -> ClusterRecord:
         """Create the cluster record and `partitions` unassigned partitions at epoch 0.
 
         `partitions` must be within 1..`MAX_PARTITIONS`. Re-initialization needs
@@ -255,6 +259,8 @@ class Ledger:
                 ownership.move_pointer(_encode(head), None)
             except PreconditionFailed:
                 self._require(ownership.pointer_key, PartitionHead)  # exists (earlier run or re-init): must parse
+        if stream is not None:
+            record_stream(self._writer, self.store, *stream)
         if self._read(MEMBERSHIP_KEY, MembershipRecord) is None:
             membership = MembershipRecord(cluster_epoch=1, members=[], reason="init", updated_at=now())
             # Losing this race is fine: someone else created the same initial record.

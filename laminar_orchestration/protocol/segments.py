@@ -291,6 +291,9 @@ class SourceBatch:
     payloads: tuple[bytes, ...]
     #: The first offset of each segment of `segment_keys` (empty if the batch was built without them).
     segment_starts: tuple[int, ...] = ()
+    #: The stream's key column, and the columns of its stored events.
+    key_column: str = "key"
+    event_schema: pa.Schema = EVENT_SCHEMA
 
     @property
     def events(self) -> int:
@@ -309,10 +312,10 @@ class SourceBatch:
             try:
                 file = pq.ParquetFile(pa.BufferReader(payload))
                 rows = file.metadata.num_rows
-                keys = file.read().column("key")
+                keys = file.read().column(self.key_column)
             except (pa.ArrowException, OSError, KeyError) as exc:
                 return self._undecodable(offset, f"unreadable events: {exc}")
-            row = invalid_utf8_row(keys)
+            row = invalid_utf8_row(keys) if pa.types.is_string(keys.type) else None
             if row is not None:
                 raw = keys.cast(pa.binary())[row].as_py()
                 return self._undecodable(offset + row, f"key {raw[:64]!r} is not valid UTF-8")
@@ -346,16 +349,17 @@ class SourceBatch:
 
     def keys(self) -> pa.Array:
         """The distinct keys of the batch's events (only the ``key`` column is decoded)."""
-        columns = [_read_payload(p, columns=["key"])["key"] for p in self.payloads]
+        k = self.key_column
+        columns = [pc.cast(_read_payload(p, columns=[k])[k], pa.string()) for p in self.payloads]
         if not columns:
             return pa.array([], pa.string())
         return pc.unique(pa.chunked_array([c for column in columns for c in column.chunks], pa.string()))
 
     def to_table(self) -> pa.Table:
-        """All events of the batch as one pyarrow Table with `EVENT_SCHEMA`."""
+        """All events of the batch as one pyarrow Table with the stream's `event_schema`."""
         tables = [_read_payload(p).replace_schema_metadata(None) for p in self.payloads]
         if not tables:
-            return EVENT_SCHEMA.empty_table()
+            return self.event_schema.empty_table()
         return pa.concat_tables(tables)
 
 
@@ -505,6 +509,8 @@ def encode_segment(
     generation: int = 0,
     frame_events: int | None = None,
     write_id: str | None = None,
+    event_schema: pa.Schema = EVENT_SCHEMA,
+    dictionary_columns: Sequence[str] = SEGMENT_DICTIONARY_COLUMNS,
 ) -> bytes:
     """Encode normalized events (see `normalize_events`) as a segment at `start_offset`.
 
@@ -517,7 +523,7 @@ def encode_segment(
         raise ValueError("a segment holds at least one event")
     step = frame_events or n
     offsets = pa.array(np.arange(start_offset, start_offset + n, dtype=np.int64))
-    full = pa.Table.from_arrays([offsets, *table.columns], schema=EVENT_SCHEMA)
+    full = pa.Table.from_arrays([offsets, *table.columns], schema=event_schema)
     meta = {_WRITE_ID_META: (write_id or secrets.token_hex(8)).encode()}
     parts: list[bytes | pa.Buffer] = []
     for lo in range(0, n, step):
@@ -527,7 +533,7 @@ def encode_segment(
             sink,
             row_group_size=ROW_GROUP_EVENTS,
             # A dictionary tried on every column in every row group triples a large segment's encoding.
-            use_dictionary=SEGMENT_DICTIONARY_COLUMNS,
+            use_dictionary=list(dictionary_columns),
         )
         payload = sink.getvalue()
         header = FrameHeader(
@@ -549,7 +555,9 @@ class _Segment:
     rows: int
 
 
-def decode_segment(key: str, data: bytes, *, partition: int, start_offset: int) -> list[tuple[memoryview, int]]:
+def decode_segment(
+    key: str, data: bytes, *, partition: int, start_offset: int, names: Sequence[str] = tuple(EVENT_SCHEMA.names)
+) -> list[tuple[memoryview, int]]:
     """Check a segment's frames and Parquet footers; return `(payload, rows)` per frame.
 
     Decodes no column data: only the footer's row counts and the ``offset``
@@ -562,11 +570,11 @@ def decode_segment(key: str, data: bytes, *, partition: int, start_offset: int) 
     for _header, payload in iter_frames(data, source=key, expected_partition=partition):
         try:
             md = pq.read_metadata(pa.BufferReader(pa.py_buffer(payload)))
-            names = md.schema.to_arrow_schema().names
+            stored = md.schema.to_arrow_schema().names
         except (pa.ArrowException, OSError) as exc:
             raise CorruptSegment(key, f"frame at offset {pos}: unreadable Parquet: {exc}") from exc
-        if names != EVENT_SCHEMA.names:
-            raise CorruptSegment(key, f"frame at offset {pos}: columns {names}, expected {EVENT_SCHEMA.names}")
+        if stored != list(names):
+            raise CorruptSegment(key, f"frame at offset {pos}: columns {stored}, expected {list(names)}")
         rows = md.num_rows
         if rows <= 0:
             raise CorruptSegment(key, f"frame at offset {pos}: no events")

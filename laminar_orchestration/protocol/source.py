@@ -31,23 +31,29 @@ import logging
 import os
 import secrets
 import threading
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import ValidationError
 
+from laminar_orchestration.processing.schema import DEFAULT_STREAM_SCHEMA, StreamSchema, conform
 from laminar_orchestration.protocol.capabilities import ReadStore, SourceAppender, SourceKey, source_key
 from laminar_orchestration.protocol.keys import LOG_ENDS_KEY, segment_key, source_head_key
 from laminar_orchestration.protocol.nudge import SourceDoorbell
 from laminar_orchestration.protocol.segments import (
     _INPUT_SCHEMA,
+    EVENT_SCHEMA,
     MAX_LINE_BYTES,
+    SEGMENT_DICTIONARY_COLUMNS,
     AppendResult,
     BadInputLine,
     CorruptSourceHead,
     InputFileError,
+    InvalidEvents,
     LogEnds,
     OffsetNotAtSegmentBoundary,
     PartitionOutOfRange,
@@ -89,6 +95,7 @@ class SourceLog:
         generation: int = 0,
         partitions: int | None = None,
         doorbell: SourceDoorbell | None = None,
+        schema: StreamSchema = DEFAULT_STREAM_SCHEMA,
     ) -> None:
         if segment_events < 1:
             raise ValueError("segment_events must be >= 1")
@@ -98,6 +105,10 @@ class SourceLog:
         self.frame_events = frame_events
         self.generation = generation
         self.partitions = partitions
+        #: The stream's schema: appends are checked against it, segments hold its columns.
+        self.schema = schema
+        self._default = schema == DEFAULT_STREAM_SCHEMA
+        self._event_schema = schema.event_schema if not self._default else EVENT_SCHEMA
         # A segment fetched by `read` that did not fit max_events; the next read of
         # that partition almost always starts there. Segments are immutable, so
         # caching one is always correct.
@@ -215,6 +226,21 @@ class SourceLog:
             self.record_ends({partition: result.next_offset})
         return result
 
+    def append_routed(self, events: object) -> dict[int, AppendResult]:
+        """Append events of the stream's schema (a pyarrow Table, a pandas or polars DataFrame), each to
+        the partition of its key (`route`) unless a ``partition`` column says otherwise."""
+        if self.partitions is None:
+            raise ValueError("routing needs the number of partitions (SourceLog(partitions=...))")
+        table = as_table(0, events)
+        if "partition" in table.column_names:
+            parts = table["partition"].to_numpy(zero_copy_only=False)
+            table = table.drop_columns(["partition"])
+        else:
+            parts = route(table[self.schema.key], self.partitions)
+        return self.append_many(
+            {int(p): table.filter(pa.array(parts == p)) for p in np.unique(parts) if (parts == p).any()}
+        )
+
     def append_many(self, events: Mapping[int, Sequence[SourceEvent] | pa.Table]) -> dict[int, AppendResult]:
         """`append` to several partitions, recording their new log ends with one write."""
         results = {p: self._append(p, batch) for p, batch in events.items()}
@@ -279,7 +305,10 @@ class SourceLog:
     def _append(self, partition: int, events: Sequence[SourceEvent] | pa.Table) -> AppendResult:
         self._check_partition(partition)
         self._append_capability(partition)
-        table = normalize_events(partition, events)
+        if self._default:
+            table = normalize_events(partition, events)
+        else:
+            table = conform(self.schema, as_table(partition, events))
         refs = [
             self._append_segment(partition, table.slice(lo, self.segment_events))
             for lo in range(0, table.num_rows, self.segment_events)
@@ -309,6 +338,8 @@ class SourceLog:
                         generation=self.generation,
                         frame_events=self.frame_events,
                         write_id=write_id,
+                        event_schema=self._event_schema,
+                        dictionary_columns=SEGMENT_DICTIONARY_COLUMNS if self._default else [self.schema.key],
                     ),
                 )
             data = built[1]
@@ -357,7 +388,7 @@ class SourceLog:
 
     def _parse(self, partition: int, start: int, data: bytes) -> _Segment:
         key = segment_key(partition, start)
-        frames = decode_segment(key, data, partition=partition, start_offset=start)
+        frames = decode_segment(key, data, partition=partition, start_offset=start, names=self._event_schema.names)
         return _Segment(
             key=key,
             start_offset=start,
@@ -421,6 +452,8 @@ class SourceLog:
                     segment_keys=tuple(s.key for s in segments),
                     payloads=tuple(p for s in segments for p in s.payloads),
                     segment_starts=tuple(s.start_offset for s in segments),
+                    key_column=self.schema.key,
+                    event_schema=self._event_schema,
                 )
             if at_boundary or self._at_log_end(partition, from_offset):
                 return None
@@ -466,6 +499,29 @@ class SourceLog:
 
 
 # --- producers -----------------------------------------------------------------
+
+
+def route(keys: pa.Array | pa.ChunkedArray, partitions: int) -> np.ndarray:
+    """Each key's partition: CRC-32 of its UTF-8 text (an integer key: its decimal text) modulo
+    `partitions`, so a key's events always land in one partition and its state stays there."""
+    text = pc.cast(keys, pa.string()).to_pylist()
+    return np.array([zlib.crc32(k.encode()) % partitions if k is not None else 0 for k in text], dtype=np.int64)
+
+
+def as_table(partition: int, events: object) -> pa.Table:
+    """Events as a pyarrow Table: a Table as it is, a pandas DataFrame or a polars DataFrame converted."""
+    if isinstance(events, pa.Table):
+        return events
+    to_arrow = getattr(events, "to_arrow", None)
+    if callable(to_arrow):  # polars
+        converted = to_arrow()
+        if isinstance(converted, pa.Table):
+            return converted
+    if type(events).__module__.startswith("pandas"):
+        return pa.Table.from_pandas(events, preserve_index=False)
+    raise InvalidEvents(
+        partition, f"events are {type(events).__name__}; give a pyarrow Table or a pandas/polars DataFrame"
+    )
 
 
 def produce_from_jsonl(path: str | os.PathLike[str], log: SourceLog) -> dict[int, AppendResult]:
