@@ -161,7 +161,8 @@ def synthetic_events(stream: StreamSchema, n: int) -> pa.Table:
         elif f.name == stream.event_time:
             columns.append(pa.array(range(n), pa.int64()).cast(f.type))
         elif pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type):
-            columns.append(pa.array([i % 97 for i in range(n)], pa.int64()).cast(f.type))
+            # Small numbers: an int8 fits any numeric column, a decimal's precision included.
+            columns.append(pa.array([i % 97 for i in range(n)], pa.int8()).cast(f.type))
         elif pa.types.is_string(f.type):
             columns.append(pa.array([f"v{i % 97}" for i in range(n)], pa.string()))
         elif f.nullable:

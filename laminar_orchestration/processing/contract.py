@@ -114,7 +114,11 @@ def delta_with_removals(fold: BatchFold) -> pa.Table:
     """The delta a commit uploads: the new values, then one row per removed key marked `DELETED_COLUMN`."""
     if not len(fold.deleted):
         return fold.delta
-    kept = fold.delta.append_column(DELETED_COLUMN, pa.array([False] * fold.delta.num_rows, pa.bool_()))
+    # A removal's value columns are null: every column of a delta with removals may be.
+    nullable = pa.schema([pa.field(f.name, f.type, nullable=True) for f in fold.delta.schema])
+    kept = fold.delta.cast(nullable).append_column(
+        DELETED_COLUMN, pa.array([False] * fold.delta.num_rows, pa.bool_())
+    )
     n = len(fold.deleted)
     removed = pa.table(
         [

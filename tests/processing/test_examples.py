@@ -22,7 +22,12 @@ import pyarrow as pa
 import pytest
 
 from examples import dedup, sessions, windowed_counts
-from laminar_orchestration.dataplane.engine import SparkBatchEngine, build_spark_session
+from laminar_orchestration.dataplane.engine import (
+    SparkBatchEngine,
+    build_spark_session,
+    parquet_bytes_to_table,
+    table_to_parquet_bytes,
+)
 from laminar_orchestration.dataplane.statestore import PartitionStateStore
 from laminar_orchestration.processing.contract import (
     EventTimeProgress,
@@ -118,7 +123,8 @@ def _run(
         context = FoldContext(1, 0, progress, store, 0, batch_max_event_time=top)
         fold = bound.fold(aggregate, previous, context)
         outputs.append(fold.output)
-        deltas.append((delta_with_removals(fold), end))
+        # As a commit uploads it: the delta's Parquet bytes, read back on restore.
+        deltas.append((parquet_bytes_to_table(table_to_parquet_bytes(delta_with_removals(fold))), end))
         store.apply(fold.delta, end, deleted=fold.deleted)
         progress, offset = fold.progress, end
         if not moved and offset >= events.num_rows // 2:
