@@ -75,6 +75,7 @@ def can(role: str, action: str, key: str, context: Mapping[str, str] | None = No
 SAMPLES = {
     keys.CLUSTER_KEY: keys.CLUSTER_KEY,
     keys.MEMBERSHIP_KEY: keys.MEMBERSHIP_KEY,
+    keys.STREAM_KEY: keys.STREAM_KEY,
     keys.NODE_RECORDS_PATTERN: keys.node_key(2),
     keys.OWNERSHIP_HEADS_PATTERN: keys.ownership_head_key(3),
     keys.GRANTS_PATTERN: keys.grant_key(3, 7),

@@ -13,14 +13,14 @@ from laminar_orchestration.errors import InvalidArgument
 from laminar_orchestration.identity import MAX_PARTITIONS
 from laminar_orchestration.protocol.ledger import Ledger
 
+if TYPE_CHECKING:
+    from laminar_orchestration.processing.schema import StreamSchema
+
 __all__ = ["DETAIL_UP_TO", "Init", "Status"]
 
 #: Up to this many partitions `status` reads every partition's records (about six reads each, in
 #: parallel); beyond, it summarizes from the node records and assignments unless asked for --detail.
 DETAIL_UP_TO = 64
-
-if TYPE_CHECKING:
-    from laminar_orchestration.processing.schema import StreamSchema
 
 
 class Init(Command):
@@ -55,12 +55,20 @@ class Init(Command):
             raise InvalidArgument("--partitions", f"{args.partitions} is not within 1..{MAX_PARTITIONS}")
         if args.output_table is not None and not args.output_table.strip():
             raise InvalidArgument("--output-table", "empty: give a path, file:///path or s3://bucket/prefix")
-        stream = _stream_of(args.schema, args.processor)  # checked before anything is written
+        # The stream's schema and processor are loaded and checked before anything is written (pyarrow
+        # and the processor's module load only when asked for).
+        from laminar_orchestration.protocol.stream import check_stream, read_stream_record, stream_record
+
+        schema = _schema_of(args.schema)
+        stream = None if args.schema is None and args.processor is None else stream_record(schema, args.processor)
         ledger = open_ledger(args, create=True)
+        if stream is not None:  # another stream recorded: refused before the table's location is written
+            check_stream(ledger.store, stream, cluster_exists=ledger.is_initialized())
         table = None
         if args.output_table is not None:
             table = self._record_table(ledger, args.output_table, force=args.force)
-        out.initialized(ledger.init_cluster(args.partitions, force=args.force, stream=stream), ledger.store.url)
+        cluster = ledger.init_cluster(args.partitions, force=args.force, schema=schema, processor=args.processor)
+        out.initialized(cluster, ledger.store.url, read_stream_record(ledger.store))
         if table is not None and not args.json:
             print(f"output table {table}")
         return 0
@@ -83,20 +91,16 @@ class Init(Command):
         return location.describe()
 
 
-def _stream_of(schema_file: str | None, reference: str | None) -> tuple[StreamSchema, str, str] | None:
-    """The schema, processor reference and fingerprint `init` records; None when neither flag is given."""
-    from laminar_orchestration.processing.registry import DEFAULT_PROCESSOR, load_processor, processor_fingerprint
-    from laminar_orchestration.processing.schema import DEFAULT_STREAM_SCHEMA, InvalidSchema, StreamSchema
+def _schema_of(schema_file: str | None) -> StreamSchema | None:
+    """The schema `--schema` names, read and checked (None without the flag)."""
+    from laminar_orchestration.processing.schema import InvalidSchema, StreamSchema
 
-    if schema_file is None and reference is None:
+    if schema_file is None:
         return None
     try:
-        schema = StreamSchema.from_file(schema_file) if schema_file is not None else DEFAULT_STREAM_SCHEMA
+        return StreamSchema.from_file(schema_file)
     except InvalidSchema as exc:
         raise InvalidArgument("--schema", str(exc)) from None
-    name = reference or DEFAULT_PROCESSOR
-    processor = load_processor(name).bind(schema)
-    return schema, name, processor_fingerprint(processor, schema)
 
 
 class Status(Command):
@@ -142,5 +146,8 @@ class Status(Command):
             snapshot = summarize_cluster(ledger)
         # The table's lag walks each partition's chain from the table's position: only with the detail.
         shown = None if snapshot.detail else [p.partition for p in snapshot.partitions if args.partition]
-        out.status(snapshot, table_status(ledger.store, ledger=ledger, partitions=shown))
+        from laminar_orchestration.protocol.stream import read_stream_record
+
+        stream = read_stream_record(ledger.store)
+        out.status(snapshot, table_status(ledger.store, ledger=ledger, partitions=shown), stream)
         return 0

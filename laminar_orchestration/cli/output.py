@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from laminar_orchestration.ops.verify import PartitionAudit
     from laminar_orchestration.protocol.capabilities import StoragePolicies
     from laminar_orchestration.protocol.records import ClusterRecord
+    from laminar_orchestration.protocol.stream import StreamRecord
     from laminar_orchestration.table import TableAudit, TableStatus
 
     #: What a move of `migrate`, `failover` and `rebalance` returns: the phases it ran.
@@ -39,11 +40,13 @@ __all__ = ["ConsoleOutput", "JsonOutput", "Output", "output_for"]
 class Output(Protocol):
     """Where a command's results go."""
 
-    def initialized(self, record: ClusterRecord, store_url: str) -> None:
-        """`init` created (or re-initialized) the cluster."""
+    def initialized(self, record: ClusterRecord, store_url: str, stream: StreamRecord | None = None) -> None:
+        """`init` created (or re-initialized) the cluster; `stream`: its stream record (None: the default)."""
 
-    def status(self, snapshot: ClusterSnapshot, table: TableStatus | None = None) -> None:
-        """`status`: every partition and node, and the output table's position (None: not read)."""
+    def status(
+        self, snapshot: ClusterSnapshot, table: TableStatus | None = None, stream: StreamRecord | None = None
+    ) -> None:
+        """`status`: every partition and node, the output table's position (None: not read), the stream."""
 
     def produced(self, appended: dict[int, int], log_ends: dict[int, int]) -> None:
         """`produce`: events appended per partition."""
@@ -119,6 +122,40 @@ def outcome_json(outcome: MoveResult) -> dict[str, Any]:
     }
 
 
+def stream_lines(stream: StreamRecord | None) -> list[str]:
+    """The stream's processor and schema in two lines (None: the default stream, which has no record)."""
+    from laminar_orchestration.processing.registry import DEFAULT_PROCESSOR
+    from laminar_orchestration.processing.schema import DEFAULT_STREAM_SCHEMA
+
+    schema = stream.stream_schema if stream is not None else DEFAULT_STREAM_SCHEMA
+    roles = {schema.key: " (key)", schema.event_time: " (event time)"}
+    columns = ", ".join(f"{c.name} {c.type}{roles.get(c.name, '')}" for c in schema.columns)
+    if stream is None:
+        return [f"stream: the default, processor {DEFAULT_PROCESSOR}", f"schema: {columns}"]
+    return [
+        f"stream: processor {stream.processor} (fingerprint {stream.processor_fingerprint[:12]})",
+        f"schema: {columns}",
+    ]
+
+
+def stream_json(stream: StreamRecord | None) -> dict[str, Any]:
+    """The stream as JSON: its processor, fingerprint (None: the default stream) and schema document."""
+    from laminar_orchestration.processing.registry import DEFAULT_PROCESSOR
+    from laminar_orchestration.processing.schema import DEFAULT_STREAM_SCHEMA
+
+    if stream is None:
+        return {
+            "processor": DEFAULT_PROCESSOR,
+            "processor_fingerprint": None,
+            "schema": DEFAULT_STREAM_SCHEMA.model_dump(mode="json"),
+        }
+    return {
+        "processor": stream.processor,
+        "processor_fingerprint": stream.processor_fingerprint,
+        "schema": stream.stream_schema.model_dump(mode="json"),
+    }
+
+
 class ConsoleOutput:
     """Text for a terminal: sentences and aligned tables, progress as it happens."""
 
@@ -128,12 +165,18 @@ class ConsoleOutput:
     def _say(self, line: str = "") -> None:
         print(line, file=self._stream or sys.stdout, flush=True)
 
-    def initialized(self, record: ClusterRecord, store_url: str) -> None:
+    def initialized(self, record: ClusterRecord, store_url: str, stream: StreamRecord | None = None) -> None:
         self._say(f"initialized cluster {record.cluster_id} with {record.partitions} partitions in {store_url}")
+        for line in stream_lines(stream):
+            self._say(line)
 
-    def status(self, snapshot: ClusterSnapshot, table: TableStatus | None = None) -> None:
+    def status(
+        self, snapshot: ClusterSnapshot, table: TableStatus | None = None, stream: StreamRecord | None = None
+    ) -> None:
         say = self._say
         say(f"store {snapshot.store}  cluster {snapshot.cluster_id}  cluster epoch {snapshot.cluster_epoch}")
+        for line in stream_lines(stream):
+            say(line)
         if not snapshot.detail:
             say("as the owners' heartbeats and the assignments show it (--detail: every partition's ledger records)")
         say(
@@ -283,11 +326,19 @@ class JsonOutput:
     def _dump(self, data: Any) -> None:
         print(json.dumps(data, indent=2, default=_json_default), file=self._stream or sys.stdout, flush=True)
 
-    def initialized(self, record: ClusterRecord, store_url: str) -> None:
-        self._dump(record.model_dump(mode="json"))
+    def initialized(self, record: ClusterRecord, store_url: str, stream: StreamRecord | None = None) -> None:
+        self._dump({**record.model_dump(mode="json"), "stream": stream_json(stream)})
 
-    def status(self, snapshot: ClusterSnapshot, table: TableStatus | None = None) -> None:
-        self._dump({**snapshot.to_json(), "output_table": table.to_json() if table is not None else None})
+    def status(
+        self, snapshot: ClusterSnapshot, table: TableStatus | None = None, stream: StreamRecord | None = None
+    ) -> None:
+        self._dump(
+            {
+                **snapshot.to_json(),
+                "output_table": table.to_json() if table is not None else None,
+                "stream": stream_json(stream),
+            }
+        )
 
     def produced(self, appended: dict[int, int], log_ends: dict[int, int]) -> None:
         self._dump({"appended": {str(p): n for p, n in sorted(appended.items())}})

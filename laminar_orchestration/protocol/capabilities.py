@@ -185,12 +185,13 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
     * control plane (CLI `init/migrate/failover/rebalance/status`, the Dagster code location):
       mints grants with their signing keys (and seals the chain a grant fences, signed with the
       grant's key), moves ownership heads, records desired state and membership (and, at `init`,
-      where the output table is); reads the source heads for lag; lists node records to find new nodes.
+      the stream's schema and processor and where the output table is); reads the source heads for
+      lag; lists node records to find new nodes.
     * node N: its own node record, release records, the manifest chain it publishes, and the
       checkpoints and output under its own node (any partition's, no other node's); reads the
       signing keys of its own grants and no other node's. No grant, head, desired state,
       membership or source write; deletes nothing.
-    * producer: source segments, source heads and the log ends; reads the cluster record, the manifests
+    * producer: source segments, source heads and the log ends; reads the cluster and stream records, the manifests
       (backpressure: lag = written - committed), the grants (whose public keys verify them) and
       the node records (whose generations tell a restarted writer's earlier incarnation apart,
       and whose nudge addresses, with the membership record, its source doorbell rings).
@@ -227,6 +228,7 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
                 keys.MANIFEST_POINTERS_PATTERN,
                 keys.SIGNING_KEYS_PATTERN,
                 keys.OUTPUT_TABLE_KEY,  # `laminar init --output-table`
+                keys.STREAM_KEY,  # `laminar init --schema --processor`
             ),
             # Its listing of the node records (`Ledger.nodes`) is inside its ``ledger/`` reads.
             table_writes=(keys.OUTPUT_TABLE_PREFIX,),
@@ -235,6 +237,7 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
         PRODUCER_ROLE: RoleAccess(
             reads=(
                 keys.CLUSTER_KEY,
+                keys.STREAM_KEY,  # the schema its appends are checked against
                 keys.MEMBERSHIP_KEY,
                 keys.GRANTS_PATTERN,
                 keys.NODE_RECORDS_PATTERN,
@@ -280,6 +283,7 @@ CREATE_ONLY_PATTERNS: tuple[str, ...] = (
     keys.CHECKPOINT_OBJECTS_PATTERN,
     keys.OUTPUT_OBJECTS_PATTERN,
     keys.SIGNING_KEYS_PATTERN,
+    keys.STREAM_KEY,
 )
 #: Objects created once (If-None-Match) and then only swapped (If-Match).
 CAS_PATTERNS: tuple[str, ...] = (

@@ -89,6 +89,8 @@ def _partition(partition: int) -> str:
 
 CLUSTER_KEY = f"{LEDGER_PREFIX}cluster.json"
 MEMBERSHIP_KEY = f"{LEDGER_PREFIX}membership.json"
+#: The stream's schema and processor (`protocol.stream`): created once by `init`, read by nodes and producers.
+STREAM_KEY = f"{LEDGER_PREFIX}stream.json"
 
 
 NODES_PREFIX = f"{LEDGER_PREFIX}nodes/"

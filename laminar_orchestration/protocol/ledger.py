@@ -114,7 +114,7 @@ from laminar_orchestration.protocol.signing import (
     SigningKeyUnavailable,
     sign_record,
 )
-from laminar_orchestration.protocol.stream import record_stream
+from laminar_orchestration.protocol.stream import check_stream, record_stream, stream_record
 from laminar_orchestration.protocol.versioned import VersionedObject
 from laminar_orchestration.store import ObjectStore, PreconditionFailed, StoredObject
 
@@ -227,7 +227,7 @@ class Ledger:
         return self._writer.head(CLUSTER_KEY) is not None
 
     def init_cluster(
-        self, partitions: int, *, force: bool = False, stream: tuple[StreamSchema, str, str] | None = None
+        self, partitions: int, *, force: bool = False, schema: StreamSchema | None = None, processor: str | None = None
     ) -> ClusterRecord:
         """Create the cluster record and `partitions` unassigned partitions at epoch 0.
 
@@ -235,13 +235,19 @@ class Ledger:
         `force`; it never lowers an epoch or removes a partition (that would hand
         out an epoch twice), it only adds partitions.
 
-        Resumable: the partition heads and the membership record are written
-        first and the cluster record last, so an interrupted `init` leaves no
+        Resumable: the stream record, the partition heads and the membership record
+        are written first and the cluster record last, so an interrupted `init` leaves no
         cluster that names missing partitions; running it again completes it.
+
+        `schema` and `processor` (either defaulting to the demo's) are recorded in the stream
+        record (`protocol.stream`), checked before any write: `StreamAlreadyRecorded` if the
+        store records another stream. With neither, no stream record is written.
         """
         if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= MAX_PARTITIONS:
             raise InvalidArgument("partitions", f"{partitions!r} is not within 1..{MAX_PARTITIONS}")
         existing = self._read(CLUSTER_KEY, ClusterRecord)
+        stream = None if schema is None and processor is None else stream_record(schema, processor)
+        new_stream = stream is not None and check_stream(self._writer, stream, cluster_exists=existing is not None)
         if existing is not None:
             if not force:
                 raise ClusterAlreadyInitialized(self.store.url, existing[0].partitions)
@@ -250,6 +256,8 @@ class Ledger:
                     "partitions",
                     f"cannot shrink the cluster from {existing[0].partitions} to {partitions} partitions",
                 )
+        if stream is not None and new_stream:
+            record_stream(self._writer, stream)  # first: a cluster record never lacks the stream it was given
         for p in range(partitions):
             head = PartitionHead(
                 partition=p, epoch=0, owner=UNASSIGNED, status=PartitionStatus.UNASSIGNED, updated_at=now()
@@ -259,8 +267,6 @@ class Ledger:
                 ownership.move_pointer(_encode(head), None)
             except PreconditionFailed:
                 self._require(ownership.pointer_key, PartitionHead)  # exists (earlier run or re-init): must parse
-        if stream is not None:
-            record_stream(self._writer, self.store, *stream)
         if self._read(MEMBERSHIP_KEY, MembershipRecord) is None:
             membership = MembershipRecord(cluster_epoch=1, members=[], reason="init", updated_at=now())
             # Losing this race is fine: someone else created the same initial record.

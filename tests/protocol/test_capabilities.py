@@ -129,6 +129,7 @@ def test_storage_policies_split_writes_by_role() -> None:
         "grant-keys/*",
         "ledger/cluster.json",
         "ledger/membership.json",
+        "ledger/stream.json",
         "ledger/partitions/?????/head.json",
         "ledger/partitions/?????/grants/*",
         "ledger/partitions/?????/desired.json",
@@ -137,6 +138,11 @@ def test_storage_policies_split_writes_by_role() -> None:
         "manifests/?????/current.json",
     }
     assert writes("producer") == {"source/?????/*.seg", "source/?????/head.json", "source/ends.json"}
+    # The stream's record: written by the control plane only, read by producers (their appends are
+    # checked against its schema) and nodes (they run its processor).
+    others = writes("producer") | writes("node-1") | writes("auditor")
+    assert not {w for w in others if w.startswith("ledger/stream")}
+    assert "ledger/stream.json" in reads("producer") and "ledger/*" in reads("node-1")
     # A node's data objects: under its own node of a five-character partition segment, which no `*` spans.
     assert {w for w in writes("node-1") if w.startswith(("checkpoints/", "sink/"))} == {
         "checkpoints/?????/n-00001/*",
