@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import sys
+import tempfile
+from typing import TYPE_CHECKING
 
 from laminar_orchestration.cli.base import (
     Command,
@@ -17,6 +20,12 @@ from laminar_orchestration.cli.base import (
 from laminar_orchestration.cli.output import Output
 from laminar_orchestration.dataplane.config import WARM_UP_BATCHES, NodeConfig
 from laminar_orchestration.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from laminar_orchestration.protocol.segments import AppendResult
+    from laminar_orchestration.protocol.source import SourceLog
 
 _NODE_DEFAULTS = NodeConfig.model_fields
 
@@ -194,7 +203,7 @@ class Produce(Command):
         from laminar_orchestration.dataplane.backpressure import admit, partition_backpressure
         from laminar_orchestration.processing.schema import DEFAULT_STREAM_SCHEMA
         from laminar_orchestration.protocol.event_files import file_format, read_events
-        from laminar_orchestration.protocol.source import SourceLog, generate_events, produce_from_jsonl
+        from laminar_orchestration.protocol.source import SourceLog, generate_events
         from laminar_orchestration.protocol.stream import read_stream_record
 
         if args.from_file is None and args.count is None:
@@ -225,18 +234,54 @@ class Produce(Command):
                     file=sys.stderr,
                 )
         counts: dict[int, int] = {}
-        if args.from_file and log.schema != DEFAULT_STREAM_SCHEMA:
-            events = read_events(args.from_file, log.schema, file_format(args.from_file, args.format))
-            for p, res in log.append_routed(events).items():
+        # The default stream's JSON lines keep their own reader (a "partition" on every line, "ts"
+        # optional); every other file is read whole against the schema, then routed by key.
+        legacy = log.schema == DEFAULT_STREAM_SCHEMA and (args.format or "jsonl") == "jsonl"
+        if args.from_file and legacy and not args.from_file.endswith((".csv", ".parquet")):
+            for p, res in _produce_jsonl(args.from_file, log).items():
                 counts[p] = res.events
         elif args.from_file:
-            for p, res in produce_from_jsonl(args.from_file, log).items():
+            events = read_events(args.from_file, log.schema, file_format(args.from_file, args.format))
+            _check_partitions(args.from_file, events, partitions)
+            for p, res in log.append_routed(events).items():
                 counts[p] = res.events
         else:
             appended = log.append_many(generate_events(args.count, args.keys, args.seed, partitions))
             counts = {p: res.events for p, res in appended.items()}
         out.produced(counts, {p: log.end_offset(p) for p in counts})
         return 0
+
+
+def _check_partitions(path: str, events: pa.Table, partitions: int) -> None:
+    """A file's ``partition`` column, if it has one, names partitions of the cluster (checked before
+    anything is appended)."""
+    from laminar_orchestration.processing.schema import EventsDoNotMatchSchema
+    from laminar_orchestration.protocol.event_files import EventFileError
+    from laminar_orchestration.protocol.source import partition_numbers
+
+    if "partition" in events.column_names:
+        try:
+            partition_numbers(events["partition"], partitions)
+        except EventsDoNotMatchSchema as exc:
+            at = f"event {exc.row + 1}, " if exc.row is not None else ""
+            raise EventFileError("stdin" if path == "-" else path, f"{at}column 'partition'", exc.reason) from None
+
+
+def _produce_jsonl(path: str, log: SourceLog) -> dict[int, AppendResult]:
+    """The default stream's JSON lines from `path` (``-``: stdin, spooled to a file first: every line
+    is checked before anything is appended)."""
+    from laminar_orchestration.protocol.segments import BadInputLine
+    from laminar_orchestration.protocol.source import produce_from_jsonl
+
+    if path != "-":
+        return produce_from_jsonl(path, log)
+    with tempfile.NamedTemporaryFile(prefix="laminar-produce-", suffix=".jsonl") as spool:
+        shutil.copyfileobj(sys.stdin.buffer, spool)
+        spool.flush()
+        try:
+            return produce_from_jsonl(spool.name, log)
+        except BadInputLine as exc:
+            raise BadInputLine("stdin", exc.line_number, exc.reason) from None
 
 
 class Query(Command):

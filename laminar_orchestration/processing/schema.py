@@ -390,7 +390,13 @@ def _first_bad_row(column: pa.ChunkedArray | pa.Array, ok: Callable[[pa.Array], 
 
 def conform(schema: StreamSchema, events: pa.Table) -> pa.Table:
     """`events` with exactly the schema's input columns and types, or `EventsDoNotMatchSchema` naming
-    the column and the first row that does not fit (values are cast only where no value changes)."""
+    the column and the first row (0-based) that does not fit.
+
+    Every column of the schema must be there and no other (``offset`` is the log's; a ``partition``
+    column is left to the caller, which routes by it). Values are cast only where none changes
+    (`pc.cast(..., safe=True)`: no overflow, truncation or lost decimal places); the key, the event
+    time and the required columns hold no nulls; strings, at any depth, are valid UTF-8.
+    """
     target = schema.input_schema
     names = set(events.column_names)
     if OFFSET_COLUMN in names:
@@ -401,10 +407,7 @@ def conform(schema: StreamSchema, events: pa.Table) -> pa.Table:
     columns: list[pa.ChunkedArray | pa.Array] = []
     for f in target:
         if f.name not in names:
-            if not f.nullable:
-                raise EventsDoNotMatchSchema(f.name, None, "missing, and it may not be null")
-            columns.append(pa.nulls(events.num_rows, f.type))
-            continue
+            raise EventsDoNotMatchSchema(f.name, None, "missing (a column without values: give it as nulls)")
         column = events[f.name]
         if column.type != f.type:
             try:
@@ -423,10 +426,12 @@ def conform(schema: StreamSchema, events: pa.Table) -> pa.Table:
                 row = _first_bad_row(column, casts)
                 value = column[row].as_py()
                 raise EventsDoNotMatchSchema(f.name, row, f"{value!r} is not a {f.type}") from None
+            if pa.types.is_decimal(f.type) and pa.types.is_floating(events[f.name].type):
+                _check_exact(f.name, f.type, events[f.name], column)
         if not f.nullable and column.null_count:
             row = _first_bad_row(column, lambda part: part.null_count == 0)
             raise EventsDoNotMatchSchema(f.name, row, "is null, and it may not be")
-        if pa.types.is_string(f.type):
+        if _holds_strings(f.type):  # Arrow strings are unchecked bytes, at any depth
             try:
                 (column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column).validate(full=True)
             except pa.ArrowInvalid:
@@ -434,6 +439,30 @@ def conform(schema: StreamSchema, events: pa.Table) -> pa.Table:
                 raise EventsDoNotMatchSchema(f.name, row, "is not valid UTF-8") from None
         columns.append(column)
     return pa.Table.from_arrays(columns, schema=target)
+
+
+def _holds_strings(data_type: pa.DataType) -> bool:
+    if pa.types.is_string(data_type):
+        return True
+    if pa.types.is_map(data_type):
+        return _holds_strings(data_type.key_type) or _holds_strings(data_type.item_type)
+    if pa.types.is_list(data_type):
+        return _holds_strings(data_type.value_type)
+    if pa.types.is_struct(data_type):
+        return any(_holds_strings(f.type) for f in data_type)
+    return False
+
+
+def _check_exact(
+    name: str, to: pa.DataType, floats: pa.ChunkedArray | pa.Array, cast: pa.ChunkedArray | pa.Array
+) -> None:
+    """A float cast to a decimal rounds silently (1.255 to decimal(12, 2) is 1.25): refuse a value
+    the decimal does not hold exactly as written."""
+    back = pc.cast(cast, floats.type)
+    same = pc.fill_null(pc.equal(back, floats), True)
+    if not pc.all(same).as_py():
+        row = _first_bad_row(same, lambda part: bool(pc.all(part).as_py()))
+        raise EventsDoNotMatchSchema(name, row, f"{floats[row].as_py()!r} has more decimal places than {to} holds")
 
 
 def _valid(part: pa.Array) -> bool:

@@ -9,10 +9,13 @@ from __future__ import annotations
 import io
 import json
 import sys
+from datetime import UTC, date, datetime
+from decimal import Decimal
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
@@ -53,35 +56,64 @@ def file_format(path: str, given: str | None) -> Format:
 
 
 def read_events(path: str, schema: StreamSchema, fmt: Format) -> pa.Table:
-    """The file's events as a table of the stream's input columns (plus ``partition`` if the file has one)."""
+    """The file's events as a table of the stream's input columns (plus ``partition`` if the file has one).
+
+    JSON lines: one object per line with the stream's columns (timestamps as ISO-8601 strings or
+    epoch milliseconds, decimals as strings or numbers, lists, structs and maps as JSON arrays and
+    objects), errors naming the line. CSV: a header line, then one event per line; flat columns
+    only; an empty unquoted field is null; errors name the data row (1 = the line after the
+    header). Parquet: errors name the row (1 = the first).
+    """
     try:
         data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as exc:
         raise EventFileError(path, "file", exc.strerror or str(exc)) from None
     name = "stdin" if path == "-" else path
+    if fmt == "jsonl":
+        return _read_jsonl(name, data, schema)
     if fmt == "parquet":
         try:
             table = pq.read_table(pa.BufferReader(data))
         except (pa.ArrowException, OSError) as exc:
             raise EventFileError(name, "Parquet", str(exc)) from None
-        where = "row"
-    elif fmt == "csv":
-        nested = [f.name for f in schema.input_schema if pa.types.is_nested(f.type)]
-        if nested:
-            raise EventFileError(name, f"column {nested[0]!r}", "lists, structs and maps need JSON lines or Parquet")
-        types = {f.name: f.type for f in schema.input_schema}
-        try:
-            table = pcsv.read_csv(io.BytesIO(data), convert_options=pcsv.ConvertOptions(column_types=types))
-        except pa.ArrowInvalid as exc:
-            raise EventFileError(name, "CSV", str(exc)) from None
-        where = "data row"
     else:
-        return _read_jsonl(name, data, schema)
+        table = _read_csv(name, data, schema)
     try:
         return _conformed(schema, table)
     except EventsDoNotMatchSchema as exc:
-        at = f"{where} {exc.row + 1}, " if exc.row is not None else ""
+        at = f"{'data row' if fmt == 'csv' else 'row'} {exc.row + 1}, " if exc.row is not None else ""
         raise EventFileError(name, f"{at}column {exc.column!r}", exc.reason) from None
+
+
+def _read_csv(name: str, data: bytes, schema: StreamSchema) -> pa.Table:
+    nested = [f.name for f in schema.input_schema if pa.types.is_nested(f.type)]
+    if nested:
+        raise EventFileError(name, f"column {nested[0]!r}", "lists, structs and maps need JSON lines or Parquet")
+    # Read as text and cast column by column (`conform`): a value that does not fit is named by its row.
+    text = {f.name: pa.string() for f in schema.input_schema}
+    try:
+        table = pcsv.read_csv(
+            io.BytesIO(data),
+            convert_options=pcsv.ConvertOptions(
+                column_types={**text, "partition": pa.int64()},
+                strings_can_be_null=True,
+                quoted_strings_can_be_null=False,
+            ),
+        )
+    except pa.ArrowInvalid as exc:
+        raise EventFileError(name, "CSV", str(exc).splitlines()[0]) from None
+    for i, f in enumerate(table.schema):
+        target = schema.input_schema.field(f.name).type if f.name in text else None
+        if target is not None and pa.types.is_timestamp(target) and _all_integers(table[f.name]):
+            # Epoch milliseconds, as in JSON lines.
+            millis = pc.cast(pc.cast(table[f.name], pa.int64()), pa.timestamp("ms", tz=target.tz))
+            table = table.set_column(i, f.name, millis)
+    return table
+
+
+def _all_integers(column: pa.ChunkedArray) -> bool:
+    matched = pc.match_substring_regex(column, r"^-?\d+$")
+    return column.null_count < len(column) and bool(pc.all(pc.fill_null(matched, True)).as_py())
 
 
 def _conformed(schema: StreamSchema, table: pa.Table) -> pa.Table:
@@ -94,19 +126,22 @@ def _conformed(schema: StreamSchema, table: pa.Table) -> pa.Table:
 
 
 def _read_jsonl(name: str, data: bytes, schema: StreamSchema) -> pa.Table:
-    """JSON lines with the schema given (no guessing); a bad line is found and named by its number."""
+    """JSON lines with the schema given (no guessing): Arrow's reader where it takes every value, else
+    each line converted on its own, so a bad one is named by its number."""
     fields = list(schema.input_schema)
     # An optional "partition" picks the partition; without it, the key routes the event.
     explicit = pa.schema([*(pa.field(f.name, f.type) for f in fields), pa.field("partition", pa.int64())])
-    try:
-        table = pjson.read_json(
-            io.BytesIO(data),
-            parse_options=pjson.ParseOptions(explicit_schema=explicit, unexpected_field_behavior="error"),
-        )
-        return _conformed(schema, table)
-    except (pa.ArrowInvalid, EventsDoNotMatchSchema):
-        pass
-    # Slow path, only to say which line is wrong: each line on its own.
+    if not any(_needs_python(f.type) for f in fields):
+        try:
+            table = pjson.read_json(
+                io.BytesIO(data),
+                parse_options=pjson.ParseOptions(explicit_schema=explicit, unexpected_field_behavior="error"),
+            )
+            return _conformed(schema, table)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, EventsDoNotMatchSchema):
+            pass
+    lines: list[int] = []
+    columns: dict[str, list[Any]] = {f.name: [] for f in explicit}
     for number, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
             continue
@@ -119,11 +154,106 @@ def _read_jsonl(name: str, data: bytes, schema: StreamSchema) -> pa.Table:
         unknown = sorted(set(obj) - set(explicit.names))
         if unknown:
             raise EventFileError(name, f"line {number}, column {unknown[0]!r}", "not a column of the stream")
+        for f in explicit:
+            try:
+                columns[f.name].append(_value(f.type, obj.get(f.name)))
+            except (TypeError, ValueError, ArithmeticError) as exc:
+                raise EventFileError(name, f"line {number}, column {f.name!r}", str(exc)) from None
+        lines.append(number)
+    arrays = []
+    for f in explicit:
         try:
-            one = pjson.read_json(io.BytesIO(line), parse_options=pjson.ParseOptions(explicit_schema=explicit))
-            conform(schema, one)
-        except pa.ArrowInvalid as exc:
-            raise EventFileError(name, f"line {number}", str(exc).splitlines()[0]) from None
-        except EventsDoNotMatchSchema as exc:
-            raise EventFileError(name, f"line {number}, column {exc.column!r}", exc.reason) from None
-    raise EventFileError(name, "file", "its lines are valid one by one but not together")
+            arrays.append(pa.array(columns[f.name], f.type))
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            row = _first_unconvertible(columns[f.name], f.type)
+            raise EventFileError(
+                name, f"line {lines[row]}, column {f.name!r}", f"{columns[f.name][row]!r} is not a {f.type}"
+            ) from None
+    table = pa.Table.from_arrays(arrays, schema=explicit)
+    try:
+        return _conformed(schema, table)
+    except EventsDoNotMatchSchema as exc:
+        at = f"line {lines[exc.row]}, " if exc.row is not None and exc.row < len(lines) else ""
+        raise EventFileError(name, f"{at}column {exc.column!r}", exc.reason) from None
+
+
+def _first_unconvertible(values: list[Any], data_type: pa.DataType) -> int:
+    for row, value in enumerate(values):
+        try:
+            pa.array([value], data_type)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            return row
+    return 0
+
+
+def _needs_python(data_type: pa.DataType) -> bool:
+    """Types Arrow's JSON reader cannot read (maps, dates) or reads only from strings (timestamps)."""
+    if pa.types.is_map(data_type) or pa.types.is_date(data_type) or pa.types.is_timestamp(data_type):
+        return True
+    if pa.types.is_list(data_type):
+        return _needs_python(data_type.value_type)
+    if pa.types.is_struct(data_type):
+        return any(_needs_python(f.type) for f in data_type)
+    return False
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+
+
+def _value(data_type: pa.DataType, value: Any) -> Any:
+    """One JSON value as the Python value Arrow builds `data_type` from (checked types, no guessing)."""
+    if value is None:
+        return None
+    if pa.types.is_timestamp(data_type):
+        per_second = _PER_SECOND[data_type.unit]
+        if isinstance(value, int) and not isinstance(value, bool):  # epoch milliseconds
+            scaled, lost = divmod(value * per_second, 1_000)
+            if lost:
+                raise ValueError(f"{value} ms is not a whole number of {data_type.unit}")
+            return scaled
+        if not isinstance(value, str):
+            raise TypeError(f"{value!r} is not a timestamp (an ISO-8601 string or epoch milliseconds)")
+        at = datetime.fromisoformat(value)
+        delta = (at if at.tzinfo is not None else at.replace(tzinfo=UTC)) - _EPOCH
+        micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+        return micros * per_second // 1_000_000
+    if pa.types.is_date(data_type):
+        if not isinstance(value, str):
+            raise TypeError(f"{value!r} is not a date (an ISO-8601 string)")
+        return date.fromisoformat(value)
+    if pa.types.is_decimal(data_type):
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise TypeError(f"{value!r} is not a decimal (a string or a number)")
+        number = Decimal(str(value))
+        exponent = number.as_tuple().exponent
+        if not number.is_finite() or (isinstance(exponent, int) and -exponent > data_type.scale):
+            raise ValueError(f"{value!r} has more decimal places than {data_type} holds")
+        return number
+    if pa.types.is_list(data_type):
+        if not isinstance(value, list):
+            raise TypeError(f"{value!r} is not a list (a JSON array)")
+        return [_value(data_type.value_type, v) for v in value]
+    if pa.types.is_map(data_type):
+        if not isinstance(value, dict):
+            raise TypeError(f"{value!r} is not a map (a JSON object)")
+        key_type = data_type.key_type
+        return [
+            (int(k) if pa.types.is_integer(key_type) else k, _value(data_type.item_type, v)) for k, v in value.items()
+        ]
+    if pa.types.is_struct(data_type):
+        if not isinstance(value, dict):
+            raise TypeError(f"{value!r} is not a struct (a JSON object)")
+        unknown = sorted(set(value) - {f.name for f in data_type})
+        if unknown:
+            raise ValueError(f"{unknown[0]!r} is not a field of {data_type}")
+        return {f.name: _value(f.type, value.get(f.name)) for f in data_type}
+    if pa.types.is_integer(data_type) and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TypeError(f"{value!r} is not an integer")
+    if pa.types.is_floating(data_type) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise TypeError(f"{value!r} is not a number")
+    if pa.types.is_boolean(data_type) and not isinstance(value, bool):
+        raise TypeError(f"{value!r} is not true or false")
+    if (pa.types.is_string(data_type) or pa.types.is_binary(data_type)) and not isinstance(value, str):
+        raise TypeError(f"{value!r} is not a string")
+    return value.encode() if pa.types.is_binary(data_type) else value

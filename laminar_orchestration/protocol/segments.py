@@ -4,6 +4,7 @@ segment encoding the source log stores (`protocol.source`)."""
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import os
 import secrets
@@ -360,7 +361,11 @@ class SourceBatch:
         tables = [_read_payload(p).replace_schema_metadata(None) for p in self.payloads]
         if not tables:
             return self.event_schema.empty_table()
-        return pa.concat_tables(tables)
+        table = pa.concat_tables(tables)
+        # Parquet keeps second timestamps as milliseconds: back to the stream's own types (exact).
+        if table.schema.types != self.event_schema.types:
+            table = table.cast(self.event_schema)
+        return table
 
 
 # --- event normalization and segment encoding ----------------------------------
@@ -555,26 +560,42 @@ class _Segment:
     rows: int
 
 
+@functools.lru_cache(maxsize=16)
+def stored_types(schema: pa.Schema) -> tuple[pa.DataType, ...]:
+    """The column types a Parquet footer shows for events of `schema` (Parquet has no second
+    timestamps: they are stored as milliseconds), found by writing an empty file once."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(schema.empty_table(), sink)
+    return tuple(pq.read_metadata(pa.BufferReader(sink.getvalue())).schema.to_arrow_schema().types)
+
+
 def decode_segment(
-    key: str, data: bytes, *, partition: int, start_offset: int, names: Sequence[str] = tuple(EVENT_SCHEMA.names)
+    key: str, data: bytes, *, partition: int, start_offset: int, schema: pa.Schema = EVENT_SCHEMA
 ) -> list[tuple[memoryview, int]]:
     """Check a segment's frames and Parquet footers; return `(payload, rows)` per frame.
 
-    Decodes no column data: only the footer's row counts and the ``offset``
-    column's min/max statistics, which must continue exactly from `start_offset`.
-    Raises `FrameError` (torn/corrupt frame) or `CorruptSegment`.
+    Every frame must hold the columns of `schema` (the stream's `event_schema`: the log's
+    ``offset``, then the stream's columns) with their types. Decodes no column data: only the
+    footer's schema, row counts and the ``offset`` column's min/max statistics, which must
+    continue exactly from `start_offset`. Raises `FrameError` (torn/corrupt frame) or `CorruptSegment`.
     """
     frames: list[tuple[memoryview, int]] = []
     expected = start_offset
     pos = 0
+    names, types = schema.names, stored_types(schema)
     for _header, payload in iter_frames(data, source=key, expected_partition=partition):
         try:
             md = pq.read_metadata(pa.BufferReader(pa.py_buffer(payload)))
-            stored = md.schema.to_arrow_schema().names
+            stored = md.schema.to_arrow_schema()
         except (pa.ArrowException, OSError) as exc:
             raise CorruptSegment(key, f"frame at offset {pos}: unreadable Parquet: {exc}") from exc
-        if stored != list(names):
-            raise CorruptSegment(key, f"frame at offset {pos}: columns {stored}, expected {list(names)}")
+        if stored.names != names:
+            raise CorruptSegment(key, f"frame at offset {pos}: columns {stored.names}, expected {names}")
+        if tuple(stored.types) != types:
+            wrong = next(i for i, t in enumerate(stored.types) if t != types[i])
+            raise CorruptSegment(
+                key, f"frame at offset {pos}: column {names[wrong]!r} is {stored.types[wrong]}, expected {types[wrong]}"
+            )
         rows = md.num_rows
         if rows <= 0:
             raise CorruptSegment(key, f"frame at offset {pos}: no events")

@@ -27,6 +27,7 @@ up" from "not a segment boundary".
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import secrets
@@ -40,7 +41,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import ValidationError
 
-from laminar_orchestration.processing.schema import DEFAULT_STREAM_SCHEMA, StreamSchema, conform
+from laminar_orchestration.processing.schema import (
+    DEFAULT_STREAM_SCHEMA,
+    EventsDoNotMatchSchema,
+    StreamSchema,
+    conform,
+)
 from laminar_orchestration.protocol.capabilities import ReadStore, SourceAppender, SourceKey, source_key
 from laminar_orchestration.protocol.keys import LOG_ENDS_KEY, segment_key, source_head_key
 from laminar_orchestration.protocol.nudge import SourceDoorbell
@@ -227,23 +233,44 @@ class SourceLog:
         return result
 
     def append_routed(self, events: object) -> dict[int, AppendResult]:
-        """Append events of the stream's schema (a pyarrow Table, a pandas or polars DataFrame), each to
-        the partition of its key (`route`) unless a ``partition`` column says otherwise."""
+        """Append events of the stream's schema, each to the partition of its key (`route`), unless a
+        ``partition`` column names each event's partition.
+
+        `events`: a pyarrow Table, a pandas DataFrame or a polars DataFrame. All of them are checked
+        against the schema before the first segment is written: events that do not fit raise
+        `EventsDoNotMatchSchema` (the column and the first bad row) and nothing is appended. Within a
+        partition, events keep their order.
+        """
         if self.partitions is None:
             raise ValueError("routing needs the number of partitions (SourceLog(partitions=...))")
         table = as_table(0, events)
+        parts = None
         if "partition" in table.column_names:
-            parts = table["partition"].to_numpy(zero_copy_only=False)
+            parts = partition_numbers(table["partition"], self.partitions)
             table = table.drop_columns(["partition"])
-        else:
+        if self.schema.key not in table.column_names:
+            raise EventsDoNotMatchSchema(self.schema.key, None, "missing: it is the stream's key")
+        if not self._default:  # checked whole once; the default's checks run per partition below
+            table = conform(self.schema, table)
+        if parts is None:
             parts = route(table[self.schema.key], self.partitions)
-        return self.append_many(
-            {int(p): table.filter(pa.array(parts == p)) for p in np.unique(parts) if (parts == p).any()}
-        )
+        order = np.argsort(parts, kind="stable")
+        ordered, starts = table.take(pa.array(order)), np.flatnonzero(np.diff(parts[order], prepend=-1))
+        bounds = [*starts.tolist(), table.num_rows]
+        groups = {int(parts[order[lo]]): ordered.slice(lo, hi - lo) for lo, hi in itertools.pairwise(bounds)}
+        prepared = {p: self._prepare(p, t) if self._default else t for p, t in groups.items()}
+        return self._append_prepared(prepared)
 
     def append_many(self, events: Mapping[int, Sequence[SourceEvent] | pa.Table]) -> dict[int, AppendResult]:
-        """`append` to several partitions, recording their new log ends with one write."""
-        results = {p: self._append(p, batch) for p, batch in events.items()}
+        """`append` to several partitions, recording their new log ends with one write.
+
+        Every partition's events are checked before the first segment is written: one that does
+        not fit appends nothing anywhere.
+        """
+        return self._append_prepared({p: self._prepare(p, batch) for p, batch in events.items()})
+
+    def _append_prepared(self, tables: Mapping[int, pa.Table]) -> dict[int, AppendResult]:
+        results = {p: self._append_table(p, table) for p, table in tables.items()}
         ends = {p: r.next_offset for p, r in results.items() if r.segments}
         if ends:
             self.record_ends(ends)
@@ -302,13 +329,23 @@ class SourceLog:
         obj = self._reads.get(LOG_ENDS_KEY)
         return None if obj is None else self._parse_ends(obj.data)
 
-    def _append(self, partition: int, events: Sequence[SourceEvent] | pa.Table) -> AppendResult:
+    def _prepare(self, partition: int, events: Sequence[SourceEvent] | pa.Table) -> pa.Table:
+        """`events` checked and in the columns the log stores (without offsets)."""
         self._check_partition(partition)
         self._append_capability(partition)
         if self._default:
-            table = normalize_events(partition, events)
-        else:
-            table = conform(self.schema, as_table(partition, events))
+            return normalize_events(partition, events)
+        table = as_table(partition, events)
+        if "partition" in table.column_names:  # the stream has no such column: it may only confirm `partition`
+            if partition_numbers(table["partition"], partition + 1).min(initial=partition) != partition:
+                raise EventsDoNotMatchSchema("partition", None, f"holds other partitions than {partition}")
+            table = table.drop_columns(["partition"])
+        return conform(self.schema, table)
+
+    def _append(self, partition: int, events: Sequence[SourceEvent] | pa.Table) -> AppendResult:
+        return self._append_table(partition, self._prepare(partition, events))
+
+    def _append_table(self, partition: int, table: pa.Table) -> AppendResult:
         refs = [
             self._append_segment(partition, table.slice(lo, self.segment_events))
             for lo in range(0, table.num_rows, self.segment_events)
@@ -388,7 +425,7 @@ class SourceLog:
 
     def _parse(self, partition: int, start: int, data: bytes) -> _Segment:
         key = segment_key(partition, start)
-        frames = decode_segment(key, data, partition=partition, start_offset=start, names=self._event_schema.names)
+        frames = decode_segment(key, data, partition=partition, start_offset=start, schema=self._event_schema)
         return _Segment(
             key=key,
             start_offset=start,
@@ -502,10 +539,35 @@ class SourceLog:
 
 
 def route(keys: pa.Array | pa.ChunkedArray, partitions: int) -> np.ndarray:
-    """Each key's partition: CRC-32 of its UTF-8 text (an integer key: its decimal text) modulo
-    `partitions`, so a key's events always land in one partition and its state stays there."""
-    text = pc.cast(keys, pa.string()).to_pylist()
-    return np.array([zlib.crc32(k.encode()) % partitions if k is not None else 0 for k in text], dtype=np.int64)
+    """Each key's partition: ``zlib.crc32`` of its UTF-8 text (an integer key: its decimal text, so
+    ``7`` and ``"7"`` agree) modulo `partitions`. A key's events always land in one partition, so its
+    state stays there; the same key routes the same way in every producer and every version. A null
+    key (no stream allows one) routes to partition 0."""
+    text = pc.cast(keys, pa.string())
+    encoded = pc.dictionary_encode(text.combine_chunks() if isinstance(text, pa.ChunkedArray) else text)
+    # One CRC per distinct key: streams repeat their keys.
+    each = np.array(
+        [zlib.crc32(k.encode()) % partitions for k in encoded.dictionary.to_pylist()] or [0], dtype=np.int64
+    )
+    indices: np.ndarray = pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False)
+    routed: np.ndarray = each[indices]
+    return routed
+
+
+def partition_numbers(column: pa.Array | pa.ChunkedArray, partitions: int) -> np.ndarray:
+    """A ``partition`` column's values, each an integer within 0..`partitions` - 1, or
+    `EventsDoNotMatchSchema` naming the first row that is not."""
+    if not pa.types.is_integer(column.type):
+        raise EventsDoNotMatchSchema("partition", None, f"has type {column.type}, not an integer")
+    values = column.to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(~pc.is_valid(column).to_numpy(zero_copy_only=False))
+    if not bad.size:
+        bad = np.flatnonzero((values < 0) | (values >= partitions))
+    if bad.size:
+        row = int(bad[0])
+        raise EventsDoNotMatchSchema("partition", row, f"{column[row].as_py()} is not within 0..{partitions - 1}")
+    numbers: np.ndarray = values.astype(np.int64)
+    return numbers
 
 
 def as_table(partition: int, events: object) -> pa.Table:
