@@ -148,7 +148,8 @@ class ValueCodec:
         rows: list[list[Any] | None] = []
         try:
             for r in records:
-                rows.append(unpack(r, raw=False, strict_map_key=False) if r is not None else None)
+                # Tuples, not lists: a map's entries must come back as (key, value) pairs.
+                rows.append(unpack(r, raw=False, strict_map_key=False, use_list=False) if r is not None else None)
         except (ValueError, msgpack.UnpackException) as exc:
             raise UndecodableStateValue(str(exc)) from None
         columns: list[pa.Array] = []
