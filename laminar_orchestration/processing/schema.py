@@ -329,11 +329,11 @@ class StreamSchema(BaseModel):
             raise
         except ValidationError as exc:
             first = exc.errors()[0]
-            where = ".".join(str(p) for p in first.get("loc", ())) or source
+            where = ".".join(str(p) for p in first.get("loc", ()))
             cause = first.get("ctx", {}).get("error")
             if isinstance(cause, InvalidSchema):
                 raise cause from None
-            raise InvalidSchema(f"{source}: {where}", str(first.get("msg"))) from None
+            raise InvalidSchema(f"{source}: {where}" if where else source, str(first.get("msg"))) from None
 
     @classmethod
     def from_file(cls, path: str | Path) -> StreamSchema:
@@ -467,7 +467,8 @@ def _check_exact(
 
 def _valid(part: pa.Array) -> bool:
     try:
-        part.validate(full=True)
+        # A slice of a nested array keeps all its children: a copy holds only the slice's values.
+        pa.concat_arrays([part]).validate(full=True)
     except pa.ArrowInvalid:
         return False
     return True
