@@ -104,16 +104,23 @@ def _read_csv(name: str, data: bytes, schema: StreamSchema) -> pa.Table:
         raise EventFileError(name, "CSV", str(exc).splitlines()[0]) from None
     for i, f in enumerate(table.schema):
         target = schema.input_schema.field(f.name).type if f.name in text else None
-        if target is not None and pa.types.is_timestamp(target) and _all_integers(table[f.name]):
-            # Epoch milliseconds, as in JSON lines.
-            millis = pc.cast(pc.cast(table[f.name], pa.int64()), pa.timestamp("ms", tz=target.tz))
-            table = table.set_column(i, f.name, millis)
+        if target is not None and pa.types.is_timestamp(target):
+            table = table.set_column(i, f.name, _timestamps(table[f.name], target))
     return table
 
 
-def _all_integers(column: pa.ChunkedArray) -> bool:
-    matched = pc.match_substring_regex(column, r"^-?\d+$")
-    return column.null_count < len(column) and bool(pc.all(pc.fill_null(matched, True)).as_py())
+def _timestamps(column: pa.ChunkedArray, target: pa.DataType) -> pa.ChunkedArray:
+    """A CSV column of ISO-8601 text or epoch milliseconds (as in JSON lines) as `target`; left as text
+    when a value is neither, for `conform` to name its row."""
+    millis = pc.fill_null(pc.match_substring_regex(column, r"^-?\d+$"), False)
+    if not pc.any(millis).as_py():
+        return column
+    try:
+        from_millis = pc.cast(pc.cast(pc.if_else(millis, column, None), pa.int64()), pa.timestamp("ms", tz=target.tz))
+        from_text = pc.cast(pc.if_else(millis, None, column), target)
+        return pc.if_else(millis, pc.cast(from_millis, target), from_text)
+    except pa.ArrowException:
+        return column
 
 
 def _conformed(schema: StreamSchema, table: pa.Table) -> pa.Table:

@@ -549,8 +549,8 @@ def route(keys: pa.Array | pa.ChunkedArray, partitions: int) -> np.ndarray:
     each = np.array(
         [zlib.crc32(k.encode()) % partitions for k in encoded.dictionary.to_pylist()] or [0], dtype=np.int64
     )
-    indices: np.ndarray = pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False)
-    routed: np.ndarray = each[indices]
+    indices = pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False)
+    routed: np.ndarray = np.where(pc.is_valid(encoded).to_numpy(zero_copy_only=False), each[indices], 0)
     return routed
 
 
