@@ -175,8 +175,9 @@ class ConsoleOutput:
     ) -> None:
         say = self._say
         say(f"store {snapshot.store}  cluster {snapshot.cluster_id}  cluster epoch {snapshot.cluster_epoch}")
-        for line in stream_lines(stream):
-            say(line)
+        if stream is not None:  # a stream of one's own (the default one: `--json` says so)
+            for line in stream_lines(stream):
+                say(line)
         if not snapshot.detail:
             say("as the owners' heartbeats and the assignments show it (--detail: every partition's ledger records)")
         say(
