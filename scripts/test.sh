@@ -22,6 +22,17 @@ if [ ${#marks[@]} -eq 0 ] && { ! command -v chromium >/dev/null || ! command -v 
     echo "no chromium/chromedriver: the browser test is skipped here (fails on CI); apt-get install chromium chromium-driver"
   fi
 fi
+# The Dagster-on-PostgreSQL tests start a PostgreSQL server of their own (Debian's postgresql; CI runs as root).
+if [ ${#marks[@]} -eq 0 ] && ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null && ! command -v initdb >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "installing postgresql for the Dagster-on-PostgreSQL tests (apt-get)"
+    # A failed install fails those tests alone (they name what is missing), not every other test.
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; } ||
+      echo "could not install postgresql; the Dagster-on-PostgreSQL tests will fail"
+  else
+    echo "no PostgreSQL: the Dagster-on-PostgreSQL tests will fail; apt-get install postgresql"
+  fi
+fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy

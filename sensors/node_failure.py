@@ -172,6 +172,7 @@ def _failed_over(driven: Collection[DrivenFailover]) -> dict[int, dict[str, Any]
             "status": PartitionStatus.ACTIVE.value,
             "owner_alive": True,
             "migration": "" if d.done else f"{d.migration_id} ({last})",
+            "failure": "",  # every row has every column of the map (a new owner has reported no failure)
         }
     return moved
 
@@ -186,6 +187,7 @@ def _dead_owner_rows(failovers: Collection[PlannedFailover]) -> dict[int, dict[s
             "status": PartitionStatus.ACTIVE.value,
             "owner_alive": False,
             "migration": "",
+            "failure": "",
         }
         for f in failovers
     }

@@ -1,18 +1,28 @@
-"""``rebalance_schedule``: an hourly rebalance, off until an operator turns it on."""
+"""``rebalance_schedule``: an hourly rebalance, off until an operator turns it on.
+
+``LAMINAR_REBALANCE_CRON`` replaces the hourly cron (e.g. ``*/5 * * * *``), in the
+environment of the webserver and the daemon alike.
+"""
+
+import os
 
 from dagster import DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext, schedule
 
 from jobs import rebalance
 
-__all__ = ["rebalance_schedule"]
+__all__ = ["REBALANCE_CRON", "rebalance_schedule"]
+
+#: When the schedule ticks: hourly unless ``LAMINAR_REBALANCE_CRON`` says otherwise.
+REBALANCE_CRON = os.environ.get("LAMINAR_REBALANCE_CRON") or "0 * * * *"
 
 
 @schedule(
     name="rebalance_schedule",
     job=rebalance,
-    cron_schedule="0 * * * *",
+    cron_schedule=REBALANCE_CRON,
     default_status=DefaultScheduleStatus.STOPPED,
-    description="Hourly rebalance of the partitions over the live nodes. Off by default: "
+    description="Hourly rebalance of the partitions over the live nodes (LAMINAR_REBALANCE_CRON changes the cron). "
+    "Off by default: "
     "turn it on in the UI (each move costs a short unavailability).",
 )
 def rebalance_schedule(context: ScheduleEvaluationContext) -> RunRequest:
