@@ -146,7 +146,7 @@ def test_verify_with_a_torn_source_segment_names_the_frame(cluster: str, capsys:
 def test_interrupted_init_says_how_to_complete_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def interrupted(self: Ledger, partitions: int, *, force: bool = False) -> None:
+    def interrupted(self: Ledger, partitions: int, *, force: bool = False, **stream: object) -> None:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(Ledger, "init_cluster", interrupted)

@@ -38,13 +38,15 @@ def test_local_write_failure_loses_nothing_and_resumes(
 
     node_dir = tmp_path / "n1"
 
-    def failing_apply(self: PartitionStateStore, rows: pa.Table, source_offset: int) -> None:
+    def failing_apply(
+        self: PartitionStateStore, rows: pa.Table, source_offset: int, *, deleted: pa.Array | None = None
+    ) -> None:
         # Only the node's disk is full (the test's own audits open stores elsewhere).
         if disk_full.is_set() and self.path.is_relative_to(node_dir):
             # What the store held when the write failed (read in the writer's thread: no second opener).
             seen_locally.append((self.source_offset, plane.as_dict(self.to_table())))
             raise LocalStateWriteFailed(str(self.path), "IO error: No space left on device")
-        apply(self, rows, source_offset)
+        apply(self, rows, source_offset, deleted=deleted)
 
     monkeypatch.setattr(PartitionStateStore, "apply", failing_apply)
     source.append(0, plane.events([f"k{i % 13}" for i in range(100)]))
