@@ -116,9 +116,7 @@ def delta_with_removals(fold: BatchFold) -> pa.Table:
         return fold.delta
     # A removal's value columns are null: every column of a delta with removals may be.
     nullable = pa.schema([pa.field(f.name, f.type, nullable=True) for f in fold.delta.schema])
-    kept = fold.delta.cast(nullable).append_column(
-        DELETED_COLUMN, pa.array([False] * fold.delta.num_rows, pa.bool_())
-    )
+    kept = fold.delta.cast(nullable).append_column(DELETED_COLUMN, pa.array([False] * fold.delta.num_rows, pa.bool_()))
     n = len(fold.deleted)
     removed = pa.table(
         [
