@@ -296,15 +296,18 @@ class Query(Command):
         )
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
+        from laminar_orchestration.dataplane.folding import resolve_logic
         from laminar_orchestration.dataplane.restore import committed_state, lookup
 
         ledger = open_ledger(args)
         check_partition(ledger, "--partition", args.partition)
+        # The recorded processor's state columns: a windowed stream's state is not the default's.
+        schema = resolve_logic(ledger.store, 0, reference=None, given=None).processor.codec.schema
         if args.key is not None:
-            values, offset = lookup(ledger.store, args.partition, args.key)
+            values, offset = lookup(ledger.store, args.partition, args.key, state_schema=schema)
             out.key_lookup(args.partition, offset, args.key, values)
         else:
-            state, offset = committed_state(ledger.store, args.partition)
+            state, offset = committed_state(ledger.store, args.partition, state_schema=schema)
             out.state(args.partition, offset, state)
         return 0
 
