@@ -23,14 +23,13 @@ from datetime import timedelta
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from laminar_orchestration.processing.aggregates import Agg, merge_partials
 from laminar_orchestration.processing.codec import ValueCodec
 from laminar_orchestration.processing.contract import NO_EVENT_TIME, BatchFold, EventTimeProgress, FoldContext
 from laminar_orchestration.processing.keyed import millis
 from laminar_orchestration.processing.schema import InvalidSchema, StreamSchema
-from laminar_orchestration.processing.windows import WINDOW_END, unbound_state, with_watermark
+from laminar_orchestration.processing.windows import WINDOW_END, progress_after, unbound_state, with_watermark
 
 
 @dataclass(frozen=True)
@@ -120,9 +119,7 @@ class SessionWindows:
     # -- the node half ------------------------------------------------------------------------
 
     def fold(self, aggregate: pa.Table, previous: pa.Table, context: FoldContext) -> BatchFold:
-        late = int(pc.sum(aggregate["_late_events"]).as_py() or 0) if aggregate.num_rows else 0
-        top = pc.max(aggregate["_max_t"]).as_py() if aggregate.num_rows else None
-        progress = context.progress.advanced_to(top, late=late)
+        progress = progress_after(aggregate, context.progress)
         watermark = progress.watermark(millis(self.lateness))
         gap = millis(self.gap)
         rows: dict[str, dict[str, Any]] = {}

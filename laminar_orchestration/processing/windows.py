@@ -82,6 +82,14 @@ def with_watermark(batch: Any, stream: StreamSchema, progress: EventTimeProgress
     ).selectExpr("*", "_t < _wm AS _late")
 
 
+def progress_after(aggregate: pa.Table, before: EventTimeProgress) -> EventTimeProgress:
+    """The progress after a watermarked batch: its ``_max_t`` (every event's time) and ``_late_events``."""
+    if not aggregate.num_rows:
+        return before
+    late = int(pc.sum(aggregate["_late_events"]).as_py() or 0)
+    return before.advanced_to(pc.max(aggregate["_max_t"]).as_py(), late=late)
+
+
 def unbound_state(processor: object) -> None:
     """No state columns yet: a window processor's depend on the stream it is bound to."""
     object.__setattr__(processor, "state_schema", pa.schema([]))
@@ -178,9 +186,7 @@ class WindowedAggregation:
     # -- the node half ---------------------------------------------------------------------
 
     def fold(self, aggregate: pa.Table, previous: pa.Table, context: FoldContext) -> BatchFold:
-        late = int(pc.sum(aggregate["_late_events"]).as_py() or 0) if aggregate.num_rows else 0
-        top = pc.max(aggregate["_max_t"]).as_py() if aggregate.num_rows else None
-        progress = context.progress.advanced_to(top, late=late)
+        progress = progress_after(aggregate, context.progress)
         watermark = progress.watermark(millis(self.lateness))
         names = [f.name for f in self.state_schema]
         rows: dict[str, dict[str, Any]] = {}
