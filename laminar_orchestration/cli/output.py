@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from laminar_orchestration.protocol.tasks import MigrationTask, PhaseReport
@@ -222,13 +223,19 @@ class ConsoleOutput:
 
     def state(self, partition: int, offset: int, state: pa.Table) -> None:
         self._say(f"partition {partition}: committed offset {offset}, {state.num_rows} keys")
-        self._say(f"{'KEY':<16} {'COUNT':>10} {'SUM':>16} {'MIN':>12} {'MAX':>12} {'LAST':>12}")
-        for batch in state.to_batches(65_536):
-            for r in batch.to_pylist():
+        if state.schema.names[: len(_DEFAULT_STATE_COLUMNS)] == list(_DEFAULT_STATE_COLUMNS):
+            self._say(f"{'KEY':<16} {'COUNT':>10} {'SUM':>16} {'MIN':>12} {'MAX':>12} {'LAST':>12}")
+            for r in _rows(state):
                 self._say(
                     f"{r['key']:<16} {r['count']:>10} {r['sum']:>16.4f} {r['min']:>12.4f} {r['max']:>12.4f} "
                     f"{r['last']:>12.4f}"
                 )
+            return
+        # A processor's own state columns: one line per key, each value as JSON writes it.
+        names = [n for n in state.schema.names if n != "last_offset"]
+        self._say("  ".join(n.upper() for n in names))
+        for r in _rows(state):
+            self._say("  ".join(json.dumps(r[n], default=_json_default) for n in names))
 
     def audit(self, audits: Sequence[PartitionAudit], table: TableAudit | None = None) -> None:
         for a in audits:
@@ -313,8 +320,15 @@ class ConsoleOutput:
 
 
 def _json_default(value: object) -> object:
-    if isinstance(value, datetime):
+    # State and events of a user's stream hold any Arrow type: decimals as exact strings, binary as hex.
+    if isinstance(value, datetime | date | time):
         return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, bytes):
+        return value.hex()
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
@@ -353,7 +367,7 @@ class JsonOutput:
         out.write(f'{{"partition": {partition}, "committed_offset": {offset}, "keys": [')
         first = True
         for row in _rows(state):
-            out.write(("" if first else ", ") + json.dumps(row))
+            out.write(("" if first else ", ") + json.dumps(row, default=_json_default))
             first = False
         out.write("]}\n")
         out.flush()
@@ -398,6 +412,10 @@ class JsonOutput:
         self._dump(policies.to_json())
 
 
+#: The default processor's state columns, shown as a fixed-width table.
+_DEFAULT_STATE_COLUMNS = ("key", "count", "sum", "min", "max", "last")
+
+
 def _rows(state: pa.Table) -> Iterable[dict[str, Any]]:
     for batch in state.to_batches(65_536):
-        yield from batch.drop_columns(["last_offset"]).to_pylist()
+        yield from batch.drop_columns([c for c in ("last_offset",) if c in batch.schema.names]).to_pylist()

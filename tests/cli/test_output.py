@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 from datetime import UTC, datetime
+from decimal import Decimal
 
 import pyarrow as pa
 
@@ -146,3 +147,27 @@ def test_json_state_lists_every_key_without_its_last_offset() -> None:
         {"key": "a", "count": 2, "sum": 4.0, "min": 1.0, "max": 3.0, "last": 3.0},
         {"key": "b", "count": 1, "sum": 5.0, "min": 5.0, "max": 5.0, "last": 5.0},
     ]
+
+
+def test_a_processors_own_state_prints_as_text_and_json_with_every_arrow_type() -> None:
+    # A windowed stream's state: decimals, timestamps, lists and nulls, and no default columns.
+    state = pa.table(
+        {
+            "key": ["1700000100000|u1"],
+            "views": pa.array([3], pa.int64()),
+            "amount": pa.array([Decimal("12.50")], pa.decimal128(12, 2)),
+            "window_start": pa.array([datetime(2023, 11, 14, 22, 15, tzinfo=UTC)], pa.timestamp("ms", tz="UTC")),
+            "pages": pa.array([["/", "/cart"]], pa.list_(pa.string())),
+            "tags": pa.array([None], pa.list_(pa.string())),
+        }
+    )
+    text = io.StringIO()
+    ConsoleOutput(text).state(0, 9, state)
+    lines = text.getvalue().splitlines()
+    assert lines[1].split() == ["KEY", "VIEWS", "AMOUNT", "WINDOW_START", "PAGES", "TAGS"]
+    assert '"12.50"' in lines[2] and "2023-11-14T22:15:00+00:00" in lines[2] and "null" in lines[2]
+    document = io.StringIO()
+    JsonOutput(document).state(0, 9, state)
+    (row,) = json.loads(document.getvalue())["keys"]
+    assert row["amount"] == "12.50" and row["pages"] == ["/", "/cart"] and row["tags"] is None
+    assert row["window_start"].startswith("2023-11-14T22:15:00")
