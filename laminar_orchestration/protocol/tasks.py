@@ -599,6 +599,9 @@ class DesiredStates:
         return self._writes.queue(node).write(states, lambda batch: self._write_assignment(node, batch), linger_s)
 
     def _write_assignment(self, node: NodeId, states: Mapping[PartitionId, DesiredState]) -> bool:
+        """Compare-and-set `node`'s assignment to `states`: a partition's entry only moves forward (a
+        state older than the revision listed changes nothing), decided on the record as read and
+        written over its ETag."""
         key = ledger_key(assignment_key(node))
         guess: tuple[NodeAssignment | None, str | None] | None = self._writes.last_written(node)
         while True:
@@ -613,6 +616,10 @@ class DesiredStates:
                 if s.migration is not None and not s.migration.is_terminal
             }
             for p, state in states.items():
+                if state.revision < partitions.get(int(p), -1):
+                    # A late writer's older state (a driver's phase over a completed cancel): the record
+                    # lists what a later write decided, and never goes back.
+                    continue
                 if node in state.named_nodes():
                     partitions[int(p)] = state.revision
                     if state.migration is not None:
@@ -655,7 +662,9 @@ class DesiredStates:
             stale = {PartitionId(p) for p in (current.partitions if current else {}) if PartitionId(p) not in states}
             wanted = dict(states)
             for p in stale:
-                wanted[p] = DesiredState(partition=p, owner=UNASSIGNED, updated_at=now())
+                # A partition that no longer exists: its entry goes, whatever revision it lists.
+                at = current.partitions[int(p)] if current else 0
+                wanted[p] = DesiredState(partition=p, owner=UNASSIGNED, revision=at, updated_at=now())
             if self._assign_one(NodeId(n), wanted):
                 changed.append(NodeId(n))
         if changed and self._nudge:

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.capabilities import LedgerWriter, ledger_key
-from laminar_orchestration.protocol.keys import desired_state_key
+from laminar_orchestration.protocol.keys import assignment_key, desired_state_key
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.tasks import (
     DesiredState,
@@ -271,3 +271,52 @@ def test_a_forced_moves_target_learns_of_it_at_downloading_with_a_copy_of_its_st
     desired.update(P(1), lambda s: s.model_copy(update={"owner": 2}))
     later, _ = desired.assignment(N(2))
     assert later is not None and 0 not in later.states and later.partitions[0] == done.revision
+
+
+class _PausingSwap(ForwardingStore):
+    """Blocks the first compare-and-swap of `key` until `resume` is set: a driver stalled between a
+    desired state's write and its assignment's."""
+
+    def __init__(self, inner: ObjectStore, key: str) -> None:
+        super().__init__(inner)
+        self.key = key
+        self.reached, self.resume = threading.Event(), threading.Event()
+
+    def put_if_match(self, key: str, data: bytes, etag: str, metadata: Mapping[str, str] | None = None) -> str:
+        if key == self.key and not self.reached.is_set():
+            self.reached.set()
+            if not self.resume.wait(30):
+                raise TimeoutError("the paused swap was never resumed")
+        return super().put_if_match(key, data, etag, metadata)
+
+
+def test_a_late_drivers_assignment_write_never_lists_an_older_revision(store: ObjectStore) -> None:
+    """A driver records Draining (revision 4), stalls before the old owner's assignment write, and an
+    operator's cancel (revision 5) completes meanwhile: the driver's late write must not put the
+    assignment back to 4, or the owner drains for a move that no longer exists."""
+    operator = _desired(store)
+    operator.update(P(0), lambda s: s.model_copy(update={"owner": 1}))
+    operator.update(P(0), lambda s: _move(s, to=2))
+    operator.update(P(0), functools.partial(_phase, phase=MigrationPhase.PLANNED))
+    paused = _PausingSwap(store, assignment_key(1))
+    driver = DesiredStates(Ledger(paused), nudge=False)
+    drained: list[DesiredState] = []
+    thread = threading.Thread(
+        target=lambda: drained.append(driver.update(P(0), functools.partial(_phase, phase=MigrationPhase.DRAINING)))
+    )
+    thread.start()
+    assert paused.reached.wait(10)
+
+    def cancel(s: DesiredState) -> DesiredState:
+        return _phase(s, MigrationPhase.CANCELLED)
+
+    cancelled = operator.update(P(0), cancel)
+    paused.resume.set()
+    thread.join(10)
+
+    assert not thread.is_alive() and drained[0].revision == 4 and cancelled.revision == 5
+    owner, _ = operator.assignment(N(1))
+    assert owner is not None and owner.partitions == {0: 5}
+    # What the owner takes for the partition at the listed revision: the cancel, so it keeps processing.
+    taken = owner.state(0) or operator.read(P(0))[0]
+    assert taken.migration is not None and taken.migration.phase == MigrationPhase.CANCELLED
