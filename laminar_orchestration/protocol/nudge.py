@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
-import urllib.error
-import urllib.request
+import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -106,18 +107,68 @@ def _source_ends(body: bytes) -> dict[int, int] | None:
 def send_nudge(url: str, *, timeout_s: float = NUDGE_TIMEOUT_S, body: bytes = b"") -> bool:
     """Ask the node at `url` to look now; False (logged at debug) if it could not be reached.
 
-    A malformed address (a node record written by hand or by another version) is unreachable too."""
+    `timeout_s` bounds the whole request, from connecting to the status line: an address that
+    answers slowly, or one byte at a time, costs the sender no more than that. Only ``http:``
+    addresses are nudged (a node listens on plain HTTP); any other, or a malformed one (a node
+    record written by hand or by another version), is unreachable too."""
+    deadline = time.monotonic() + timeout_s
     try:
-        request = urllib.request.Request(url, data=body, method="POST")
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return bool(200 <= response.status < 300)
-    except (OSError, urllib.error.URLError, ValueError) as exc:
+        host, port, target = _http_address(url)
+        request = (
+            f"POST {target} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode("ascii") + body
+        with socket.create_connection((host, port), timeout=_left(deadline)) as sock:
+            sock.settimeout(_left(deadline))
+            sock.sendall(request)
+            status = _read_status(sock, deadline)
+        return 200 <= status < 300
+    except (OSError, ValueError) as exc:
         log.debug("nudge to %s failed: %s (the node converges at its next poll)", url, exc)
         return False
 
 
+#: The longest status line a nudge reads before it calls the answer malformed.
+_MAX_STATUS_LINE = 1024
+
+
+def _http_address(url: str) -> tuple[str, int, str]:
+    """Host, port and request target of an ``http:`` nudge address (ValueError for any other)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"not an http address: {url!r}")
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return parts.hostname, parts.port or 80, target
+
+
+def _left(deadline: float) -> float:
+    """Seconds until `deadline`; TimeoutError once it passed (every socket call waits at most this)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("nudge deadline passed")
+    return left
+
+
+def _read_status(sock: socket.socket, deadline: float) -> int:
+    """The status code of the answer on `sock`, read before `deadline` (a socket's own timeout is
+    per read: a server trickling bytes would hold the sender for ever)."""
+    answer = b""
+    while b"\r\n" not in answer:
+        if len(answer) > _MAX_STATUS_LINE:
+            raise ValueError("no status line in the answer")
+        sock.settimeout(_left(deadline))
+        chunk = sock.recv(256)
+        if not chunk:
+            raise ConnectionError("the node closed the connection before answering")
+        answer += chunk
+    fields = answer.split(b"\r\n", 1)[0].split()
+    if len(fields) < 2 or not fields[0].startswith(b"HTTP/") or not fields[1].isdigit():
+        raise ValueError(f"not an HTTP status line: {answer[:80]!r}")
+    return int(fields[1])
+
+
 def nudge_in_background(urls: list[str]) -> None:
-    """Send each nudge from a daemon thread: the control plane never waits on a node's endpoint."""
+    """Send each nudge from a daemon thread: the control plane never waits on a node's endpoint, and
+    each thread ends within `NUDGE_TIMEOUT_S` whatever its address does."""
     for url in urls:
         threading.Thread(target=send_nudge, args=(url,), name="nudge-send", daemon=True).start()
 
@@ -145,15 +196,54 @@ class NudgeAddresses:
         return urls
 
 
+class _AddressSender:
+    """One node address's doorbell: the ends not yet sent to it, coalesced, and the daemon thread
+    that sends them one request at a time. A slow or bad address delays only its own rings."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._pending: dict[int, int] = {}
+        self._lock = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._send_loop, name="source-doorbell-send", daemon=True)
+        self._thread.start()
+
+    def add(self, ends: Mapping[int, int]) -> None:
+        with self._lock:
+            for p, end in ends.items():
+                self._pending[p] = max(end, self._pending.get(p, 0))
+            self._lock.notify()
+
+    def close(self) -> None:
+        """Send what is pending, then stop (`join` waits for it)."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout=timeout_s)
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._pending and not self._closed:
+                    self._lock.wait()
+                if not self._pending:
+                    return
+                ends, self._pending = self._pending, {}
+            send_nudge(self.url, body=json.dumps({"source": {str(p): end for p, end in ends.items()}}).encode())
+
+
 class SourceDoorbell:
     """A producer's side of the source doorbell: after an append, tell every member node the
     partition's new log end, so the partition's owner reads it at once instead of polling for it.
 
     Advisory only: the owner reads the segments from the store, and a node that misses a ring
-    finds them at its next poll. Rings are coalesced and sent from one background thread, one
-    request per node carrying every partition appended since the last send; the members and
-    their addresses are read at most every `ADDRESS_TTL_S` (a GET of the membership record and
-    one per node record).
+    finds them at its next poll. Rings are coalesced: one background thread hands them to one
+    sender per node address, which sends one request at a time carrying every partition rung
+    since its last send, so a node that answers slowly (or not at all) costs only its own rings.
+    The members and their addresses are read at most every `ADDRESS_TTL_S` (a GET of the
+    membership record and one per node record).
     """
 
     def __init__(self, reads: ReadStore) -> None:
@@ -161,9 +251,10 @@ class SourceDoorbell:
         self._addresses = NudgeAddresses(self._node_record)
         self._members: tuple[tuple[int, ...], datetime] | None = None
         self._pending: dict[int, int] = {}
+        self._senders: dict[str, _AddressSender] = {}
         self._lock = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._send_loop, name="source-doorbell", daemon=True)
+        self._thread = threading.Thread(target=self._ring_loop, name="source-doorbell", daemon=True)
         self._thread.start()
 
     def ring(self, ends: Mapping[int, int]) -> None:
@@ -174,11 +265,15 @@ class SourceDoorbell:
             self._lock.notify()
 
     def close(self) -> None:
-        """Send what is pending, then stop the sender."""
+        """Send what is pending, then stop the senders."""
         with self._lock:
             self._closed = True
             self._lock.notify()
         self._thread.join(timeout=5)
+        for sender in self._senders.values():
+            sender.close()
+        for sender in self._senders.values():
+            sender.join(NUDGE_TIMEOUT_S + 1)
 
     def _node_record(self, node: int) -> NodeRecord | None:
         obj = self._reads.get(node_key(node))
@@ -192,7 +287,7 @@ class SourceDoorbell:
             self._members = (members, at)
         return self._members[0]
 
-    def _send_loop(self) -> None:
+    def _ring_loop(self) -> None:
         while True:
             with self._lock:
                 while not self._pending and not self._closed:
@@ -200,11 +295,23 @@ class SourceDoorbell:
                 if not self._pending and self._closed:
                     return
                 ends, self._pending = self._pending, {}
-            body = json.dumps({"source": {str(p): end for p, end in ends.items()}}).encode()
             try:
-                urls = self._addresses.urls(self._member_ids())
-            except (StoreError, CorruptLedgerObject) as exc:
-                log.debug("source doorbell: cannot read the members (%s); the nodes poll instead", exc)
-                continue
-            for url in urls:
-                send_nudge(url, body=body)
+                self._hand_out(ends)
+            except Exception:
+                # The doorbell is advisory: one bad record or address must not silence it for every node.
+                log.exception("source doorbell: a ring was dropped (the nodes poll instead)")
+
+    def _hand_out(self, ends: dict[int, int]) -> None:
+        """Give `ends` to the sender of each member's address (a node's earlier address stops)."""
+        try:
+            urls = self._addresses.urls(self._member_ids())
+        except (StoreError, CorruptLedgerObject) as exc:
+            log.debug("source doorbell: cannot read the members (%s); the nodes poll instead", exc)
+            return
+        for url in set(self._senders) - set(urls):
+            self._senders.pop(url).close()
+        for url in urls:
+            sender = self._senders.get(url)
+            if sender is None:
+                sender = self._senders[url] = _AddressSender(url)
+            sender.add(ends)

@@ -5,7 +5,10 @@ into one request per node carrying each partition's highest end."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import random
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -170,5 +173,92 @@ def test_doorbell_rings_are_coalesced_into_one_request_per_node_with_each_partit
         for nudges in listeners:
             nudges.close()
     for h in told:
-        assert h.ends == [{0: 3}, {0: 9, 1: 7}]
+        # The first ring, then the three rung meanwhile (each node's sender may coalesce those too).
+        assert h.ends in ([{0: 3}, {0: 9, 1: 7}], [{0: 9, 1: 7}])
         assert not h.event.is_set()
+
+
+def _heard_end(heard: Heard, end: int) -> bool:
+    return any(e.get(0) == end for e in heard.ends)
+
+
+class _TricklingServer:
+    """A loopback server that accepts, then answers one byte every 0.3 s for as long as it runs: an
+    address that never finishes an answer but never times out a read either."""
+
+    def __init__(self) -> None:
+        self._socket = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}{NUDGE_PATH}"
+        self._stop = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._socket.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            while not self._stop.wait(0.3):
+                conn.sendall(b"H")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._socket.close()
+
+
+@pytest.fixture
+def trickling() -> Iterator[_TricklingServer]:
+    server = _TricklingServer()
+    yield server
+    server.close()
+
+
+def test_a_nudge_to_a_trickling_address_ends_within_its_deadline(trickling: _TricklingServer) -> None:
+    results: list[bool] = []
+    sender = threading.Thread(target=lambda: results.append(send_nudge(trickling.url, timeout_s=0.5)), daemon=True)
+    sender.start()
+    sender.join(5)  # a per-read timeout never fires: the server sends a byte every 0.3 s for ever
+    assert not sender.is_alive() and results == [False]
+
+
+@pytest.mark.parametrize("url", ["file:///etc/hostname", "ftp://127.0.0.1/nudge", "http:///nudge", "http://[::1"])
+def test_a_nudge_to_an_address_that_is_no_http_address_fails_quietly(url: str) -> None:
+    assert send_nudge(url, timeout_s=1.0) is False
+
+
+def test_bad_addresses_cost_only_their_own_rings_and_other_nodes_keep_hearing_the_doorbell(
+    local_store: LocalObjectStore, trickling: _TricklingServer
+) -> None:
+    """Members whose records name a `file:` address and a server that trickles its answer come
+    first; the node after them hears every ring, each within a bound."""
+    good = Heard()
+    heard_ends = threading.Condition()
+
+    def on_source(ends: dict[int, int]) -> None:
+        with heard_ends:
+            good.ends.append(ends)
+            heard_ends.notify_all()
+
+    listener = NudgeListener(good.event, on_source=on_source)
+    urls = {1: "file:///etc/hostname", 2: trickling.url, 3: listener.url}
+    doorbell: SourceDoorbell | None = None
+    try:
+        members = MembershipRecord(cluster_epoch=1, members=[1, 2, 3], reason="", updated_at=now())
+        local_store.put_if_absent(MEMBERSHIP_KEY, members.model_dump_json().encode())
+        for n, url in urls.items():
+            local_store.put_if_absent(node_key(n), node_record(n, url).model_dump_json().encode())
+        doorbell = SourceDoorbell(ReadStore(local_store))
+        for end in range(1, 6):
+            doorbell.ring({0: end})
+            with heard_ends:
+                # Each ring reaches the good node long before a trickle of this length would end.
+                reached = heard_ends.wait_for(functools.partial(_heard_end, good, end), timeout=3)
+                assert reached, f"ring {end} never reached the node: {good.ends}"
+    finally:
+        if doorbell is not None:
+            doorbell.close()
+        listener.close()
