@@ -84,6 +84,7 @@ from laminar_orchestration.protocol.tasks import (
     DesiredStates,
     MigrationKind,
     MigrationTask,
+    StalledMoves,
 )
 from laminar_orchestration.store import ObjectStore, StoreError, open_store
 
@@ -220,6 +221,7 @@ class Node:
         self._assignment_version: int | None = None
         self._seen_revisions: dict[PartitionId, int] = {}
         self._next_full_pass = 0.0
+        self._stalled_moves = StalledMoves()  # moves whose assignment entry stopped moving: their states are read
         #: Partitions whose state names this node while it can do nothing for them yet.
         self._pending: set[PartitionId] = set()
         self._nudges: NudgeListener | None = None
@@ -642,8 +644,11 @@ class Node:
             self._assignment_version = assignment.version
         wanted |= {p for p, b in self._backoff.items() if not b.permanent and at >= b.retry_at and p in named}
         wanted |= self._pending & set(named)
+        # A move whose entry stopped moving (its writer died before the assignment) has its state read itself.
+        stalled = self._stalled_moves.due(dict(self._in_flight), assignment.partitions, at)
         # A state in a move comes with the assignment (a copy at the listed revision): no read.
-        states = {p: assignment.state(int(p)) or self.desired.read(p)[0] for p in sorted(wanted)}
+        states = {p: assignment.state(int(p)) or self.desired.read(p)[0] for p in sorted(wanted - stalled)}
+        states |= {p: self.desired.read(p)[0] for p in sorted(stalled)}
         self._check_revoked(states)
         for p, state in states.items():
             if self.id in state.named_nodes():

@@ -498,8 +498,11 @@ class DesiredStates:
 
     Every write also moves the assignment record (`NodeAssignment`) of each node it concerns
     (`concerned_nodes`), after the state itself, and nudges those nodes (advisory). A writer
-    that dies in between leaves an assignment behind its state: `sync_assignments` (run by the
-    control plane's periodic pass) repairs it, and the next write of the partition does too.
+    that dies in between leaves an assignment behind its state. A node taking part in a move
+    reads the state itself once its entry has stopped moving (`StalledMoves`): a move's ends
+    never wait on a lost write for more than seconds. The next write of the partition repairs
+    the record too, and `sync_assignments` (run by `laminar rebalance` before it plans) rebuilds
+    every node's record.
     """
 
     def __init__(self, ledger: Ledger, *, nudge: bool = True) -> None:
@@ -726,6 +729,48 @@ class _AssignmentWrites:
     def wrote(self, node: NodeId, record: NodeAssignment, etag: str) -> None:
         with self._lock:
             self._written[int(node)] = (record, etag)
+
+
+#: How long a move in flight at a node may go without its assignment entry moving before the node
+#: reads the partition's desired state itself: the most a lost assignment write delays the move.
+STALLED_MOVE_READ_S = 2.0
+
+
+class StalledMoves:
+    """Which of the moves in flight at one node have stopped moving in its assignment.
+
+    A node learns a move's next phase from its assignment; a writer that died between the desired
+    state and the assignment (the move Active, the new owner left at Seeking) would leave the node
+    waiting for the next full pass. The node reads the desired state of such a move itself, at most
+    once per `after_s`: nothing while no move is in flight at it (an idle cluster reads nothing
+    more), one GET per stalled move while one is.
+    """
+
+    def __init__(self, after_s: float = STALLED_MOVE_READ_S) -> None:
+        self._after_s = after_s
+        #: partition -> the revision its assignment listed, and since when (or the last read of it).
+        self._since: dict[int, tuple[int | None, float]] = {}
+
+    def due(
+        self, in_flight: Mapping[PartitionId, tuple[str, float | None]], listed: Mapping[int, int], at: float
+    ) -> set[PartitionId]:
+        """Of the node's moves `in_flight` (partition -> the migration and when it was seen ended, None
+        while in flight), those whose revision in `listed` has not moved for `after_s` since it last
+        moved or was last read; they count as read at `at` (seconds on the caller's monotonic clock)."""
+        due: set[PartitionId] = set()
+        since: dict[int, tuple[int | None, float]] = {}
+        for p in (p for p, (_, ended) in in_flight.items() if ended is None):
+            revision = listed.get(int(p))
+            before = self._since.get(int(p))
+            if before is None or before[0] != revision:
+                since[int(p)] = (revision, at)
+            elif at - before[1] >= self._after_s:
+                due.add(p)
+                since[int(p)] = (revision, at)
+            else:
+                since[int(p)] = before
+        self._since = since
+        return due
 
 
 @dataclass(frozen=True)

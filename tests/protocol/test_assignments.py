@@ -23,6 +23,7 @@ from laminar_orchestration.protocol.tasks import (
     MigrationKind,
     MigrationPhase,
     MigrationTask,
+    StalledMoves,
     phase_sequence,
 )
 from laminar_orchestration.store import ObjectStore, PreconditionFailed
@@ -320,3 +321,16 @@ def test_a_late_drivers_assignment_write_never_lists_an_older_revision(store: Ob
     # What the owner takes for the partition at the listed revision: the cancel, so it keeps processing.
     taken = owner.state(0) or operator.read(P(0))[0]
     assert taken.migration is not None and taken.migration.phase == MigrationPhase.CANCELLED
+
+
+def test_a_move_in_flight_whose_assignment_entry_stopped_moving_is_read_once_per_interval() -> None:
+    stalls = StalledMoves(after_s=2.0)
+    moving = {P(0): ("m0", None), P(1): ("m1", None), P(2): ("m2", 5.0)}  # p2's move was seen ended
+    assert stalls.due(moving, {0: 3, 1: 7, 2: 4}, at=0.0) == set()
+    assert stalls.due(moving, {0: 3, 1: 8, 2: 4}, at=1.5) == set()  # p1's entry moved: its wait starts again
+    assert stalls.due(moving, {0: 3, 1: 8, 2: 4}, at=2.0) == {P(0)}  # p0 stalled; an ended move is never read
+    assert stalls.due(moving, {0: 3, 1: 8, 2: 4}, at=3.0) == set()  # read at 2.0: not again before 4.0
+    assert stalls.due(moving, {0: 3, 1: 8, 2: 4}, at=4.0) == {P(0), P(1)}
+    # A move that left the node's moves in flight is forgotten; back in flight, it waits afresh.
+    assert stalls.due({P(1): ("m1", None)}, {0: 3, 1: 8}, at=10.0) == {P(1)}
+    assert stalls.due(moving, {0: 3, 1: 8}, at=10.5) == set()
