@@ -1,14 +1,15 @@
 """The ``worker_node`` job: a laminar worker node as one long-running Dagster run.
 
-Its single op runs `laminar_orchestration.dataplane.node.Node` — heartbeat,
-reconcile, the partitions' micro-batches — on the SparkSession of the
-``pyspark`` resource, for as long as the run lives. Terminating the run (Runs →
+Its single op runs the node `laminar_orchestration.ops.node_builder.build_node`
+builds, as `laminar node run` does — heartbeat, reconcile, the partitions'
+micro-batches on the SparkSession of the ``pyspark`` resource, the output
+table — for as long as the run lives. Terminating the run (Runs →
 Terminate, or ``dagster run terminate``) stops the node gracefully: it drains
 every partition, releases it after its last commit and leaves the cluster; the
 run then ends Canceled. Launchpad config::
 
     node_id: 4
-    heartbeat_timeout_s: 6      # optional, as `laminar node run`
+    heartbeat_timeout_s: 10     # optional; every default is `laminar node run`'s (`NodeConfig`)
 
 `laminar node run` does the same without Dagster, with the same Spark settings
 (`laminar_orchestration.dataplane.engine.spark_conf`).
@@ -30,7 +31,7 @@ from dagster_pyspark import PySparkResource
 from pydantic import Field
 
 from laminar_orchestration.dataplane.config import NodeConfig
-from laminar_orchestration.dataplane.node import Node
+from laminar_orchestration.ops.node_builder import build_node
 from resources import LaminarResource
 
 from .common import tag_run
@@ -51,7 +52,9 @@ class WorkerNodeConfig(Config):
         description="Seconds between heartbeats (each a billed PUT).",
     )
     heartbeat_timeout_s: float = Field(
-        default=6.0, gt=0, description="Seconds without a heartbeat after which the node counts as dead."
+        default=NodeConfig.model_fields["heartbeat_timeout_s"].default,
+        gt=0,
+        description="Seconds without a heartbeat after which the node counts as dead.",
     )
     refresh_interval_s: float = Field(
         default=NodeConfig.model_fields["refresh_interval_s"].default,
@@ -93,7 +96,7 @@ def run_node(
     """Run node `config.node_id` until the run is terminated (graceful) or the node fails."""
     spark = pyspark.spark_session
     node_config = config.node_config(laminar.store().url, str(spark.sparkContext.master))
-    node = Node(node_config, store=laminar.store(), spark=spark)
+    node = build_node(node_config, store=laminar.store(), spark=spark)
     failed: list[BaseException] = []
     # Waited on instead of Thread.join: an interrupt inside join() can mark a running thread stopped
     # (CPython before 3.13), and the run would end before the node left the cluster.

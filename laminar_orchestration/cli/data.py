@@ -18,7 +18,7 @@ from laminar_orchestration.cli.base import (
     parse_partition_list,
 )
 from laminar_orchestration.cli.output import Output
-from laminar_orchestration.dataplane.config import WARM_UP_BATCHES, NodeConfig
+from laminar_orchestration.dataplane.config import NodeConfig
 from laminar_orchestration.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -40,9 +40,18 @@ class NodeRun(Command):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--node-id", type=int, required=True, help="this node's id (>= 1)")
-        parser.add_argument("--spark-master", default="local[*]", help="Spark master URL (default local[*])")
+        parser.add_argument(
+            "--spark-master",
+            default=_NODE_DEFAULTS["spark_master"].default,
+            help="Spark master URL (default %(default)s)",
+        )
         parser.add_argument("--spark-ui", action="store_true", help="enable the Spark UI (off by default)")
-        parser.add_argument("--heartbeat-timeout", type=float, default=6.0, help="seconds without heartbeat = dead")
+        parser.add_argument(
+            "--heartbeat-timeout",
+            type=float,
+            default=_NODE_DEFAULTS["heartbeat_timeout_s"].default,
+            help="seconds without heartbeat = dead (default %(default)s)",
+        )
         parser.add_argument(
             "--refresh-interval",
             type=float,
@@ -61,13 +70,28 @@ class NodeRun(Command):
             default=_NODE_DEFAULTS["heartbeat_interval_s"].default,
             help="seconds between heartbeats (each a billed PUT)",
         )
-        parser.add_argument("--batch-max-events", type=int, default=1_000_000, help="events per micro-batch at most")
-        parser.add_argument("--checkpoint-every-batches", type=int, default=10, help="state snapshot every K batches")
-        parser.add_argument("--checkpoint-every-s", type=float, default=30.0, help="state snapshot every T seconds")
+        parser.add_argument(
+            "--batch-max-events",
+            type=int,
+            default=_NODE_DEFAULTS["batch_max_events"].default,
+            help="events per micro-batch at most",
+        )
+        parser.add_argument(
+            "--checkpoint-every-batches",
+            type=int,
+            default=_NODE_DEFAULTS["checkpoint_every_batches"].default,
+            help="state snapshot every K batches",
+        )
+        parser.add_argument(
+            "--checkpoint-every-s",
+            type=float,
+            default=_NODE_DEFAULTS["checkpoint_every_s"].default,
+            help="state snapshot every T seconds",
+        )
         parser.add_argument(
             "--spark-warm-up-batches",
             type=int,
-            default=WARM_UP_BATCHES,
+            default=_NODE_DEFAULTS["spark_warm_up_batches"].default,
             help="synthetic batches Spark runs at start while the node has no real batch (0: none)",
         )
         parser.add_argument(
@@ -79,12 +103,14 @@ class NodeRun(Command):
         parser.add_argument(
             "--metrics-port",
             type=int,
-            default=None,
+            default=_NODE_DEFAULTS["metrics_port"].default,
             metavar="PORT",
             help="serve Prometheus metrics at http://HOST:PORT/metrics (default: none; 0: any free port)",
         )
         parser.add_argument(
-            "--metrics-host", default="127.0.0.1", help="address the metrics are served on (default 127.0.0.1)"
+            "--metrics-host",
+            default=_NODE_DEFAULTS["metrics_host"].default,
+            help="address the metrics are served on (default %(default)s)",
         )
         parser.add_argument(
             "--leave-deadline",
@@ -114,10 +140,7 @@ class NodeRun(Command):
 
     def run(self, args: argparse.Namespace, out: Output) -> int:
         from laminar_orchestration.control.leave import LeaveSettings, attach
-        from laminar_orchestration.dataplane.config import NodeConfig
-        from laminar_orchestration.dataplane.node import Node
-        from laminar_orchestration.store import open_store
-        from laminar_orchestration.table import TableCommitter
+        from laminar_orchestration.ops.node_builder import build_node
 
         check_node_id("--node-id", args.node_id)
         positive = {
@@ -156,8 +179,7 @@ class NodeRun(Command):
         config = NodeConfig(
             store_url=args.store,
             heartbeat_timeout_s=args.heartbeat_timeout,
-            # Several heartbeats fit in a timeout, so one lost PUT never makes a live node look dead.
-            heartbeat_interval_s=min(args.heartbeat_interval, args.heartbeat_timeout / 3),
+            heartbeat_interval_s=args.heartbeat_interval,
             refresh_interval_s=args.refresh_interval,
             table_sync_interval_s=args.table_sync_interval,
             standby_for=parse_partition_list("--standby-for", args.standby_for),
@@ -165,9 +187,7 @@ class NodeRun(Command):
             metrics_host=args.metrics_host,
             **{name: getattr(args, name) for name in same},
         )
-        # The committed output is also a Delta table beside the store (`laminar table`).
-        committer = TableCommitter(open_store(config.store_url))
-        node = Node(config, output_table=committer)
+        node = build_node(config)
         # SIGTERM moves the partitions away before the node stops; at start it takes its share back.
         attach(node, LeaveSettings(deadline_s=args.leave_deadline, rejoin=not args.no_rejoin))
         node.run()

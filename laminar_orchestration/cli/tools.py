@@ -7,6 +7,7 @@ from pathlib import Path
 
 from laminar_orchestration.cli.base import Command, check_node_id, open_ledger
 from laminar_orchestration.cli.output import Output
+from laminar_orchestration.dataplane.config import NodeConfig
 from laminar_orchestration.errors import InvalidArgument
 
 __all__ = ["Demo", "Policies", "Report"]
@@ -46,7 +47,10 @@ class Demo(Command):
         parser.add_argument("--duration", type=float, help="once the cluster is up, run this many seconds, then stop")
         parser.add_argument("--interval", type=float, default=5.0, help="seconds between status tables (default 5)")
         parser.add_argument(
-            "--heartbeat-timeout", type=float, default=6.0, help="seconds without heartbeat = dead (default 6)"
+            "--heartbeat-timeout",
+            type=float,
+            default=NodeConfig.model_fields["heartbeat_timeout_s"].default,
+            help="seconds without heartbeat = dead (default %(default)s)",
         )
         parser.add_argument("--spark-master", default="local[1]", help="Spark master of each node (default local[1])")
         parser.add_argument("--no-dagster", action="store_true", help="run without the Dagster webserver and daemon")
@@ -70,10 +74,7 @@ class Demo(Command):
             metrics_port=args.metrics_port or None,
             **{name: getattr(args, name) for name in same},
         )
-        try:
-            options.check()
-        except ValueError as exc:
-            raise InvalidArgument("demo", str(exc)) from None
+        options.check()
         return run_demo(options)
 
 

@@ -790,10 +790,3 @@ class Node:
             # The ends last read: a new worker waits for its log to move instead of polling it.
             worker.source_advanced(self._log_ends.get(int(worker.partition), 0), from_log_ends=True)
         worker.start()
-
-
-def run_node(
-    config: NodeConfig, *, processor: Processor | None = None, output_table: OutputTable | None = None
-) -> None:
-    """Entry point of `laminar node run`."""
-    Node(config, processor=processor, output_table=output_table).run()

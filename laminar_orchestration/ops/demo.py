@@ -56,7 +56,7 @@ from laminar_orchestration.control.moves import MoveOutcome
 from laminar_orchestration.control.operations import plan_rebalance, run_rebalance
 from laminar_orchestration.control.snapshot import ClusterSnapshot, live_node_ids, migrations_in_flight, ownership_map
 from laminar_orchestration.dataplane.config import NodeConfig
-from laminar_orchestration.errors import OperationFailedError
+from laminar_orchestration.errors import InvalidArgument, OperationFailedError
 from laminar_orchestration.identity import UNASSIGNED, PartitionId
 from laminar_orchestration.metrics import LagClock, MetricsServer
 from laminar_orchestration.ops.demo_processes import Child, Producer
@@ -73,8 +73,6 @@ from laminar_orchestration.store import StoreError, open_store
 from laminar_orchestration.table import table_location
 
 DEFAULT_PORT = 3000
-#: Short, so that the failure sensor reacts within seconds of a `kill -9`.
-DEMO_HEARTBEAT_TIMEOUT_S = 6.0
 #: How long nodes get to start Spark and join.
 NODE_START_TIMEOUT_S = 240.0
 #: How long the webserver gets to answer its first request.
@@ -110,7 +108,9 @@ class DemoOptions:
     duration: float | None = None
     #: Seconds between two status tables.
     interval: float = 5.0
-    heartbeat_timeout_s: float = DEMO_HEARTBEAT_TIMEOUT_S
+    #: The nodes' and the failure sensor's: `laminar node run`'s default, short enough that the sensor
+    #: reacts within seconds of a `kill -9`.
+    heartbeat_timeout_s: float = float(NodeConfig.model_fields["heartbeat_timeout_s"].default)
     spark_master: str = "local[1]"
     #: False: no Dagster webserver/daemon (nodes, load and table only).
     dagster: bool = True
@@ -123,27 +123,27 @@ class DemoOptions:
     table_sync_interval_s: float = float(NodeConfig.model_fields["table_sync_interval_s"].default)
 
     def check(self) -> None:
-        """Raise ValueError naming the first option out of range."""
+        """Raise `InvalidArgument` naming the first option out of range (as its flag)."""
         if self.partitions < 1:
-            raise ValueError("--partitions must be >= 1")
+            raise InvalidArgument("--partitions", "must be >= 1")
         if self.nodes < 1:
-            raise ValueError("--nodes must be >= 1")
+            raise InvalidArgument("--nodes", "must be >= 1")
         if self.rate < 0:
-            raise ValueError("--rate must be >= 0")
+            raise InvalidArgument("--rate", "must be >= 0")
         if self.keys < 1:
-            raise ValueError("--keys must be >= 1")
+            raise InvalidArgument("--keys", "must be >= 1")
         if not 0 < self.port < 65536:
-            raise ValueError("--port must be in 1..65535")
+            raise InvalidArgument("--port", "must be in 1..65535")
         if self.duration is not None and self.duration <= 0:
-            raise ValueError("--duration must be > 0")
+            raise InvalidArgument("--duration", "must be > 0")
         if self.interval <= 0:
-            raise ValueError("--interval must be > 0")
+            raise InvalidArgument("--interval", "must be > 0")
         if self.metrics_port is not None and not 0 < self.metrics_port < 65536 - self.nodes:
-            raise ValueError("--metrics-port must leave room for a port per node below 65536")
+            raise InvalidArgument("--metrics-port", "must leave room for a port per node below 65536")
         if self.heartbeat_timeout_s <= 0:
-            raise ValueError("--heartbeat-timeout must be > 0")
+            raise InvalidArgument("--heartbeat-timeout", "must be > 0")
         if self.table_sync_interval_s <= 0:
-            raise ValueError("the table sync interval must be > 0")
+            raise InvalidArgument("table_sync_interval_s", "must be > 0")
 
 
 #: What makes a directory the Dagster code location: the workspace and the definitions beside it.
@@ -373,7 +373,6 @@ class Demo:
             "--store", self.store_url, "--node-id", str(node),
             "--spark-master", opts.spark_master,
             "--heartbeat-timeout", str(opts.heartbeat_timeout_s),
-            "--refresh-interval", "1.0",
             "--checkpoint-every-batches", "5", "--checkpoint-every-s", "10",
             "--table-sync-interval", f"{opts.table_sync_interval_s:g}",
         ]  # fmt: skip

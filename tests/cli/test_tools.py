@@ -114,5 +114,5 @@ def test_demo_flags_become_its_options_checked_before_it_starts(
     assert (options.store, options.nodes, options.metrics_port, options.dagster) == (url, 2, None, False)
     assert (options.heartbeat_timeout_s, options.base_dir, options.partitions) == (2.5, tmp_path, 4)
     code, line = run_error(capsys, "demo", "--interval", "0")
-    assert code == 2 and "--interval must be > 0" in line
+    assert code == 2 and "--interval: must be > 0" in line
     assert len(started) == 1  # refused before the demo started

@@ -3,7 +3,8 @@
 A worker node runs as a Dagster run (``dagster job execute``, recorded in a
 real instance under a temporary ``DAGSTER_HOME``), processes its partitions on
 the resource's SparkSession, and is stopped the way Dagster terminates a run
-(an interrupt to the run's process): it drains, releases and leaves. Then
+(an interrupt to the run's process): it drains, releases and leaves. The output
+table it kept, read with `deltalake` alone, holds every event once. Then
 ``committed_state`` partitions are materialized on Spark from the committed
 checkpoints, with the same resource.
 """
@@ -15,11 +16,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus, materialize
+from deltalake import DeltaTable
 
 from assets import LAMINAR_PARTITIONS, committed_state
 from laminar_orchestration.control.coordinator import MigrationCoordinator
@@ -27,7 +30,9 @@ from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.records import NodeStatus, PartitionStatus
+from laminar_orchestration.protocol.source import generate_events
 from laminar_orchestration.store import open_store
+from laminar_orchestration.table import table_location
 from resources import LaminarResource, spark_resource_from_env
 
 pytestmark = [pytest.mark.spark, pytest.mark.dagster, pytest.mark.processes, pytest.mark.slow]
@@ -35,6 +40,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.dagster, pytest.mark.processes, pyt
 REPO = Path(__file__).resolve().parents[2]
 DAGSTER = Path(sys.executable).with_name("dagster")
 EVENTS = 400
+KEYS = 20
 
 
 def wait_until(what: str, check: object, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
@@ -48,7 +54,7 @@ def wait_until(what: str, check: object, timeout_s: float, proc: subprocess.Pope
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
-def test_worker_node_run_and_committed_state_use_the_pyspark_resource(
+def test_worker_node_run_keeps_the_table_and_committed_state_use_the_pyspark_resource(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store_url = (tmp_path / "store").as_uri()
@@ -64,7 +70,7 @@ def test_worker_node_run_and_committed_state_use_the_pyspark_resource(
     }
     cli = [sys.executable, "-m", "laminar_orchestration.cli"]
     subprocess.run([*cli, "init", "--partitions", "2", "--store", store_url], check=True, env=env, cwd=tmp_path)
-    produce = [*cli, "produce", "--count", str(EVENTS), "--keys", "20", "--store", store_url]
+    produce = [*cli, "produce", "--count", str(EVENTS), "--keys", str(KEYS), "--store", store_url]
     subprocess.run(produce, check=True, env=env, cwd=tmp_path, capture_output=True)
     (tmp_path / "node.yaml").write_text(
         "ops:\n  run_node:\n    config:\n      node_id: 1\n      heartbeat_timeout_s: 30\n"
@@ -126,6 +132,17 @@ def test_worker_node_run_and_committed_state_use_the_pyspark_resource(
         (stored,) = instance.get_runs()
         assert stored.job_name == "worker_node" and stored.tags["laminar/node"] == "1"
         assert stored.status in (DagsterRunStatus.CANCELED, DagsterRunStatus.FAILURE), stored.status
+
+    # The run's node keeps the output table as `laminar node run`'s does (flushed as it drained):
+    # read with deltalake alone, every batch once and each key's events adding up to what was produced.
+    rows = DeltaTable(table_location(open_store(store_url)).uri).to_pyarrow_table().to_pylist()
+    batches = [(r["partition"], r["batch_seq"], r["key"]) for r in rows]
+    assert len(batches) == len(set(batches)), "a batch's row landed twice"
+    counts: Counter[str] = Counter()
+    for r in rows:
+        counts[r["key"]] += r["batch_count"]
+    produced = generate_events(EVENTS, KEYS, 0, 2)  # `laminar produce --count`'s default seed
+    assert counts == Counter(k for table in produced.values() for k in table["key"].to_pylist())
 
     # committed_state on the same resource: one Dagster partition per stream partition.
     monkeypatch.setenv("LAMINAR_SPARK_MASTER", "local[1]")
