@@ -5,6 +5,9 @@ every `log_ends_poll_s` and hands each worker its partition's; a producer's door
 end sooner. Both are hints recorded after the segments they cover: a worker that has reached the
 end they show waits for them to move instead of polling its log, and still polls it every
 `source_fallback_poll_s` (a producer may die between its segments and recording their end).
+The ends are trusted for `LOG_ENDS_TRUST_S` after the node last read them: a worker waiting on them
+wakes when that runs out, and while the node cannot read them its worker polls its log with the
+idle backoff (up to `idle_poll_max_s`), as without recorded ends.
 
 A log that had events at the last read is busy: its producer has likely appended while the batch
 ran. Unless a doorbell announces its appends, the worker looks again at once, then after 50 ms,
@@ -53,10 +56,12 @@ class LogWatch:
     #: When a producer's doorbell last announced an end (monotonic); None: never.
     doorbell_at: float | None = None
 
-    def advanced(self, end_offset: int, *, from_log_ends: bool) -> bool:
-        """Record an announced end; True if it moved (the worker should look)."""
+    def advanced(self, end_offset: int, *, from_log_ends: bool, read_at: float | None = None) -> bool:
+        """Record an announced end; True if it moved (the worker should look). Recorded ends count as
+        seen when the node read them (`read_at`, monotonic; None: now), not when they were handed over."""
         if from_log_ends:
-            self.ends_seen_at = time.monotonic()
+            seen = time.monotonic() if read_at is None else read_at
+            self.ends_seen_at = seen if self.ends_seen_at is None else max(self.ends_seen_at, seen)
         else:
             self.doorbell_at = time.monotonic()
         if end_offset > self.known_end:
@@ -96,7 +101,7 @@ class LogWatch:
 
     def idle_until(self, committed: int) -> float | None:
         """While the ends are watched and show nothing past `committed`, which the last read
-        reached: when the fallback poll is due. None: read the log now."""
+        reached: when the fallback poll (or the end of the ends' trust) is due. None: read the log now."""
         seen = self.ends_seen_at
         if not self.at_end or seen is None or time.monotonic() - seen > LOG_ENDS_TRUST_S or self.known_end > committed:
             return None
@@ -104,6 +109,8 @@ class LogWatch:
             due = self.read_at + self.probe_s  # busy: the log has probably grown since the last read
         else:
             due = self.read_at + self.fallback_s
+        # Wake when the ends stop being trusted: if the node cannot read them any more, poll the log.
+        due = min(due, seen + LOG_ENDS_TRUST_S)
         return due if due > time.monotonic() else None
 
     def _doorbell_rings(self) -> bool:

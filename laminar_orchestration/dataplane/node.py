@@ -208,8 +208,10 @@ class Node:
         #: The migration of each partition whose move this node takes part in, as last read, and when
         #: it was seen Active (None while in flight): the report of a finished move lingers a while.
         self._in_flight: dict[PartitionId, tuple[str, float | None]] = {}
-        #: The log ends this node read last (None before its first read, or if it cannot read them).
+        #: The log ends this node read last (None before its first read), and when it read them
+        #: (monotonic): a worker trusts them only for a while after that read.
         self._log_ends: dict[int, int] | None = None
+        self._log_ends_at = 0.0
         #: Set by a nudge, a worker's report or a stop: the reconcile loop looks at once.
         self._wake = threading.Event()
         #: Set by a worker's report (with `_wake`): the loop reaps ended workers without reading anything.
@@ -567,15 +569,16 @@ class Node:
         """Read the log ends producers record (one GET) and hand each worker its partition's: at
         once, then every `log_ends_poll_s`."""
         while not self._stop.is_set():
+            read_at = time.monotonic()
             try:
                 # None: no producer appended yet (every append records its end), so every log is empty.
                 ends = self.source.log_ends() or {}
             except (StoreError, CorruptDataError) as exc:
                 log.warning("node %s: could not read the log ends (its partitions poll their logs): %s", self.id, exc)
             else:
-                self._log_ends = ends
+                self._log_ends, self._log_ends_at = ends, read_at
                 for p, worker in list(self.workers.items()):
-                    worker.source_advanced(ends.get(int(p), 0), from_log_ends=True)
+                    worker.source_advanced(ends.get(int(p), 0), from_log_ends=True, read_at=read_at)
             self._stop.wait(self.config.log_ends_poll_s)
 
     def observe_cluster_epoch(self, epoch: int) -> None:
@@ -787,6 +790,8 @@ class Node:
             self._finished.pop(worker.partition, None)
             self.workers[worker.partition] = worker
         if self._log_ends is not None:
-            # The ends last read: a new worker waits for its log to move instead of polling it.
-            worker.source_advanced(self._log_ends.get(int(worker.partition), 0), from_log_ends=True)
+            # The ends last read, as old as they are: a new worker waits for its log to move instead
+            # of polling it only while they are trusted.
+            end = self._log_ends.get(int(worker.partition), 0)
+            worker.source_advanced(end, from_log_ends=True, read_at=self._log_ends_at)
         worker.start()

@@ -112,12 +112,12 @@ class PartitionWorker(threading.Thread):
         if self._draining_requested():
             self.abandon_batch()
 
-    def source_advanced(self, end_offset: int, *, from_log_ends: bool = False) -> None:
+    def source_advanced(self, end_offset: int, *, from_log_ends: bool = False, read_at: float | None = None) -> None:
         """The partition's log reaches `end_offset`: from the recorded log ends (`from_log_ends`,
         which the node reads on a schedule) or a producer's doorbell. Both are hints: the worker
         reads the segments themselves."""
         with self._task_changed:
-            if self.log_watch.advanced(end_offset, from_log_ends=from_log_ends):
+            if self.log_watch.advanced(end_offset, from_log_ends=from_log_ends, read_at=read_at):
                 self._task_changed.notify_all()
 
     def _prefetch(self, epoch: int, offset: int, progress: EventTimeProgress) -> None:
