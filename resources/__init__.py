@@ -17,7 +17,6 @@
 
 import os
 from typing import Any
-from urllib.parse import urlparse
 
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from dagster_aws.s3 import S3Resource
@@ -29,7 +28,7 @@ from laminar_orchestration.dataplane.engine import spark_conf
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.tasks import MigrationConfig
-from laminar_orchestration.store import InvalidStoreUrl, ObjectStore, default_store_url, open_store
+from laminar_orchestration.store import ObjectStore, default_store_url, open_store, parse_s3_url
 
 __all__ = [
     "LaminarResource",
@@ -71,17 +70,15 @@ class LaminarResource(ConfigurableResource):  # type: ignore[type-arg]
             # the resource): read the variable rather than open a store named "LAMINAR_STORE".
             url = url.get_value() or default_store_url()
         url = url.strip()
-        parsed = urlparse(url)
-        if parsed.scheme.lower() != "s3" or self.s3 is None:
+        if not url.lower().startswith("s3:") or self.s3 is None:
             # Local stores (and S3 without Dagster-side settings) open exactly as the CLI does.
             return open_store(url)
         from laminar_orchestration.store.retry import RetryingStore
         from laminar_orchestration.store.s3 import S3ObjectStore
 
-        if not parsed.netloc:
-            raise InvalidStoreUrl(url, "s3 URL has no bucket: use s3://bucket/prefix")
+        location = parse_s3_url(url)
         client: Any = self.s3.get_client()
-        inner = S3ObjectStore(parsed.netloc, parsed.path.strip("/"), client=client)
+        inner = S3ObjectStore(location.bucket, location.prefix, client=client)
         return RetryingStore(inner)
 
     def ledger(self) -> Ledger:

@@ -11,6 +11,7 @@ Store URLs:
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -41,12 +42,14 @@ __all__ = [
     "ObjectNotFound",
     "ObjectStore",
     "PreconditionFailed",
+    "S3Url",
     "StoreError",
     "StoreUnavailable",
     "StoredObject",
     "TransientStoreError",
     "default_store_url",
     "open_store",
+    "parse_s3_url",
 ]
 
 #: Where the store lives when neither ``--store`` nor ``LAMINAR_STORE`` says.
@@ -59,6 +62,24 @@ def default_store_url() -> str:
     if env:
         return env
     return (Path.cwd() / DEFAULT_LOCAL_DIR).resolve().as_uri()
+
+
+@dataclass(frozen=True)
+class S3Url:
+    """Where an ``s3://bucket/prefix`` store lives: its bucket, and its prefix without slashes around it."""
+
+    bucket: str
+    prefix: str
+
+
+def parse_s3_url(url: str) -> S3Url:
+    """The bucket and prefix an ``s3://`` store URL names; `InvalidStoreUrl` if it names no bucket."""
+    parsed = urlparse(url.strip())
+    if parsed.scheme.lower() != "s3":
+        raise InvalidStoreUrl(url, "not an s3:// URL: use s3://bucket/prefix")
+    if not parsed.netloc:
+        raise InvalidStoreUrl(url, "s3 URL has no bucket: use s3://bucket/prefix")
+    return S3Url(parsed.netloc, parsed.path.strip("/"))
 
 
 def open_store(url: str | None = None, *, retrying: bool = True, create: bool = True) -> ObjectStore:
@@ -84,13 +105,10 @@ def open_store(url: str | None = None, *, retrying: bool = True, create: bool = 
             raise InvalidStoreUrl(url, "file URL has no path")
         return _open_local(url, path, create)
     if scheme == "s3":
-        bucket = parsed.netloc
-        if not bucket:
-            raise InvalidStoreUrl(url, "s3 URL has no bucket: use s3://bucket/prefix")
-        prefix = parsed.path.strip("/")
+        location = parse_s3_url(url)
         from laminar_orchestration.store.s3 import S3ObjectStore
 
-        inner: ObjectStore = S3ObjectStore(bucket=bucket, prefix=prefix)
+        inner: ObjectStore = S3ObjectStore(bucket=location.bucket, prefix=location.prefix)
         if not retrying:
             return inner
         from laminar_orchestration.store.retry import RetryingStore
