@@ -10,6 +10,7 @@ from pydantic import Field
 
 from laminar_orchestration.errors import LaminarError
 from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase, MigrationTask, PhaseReport
+from laminar_orchestration.sizes import human_size
 
 #: Run tags (the sensors read and write them).
 PARTITION_TAG = "laminar/partition"
@@ -184,18 +185,6 @@ class MigrationHandle:
             to_epoch=int(tags[TO_EPOCH_TAG]),
             config=config.model_dump(),
         )
-
-
-def human_size(n: int) -> str:
-    """`n` bytes as a size a person reads: ``512 B``, ``1.2 KiB``, ``3.4 MiB``, ``1.0 GiB``."""
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
-        if value < 1024 or unit == "TiB":
-            break
-    return f"{value:.1f} {unit}"
 
 
 def report_metadata(report: PhaseReport, *, transfer: bool) -> dict[str, Any]:

@@ -22,6 +22,7 @@ LAYERS: dict[str, int] = {
     "clock": 0,
     "ulid": 0,
     "metrics": 0,
+    "sizes": 0,
     "store": 1,
     "processing": 2,
     "protocol": 3,

@@ -45,6 +45,7 @@ from laminar_orchestration.protocol.tasks import (
     phase_sequence,
     seconds_left,
 )
+from laminar_orchestration.sizes import human_size
 from laminar_orchestration.store import PreconditionFailed
 
 
@@ -761,25 +762,15 @@ class PartitionProgressView:
     source_offset: int = 0
 
 
-def _size(n: int) -> str:
-    """`n` bytes as a human size: 512 B, 1.2 KiB, 3.4 MiB."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"  # unreachable
-
-
 def _phase_detail(task: MigrationTask, phase: MigrationPhase, node: int, moved: int, offset: int) -> str:
     """What a node-reported phase did, in words: who, how many bytes, which offset, which epoch."""
     at = f"offset {offset:,}"
     what = {
         MigrationPhase.DRAINING: f"stopped taking batches of epoch {task.from_epoch} at {at}",
         MigrationPhase.CHECKPOINTING: f"wrote its final checkpoint of epoch {task.from_epoch} at {at}",
-        MigrationPhase.UPLOADING: f"uploaded {_size(moved)} of state for the handoff",
+        MigrationPhase.UPLOADING: f"uploaded {human_size(moved)} of state for the handoff",
         MigrationPhase.RELEASED: f"released epoch {task.from_epoch} at {at}",
-        MigrationPhase.DOWNLOADING: f"downloaded {_size(moved)} of state",
+        MigrationPhase.DOWNLOADING: f"downloaded {human_size(moved)} of state",
         MigrationPhase.RESTORING: f"restored the state committed up to {at}",
         MigrationPhase.SEEKING: f"positioned the source at {at} for epoch {task.to_epoch}",
         MigrationPhase.ACTIVE: f"processing from {at} at epoch {task.to_epoch}",

@@ -34,7 +34,6 @@ from dagster_pyspark import PySparkResource
 
 from assets import checkpoint_observation, ownership_observation
 from jobs import GRACEFUL_OPS, MIGRATION_ID_TAG, RISING_OPS, failover_partition, migrate_partition, rebalance
-from jobs.common import human_size
 from jobs.migration import _HANDLES, run_handle
 from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.dataplane.engine import spark_conf
@@ -45,6 +44,7 @@ from laminar_orchestration.protocol.keys import desired_state_key, grant_key
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import DeltaRef, SnapshotFile, SnapshotRef, artifact_ref
 from laminar_orchestration.protocol.tasks import GRACEFUL_PHASES, MigrationPhase
+from laminar_orchestration.sizes import human_size
 from laminar_orchestration.store.retry import RetryingStore
 from laminar_orchestration.store.s3 import S3ObjectStore
 from resources import LaminarResource, build_resources, laminar_resource_from_env
@@ -322,16 +322,6 @@ def test_without_to_node_and_no_other_live_node_the_plan_says_so(ledger: Ledger,
     assert failure.description == (
         "no live node to move partition 0 to (live: [1], owner: node 1): start a node or give to_node"
     )
-
-
-def test_sizes_read_as_a_person_reads_them() -> None:
-    assert [human_size(n) for n in (0, 1023, 1024, 1_258_291, 5 * 1024**3)] == [
-        "0 B",
-        "1023 B",
-        "1.0 KiB",
-        "1.2 MiB",
-        "5.0 GiB",
-    ]
 
 
 @pytest.mark.dagster
