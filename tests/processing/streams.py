@@ -63,7 +63,8 @@ def clicks(n: int, seed: int) -> pa.Table:
 
 
 def orders(n: int, seed: int) -> pa.Table:
-    """Orders over ~n/70 days, a fifth of them sent again within minutes or days (a retrying producer)."""
+    """Orders over ~n/70 days, a fifth of them sent again within minutes or days (a retrying producer),
+    a few hours late."""
     rng = random.Random(seed)
     rows: list[dict[str, Any]] = []
     clock = START
@@ -85,6 +86,8 @@ def orders(n: int, seed: int) -> pa.Table:
                 "at": datetime.fromtimestamp((clock - rng.randint(0, 2 * MINUTE)) / 1000, UTC),
             }
         )
+        if rng.random() < 0.03:  # a till that was offline for hours: far too late
+            rows[-1]["at"] = datetime.fromtimestamp((clock - rng.randint(MINUTE * 90, MINUTE * 300)) / 1000, UTC)
     return pa.Table.from_pylist(rows, schema=StreamSchema.from_file(EXAMPLES / "orders.yaml").event_schema)
 
 
