@@ -67,7 +67,10 @@ class Table(Command):
         elif command == "rebuild":
             removed, result = rebuild_table(store, location, force=args.force)
             data = {"removed_objects": removed, **result.to_json()}
-            text = [f"removed {removed} objects of the old table", *result.summary_lines()]
+            text = [
+                f"removed {removed} objects of the old log (old data files: `laminar table maintain` vacuums them)",
+                *result.summary_lines(),
+            ]
         elif command == "maintain":
             report = compact_and_checkpoint(location, retention_hours=args.retention_hours)
             data, text = report.to_json(), report.summary_lines()

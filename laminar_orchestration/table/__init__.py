@@ -27,7 +27,6 @@ from laminar_orchestration.table.committer import (
     TableMismatch,
     TableSchemaMismatch,
     open_table,
-    rebuild_table,
 )
 from laminar_orchestration.table.location import (
     InvalidTableUri,
@@ -39,6 +38,7 @@ from laminar_orchestration.table.location import (
     table_location,
 )
 from laminar_orchestration.table.maintenance import MaintenanceReport, compact_and_checkpoint
+from laminar_orchestration.table.rebuild import rebuild_table
 from laminar_orchestration.table.setup import TableLocationConflict, record_table_location
 
 __all__ = [

@@ -88,7 +88,6 @@ __all__ = [
     "check_identity",
     "landed_seq",
     "open_table",
-    "rebuild_table",
     "remove_table",
 ]
 
@@ -618,25 +617,3 @@ class TableCommitter:
             DeltaTable(self.location.uri, version=version, storage_options=self.location.options()).create_checkpoint()
         except (DeltaError, OSError, ValueError) as exc:  # an optimisation: the log stays complete without it
             log.warning("output table %s: no checkpoint at version %d: %s", self.location.uri, version, exc)
-
-
-def rebuild_table(
-    store: ObjectStore, location: TableLocation | None = None, *, force: bool = False
-) -> tuple[int, SyncResult]:
-    """Recreate the output table from the manifest chains: remove what is there, sync every partition.
-
-    For a deleted or corrupted log. A readable table of another cluster is kept unless `force`
-    (TableMismatch). Returns the objects removed and the sync's result.
-    """
-    location = location or table_location(store)
-    ledger = Ledger(store)
-    if not force:
-        try:
-            existing = open_table(location)
-        except TableLogCorrupt:
-            existing = None
-        if existing is not None:
-            check_identity(existing, location, ledger.cluster().cluster_id)
-    removed = remove_table(location)
-    committer = TableCommitter(store, location)
-    return removed, committer.sync(ledger.partitions())

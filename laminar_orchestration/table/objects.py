@@ -131,3 +131,50 @@ class TableObjects:
                 return False
             raise self._fault(name, exc) from exc
         return True
+
+    def put(self, name: str, data: bytes) -> None:
+        """Write the object, replacing any (only `_last_checkpoint`, a hint readers check, is ever replaced)."""
+        self.requests["PUT"] += 1
+        try:
+            if self.location.is_local:
+                path = self._path(name)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.parent / f"_commit_{uuid.uuid4().hex}.json.tmp"
+                tmp.write_bytes(data)
+                os.replace(tmp, path)
+                return
+            bucket, key = self._bucket_key(name)
+            self._s3().put_object(Bucket=bucket, Key=key, Body=data)
+        except Exception as exc:
+            raise self._fault(name, exc) from exc
+
+    def delete(self, name: str) -> None:
+        """Remove the object (nothing if there is none)."""
+        self.requests["DELETE"] += 1
+        try:
+            if self.location.is_local:
+                self._path(name).unlink(missing_ok=True)
+                return
+            bucket, key = self._bucket_key(name)
+            self._s3().delete_object(Bucket=bucket, Key=key)
+        except Exception as exc:
+            raise self._fault(name, exc) from exc
+
+    def names(self, folder: str = "") -> list[str]:
+        """The names of every object under `folder` (``""``: the whole table), in name order."""
+        self.requests["LIST"] += 1
+        try:
+            if self.location.is_local:
+                root = Path(self.location.uri)
+                base = root / folder if folder else root
+                if not base.is_dir():
+                    return []
+                return sorted(p.relative_to(root).as_posix() for p in base.rglob("*") if p.is_file())
+            bucket, prefix = self._bucket_key(folder)
+            found: list[str] = []
+            strip = len(self._bucket_key("")[1])
+            for page in self._s3().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+                found.extend(str(o["Key"])[strip:] for o in page.get("Contents", []))
+            return sorted(found)
+        except Exception as exc:
+            raise self._fault(folder or ".", exc) from exc

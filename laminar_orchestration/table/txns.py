@@ -14,8 +14,11 @@ commit is made on, and that commit is a create-only write of the next log entry,
 so a commit made on anything older fails and is never rebased: the at-most-once
 argument of `committer` rests on this. A table replaced under a running committer
 (`laminar table rebuild`, or its log lost) could hold the next name too, so each
-sync also looks at log entry 0 (one HEAD): if it is not the one seen before, the
-log is read afresh.
+sync also looks at its anchor (one HEAD): log entry 0, or `_last_checkpoint` when
+the log starts at a checkpoint; if it is not the one seen before, the log is read
+afresh. A rebuilt table is published as a checkpoint above every version the old
+log reached, whose log entry names a new table id and every transaction version:
+a follower meeting that entry takes the table's state from it alone.
 """
 
 from __future__ import annotations
@@ -107,13 +110,14 @@ class TableLog:
         self.objects = objects
         self.uri = objects.location.uri
         self.state: LogState | None = None
-        #: Log entry 0 as stored when the state was read (None: absent, e.g. cleaned up behind a checkpoint).
-        self._anchor: str | None = None
+        #: The object telling this table from a replacement (log entry 0, else `_last_checkpoint`) and
+        #: its identity when the state was read.
+        self._anchor: tuple[str, str | None] = (entry_name(0), None)
         #: Log entries read after the first look (the other committers' commits).
         self.entries_read = 0
 
     def reset(self) -> None:
-        self.state, self._anchor = None, None
+        self.state, self._anchor = None, (entry_name(0), None)
 
     def follow(self) -> LogState | None:
         """The table at its newest version (None: no log entry 0 and no checkpoint, so no table).
@@ -121,7 +125,8 @@ class TableLog:
         TableLogCorrupt for an unreadable entry or checkpoint; TableStoreFault for a failed request.
         """
         if self.state is not None:
-            if self.objects.identity(entry_name(0)) == self._anchor:
+            name, identity = self._anchor
+            if self.objects.identity(name) == identity:
                 self._forward(self.state, counted=True)
                 return self.state
             self.reset()  # rebuilt, or its log lost or cleaned up, under this committer: read afresh
@@ -138,7 +143,12 @@ class TableLog:
     # -- reading -------------------------------------------------------------------------------
 
     def _load(self) -> LogState | None:
-        self._anchor = self.objects.identity(entry_name(0))
+        first = self.objects.identity(entry_name(0))
+        # A log cleaned up behind a checkpoint (or a rebuilt one) has no entry 0: its pointer tells a replacement.
+        if first is not None:
+            self._anchor = (entry_name(0), first)
+        else:
+            self._anchor = (LAST_CHECKPOINT, self.objects.identity(LAST_CHECKPOINT))
         state = self._from_checkpoint()
         if state is None:
             raw = self.objects.get(entry_name(0))
@@ -206,7 +216,11 @@ class TableLog:
                 if "txn" in action:
                     _take_txn(action["txn"], state.txns)
                 elif "metaData" in action:
-                    state.apply_metadata(action["metaData"])
+                    meta = action["metaData"]
+                    if state.table_id and str(meta.get("id") or "") != state.table_id:
+                        # A rebuilt table published over this one: its entry lists every transaction version.
+                        state.txns.clear()
+                    state.apply_metadata(meta)
                 elif "protocol" in action:
                     _check_protocol(self.uri, action["protocol"])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
