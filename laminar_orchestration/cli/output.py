@@ -204,8 +204,9 @@ class ConsoleOutput:
         say(f"{'NODE':>9}  {'GEN':>5}  {'ALIVE':>5}  {'HEARTBEAT AGE':>13}  {'REQUESTS/S':>10}  STATUS")
         for n in snapshot.nodes:
             alive = "yes" if n.alive else "NO"
-            rate = f"{n.request_rate:.1f}" if n.requests_per_s else "-"
-            say(f"{n.node:>9}  {n.generation:>5}  {alive:>5}  {n.heartbeat_age_s:>12.1f}s  {rate:>10}  {n.status}")
+            # A dead or departed node's last reported rates are history, not current: not shown.
+            rate = f"{n.request_rate:.1f}" if n.requests_per_s and n.alive else "-"
+            say(f"{n.node:>9}  {n.generation:>5}  {alive:>5}  {n.heartbeat_age_s:>12.1f}s  {rate:>10}  {n.liveness}")
         say(
             f"store requests: {snapshot.request_rate():.1f}/s from live nodes, "
             f"about ${snapshot.monthly_request_cost():,.2f}/month at S3 list prices"

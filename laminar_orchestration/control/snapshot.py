@@ -188,6 +188,12 @@ class NodeSnapshot:
         """All the node's store requests per second."""
         return sum(self.requests_per_s.values())
 
+    @property
+    def liveness(self) -> str:
+        """What the node is now: ``dead`` for a member whose heartbeat is older than its timeout,
+        else its recorded status (``alive``, ``leaving``, ``left``)."""
+        return "dead" if self.status == NodeStatus.ALIVE and not self.alive else self.status
+
 
 @dataclass(frozen=True)
 class ClusterSnapshot:
@@ -249,6 +255,7 @@ class ClusterSnapshot:
                     "node": n.node,
                     "generation": n.generation,
                     "status": n.status,
+                    "liveness": n.liveness,
                     "alive": n.alive,
                     "last_heartbeat": n.last_heartbeat.isoformat(),
                     "heartbeat_age_s": round(n.heartbeat_age_s, 3),

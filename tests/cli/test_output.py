@@ -46,7 +46,8 @@ def _cluster() -> ClusterSnapshot:
     unassigned = PartitionSnapshot(1, 0, 0, "unassigned", False, False, None, committed_offset=0, log_end=0)
     live = NodeSnapshot(1, 2, "alive", True, HEARTBEAT, 0.4, "host", 10, requests_per_s={"GET": 2.0, "PUT": 0.5})
     dead = NodeSnapshot(2, 1, "alive", False, HEARTBEAT, 42.0, "host", 11, requests_per_s={"GET": 9.0})
-    return ClusterSnapshot("file:///store", "c-1", 3, (owned, unassigned), (live, dead))
+    left = NodeSnapshot(3, 1, "left", False, HEARTBEAT, 900.0, "host", 12, requests_per_s={"GET": 4.0})
+    return ClusterSnapshot("file:///store", "c-1", 3, (owned, unassigned), (live, dead, left))
 
 
 def _printed(table: TableStatus | None = None) -> list[str]:
@@ -64,9 +65,11 @@ def test_status_table_has_a_row_per_partition_with_its_lag_and_a_row_per_node() 
     assert owned.split()[:7] == ["0", "4", "1", "40", "100", "60", "-"]
     assert "2(lag 5)" in owned and owned.endswith("  2  active  (OSError: disk full)")
     assert unassigned.split() == ["1", "0", "-", "0", "0", "0", "-", "-", "0", "unassigned"]
-    nodes = {line.split()[0]: line.split() for line in lines[5:7]}
+    nodes = {line.split()[0]: line.split() for line in lines[5:8]}
     assert nodes["1"] == ["1", "2", "yes", "0.4s", "2.5", "alive"]
-    assert nodes["2"][2:4] == ["NO", "42.0s"]
+    # The status agrees with liveness, and a gone node's last rates are not shown as current.
+    assert nodes["2"] == ["2", "1", "NO", "42.0s", "-", "dead"]
+    assert nodes["3"] == ["3", "1", "NO", "900.0s", "-", "left"]
     # Only live nodes' requests count.
     assert lines[-1].startswith("store requests: 2.5/s from live nodes, about $")
 
