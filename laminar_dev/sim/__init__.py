@@ -10,6 +10,7 @@ for the promises checked after every step.
 from __future__ import annotations
 
 from .invariants import InvariantViolation
-from .world import Knobs, ScenarioCounts, ScenarioResult, SimConfig, run_scenario
+from .reverts import Knobs
+from .world import ScenarioCounts, ScenarioResult, SimConfig, run_scenario
 
 __all__ = ["InvariantViolation", "Knobs", "ScenarioCounts", "ScenarioResult", "SimConfig", "run_scenario"]

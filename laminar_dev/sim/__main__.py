@@ -9,8 +9,9 @@ import sys
 import time
 from collections.abc import Sequence
 
+from .reverts import Knobs
 from .soak import SoakReport, soak
-from .world import Knobs, ScenarioResult, SimConfig, run_scenario
+from .world import ScenarioResult, SimConfig, run_scenario
 
 _KNOBS = [f.name for f in dataclasses.fields(Knobs)]
 

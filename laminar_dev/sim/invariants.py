@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from laminar_orchestration.errors import StructuredError
 from laminar_orchestration.protocol.keys import (
+    ASSIGNMENTS_PREFIX,
     FENCED_OBJECT_PREFIXES,
     grant_key,
     ledger_partition_prefix,
@@ -273,6 +274,19 @@ class UndecodableKeyAppended(InvariantViolation):
     message = "{key} holds a key that is not valid UTF-8: {detail}"
 
 
+class AssignmentWentBack(InvariantViolation):
+    """A node's assignment listed an older revision of a partition's desired state than it had listed:
+    the node would act on a state a later write replaced (drain for a cancelled move)."""
+
+    invariant: ClassVar[str] = "an assignment never goes back"
+    node: int
+    partition: int
+    listed: int
+    written: int
+
+    message = "node {node}'s assignment listed partition {partition} at revision {written} after {listed}"
+
+
 class EventDecoder:
     """The (key, value) events of a source batch, decoding each immutable Parquet payload once."""
 
@@ -360,6 +374,8 @@ class Checker:
             for p in range(partitions)
         ]
         self._named: set[str] = set()
+        #: (assignment key, partition) -> the newest revision that node's assignment listed for it.
+        self._listed: dict[tuple[str, int], int] = {}
         #: Every key a delete removed (the sweep's).
         self._deleted: set[str] = set()
         self.violation: InvariantViolation | None = None
@@ -389,6 +405,9 @@ class Checker:
             if key in self._named:
                 raise ManifestArtifactDeleted(key)
             return
+        if key.startswith(ASSIGNMENTS_PREFIX):
+            self._assignment(key, data)
+            return
         for p, part in enumerate(self._parts):
             if key.startswith(part.manifest_prefix) and key != part.pointer_key:
                 self._manifest(p, part, key, data)
@@ -399,6 +418,15 @@ class Checker:
             if key.startswith(part.source_prefix) and key.endswith(".seg"):
                 self._segment(p, part, key, data)
                 return
+
+    def _assignment(self, key: str, data: bytes) -> None:
+        """Every partition an assignment lists is at a revision no older than it ever listed."""
+        record = json.loads(data)
+        for p, revision in record["partitions"].items():
+            listed = self._listed.get((key, int(p)), -1)
+            if revision < listed:
+                raise AssignmentWentBack(int(record["node"]), int(p), listed, revision)
+            self._listed[(key, int(p))] = revision
 
     def _segment(self, p: int, part: _Partition, key: str, data: bytes) -> None:
         """Every key of a segment the log took must decode: no worker could ever process it otherwise.

@@ -1,7 +1,8 @@
 """The worker node actor: `NodeActor` and the per-partition `Worker` state it keeps in memory.
 
-A node registers, heartbeats with its partitions' progress, and per partition
-takes the production worker's decisions (`laminar_orchestration.dataplane.handoff`):
+A node registers, heartbeats with its partitions' progress, learns what the
+control plane asks of it through its assignment record as the runtime does
+(`follower`), and per partition takes the production worker's decisions (`laminar_orchestration.dataplane.handoff`):
 what to start for a partition it runs nothing for (`partition_duty`), recover
 its own grant, drain and release for a graceful move away, restore, adopt the
 granted epoch and take over at the seal for an incoming one; it processes a
@@ -74,6 +75,7 @@ from laminar_orchestration.store import PreconditionFailed, StoreError
 from laminar_orchestration.ulid import next_ulid
 
 from .base_actor import Actor, hold
+from .follower import AssignmentFollower
 from .invariants import FoldState, HandoffRefused, OwnerCommitRefused, decode_delta, encode_delta
 from .view import SimWorld
 
@@ -119,6 +121,8 @@ class Worker:
     finished_migration: str | None = None
     #: The commit a graceful move's old owner released (the takeover's seal must follow it).
     released: str | None = None
+    #: The owner stopped taking batches for a graceful move away (drained, waiting for its release).
+    handing_over: bool = False
 
     def reset(self) -> None:
         """Forget the partition (fenced, released, or given up)."""
@@ -131,6 +135,7 @@ class Worker:
             None,
         )
         self.values, self.deltas, self.error, self.released = {}, [], None, None
+        self.handing_over = False
         self.snapshot = self.snapshot_ready = None
 
     def progress(self) -> PartitionProgress:
@@ -169,6 +174,8 @@ class NodeActor(Actor):
         self.reporter: MoveReporter | None = None
         self.last_heartbeat = -1e9
         self.workers = {p: Worker(p) for p in range(self.world.config.partitions)}
+        #: What the node knows of its partitions' desired states: what its assignment told it.
+        self.follower = AssignmentFollower(self.coordinator.desired, self.node, self.world.config.partitions)
         #: Delta objects are immutable: a node keeps what it downloaded (its local disk).
         self.delta_cache: dict[str, FoldState] = {}
 
@@ -180,6 +187,11 @@ class NodeActor(Actor):
         """The epoch this node runs `partition` at, if it runs it."""
         w = self.workers[partition]
         return w.token.epoch if w.state == WorkerState.RUNNING and w.token else None
+
+    def handing_over(self, partition: int) -> bool:
+        """Whether this process drained `partition` for a move away and waits for its release."""
+        w = self.workers[partition]
+        return w.state == WorkerState.RUNNING and w.handing_over
 
     def running_epochs(self) -> dict[int, int]:
         """Partition -> epoch of every partition this process runs."""
@@ -267,7 +279,7 @@ class NodeActor(Actor):
 
     def _work(self, w: Worker) -> str:
         p = PartitionId(w.partition)
-        state = self.coordinator.desired.read(p)[0]
+        state = self.follower.state(w.partition, self.world.clock.seconds)
         task = state.migration
         if w.state == WorkerState.RUNNING:
             assert w.token is not None
@@ -278,7 +290,8 @@ class NodeActor(Actor):
                 reported=w.phase_done,
                 reported_for=w.migration.migration_id if w.migration else None,
             )
-            if step.action != OldOwnerAction.RUN:
+            w.handing_over = step.action != OldOwnerAction.RUN
+            if w.handing_over:
                 assert task is not None
                 return self._set(w, task, step)
             roll = self.world.rng.random()
@@ -296,6 +309,11 @@ class NodeActor(Actor):
             finished_migration=w.finished_migration,
             ownership=lambda: self.ledger.ownership(p),
         )
+        # Named but nothing to do yet (the grant comes after the state): looked at again at every poll.
+        if duty == PartitionDuty.NONE and self.node in state.named_nodes():
+            self.follower.pending.add(w.partition)
+        else:
+            self.follower.pending.discard(w.partition)
         match duty:
             case PartitionDuty.RISE:
                 return self._rise(w, task)
@@ -459,7 +477,7 @@ class NodeActor(Actor):
         self.ledger.release(w.token, commit_ulid=w.commit_ulid, source_offset=w.offset)
         self._report(w, MigrationPhase.RELEASED)
         epoch = w.token.epoch
-        w.state, w.token = WorkerState.IDLE, None
+        w.state, w.token, w.handing_over = WorkerState.IDLE, None, False
         return f"released epoch {epoch} at offset {w.offset}"
 
     def _refresh(self, w: Worker) -> str:

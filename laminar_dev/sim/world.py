@@ -21,7 +21,8 @@ nodes restarting), so the faults also meet steady commits and handoffs.
 Besides crashes and pauses, the faults include a node restarting under a new
 generation while its earlier process runs on as a zombie (`_split`), and a
 control-plane process dying between creating a grant and sealing the chain
-(`after_call`). The standby and the intruder (`actors`) read and forge all
+(`after_call`) or between a desired state's write and a node's assignment
+write (`before_call`). The standby and the intruder (`actors`) read and forge all
 along; like the sweeper, their store calls come on top of the protocol's.
 """
 
@@ -33,50 +34,28 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
-from typing import Any, NoReturn
+from typing import NoReturn
 
-import pyarrow as pa
-
-from laminar_orchestration.clock import current as current_clock
 from laminar_orchestration.clock import use_clock
-from laminar_orchestration.control import coordinator as migration_module
-from laminar_orchestration.control import moves as moves_module
 from laminar_orchestration.control.coordinator import MigrationCoordinator
-from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
-from laminar_orchestration.ops import sweep as antientropy
-from laminar_orchestration.ops.sweep import EPOCH_METADATA, PARTITION_METADATA, SweepReport
-from laminar_orchestration.protocol import commit as commit_module
-from laminar_orchestration.protocol import segments as segments_module
-from laminar_orchestration.protocol import source as source_module
-from laminar_orchestration.protocol.chain import ManifestReader, ManifestVersion
-from laminar_orchestration.protocol.fencing import Ownership
-from laminar_orchestration.protocol.keys import FENCED_OBJECT_PREFIXES, UnparseableObjectKey, parse_fenced_object_key
-from laminar_orchestration.protocol.ledger import EpochConflict, Ledger
-from laminar_orchestration.protocol.manifest import PartitionManifest
+from laminar_orchestration.identity import UNASSIGNED, PartitionId
+from laminar_orchestration.protocol.keys import ASSIGNMENTS_PREFIX
+from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.records import PartitionStatus
-from laminar_orchestration.protocol.segments import SourceEvent
-from laminar_orchestration.protocol.tasks import (
-    DesiredState,
-    DesiredStates,
-    MigrationConfig,
-    MigrationEpochConflict,
-    MigrationNotOwned,
-    MigrationTask,
-    phase_sequence,
-)
-from laminar_orchestration.store import ObjectNotFound, ObjectStore, PreconditionFailed
+from laminar_orchestration.protocol.tasks import DesiredStates, MigrationConfig, phase_sequence
+from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.store.retry import RetryingStore
 
-from . import coordinator_actor as coordinator_actor_module
 from . import node_actor as node_actor_module
 from .actors import IntruderActor, ProducerActor, StandbyActor, SweeperActor
 from .base_actor import Actor, ActorStatus
 from .coordinator_actor import CoordinatorActor, CoordinatorRole
 from .invariants import Checker, EventDecoder, InvariantViolation, MigrationWedged, PartitionNotLive
 from .node_actor import NodeActor
+from .reverts import Knobs, reverted
 from .store import MemoryObjectStore, SimStore
 
 #: How deep preemption nests (an actor preempted by one that is preempted by another...).
@@ -90,33 +69,6 @@ SPLIT_RESTART_S = (0.1, 2.5)
 ZOMBIE_OUTLIVES_S = (0.3, 4.0)
 #: Simulated time is counted from here (any fixed instant would do).
 EPOCH_START = datetime(2030, 1, 1, tzinfo=UTC)
-
-
-@dataclass(frozen=True)
-class Knobs:
-    """Reverts of fixes, so tests can show the simulation finds the bugs they fixed. All off: the code as is."""
-
-    #: The owner skips its probe for a successor's grant right before publishing.
-    skip_successor_probe: bool = False
-    #: Granting an epoch does not seal the manifest chain, and the grantee reads it unsealed.
-    revert_grant_seal: bool = False
-    #: A forced fence that finds the epoch moved leaves its record as is, and deadlines are not enforced.
-    revert_lost_fence_fix: bool = False
-    #: A move that ends unfinished after its target took the epoch leaves the desired owner unchanged,
-    #: and only the last migration record can tell that the ledger's owner is stranded.
-    revert_aborted_owner_fix: bool = False
-    #: The sweep deletes an unreferenced object once it is older than the grace period, sealed epoch or not.
-    revert_sweep_sealed_only: bool = False
-    #: A reader trusts an entry reached through the pointer unless a later epoch was granted: a restarted
-    #: node's earlier incarnation (its generation older than the node record's) is not looked for.
-    revert_generation_pointer_fix: bool = False
-    #: A graceful takeover checks the entry at the sequence number below its seal for the released
-    #: commit, not the one the seal's parent hash names (a forged entry may stand between them).
-    revert_handoff_parent_fix: bool = False
-    #: The control plane does not complete a grant whose granter died before sealing the chain.
-    revert_unassigned_seal_fix: bool = False
-    #: `SourceLog.append` takes a key column of Arrow strings without checking they are UTF-8.
-    revert_utf8_append_check: bool = False
 
 
 @dataclass(frozen=True)
@@ -141,6 +93,9 @@ class SimConfig:
     split_rate: float = 0.03
     #: Per grant a control-plane actor creates while faults last: it dies before sealing the chain.
     grant_crash_rate: float = 0.2
+    #: Per assignment write a control-plane actor makes while faults last: it dies right before it,
+    #: after the desired state's write (the node's record stays behind the state).
+    assignment_crash_rate: float = 0.05
     #: Share of scenarios that start from a running cluster restarting (every partition placed, every
     #: node registered once), so the fault phase sees steady commits, handoffs and restarts; the others
     #: start empty and spend their faults on the first placements.
@@ -311,6 +266,14 @@ class World:
             raise SimCrash
         if not self.faults_on:
             return
+        if (
+            isinstance(actor, CoordinatorActor)
+            and op in ("put_if_match", "put_if_absent")
+            and key.startswith(ASSIGNMENTS_PREFIX)
+            and rng.random() < cfg.assignment_crash_rate
+        ):
+            self._record("  (the writer dies before this assignment write)")
+            raise SimCrash
         r = rng.random()
         if r < cfg.crash_rate:
             raise SimCrash
@@ -582,6 +545,8 @@ class World:
                     reason = (p, own.epoch, own.owner, "the owner is not up")
                 elif node.running_epoch(p) != own.epoch:
                     reason = (p, own.epoch, own.owner, f"the owner runs epoch {node.running_epoch(p)}")
+                elif node.handing_over(p) and (task is None or task.is_terminal):
+                    reason = (p, own.epoch, own.owner, "the owner hands over for a move no longer in flight")
                 elif task is not None and not task.is_terminal:
                     reason = (p, own.epoch, own.owner, f"migration {task.migration_id} at {task.phase}")
         if reason is None:
@@ -589,179 +554,6 @@ class World:
         if waited > self.config.liveness_bound_s:
             raise PartitionNotLive(*reason, waited)
         return False
-
-
-# --- reverted fixes ----------------------------------------------------------------------------
-
-
-class _NoSeal:
-    """A grant path that does not seal the manifest chain (the code before the seal was the fence point)."""
-
-    def seal(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    def current(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    def read_chain(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-def _stranded_before_fix(state: DesiredState, own: Ownership) -> bool:
-    """`moves.stranded` before it looked past the last record: only a just-ended move's grant counted."""
-    task = state.migration
-    if own.owner == UNASSIGNED or task is None or not task.phase.is_aborted or task.to_epoch != own.epoch:
-        return False
-    return task.to_node == own.owner or state.owner != own.owner
-
-
-def _fence_before_fix(self: MigrationCoordinator, task: MigrationTask) -> None:
-    """`MigrationCoordinator._fence_old_owner` as it was before a lost fence failed its own record."""
-    p = PartitionId(task.partition)
-    own = self.ledger.ownership(p)
-    if own is None:
-        raise MigrationNotOwned(p, NodeId(task.from_node))
-    if own.epoch == task.to_epoch and own.owner == task.to_node:
-        return
-    target = self.ledger.node(NodeId(task.to_node))
-    try:
-        self.ledger.fence(
-            p,
-            NodeId(task.to_node),
-            expected_epoch=task.from_epoch,
-            reason=f"migration {task.migration_id}",
-            generation=target.generation if target else None,
-        )
-    except EpochConflict as exc:
-        raise MigrationEpochConflict(p, exc.expected, exc.actual) from None
-
-
-def _sweep_before_fix(
-    store: ObjectStore, *, grace_s: float, dry_run: bool = False, read_parallelism: int | None = None
-) -> SweepReport:
-    """`antientropy.sweep` as it was before it deleted only objects of sealed epochs.
-
-    An unreferenced object went when its epoch was below the chain's latest
-    fencing token, or when it was older than `grace_s` by its name's ULID -
-    whatever its epoch, so an owner stalled between upload and publish lost it.
-    """
-    ledger = Ledger(store, read_parallelism=read_parallelism)
-    reader = ManifestReader(store)
-    referenced: set[str] = set()
-    tokens: dict[int, int] = {}
-    for p in ledger.partitions():
-        for version in reader.history(PartitionId(p)):
-            m = version.manifest
-            referenced.update(ref.key for ref in m.artifacts())
-            tokens[p] = m.fencing_token
-    report = SweepReport()
-    now_ms = current_clock().now().timestamp() * 1000.0
-    for prefix in FENCED_OBJECT_PREFIXES:
-        for key in store.list(prefix):
-            report.scanned += 1
-            if key in referenced:
-                report.referenced += 1
-                continue
-            meta = store.head(key)
-            if meta is None:
-                continue
-            try:
-                partition = int(meta.metadata.get(PARTITION_METADATA, "-1"))
-                epoch = int(meta.metadata.get(EPOCH_METADATA, "-1"))
-            except ValueError:
-                continue
-            superseded = 0 <= epoch < tokens.get(partition, 0)
-            try:
-                expired = now_ms - parse_fenced_object_key(key).created_ms > grace_s * 1000.0
-            except UnparseableObjectKey:
-                expired = False
-            if not (superseded or expired):
-                report.kept_in_grace.append(key)
-                continue
-            report.deleted.append(key)
-            if not dry_run:
-                try:
-                    store.delete_if_match(key, meta.etag)
-                except (PreconditionFailed, ObjectNotFound):
-                    report.deleted.pop()
-    return report
-
-
-def _writer_moved_past_before_fix(
-    self: ManifestReader, partition: int, m: PartitionManifest, newest_grant: int | None = None
-) -> bool:
-    """`ManifestReader._writer_moved_past` before it looked at the writer's node record: only a later
-    grant made a reader distrust an entry reached through the pointer."""
-    return m.fencing_token != newest_grant and self.grant_keys.superseded(partition, m.fencing_token)
-
-
-def _parent_before_fix(self: ManifestReader, version: ManifestVersion) -> ManifestVersion | None:
-    """What `handoff.take_over` checked before it followed the seal's parent hash: the entry at the
-    sequence number below the seal (None when that one is forged)."""
-    return self.entry(PartitionId(version.manifest.partition), version.manifest.seq - 1)
-
-
-def _complete_grant_before_fix(self: Ledger, partition: PartitionId, ownership: Ownership | None = None) -> bool:
-    """Before `Ledger.complete_grant`: nothing finished a grant whose granter died before its seal."""
-    return False
-
-
-def _normalize_events_before_fix(
-    normalize: Callable[[int, Sequence[SourceEvent] | pa.Table], pa.Table],
-) -> Callable[[int, Sequence[SourceEvent] | pa.Table], pa.Table]:
-    """`source.normalize_events` (what `SourceLog.append` validates with) as before it checked that
-    a key column's Arrow strings are UTF-8; the worker's check of a batch it cannot decode stays."""
-
-    def nothing_invalid(values: pa.Array | pa.ChunkedArray) -> int | None:
-        return None
-
-    def unchecked(partition: int, events: Sequence[SourceEvent] | pa.Table) -> pa.Table:
-        check = segments_module.invalid_utf8_row
-        segments_module.invalid_utf8_row = nothing_invalid
-        try:
-            return normalize(partition, events)
-        finally:
-            segments_module.invalid_utf8_row = check
-
-    return unchecked
-
-
-@contextlib.contextmanager
-def reverted(knobs: Knobs) -> Iterator[None]:
-    """Patch the library back to before the fixes `knobs` revert, for the duration of a run."""
-    saved: list[tuple[object, str, object]] = []
-
-    def patch(owner: object, name: str, value: object) -> None:
-        saved.append((owner, name, getattr(owner, name)))
-        setattr(owner, name, value)
-
-    if knobs.skip_successor_probe:
-        patch(commit_module, "successor_grant", lambda _ledger, _token: None)
-    if knobs.revert_grant_seal:
-        patch(Ledger, "sealer", property(lambda _self: _NoSeal()))
-    if knobs.revert_lost_fence_fix:
-        patch(MigrationCoordinator, "_fence_old_owner", _fence_before_fix)
-        patch(migration_module, "deadline_passed", lambda _task, at=None: False)
-    if knobs.revert_aborted_owner_fix:
-        patch(migration_module, "_took_epoch", lambda _task, _own: False)
-        # Both repair a desired owner the ledger's owner is not: reverting one, revert the other.
-        patch(moves_module, "stranded", _stranded_before_fix)
-        patch(coordinator_actor_module, "stranded", _stranded_before_fix)
-    if knobs.revert_sweep_sealed_only:
-        patch(antientropy, "sweep", _sweep_before_fix)
-    if knobs.revert_generation_pointer_fix:
-        patch(ManifestReader, "_writer_moved_past", _writer_moved_past_before_fix)
-    if knobs.revert_handoff_parent_fix:
-        patch(ManifestReader, "parent", _parent_before_fix)
-    if knobs.revert_unassigned_seal_fix:
-        patch(Ledger, "complete_grant", _complete_grant_before_fix)
-    if knobs.revert_utf8_append_check:
-        patch(source_module, "normalize_events", _normalize_events_before_fix(segments_module.normalize_events))
-    try:
-        yield
-    finally:
-        for owner, name, value in reversed(saved):
-            setattr(owner, name, value)
 
 
 @contextlib.contextmanager

@@ -513,6 +513,7 @@ class DesiredStates:
         self._addresses = self._writes.addresses(ledger)
         #: partition -> the record this instance last wrote and its ETag: the next write's first guess.
         self._written: dict[PartitionId, tuple[DesiredState, str]] = {}
+        self._parsed: dict[int, tuple[str, NodeAssignment]] = {}  # node -> (ETag, assignment) as last read
 
     def last_written(self, partition: PartitionId) -> tuple[DesiredState, str] | None:
         """The record this instance last wrote for `partition`, with its ETag (None: none yet).
@@ -584,7 +585,10 @@ class DesiredStates:
         obj = self._writer.get(key)
         if obj is None:
             return None, None
-        return parse_record(key, obj.data, NodeAssignment), obj.etag
+        cached = self._parsed.get(int(node))
+        if cached is None or cached[0] != obj.etag:  # a node polls it far more often than it changes
+            cached = self._parsed[int(node)] = (obj.etag, parse_record(key, obj.data, NodeAssignment))
+        return cached[1], obj.etag
 
     def _assign(self, partition: PartitionId, nodes: set[int], state: DesiredState, linger_s: float = 0.0) -> None:
         """Bring the assignment of each of `nodes` in line with `state` of `partition`, then nudge them."""
@@ -741,9 +745,8 @@ class StalledMoves:
 
     A node learns a move's next phase from its assignment; a writer that died between the desired
     state and the assignment (the move Active, the new owner left at Seeking) would leave the node
-    waiting for the next full pass. The node reads the desired state of such a move itself, at most
-    once per `after_s`: nothing while no move is in flight at it (an idle cluster reads nothing
-    more), one GET per stalled move while one is.
+    waiting for its next full pass. It reads such a move's state itself, at most once per `after_s`:
+    nothing while no move is in flight at it, one GET per stalled move while one is.
     """
 
     def __init__(self, after_s: float = STALLED_MOVE_READ_S) -> None:

@@ -24,6 +24,7 @@ import pytest
 import tests.store.test_base as conformance
 from laminar_dev.sim import Knobs, SimConfig, actors, run_scenario
 from laminar_dev.sim.invariants import (
+    AssignmentWentBack,
     ExactlyOnceViolated,
     FencedEpochAccepted,
     GarbageNotSwept,
@@ -158,7 +159,7 @@ def test_without_the_seal_or_the_probe_an_old_owners_late_commit_is_duplicated()
     found = _search(
         Knobs(revert_grant_seal=True, skip_successor_probe=True),
         lambda v: isinstance(v, ExactlyOnceViolated) and v.kind == "duplicate",
-        first=740,
+        first=250,
     )
     assert found.counts.fault_steps >= 200
 
@@ -192,38 +193,62 @@ def test_a_sweep_that_deletes_by_age_alone_deletes_what_a_manifest_names() -> No
     assert isinstance(found.violation, ManifestArtifactDeleted) and "was deleted" in str(found.violation)
 
 
+@pytest.mark.slow(seconds=30)
+def test_without_the_stalled_move_read_a_lost_assignment_write_strands_a_partition() -> None:
+    # A driver died between recording a move Active and the new owner's assignment write: the new
+    # owner, holding the epoch at Seeking, learns of Active only through its assignment, so nothing
+    # runs the partition (the runtime's next full pass is 15 minutes away).
+    found = _search(Knobs(revert_stalled_move_read=True), lambda v: isinstance(v, PartitionNotLive))
+    assert found.counts.fault_steps >= 200
+
+
+@pytest.mark.slow(seconds=30)
+def test_without_the_revision_check_an_assignment_goes_back() -> None:
+    # A driver preempted between a desired state's write and its assignment write, while another
+    # coordinator wrote a later state of the partition (a cancel, a deadline's failure): the late
+    # write listed the older revision, and the node would act on a state a later write replaced.
+    found = _search(Knobs(revert_assignment_revision_check=True), lambda v: isinstance(v, AssignmentWentBack))
+    assert isinstance(found.violation, AssignmentWentBack) and found.violation.written < found.violation.listed
+
+
 #: Protocol steps with faults of the sweep's scenarios (the default phase ends before batches commit).
 SWEEP_FAULT_STEPS = 1000
 
 #: Seeds that found a bug with its fix reverted (the knobs that revert it, the fault phase's steps);
 #: each passes on the code as it is.
 REGRESSION_SEEDS: list[tuple[tuple[str, ...], int, int, type[InvariantViolation]]] = [
-    (("revert_grant_seal", "skip_successor_probe"), 1181, 300, ExactlyOnceViolated),
-    (("revert_grant_seal", "skip_successor_probe"), 1304, 300, ExactlyOnceViolated),
+    (("revert_grant_seal", "skip_successor_probe"), 291, 300, ExactlyOnceViolated),
+    (("revert_grant_seal", "skip_successor_probe"), 470, 300, ExactlyOnceViolated),
     (("revert_lost_fence_fix",), 0, 300, MigrationWedged),
-    (("revert_lost_fence_fix",), 4, 300, MigrationWedged),
-    (("revert_aborted_owner_fix",), 139, 300, PartitionNotLive),
-    (("revert_aborted_owner_fix",), 302, 300, PartitionNotLive),
+    (("revert_lost_fence_fix",), 5, 300, MigrationWedged),
+    (("revert_aborted_owner_fix",), 16, 300, PartitionNotLive),
+    (("revert_aborted_owner_fix",), 296, 300, PartitionNotLive),
     (("revert_sweep_sealed_only",), 2, SWEEP_FAULT_STEPS, ManifestArtifactDeleted),
-    (("revert_sweep_sealed_only",), 11, SWEEP_FAULT_STEPS, ManifestArtifactDeleted),
+    (("revert_sweep_sealed_only",), 3, SWEEP_FAULT_STEPS, ManifestArtifactDeleted),
     # A node restarted while its earlier process ran on (a zombie that skips its client-side
     # generation check): the zombie's entry after the restarted process's seal, reached through the
     # pointer, was taken for the chain's newest by a reader (a restarted owner publishing from its own
     # last entry no longer reads the pointer first).
-    (("revert_generation_pointer_fix",), 8, 300, VoidEntryAdopted),
-    (("revert_generation_pointer_fix",), 705, 300, VoidEntryAdopted),
+    (("revert_generation_pointer_fix",), 176, 300, VoidEntryAdopted),
+    (("revert_generation_pointer_fix",), 322, 300, VoidEntryAdopted),
     # An intruder's entry between the old owner's release and the grant's seal: the takeover looked
     # for the released commit at the sequence number below the seal.
-    (("revert_handoff_parent_fix",), 211, 300, HandoffRefused),
-    (("revert_handoff_parent_fix",), 270, 300, HandoffRefused),
+    (("revert_handoff_parent_fix",), 24, 300, HandoffRefused),
+    (("revert_handoff_parent_fix",), 35, 300, HandoffRefused),
     # A granter died between a fence's grant and its seal; the control plane looked at the partition
     # afterwards, and the old owner's zombie (skipping the successor probe) still committed under the
     # fenced epoch, accepted.
-    (("revert_unassigned_seal_fix",), 656, 300, FencedEpochAccepted),
-    (("revert_unassigned_seal_fix",), 668, 300, FencedEpochAccepted),
+    (("revert_unassigned_seal_fix",), 170, 300, FencedEpochAccepted),
+    (("revert_unassigned_seal_fix",), 418, 300, FencedEpochAccepted),
     # A producer's key column of Arrow strings that are not UTF-8 entered the log.
-    (("revert_utf8_append_check",), 0, 300, UndecodableKeyAppended),
-    (("revert_utf8_append_check",), 2, 300, UndecodableKeyAppended),
+    (("revert_utf8_append_check",), 10, 300, UndecodableKeyAppended),
+    (("revert_utf8_append_check",), 12, 300, UndecodableKeyAppended),
+    # A driver died between a move's Active and the new owner's assignment write, which waited at Seeking.
+    (("revert_stalled_move_read",), 8, 300, PartitionNotLive),
+    (("revert_stalled_move_read",), 19, 300, PartitionNotLive),
+    # A driver's late assignment write of an older state over a later one (a cancel, a deadline's failure).
+    (("revert_assignment_revision_check",), 47, 300, AssignmentWentBack),
+    (("revert_assignment_revision_check",), 64, 300, AssignmentWentBack),
 ]
 
 
