@@ -11,6 +11,7 @@ Store URLs:
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -93,6 +94,7 @@ def open_store(url: str | None = None, *, retrying: bool = True, create: bool = 
     if scheme == "":
         if not url:
             raise InvalidStoreUrl(url, "empty")
+        _refuse_url_typo(url)
         return _open_local(url, url, create)
     if scheme == "file":
         if parsed.netloc not in ("", "localhost"):
@@ -115,6 +117,22 @@ def open_store(url: str | None = None, *, retrying: bool = True, create: bool = 
 
         return RetryingStore(inner)
     raise InvalidStoreUrl(url, f"unsupported scheme {scheme!r}: use file:///path or s3://bucket/prefix")
+
+
+#: A store URL whose ':' was lost (``s3//bucket/x``): a local path by the letter, a typo in fact.
+_URL_TYPO = re.compile(r"^(s3|file)//+(.*)$", re.IGNORECASE)
+
+
+def _refuse_url_typo(url: str) -> None:
+    """InvalidStoreUrl for a path that reads as a store URL missing its ':', saying both readings."""
+    match = _URL_TYPO.match(url)
+    if match is None:
+        return
+    scheme, rest = match.group(1).lower(), match.group(2)
+    meant = f"s3://{rest}" if scheme == "s3" else f"file:///{rest}"
+    raise InvalidStoreUrl(
+        url, f"it reads as a local directory, not a URL: write {meant} for the store URL, or ./{url} for that directory"
+    )
 
 
 def _open_local(url: str, path: str, create: bool) -> LocalObjectStore:

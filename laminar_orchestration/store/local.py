@@ -69,6 +69,10 @@ class NoSuchStore(base.StoreUnavailable):
 
     error_kind: ClassVar[ErrorKind] = ErrorKind.NOT_FOUND
 
+    def _message(self) -> str:
+        # Worded as what it is (its exit code is not-found's), not as an outage.
+        return f"store not found: {self.detail}"
+
 
 def _escape(segment: str) -> str:
     return segment.replace("%", "%25")

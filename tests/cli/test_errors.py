@@ -161,3 +161,16 @@ def test_commands_on_an_uninitialized_store(tmp_path: Path, capsys: pytest.Captu
     assert code == 7 and "laminar init" in line
     code, line = run_error(capsys, "status", "--store", (tmp_path / "typo").as_uri())
     assert code == 7 and "no local store" in line and not (tmp_path / "typo").exists()
+
+
+def test_a_missing_store_is_named_as_not_found_and_a_url_typo_as_what_was_understood(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, line = run_error(capsys, "status", "--store", (tmp_path / "missing").as_uri())
+    # Its words agree with its exit code (not found, 7): not "store unavailable".
+    assert code == 7 and "not found" in line and "unavailable" not in line
+    monkeypatch.chdir(tmp_path)
+    for typo, meant in (("s3//bucket/x", "s3://bucket/x"), ("file//tmp/x", "file:///tmp/x")):
+        code, line = run_error(capsys, "init", "--store", typo, "--partitions", "1")
+        assert code == 2 and repr(typo) in line and meant in line and f"./{typo}" in line
+        assert not (tmp_path / typo.split("/")[0]).exists()  # no local directory made of the typo
