@@ -13,10 +13,11 @@ end the rows and events of each partition next to what the manifests committed.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -42,6 +43,14 @@ class Walkthrough:
     heartbeat_timeout_s: float
     table: TableLocation
     table_sync_interval_s: float
+    #: Where the printed commands' programs are: this interpreter's own (its venv's), so a line
+    #: pasted into a second shell runs without activating anything.
+    bin_dir: Path = field(default_factory=lambda: Path(sys.executable).parent)
+
+    def program(self, name: str) -> str:
+        """`name` as the banner prints it: by path when this interpreter's folder holds it."""
+        path = self.bin_dir / name
+        return shlex.quote(str(path)) if path.exists() else name
 
     def banner(
         self,
@@ -85,7 +94,7 @@ class Walkthrough:
                 f"             `partition: 0` and `to_node: {target}`, Launch Run, and watch each phase op run",
             ]
         how = "           or: " if ui is not None else "migrate    "
-        lines.append(f"  {how}laminar migrate --store {self.store_url} --partition 0 --to {target}")
+        lines.append(f"  {how}{self.program('laminar')} migrate --store {self.store_url} --partition 0 --to {target}")
         lines += self.kill_hint(owners, live)
         if ui is not None:
             lines.append(f"  watch      {ui}/assets/ownership_map (Catalog → ownership_map), {ui}/automation (sensors)")
@@ -102,7 +111,7 @@ class Walkthrough:
     def read_command(self) -> str:
         """A shell line reading the output table downstream: plain deltalake, no laminar code."""
         code = f"from deltalake import DeltaTable; print(DeltaTable({self.table.uri!r}).to_pandas())"
-        return f'python -c "{code}"'
+        return f'{self.program("python")} -c "{code}"'
 
     def kill_hint(self, owners: Mapping[int, int], live: Mapping[int, int]) -> list[str]:
         """How to kill the live node holding the most partitions now (`live`: node -> pid), and what follows."""
@@ -114,7 +123,7 @@ class Walkthrough:
         then = (
             f"node_failure_sensor fails them over and records failover_partition runs ({self.ui}/runs)"
             if self.sensor
-            else f"run: laminar failover --store {self.store_url} --node {victim}"
+            else f"run: {self.program('laminar')} failover --store {self.store_url} --node {victim}"
         )
         return [
             f"  failover   kill -9 {live[victim]}   {what}",

@@ -47,15 +47,21 @@ def test_the_banner_names_the_table_and_a_read_that_needs_no_laminar_code(
     assert "kill -9 222   (node 2, partitions 1, 2)" in text  # the node holding the most partitions
     assert "`to_node: 2`" in text  # partition 0 moves away from its owner
     read = next(line for line in lines if line.startswith("  read  ")).split("read", 1)[1].strip()
-    assert read.startswith("python -c ") and "laminar" not in read.replace(uri, "")
-    # The line as printed, run in a shell: the table's rows, through deltalake alone.
-    shown = subprocess.run(read.replace("python", sys.executable, 1), shell=True, capture_output=True, text=True)
+    python = str(Path(sys.executable).parent / "python")
+    assert read.startswith(f"{python} -c ") and "laminar" not in read.replace(uri, "").replace(python, "")
+    # The line as printed, run in a second shell where no venv is active: the table's rows, through
+    # deltalake alone.
+    bare_env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    shown = subprocess.run(read, shell=True, capture_output=True, text=True, env=bare_env, cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
     rows = DeltaTable(uri).to_pyarrow_table().num_rows
     assert rows > 0 and f"[{rows} rows x " in shown.stdout and "batch_seq" in shown.stdout
     # Without Dagster, a shell command instead of the UI.
     bare = "\n".join(_guide(local_store, tmp_path, ui=None).banner("", pids, pids, owners, [], {}))
     assert "Launchpad" not in bare and f"laminar failover --store {local_store.url} --node 2" in bare
+    # Every `laminar` command printed runs as shown in that shell.
+    migrate = next(line for line in bare.splitlines() if " migrate --store " in line).split()[1:]
+    assert subprocess.run([*migrate[:2], "--help"], env=bare_env, capture_output=True).returncode == 0
 
 
 @pytest.mark.processes
