@@ -9,7 +9,7 @@ the grants (a grantee died between the two writes) readers roll forward by
 probing the next grant keys.
 
 Granting an epoch also seals the partition's manifest chain at that epoch
-(`manifest.ChainSealer.seal`), right after the grant is created and before
+(`chain.ChainSealer.seal`), right after the grant is created and before
 the grant call returns: every acquisition and fence goes through `_grant`, so
 none can skip it. The fence point is that seal: a publish under an older epoch
 that lands before it is the old owner's last commit, none after it is accepted.
