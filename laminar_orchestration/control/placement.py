@@ -8,7 +8,8 @@ over-loaded to under-loaded nodes only until every live node holds between
 weighted share of all partitions. The number of moves is the minimum any
 balanced assignment needs.
 
-Reading the ledger for the planner is `ownership`; carrying moves out is `moves`.
+What it is given is read from the ledger by `snapshot` (`snapshot.ownership_map`,
+`snapshot.live_node_ids`); carrying moves out is `moves`.
 """
 
 from __future__ import annotations
