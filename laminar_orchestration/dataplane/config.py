@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from laminar_orchestration.dataplane.worker_state import WorkerState as WorkerState
-
 #: Synthetic batches a node runs at start until its first real batch (`SparkBatchEngine.keep_warming`).
 WARM_UP_BATCHES = 200
 
