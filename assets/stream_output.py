@@ -15,6 +15,7 @@ committed batch in the table. Read it downstream with ``deltalake`` alone::
 from typing import Any
 
 from dagster import (
+    AssetObservation,
     DataVersion,
     MetadataValue,
     ObserveResult,
@@ -24,10 +25,14 @@ from dagster import (
     observable_source_asset,
 )
 
+from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.table import TableStatus, table_location, table_status
 from resources import LaminarResource
 
-__all__ = ["stream_output", "stream_output_metadata"]
+__all__ = ["stream_output", "stream_output_metadata", "stream_output_observation"]
+
+#: The tag Dagster reads an observation's data version from.
+_DATA_VERSION_TAG = "dagster/data_version"
 
 _COLUMNS = [("partition", "int"), ("landed_seq", "int"), ("landed_offset", "int"), ("lag_batches", "int")]
 
@@ -57,3 +62,16 @@ def stream_output(laminar: LaminarResource) -> ObserveResult:
     status = table_status(store, table_location(store))
     version = f"v{status.version}" if status.exists else "absent"
     return ObserveResult(data_version=DataVersion(version), metadata=stream_output_metadata(status))
+
+
+def stream_output_observation(store: ObjectStore) -> AssetObservation | None:
+    """`stream_output` as the table shows it now, as the observation sensor reports it (None: no
+    table yet, nothing to observe). Its data version is the table version, as an "Observe" run's."""
+    status = table_status(store, table_location(store))
+    if not status.exists:
+        return None
+    return AssetObservation(
+        asset_key=stream_output.key,
+        metadata=stream_output_metadata(status),
+        tags={_DATA_VERSION_TAG: f"v{status.version}"},
+    )

@@ -16,10 +16,14 @@ itself:
   or nothing to commit), which keeps the asset fresh under its freshness
   policy; otherwise observed, naming the partitions behind, when the
   manifests changed;
+* ``stream_output`` at most every `TABLE_EVERY_S`, when the output table's
+  version moved (the nodes append to it; nothing else observes it), so
+  assets downstream of the table see each new version;
 * the stream partitions as ``committed_state``'s Dagster partitions.
 """
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -42,6 +46,7 @@ from assets import (
     live_owners_evaluation,
     ownership_observation,
 )
+from assets.stream_output import stream_output_observation
 from laminar_orchestration.control.snapshot import (
     CheckpointRows,
     OwnershipRows,
@@ -51,11 +56,21 @@ from laminar_orchestration.control.snapshot import (
     ownership_signature,
     stream_progress,
 )
+from laminar_orchestration.errors import LaminarError
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
 from resources import LaminarResource
 
-__all__ = ["CHECKPOINT_EVERY_S", "OWNERSHIP_EVERY_S", "ObservationCursor", "laminar_observation_sensor", "observe"]
+__all__ = [
+    "CHECKPOINT_EVERY_S",
+    "OWNERSHIP_EVERY_S",
+    "TABLE_EVERY_S",
+    "ObservationCursor",
+    "laminar_observation_sensor",
+    "observe",
+]
+
+log = logging.getLogger(__name__)
 
 #: How long one evaluation reads before it reports what it has and goes on at the next tick (the
 #: daemon gives a sensor 60 s; the first look at a large cluster's records takes longer).
@@ -65,6 +80,8 @@ CHECKPOINT_EVERY_S = 60.0
 #: Most time between two reads of every partition's ownership; in between they are read only when
 #: the nodes' records, assignments or move reports moved (`ownership_signature`).
 OWNERSHIP_EVERY_S = 300.0
+#: Least time between two looks at the output table (its log and the chains from its position).
+TABLE_EVERY_S = 30.0
 
 
 @dataclass
@@ -81,6 +98,9 @@ class ObservationCursor:
     partitions: int = 0
     #: partition (as a string: JSON keys) -> manifest seq at the last materialization of the manifests.
     materialized_seqs: dict[str, int] = field(default_factory=dict)
+    #: The output table's data version at its last observation, and when the table was last read.
+    table: str = ""
+    table_at: float = 0.0
 
     @classmethod
     def decode(cls, raw: str | None) -> "ObservationCursor":
@@ -157,11 +177,27 @@ def observe(
             out.cursor.manifests = state
             if progress.keeping_up:
                 out.cursor.materialized_seqs = {str(p): seq for p, seq in progress.seqs.items()}
+    if at - cursor.table_at >= TABLE_EVERY_S:
+        out.cursor.table_at = at
+        _observe_table(ledger, out)
     count = len(ledger.partitions())
     if count > cursor.partitions:
         out.new_partitions = [str(p) for p in range(cursor.partitions, count)]
         out.cursor.partitions = count
     return out
+
+
+def _observe_table(ledger: Ledger, out: Observed) -> None:
+    """Add `stream_output`'s observation to `out` if the table's version moved since the last one."""
+    try:
+        observation = stream_output_observation(ledger.store)
+    except LaminarError as exc:  # an unreadable table must not stop the ledger's observations
+        log.warning("stream_output not observed: %s", exc)
+        return
+    version = observation.tags.get("dagster/data_version", "") if observation is not None else ""
+    if observation is not None and version != out.cursor.table:
+        out.events.append(observation)
+        out.cursor.table = version
 
 
 #: Per store, the manifests and ownership as this code server last read them (the sensor's ticks
