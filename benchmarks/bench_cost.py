@@ -52,8 +52,9 @@ from laminar_dev.localcluster import stop_processes
 from laminar_dev.s3server import start_s3_server
 from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.ops.demo_processes import Producer
+from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.tasks import DesiredStates, MigrationKind, MigrationPhase
+from laminar_orchestration.protocol.tasks import MigrationKind, MigrationPhase
 from laminar_orchestration.store import open_store
 from laminar_orchestration.store.metering import RequestPrices, key_family
 

@@ -53,13 +53,8 @@ from laminar_dev.localcluster import Cluster, wait_until
 from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.control.moves import run_migration
 from laminar_orchestration.identity import PartitionId
-from laminar_orchestration.protocol.tasks import (
-    DesiredStates,
-    MigrationKind,
-    MigrationPhase,
-    MigrationTask,
-    PhaseReport,
-)
+from laminar_orchestration.protocol.desired_states import DesiredStates
+from laminar_orchestration.protocol.tasks import MigrationKind, MigrationPhase, MigrationTask, PhaseReport
 from launcher import POOL_PID_TAG
 from tests.dagster_plane import ControlPlane
 

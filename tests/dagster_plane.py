@@ -26,7 +26,8 @@ from dagster import AssetKey, DagsterInstance, DagsterRun, RunsFilter
 
 from laminar_dev.localcluster import Cluster, wait_until
 from laminar_orchestration.identity import PartitionId
-from laminar_orchestration.protocol.tasks import DesiredStates, MigrationKind, MigrationPhase
+from laminar_orchestration.protocol.desired_states import DesiredStates
+from laminar_orchestration.protocol.tasks import MigrationKind, MigrationPhase
 from tests.processes import free_port
 
 REPO = Path(__file__).resolve().parents[1]

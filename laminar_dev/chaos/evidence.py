@@ -21,8 +21,8 @@ import pyarrow as pa
 from laminar_orchestration.dataplane.restore import committed_state
 from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.ops.verify import AuditIssue, audit_history, audit_store
+from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.tasks import DesiredStates
 from laminar_orchestration.store import ObjectStore
 
 from .results import ScenarioResult

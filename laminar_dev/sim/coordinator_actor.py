@@ -21,14 +21,13 @@ from laminar_orchestration.control.moves import (
 )
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.ledger import EpochConflict, Ledger, NodeView
+from laminar_orchestration.protocol.migration_errors import MigrationEpochConflict, MigrationTimeout
 from laminar_orchestration.protocol.records import LedgerError
 from laminar_orchestration.protocol.tasks import (
-    MigrationEpochConflict,
     MigrationError,
     MigrationKind,
     MigrationPhase,
     MigrationTask,
-    MigrationTimeout,
     phase_sequence,
 )
 from laminar_orchestration.store import StoreError

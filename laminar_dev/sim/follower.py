@@ -11,7 +11,7 @@ step: a lost assignment write meets the node as it meets the runtime.
 from __future__ import annotations
 
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.protocol.tasks import DesiredState, DesiredStates, NodeAssignment, StalledMoves
+from laminar_orchestration.protocol.desired_states import DesiredState, DesiredStates, NodeAssignment, StalledMoves
 
 #: How often the node reads its assignment (simulated seconds): a runtime node while a move involves
 #: it, or woken by a nudge at once (the simulated control plane nudges nobody).

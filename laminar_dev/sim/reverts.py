@@ -23,6 +23,7 @@ from laminar_orchestration.protocol import segments as segments_module
 from laminar_orchestration.protocol import source as source_module
 from laminar_orchestration.protocol.capabilities import ledger_key
 from laminar_orchestration.protocol.chain import ManifestReader, ManifestVersion
+from laminar_orchestration.protocol.desired_states import DesiredState, DesiredStates, NodeAssignment, StalledMoves
 from laminar_orchestration.protocol.fencing import Ownership
 from laminar_orchestration.protocol.keys import (
     FENCED_OBJECT_PREFIXES,
@@ -32,17 +33,10 @@ from laminar_orchestration.protocol.keys import (
 )
 from laminar_orchestration.protocol.ledger import EpochConflict, Ledger
 from laminar_orchestration.protocol.manifest import PartitionManifest
+from laminar_orchestration.protocol.migration_errors import MigrationEpochConflict, MigrationNotOwned
 from laminar_orchestration.protocol.records import now
 from laminar_orchestration.protocol.segments import SourceEvent
-from laminar_orchestration.protocol.tasks import (
-    DesiredState,
-    DesiredStates,
-    MigrationEpochConflict,
-    MigrationNotOwned,
-    MigrationTask,
-    NodeAssignment,
-    StalledMoves,
-)
+from laminar_orchestration.protocol.tasks import MigrationTask
 from laminar_orchestration.store import ObjectNotFound, ObjectStore, PreconditionFailed
 
 from . import coordinator_actor as coordinator_actor_module

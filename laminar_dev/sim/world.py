@@ -42,10 +42,11 @@ from typing import NoReturn
 from laminar_orchestration.clock import use_clock
 from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.identity import UNASSIGNED, PartitionId
+from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.keys import ASSIGNMENTS_PREFIX
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.records import PartitionStatus
-from laminar_orchestration.protocol.tasks import DesiredStates, MigrationConfig, phase_sequence
+from laminar_orchestration.protocol.tasks import MigrationConfig, phase_sequence
 from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.store.retry import RetryingStore
 

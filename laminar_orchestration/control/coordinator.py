@@ -11,9 +11,21 @@ from datetime import timedelta
 
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader, ManifestVersion
+from laminar_orchestration.protocol.desired_states import DesiredState, DesiredStates
 from laminar_orchestration.protocol.fencing import Ownership
 from laminar_orchestration.protocol.group_commit import ASSIGNMENT_LINGER_S
 from laminar_orchestration.protocol.ledger import EpochConflict, Ledger, NodeView, NotReleased
+from laminar_orchestration.protocol.migration_errors import (
+    CancelRefused,
+    FenceLost,
+    MigrationEpochConflict,
+    MigrationFailed,
+    MigrationNotOwned,
+    MigrationTimeout,
+    NoLiveNode,
+    NothingToCancel,
+    OldOwnerCrashed,
+)
 from laminar_orchestration.protocol.move_reports import MoveReports
 from laminar_orchestration.protocol.records import (
     NodeRecord,
@@ -22,22 +34,11 @@ from laminar_orchestration.protocol.records import (
     now,
 )
 from laminar_orchestration.protocol.tasks import (
-    CancelRefused,
-    DesiredState,
-    DesiredStates,
-    FenceLost,
     InvalidTransition,
     MigrationConfig,
-    MigrationEpochConflict,
-    MigrationFailed,
     MigrationKind,
-    MigrationNotOwned,
     MigrationPhase,
     MigrationTask,
-    MigrationTimeout,
-    NoLiveNode,
-    NothingToCancel,
-    OldOwnerCrashed,
     PhaseReport,
     check_transition,
     deadline_passed,

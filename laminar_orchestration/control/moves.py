@@ -27,12 +27,12 @@ from laminar_orchestration.control.placement import (
 from laminar_orchestration.control.snapshot import live_node_ids, ownership_map, warm_copies
 from laminar_orchestration.errors import LaminarError, UnavailableError
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
-from laminar_orchestration.protocol import tasks
+from laminar_orchestration.protocol import migration_errors, tasks
+from laminar_orchestration.protocol.desired_states import DesiredState
 from laminar_orchestration.protocol.fencing import Ownership
 from laminar_orchestration.protocol.ledger import Ledger, NodeView
 from laminar_orchestration.protocol.records import LedgerError, PartitionStatus
 from laminar_orchestration.protocol.tasks import (
-    DesiredState,
     MigrationKind,
     MigrationPhase,
     MigrationTask,
@@ -243,7 +243,7 @@ def drive_with_deadline(
         )
         try:
             reports.append(bounded.run_phase(PartitionId(task.partition), task.migration_id, phase))
-        except tasks.MigrationTimeout as exc:
+        except migration_errors.MigrationTimeout as exc:
             return DeadlineDrive(task, tuple(reports), error=exc)
         except tasks.MigrationError as exc:
             record_failure(coordinator, task.partition, task.migration_id, exc)
@@ -498,7 +498,7 @@ def prepare_failover(
     if own is None or own.partition != p:
         own = ledger.ownership(p)
     if own is None:
-        raise tasks.MigrationNotOwned(p, UNASSIGNED)
+        raise migration_errors.MigrationNotOwned(p, UNASSIGNED)
     superseded = []
     # A record past its deadline never blocks a failover.
     if read is None or coordinator.expire_overdue(p, read[0]) is not None:
@@ -508,11 +508,11 @@ def prepare_failover(
         if moves_on_without_old_owner(running, live_set):
             if to_node is None or to_node == running.to_node:
                 return FailoverDecision(running, f"resuming migration {running.migration_id} to node {running.to_node}")
-            raise tasks.MigrationEpochConflict(p, own.epoch, running.from_epoch, running.migration_id)
+            raise migration_errors.MigrationEpochConflict(p, own.epoch, running.from_epoch, running.migration_id)
         if running.from_node in live_set and running.to_node in live_set:
             # A healthy graceful move still needing its (live) old owner: leave it alone.
             if allow_live_owner:
-                raise tasks.MigrationEpochConflict(p, own.epoch, running.from_epoch, running.migration_id)
+                raise migration_errors.MigrationEpochConflict(p, own.epoch, running.from_epoch, running.migration_id)
             return FailoverDecision(None, f"graceful migration {running.migration_id} between live nodes is in flight")
         dead = sorted({running.from_node, running.to_node} - live_set - {UNASSIGNED})
         coordinator.fail(p, running.migration_id, f"superseded by a failover: node(s) {dead} not alive")
@@ -521,7 +521,7 @@ def prepare_failover(
         read = coordinator.desired.read(p)
         own = ledger.ownership(p)
         if own is None:
-            raise tasks.MigrationNotOwned(p, UNASSIGNED)
+            raise migration_errors.MigrationNotOwned(p, UNASSIGNED)
     is_stranded = stranded(read[0], own)
     if own.owner in live_set and not allow_live_owner and not is_stranded:
         return FailoverDecision(None, f"owner node {own.owner} is alive: nothing to fail over", superseded)
@@ -538,7 +538,7 @@ def prepare_failover(
     if target == own.owner and not is_stranded:
         raise NoFailoverTarget(partition, own.owner)
     if target not in live_set:
-        raise tasks.NoLiveNode(NodeId(target))
+        raise migration_errors.NoLiveNode(NodeId(target))
     task = coordinator.plan(p, NodeId(target), forced=True, read=read, own=own)
     reason = f"forced migration {task.migration_id}: node {own.owner} -> {target}"
     return FailoverDecision(task, reason, superseded)

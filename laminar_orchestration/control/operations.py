@@ -41,19 +41,12 @@ from laminar_orchestration.control.snapshot import (
 )
 from laminar_orchestration.errors import InvalidInputError, LaminarError
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
+from laminar_orchestration.protocol.desired_states import DesiredState, DesiredStates
 from laminar_orchestration.protocol.fencing import Ownership
 from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.migration_errors import FenceLost, NoLiveNode
 from laminar_orchestration.protocol.records import NodeRecord, now
-from laminar_orchestration.protocol.tasks import (
-    DesiredState,
-    DesiredStates,
-    FenceLost,
-    MigrationConfig,
-    MigrationPhase,
-    MigrationTask,
-    NoLiveNode,
-    PhaseReport,
-)
+from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase, MigrationTask, PhaseReport
 
 __all__ = [
     "FULL_LOOK_S",

@@ -18,9 +18,10 @@ from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.control.moves import stranded
 from laminar_orchestration.control.snapshot import live_node_ids
 from laminar_orchestration.identity import UNASSIGNED, PartitionId
+from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.fencing import Ownership
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.tasks import DesiredStates, MigrationConfig, MigrationKind
+from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationKind
 
 __all__ = ["FailedMigration", "RetryAction", "RetryDecision", "RetryPolicy", "decide_retry"]
 

@@ -27,11 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger, NodeView
 from laminar_orchestration.protocol.manifest import PartitionManifest
 from laminar_orchestration.protocol.move_reports import MoveReports
 from laminar_orchestration.protocol.records import NodeStatus, PartitionStatus
-from laminar_orchestration.protocol.tasks import DesiredStates, MigrationTask
+from laminar_orchestration.protocol.tasks import MigrationTask
 from laminar_orchestration.store.metering import RequestPrices
 
 if TYPE_CHECKING:

@@ -30,11 +30,12 @@ from laminar_orchestration.control.snapshot import (
 )
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.desired_states import DesiredState, DesiredStates, NodeAssignment
 from laminar_orchestration.protocol.fencing import Ownership
 from laminar_orchestration.protocol.keys import NODES_PREFIX, parse_node_key
 from laminar_orchestration.protocol.ledger import Ledger, NodeView
 from laminar_orchestration.protocol.records import NodeRecord, PartitionProgress, PartitionStatus, now
-from laminar_orchestration.protocol.tasks import DesiredState, DesiredStates, MigrationTask, NodeAssignment
+from laminar_orchestration.protocol.tasks import MigrationTask
 
 __all__ = ["ClusterWatch", "summarize_cluster"]
 

@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from laminar_orchestration.errors import CorruptDataError
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestVersion
+from laminar_orchestration.protocol.desired_states import DesiredState
 from laminar_orchestration.protocol.fencing import FencingToken, Ownership
 from laminar_orchestration.protocol.manifest import StaleFencingToken
 from laminar_orchestration.protocol.records import PartitionStatus
-from laminar_orchestration.protocol.tasks import DesiredState, MigrationKind, MigrationPhase, MigrationTask
+from laminar_orchestration.protocol.tasks import MigrationKind, MigrationPhase, MigrationTask
 
 
 class OldOwnerAction(enum.StrEnum):

@@ -19,9 +19,10 @@ from prometheus_client import Gauge
 from laminar_orchestration.control.snapshot import snapshot_cluster
 from laminar_orchestration.identity import UNASSIGNED, PartitionId
 from laminar_orchestration.metrics import ControlPlaneMetrics, MetricsServer, serve_metrics
+from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.records import EpochGrant, GrantKind
-from laminar_orchestration.protocol.tasks import DesiredStates, MigrationTask
+from laminar_orchestration.protocol.tasks import MigrationTask
 
 #: Grants read per partition at the first scrape (the history before it; later scrapes read only new ones).
 FIRST_SCRAPE_GRANTS = 256

@@ -19,13 +19,13 @@ from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.control.moves import drive, run_migration
 from laminar_orchestration.dataplane.handoff import PartitionDuty, partition_duty
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.protocol import tasks
+from laminar_orchestration.protocol import migration_errors
+from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger, NodeHandle
 from laminar_orchestration.protocol.records import PartitionProgress, now
 from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.protocol.tasks import (
     GRACEFUL_PHASES,
-    DesiredStates,
     MigrationConfig,
     MigrationKind,
     MigrationPhase,
@@ -74,9 +74,9 @@ def test_migration_task_creation(store: ObjectStore) -> None:
     assert (task.from_epoch, task.to_epoch) == (1, 2)
     assert task.phase == MigrationPhase.PLANNED and task.migration_kind == MigrationKind.GRACEFUL
     assert task.timeout_s == 12 and task.completed_at is None and task.started_at <= now()
-    with pytest.raises(tasks.MigrationEpochConflict):
+    with pytest.raises(migration_errors.MigrationEpochConflict):
         coordinator.plan(P(1), N(2))  # one migration per partition at a time
-    with pytest.raises(tasks.NoLiveNode):
+    with pytest.raises(migration_errors.NoLiveNode):
         coordinator.plan(P(0), N(7))
     unassigned = coordinator.plan(P(0), N(2))
     assert unassigned.migration_kind == MigrationKind.FORCED and unassigned.from_node == 0  # placement is a forced move
@@ -124,7 +124,7 @@ def test_forced_migration_that_loses_the_fence_race_fails_and_a_new_one_succeeds
     coordinator = MigrationCoordinator(ledger, MigrationConfig(checkpoint_transfer_timeout_s=5))
     task = coordinator.plan(P(0), N(2), forced=True)
     rival_fence_first(ledger, monkeypatch, N(3))
-    with pytest.raises(tasks.FenceLost) as info:
+    with pytest.raises(migration_errors.FenceLost) as info:
         drive(coordinator, task)
     assert (info.value.migration_id, info.value.expected, info.value.actual) == (task.migration_id, 1, 2)
     failed = coordinator.current(P(0))
@@ -296,7 +296,7 @@ def test_a_conflict_with_another_migrations_record_leaves_that_record_alone(stor
     ledger, _ = three_nodes(store)
     coordinator = MigrationCoordinator(ledger)
     theirs = coordinator.plan(P(0), N(2))
-    with pytest.raises(tasks.MigrationEpochConflict) as info:
+    with pytest.raises(migration_errors.MigrationEpochConflict) as info:
         run_migration(coordinator, 0, 3)
     assert info.value.other_migration == theirs.migration_id
     current = coordinator.current(P(0))
@@ -324,7 +324,7 @@ def test_run_phase_enforces_the_records_overall_deadline(store: ObjectStore) -> 
     coordinator = MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=0.3, release_wait_timeout_s=20))
     task = coordinator.plan(P(0), N(2))
     started = time.monotonic()
-    with pytest.raises(tasks.MigrationTimeout):
+    with pytest.raises(migration_errors.MigrationTimeout):
         coordinator.run_phase(P(0), task.migration_id, MigrationPhase.DRAINING)  # node 1 never reports
     assert time.monotonic() - started < 5
     failed = coordinator.current(P(0))
@@ -334,7 +334,7 @@ def test_run_phase_enforces_the_records_overall_deadline(store: ObjectStore) -> 
     # A driver resuming a record already past its deadline fails it without waiting.
     late = MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=0.05)).plan(P(0), N(2))
     time.sleep(0.1)
-    with pytest.raises(tasks.MigrationTimeout):
+    with pytest.raises(migration_errors.MigrationTimeout):
         coordinator.run_phase(P(0), late.migration_id, MigrationPhase.DRAINING)
     expired = coordinator.current(P(0))
     assert expired is not None and expired.phase == MigrationPhase.FAILED
@@ -353,7 +353,7 @@ def test_cli_migrate_cancel_ends_a_wedged_migration(store_url: str, capsys: pyte
     ledger, handles = three_nodes(open_store(store_url, create=True))
     coordinator = MigrationCoordinator(ledger)
     wedged = wedge(ledger, coordinator)
-    with pytest.raises(tasks.MigrationEpochConflict):
+    with pytest.raises(migration_errors.MigrationEpochConflict):
         coordinator.plan(P(0), N(2))
     assert cli.main(["migrate", "--store", store_url, "--partition", "0", "--cancel"]) == 0
     out = capsys.readouterr().out.strip()
@@ -479,7 +479,7 @@ def test_a_forced_move_cancelled_before_the_targets_active_report_is_recorded_en
     ledger, handles, coordinator, task = forced_move_at_downloading(store)
     MigrationCoordinator(ledger).cancel(P(0), task.migration_id)
     report_done(handles[2], task)
-    with pytest.raises(tasks.MigrationFailed):
+    with pytest.raises(migration_errors.MigrationFailed):
         coordinator.phase_reported(task, MigrationPhase.DOWNLOADING)
     ended = coordinator.current(P(0))
     assert ended is not None and ended.phase == MigrationPhase.CANCELLED

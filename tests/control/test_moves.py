@@ -14,13 +14,8 @@ from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.control.moves import drive_with_deadline, plan_move
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.tasks import (
-    MigrationConfig,
-    MigrationKind,
-    MigrationPhase,
-    MigrationTimeout,
-    NoLiveNode,
-)
+from laminar_orchestration.protocol.migration_errors import MigrationTimeout, NoLiveNode
+from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationKind, MigrationPhase
 from tests.ledgers import make_alive, make_dead
 
 P, N = PartitionId, NodeId

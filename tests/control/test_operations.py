@@ -23,10 +23,11 @@ from laminar_orchestration.control.operations import (
 )
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader, ManifestUpdate
+from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import StaleFencingToken
 from laminar_orchestration.protocol.records import NodeRecord, PartitionProgress
-from laminar_orchestration.protocol.tasks import DesiredStates, MigrationConfig, MigrationPhase
+from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase
 from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.store.metering import RequestMeter
 from tests.ledgers import fence_left_unsealed, make_alive, make_dead, new_ledger

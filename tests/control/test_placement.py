@@ -44,16 +44,11 @@ from laminar_orchestration.control.placement import (
 from laminar_orchestration.control.snapshot import snapshot_cluster
 from laminar_orchestration.errors import ErrorKind
 from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.migration_errors import NoLiveNode
 from laminar_orchestration.protocol.source import SourceLog, generate_events
-from laminar_orchestration.protocol.tasks import (
-    DesiredStates,
-    MigrationConfig,
-    MigrationError,
-    MigrationKind,
-    MigrationPhase,
-    NoLiveNode,
-)
+from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationError, MigrationKind, MigrationPhase
 from laminar_orchestration.store import LocalObjectStore
 from tests.ledgers import make_alive, make_dead, new_ledger
 
@@ -395,7 +390,7 @@ def test_a_failed_forced_move_leaves_a_stranded_owner_that_is_failed_over_again(
     decision = prepare_failover(coordinator, 0)
     assert decision.task is not None
     from laminar_orchestration.control.moves import drive
-    from laminar_orchestration.protocol.tasks import MigrationTimeout
+    from laminar_orchestration.protocol.migration_errors import MigrationTimeout
 
     with pytest.raises(MigrationTimeout):
         drive(coordinator, decision.task)  # node 2 never reports the download: it is only a record

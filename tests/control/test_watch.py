@@ -6,9 +6,10 @@ from laminar_orchestration.control.snapshot import snapshot_cluster
 from laminar_orchestration.control.watch import ClusterWatch, summarize_cluster
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ops.demo_status import PhaseWatch
+from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.records import PartitionProgress
-from laminar_orchestration.protocol.tasks import DesiredStates, MigrationPhase
+from laminar_orchestration.protocol.tasks import MigrationPhase
 from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.store.metering import RequestCounts, RequestMeter
 from tests.ledgers import new_ledger

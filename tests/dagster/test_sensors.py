@@ -41,9 +41,10 @@ from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.control.snapshot import ownership_rows
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.desired_states import DesiredState, DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.source import SourceLog, generate_events
-from laminar_orchestration.protocol.tasks import DesiredState, DesiredStates, MigrationConfig, MigrationPhase
+from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase
 from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.store.metering import RequestMeter
 from resources import LaminarResource

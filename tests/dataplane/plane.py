@@ -27,11 +27,11 @@ from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.ops.verify import reference_fold
 from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.desired_states import DesiredState, DesiredStates
 from laminar_orchestration.protocol.fencing import FencingToken
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import PartitionManifest
 from laminar_orchestration.protocol.source import SourceLog
-from laminar_orchestration.protocol.tasks import DesiredState, DesiredStates
 from laminar_orchestration.store import ObjectStore
 from tests.commits import commit_all
 from tests.spies import spy_source_reads

@@ -19,9 +19,10 @@ from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.control.moves import run_migration
 from laminar_orchestration.dataplane.config import NodeConfig
 from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.keys import assignment_key
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.tasks import DesiredStates, MigrationPhase
+from laminar_orchestration.protocol.tasks import MigrationPhase
 from laminar_orchestration.store import ForwardingStore, ObjectStore
 
 P, N = PartitionId, NodeId

@@ -29,6 +29,7 @@ from laminar_orchestration.dataplane.handoff import (
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.capabilities import OutputCommitter
 from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.desired_states import DesiredState
 from laminar_orchestration.protocol.fencing import Ownership
 from laminar_orchestration.protocol.keys import manifest_history_key
 from laminar_orchestration.protocol.ledger import Ledger
@@ -38,7 +39,6 @@ from laminar_orchestration.protocol.signing import SigningKey, sign_record
 from laminar_orchestration.protocol.tasks import (
     FORCED_PHASES,
     GRACEFUL_PHASES,
-    DesiredState,
     MigrationKind,
     MigrationPhase,
     MigrationTask,

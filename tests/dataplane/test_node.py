@@ -19,12 +19,13 @@ from laminar_orchestration.control.moves import run_migration
 from laminar_orchestration.dataplane.config import NodeConfig
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.capabilities import ReadStore
+from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.move_reports import MoveReports
 from laminar_orchestration.protocol.nudge import SourceDoorbell
 from laminar_orchestration.protocol.records import PartitionProgress
 from laminar_orchestration.protocol.source import SourceLog, generate_events
-from laminar_orchestration.protocol.tasks import DesiredStates, MigrationPhase
+from laminar_orchestration.protocol.tasks import MigrationPhase
 from laminar_orchestration.store import ObjectStore, StoreUnavailable
 from laminar_orchestration.store.metering import RequestMeter
 

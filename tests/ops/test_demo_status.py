@@ -8,9 +8,10 @@ from pathlib import Path
 from laminar_orchestration.control.snapshot import PartitionSnapshot
 from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.ops.demo_status import PhaseWatch, partition_status
+from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.records import now
-from laminar_orchestration.protocol.tasks import DesiredStates, MigrationKind, MigrationPhase, MigrationTask
+from laminar_orchestration.protocol.tasks import MigrationKind, MigrationPhase, MigrationTask
 from laminar_orchestration.store import open_store
 
 

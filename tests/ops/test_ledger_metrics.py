@@ -13,8 +13,9 @@ from prometheus_client import generate_latest
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.metrics import ControlPlaneMetrics
 from laminar_orchestration.ops.ledger_metrics import control_plane_metrics
+from laminar_orchestration.protocol.desired_states import DesiredState, DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.tasks import DesiredState, DesiredStates, MigrationPhase, MigrationTask
+from laminar_orchestration.protocol.tasks import MigrationPhase, MigrationTask
 from laminar_orchestration.store import LocalObjectStore, open_store
 from tests.ledgers import make_alive, new_ledger
 from tests.ops.test_demo_status import task

@@ -15,17 +15,10 @@ from datetime import UTC, datetime
 
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.capabilities import LedgerWriter, ledger_key
+from laminar_orchestration.protocol.desired_states import DesiredState, DesiredStates, StalledMoves
 from laminar_orchestration.protocol.keys import assignment_key, desired_state_key
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.tasks import (
-    DesiredState,
-    DesiredStates,
-    MigrationKind,
-    MigrationPhase,
-    MigrationTask,
-    StalledMoves,
-    phase_sequence,
-)
+from laminar_orchestration.protocol.tasks import MigrationKind, MigrationPhase, MigrationTask, phase_sequence
 from laminar_orchestration.store import ObjectStore, PreconditionFailed
 from tests.stores import ForwardingStore
 

@@ -16,9 +16,9 @@ from laminar_orchestration.protocol.capabilities import (
     sink_key,
     source_key,
 )
+from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.source import SourceLog, generate_events
-from laminar_orchestration.protocol.tasks import DesiredStates
 from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.ulid import next_ulid, ulid_time_ms
 from tests.commits import commit_all

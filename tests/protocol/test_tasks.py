@@ -10,12 +10,12 @@ import itertools
 import pytest
 
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.protocol import tasks
+from laminar_orchestration.protocol import migration_errors, tasks
+from laminar_orchestration.protocol.desired_states import DesiredState
 from laminar_orchestration.protocol.records import ReleaseRecord, now
 from laminar_orchestration.protocol.tasks import (
     FORCED_PHASES,
     GRACEFUL_PHASES,
-    DesiredState,
     MigrationConfig,
     MigrationKind,
     MigrationPhase,
@@ -108,20 +108,23 @@ def test_migration_config_defaults() -> None:
 def test_migration_error_display() -> None:
     p = P(4)
     errors = [
-        (tasks.MigrationNotOwned(p, N(2)), "partition 4 is not owned by node 2"),
+        (migration_errors.MigrationNotOwned(p, N(2)), "partition 4 is not owned by node 2"),
         (
-            tasks.MigrationTimeout(p, MigrationPhase.DRAINING, 15.0),
+            migration_errors.MigrationTimeout(p, MigrationPhase.DRAINING, 15.0),
             "migration timeout for partition 4 at draining after 15.0s",
         ),
-        (tasks.CheckpointFailed(p, "disk full"), "checkpoint failed for partition 4: disk full"),
-        (tasks.UploadFailed(p, "503"), "upload failed for partition 4: 503"),
-        (tasks.DownloadFailed(p, "ckpt-1", "missing"), "download failed for partition 4 (checkpoint ckpt-1): missing"),
-        (tasks.RestoreFailed(p, "bad parquet"), "restore failed for partition 4: bad parquet"),
-        (tasks.LedgerCommitFailed(p, "412"), "ledger commit failed for partition 4: 412"),
-        (tasks.OldOwnerCrashed(p, 9), "old owner crashed for partition 4 at epoch 9"),
-        (tasks.MigrationEpochConflict(p, 3, 5), "epoch conflict for partition 4: expected=3, actual=5"),
-        (tasks.SeekFailed(p, "offset gone"), "source seek failed for partition 4: offset gone"),
+        (migration_errors.CheckpointFailed(p, "disk full"), "checkpoint failed for partition 4: disk full"),
+        (migration_errors.UploadFailed(p, "503"), "upload failed for partition 4: 503"),
+        (
+            migration_errors.DownloadFailed(p, "ckpt-1", "missing"),
+            "download failed for partition 4 (checkpoint ckpt-1): missing",
+        ),
+        (migration_errors.RestoreFailed(p, "bad parquet"), "restore failed for partition 4: bad parquet"),
+        (migration_errors.LedgerCommitFailed(p, "412"), "ledger commit failed for partition 4: 412"),
+        (migration_errors.OldOwnerCrashed(p, 9), "old owner crashed for partition 4 at epoch 9"),
+        (migration_errors.MigrationEpochConflict(p, 3, 5), "epoch conflict for partition 4: expected=3, actual=5"),
+        (migration_errors.SeekFailed(p, "offset gone"), "source seek failed for partition 4: offset gone"),
     ]
     for error, text in errors:
         assert str(error) == text
-    assert tasks.OldOwnerCrashed(p, 9).last_known_epoch == 9  # fields, not strings to parse
+    assert migration_errors.OldOwnerCrashed(p, 9).last_known_epoch == 9  # fields, not strings to parse

@@ -30,7 +30,7 @@ from dagster import DagsterEventType, DagsterRunStatus, EventLogRecord, EventRec
 
 from laminar_dev.localcluster import Cluster, NodeProcess, wait_until
 from laminar_orchestration.identity import PartitionId
-from laminar_orchestration.protocol.tasks import DesiredStates
+from laminar_orchestration.protocol.desired_states import DesiredStates
 from tests.dagster_plane import ControlPlane, bring_up, failed_over
 
 pytestmark = [pytest.mark.dagster, pytest.mark.processes, pytest.mark.slow]

@@ -40,7 +40,8 @@ from laminar_dev.rolling import (
     place,
 )
 from laminar_orchestration.identity import PartitionId
-from laminar_orchestration.protocol.tasks import DesiredStates, MigrationKind, MigrationPhase
+from laminar_orchestration.protocol.desired_states import DesiredStates
+from laminar_orchestration.protocol.tasks import MigrationKind, MigrationPhase
 from tests.postgres import PostgresControlPlane, PostgresDatabase, PostgresServer
 from tests.postgres import postgres_server as postgres_server  # the session's server (a fixture)
 from tests.processes import free_port

@@ -50,13 +50,13 @@ from laminar_orchestration.protocol.capabilities import (
     storage_policies,
 )
 from laminar_orchestration.protocol.chain import ManifestReader, ManifestVersion
+from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.fencing import PartitionGuard
 from laminar_orchestration.protocol.ledger import Ledger, NotReleased
 from laminar_orchestration.protocol.manifest import SHA256_METADATA, ArtifactRef, PartitionManifest
 from laminar_orchestration.protocol.records import PartitionStatus, ReleaseRecord, now
 from laminar_orchestration.protocol.signing import SigningKey, sign_record
 from laminar_orchestration.protocol.source import SourceLog, generate_events
-from laminar_orchestration.protocol.tasks import DesiredStates
 from laminar_orchestration.store import ObjectStore, PreconditionFailed, StoreUnavailable
 from laminar_orchestration.store.s3 import S3ObjectStore
 from laminar_orchestration.table import table_status

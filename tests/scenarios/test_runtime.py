@@ -24,12 +24,8 @@ from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.dataplane.restore import committed_state
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.tasks import (
-    MigrationConfig,
-    MigrationEpochConflict,
-    MigrationPhase,
-    MigrationTimeout,
-)
+from laminar_orchestration.protocol.migration_errors import MigrationEpochConflict, MigrationTimeout
+from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase
 from laminar_orchestration.store import open_store
 from laminar_orchestration.table import audit_table, table_location, table_status
 
