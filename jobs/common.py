@@ -187,15 +187,27 @@ class MigrationHandle:
         )
 
 
+#: What each transfer op's `bytes_moved` counts: three different transfers, so their figures differ.
+BYTES_COUNTED = {
+    MigrationPhase.PLANNED: "state the target node downloaded while warming up, before the drain",
+    MigrationPhase.UPLOADING: "state snapshot the old owner published at the drain, a background upload "
+    "that had finished (0 when none had: each commit's state delta is in the store already)",
+    MigrationPhase.DOWNLOADING: "state the target node downloaded after the drain, beyond what its warm-up had",
+}
+
+
 def report_metadata(report: PhaseReport, *, transfer: bool) -> dict[str, Any]:
     """Op output metadata for one phase: duration in seconds first, then (on a transfer op only) the
-    bytes moved as a size and as the exact count, then the detail (what the phase did)."""
+    bytes moved as a size and as the exact count, then the detail (what the phase did) and, on a
+    transfer op, what its bytes count."""
     # Milliseconds are what a phase's time is read in; more digits are noise on the run page.
     metadata: dict[str, Any] = {"duration_s": MetadataValue.float(round(report.duration_s, 3))}
     if transfer:
         metadata["bytes_moved"] = MetadataValue.int(report.bytes_moved)
         metadata["size_moved"] = MetadataValue.text(human_size(report.bytes_moved))
     metadata["detail"] = MetadataValue.text(report.detail)
+    if transfer and report.phase in BYTES_COUNTED:
+        metadata["bytes_counted"] = MetadataValue.text(BYTES_COUNTED[report.phase])
     return metadata
 
 
