@@ -49,7 +49,7 @@ class MigrationLimits(Config):
         default=None, gt=0, description="Maximum wait for each old-owner phase (default 15 s)."
     )
     checkpoint_transfer_timeout_s: float | None = Field(
-        default=None, gt=0, description="Maximum wait for each new-owner phase (default 60 s)."
+        default=None, gt=0, description="Maximum wait for each new-owner phase (default 30 s)."
     )
     max_retries: int | None = Field(
         default=None, ge=0, description="Failed runs the retry sensor re-launches (default 3)."

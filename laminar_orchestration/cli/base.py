@@ -143,7 +143,7 @@ def add_migration_limits(parser: argparse.ArgumentParser, *, concurrency: str | 
     `MigrationConfig` field named by `concurrency`)."""
     parser.add_argument("--migration-timeout", type=float, help="seconds for a whole migration (default 30)")
     parser.add_argument("--release-wait-timeout", type=float, help="seconds per old-owner phase (default 15)")
-    parser.add_argument("--transfer-timeout", type=float, help="seconds per new-owner phase (default 60)")
+    parser.add_argument("--transfer-timeout", type=float, help="seconds per new-owner phase (default 30)")
     if concurrency is not None:
         default = MigrationConfig.model_fields[concurrency].default
         parser.add_argument("--max-concurrent", type=int, help=f"migrations at once per node (default {default})")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from laminar_orchestration.errors import ConflictError
 from laminar_orchestration.protocol.records import (
@@ -163,7 +163,7 @@ class MigrationConfig(BaseModel):
 
     migration_timeout_s: float = Field(default=30.0, gt=0)
     release_wait_timeout_s: float = Field(default=15.0, gt=0)
-    checkpoint_transfer_timeout_s: float = Field(default=60.0, gt=0)
+    checkpoint_transfer_timeout_s: float = Field(default=30.0, gt=0)
     max_concurrent_migrations: int = Field(default=2, ge=1)
     #: A node's failover asks nothing of the dead node: each target restores this many partitions at once
     #: (a forced move mostly waits on the store's round trips, so more at once finish sooner).
@@ -178,6 +178,18 @@ class MigrationConfig(BaseModel):
     #: long, and at most three of its commit intervals; 0 = at once): its output stops as late as possible
     #: and the batch the drain abandons has barely begun. A partition with no commit due drains at once.
     drain_alignment_s: float = Field(default=1.0, ge=0)
+
+    @model_validator(mode="after")
+    def _whole_move_covers_a_phase(self) -> MigrationConfig:
+        # Set alone, a timeout is capped by the other; set together, a phase longer than the move contradicts it.
+        for phase in ("release_wait_timeout_s", "checkpoint_transfer_timeout_s"):
+            whole, part = self.migration_timeout_s, getattr(self, phase)
+            if {"migration_timeout_s", phase} <= self.model_fields_set and whole < part:
+                raise ValueError(
+                    f"migration_timeout_s ({whole:g} s, the whole move) is below {phase} ({part:g} s, one phase): "
+                    f"raise migration_timeout_s to at least {part:g} or lower {phase}"
+                )
+        return self
 
 
 class MigrationTask(Record):

@@ -96,7 +96,7 @@ def test_release_info_serialization() -> None:
 def test_migration_config_defaults() -> None:
     config = MigrationConfig()
     assert (config.migration_timeout_s, config.release_wait_timeout_s, config.checkpoint_transfer_timeout_s) == (
-        30.0, 15.0, 60.0,
+        30.0, 15.0, 30.0,
     )  # fmt: skip
     assert (config.max_concurrent_migrations, config.max_retries, config.retry_delay_s) == (2, 3, 5.0)
     with pytest.raises(ValueError, match="max_retrys"):
