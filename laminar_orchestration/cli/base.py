@@ -12,6 +12,8 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
+from pydantic import ValidationError
+
 from laminar_orchestration.cli.output import Output
 from laminar_orchestration.errors import InvalidArgument
 from laminar_orchestration.identity import UNASSIGNED
@@ -164,4 +166,11 @@ def migration_config(args: argparse.Namespace) -> MigrationConfig:
     for flag, value in flags.values():
         if value is not None and not value > 0:
             raise InvalidArgument(flag, f"{value} must be > 0")
-    return MigrationConfig(**{name: value for name, (_, value) in flags.items() if value is not None})
+    try:
+        return MigrationConfig(**{name: value for name, (_, value) in flags.items() if value is not None})
+    except ValidationError as exc:
+        # The model names its fields; the operator typed flags: say it in the flags' words.
+        reason = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        for name, (flag, _) in flags.items():
+            reason = reason.replace(name, flag)
+        raise InvalidArgument("--migration-timeout", reason) from None

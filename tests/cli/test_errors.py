@@ -174,3 +174,11 @@ def test_a_missing_store_is_named_as_not_found_and_a_url_typo_as_what_was_unders
         code, line = run_error(capsys, "init", "--store", typo, "--partitions", "1")
         assert code == 2 and repr(typo) in line and meant in line and f"./{typo}" in line
         assert not (tmp_path / typo.split("/")[0]).exists()  # no local directory made of the typo
+
+
+def test_migration_timeouts_that_contradict_each_other_are_refused_naming_both_flags(
+    cluster: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ("migrate", "--store", cluster, "--partition", "0", "--to", "1")
+    code, line = run_error(capsys, *argv, "--migration-timeout", "10", "--transfer-timeout", "60")
+    assert code == 2 and "--migration-timeout (10 s" in line and "--transfer-timeout (60 s" in line
