@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 
 import laminar_orchestration
-from laminar_orchestration.dataplane.backpressure import Backpressure
-from laminar_orchestration.dataplane.checkpoint import CheckpointCorrupt
+from laminar_orchestration.dataplane.errors import Backpressure, CheckpointCorrupt
 from laminar_orchestration.errors import (
     EXIT_CODES,
     ErrorKind,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from laminar_orchestration.errors import UnavailableError
+from laminar_orchestration.dataplane.errors import Backpressure
 from laminar_orchestration.store import ObjectStore
 
 
@@ -59,20 +59,6 @@ class BackpressureState:
         if lag >= self.soft_threshold:
             return AcceptWithWarning(lag, self.soft_threshold)
         return Accept(lag)
-
-
-class Backpressure(UnavailableError):
-    """Raised to a producer when a partition's lag is past the hard threshold."""
-
-    partition: int
-    pending_lag: int
-    hard_threshold: int
-    retry_after_s: float
-
-    message = (
-        "partition {partition} is {pending_lag} events behind "
-        "(hard limit {hard_threshold}); retry after {retry_after_s:.1f}s"
-    )
 
 
 def partition_backpressure(

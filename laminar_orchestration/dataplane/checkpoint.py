@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from laminar_orchestration.dataplane.engine import parquet_bytes_to_table, table_to_parquet_bytes
-from laminar_orchestration.errors import ConflictError, CorruptDataError
+from laminar_orchestration.dataplane.errors import CheckpointCorrupt, SnapshotCancelled
 from laminar_orchestration.protocol.capabilities import (
     CheckpointWriter,
     OutputCommitter,
@@ -41,23 +41,6 @@ from laminar_orchestration.ulid import next_ulid
 
 BATCH_START_METADATA = "x-laminar-batch-start"
 BATCH_END_METADATA = "x-laminar-batch-end"
-
-
-class CheckpointCorrupt(CorruptDataError):
-    """A checkpoint or output object whose bytes do not match its manifest entry."""
-
-    key: str
-    reason: str
-
-    message = "checkpoint object {key!r} is unusable: {reason}"
-
-
-class SnapshotCancelled(ConflictError):
-    """A snapshot upload stopped because its partition is moving or stopping (nothing was published)."""
-
-    partition: int
-
-    message = "snapshot upload of partition {partition} cancelled"
 
 
 def next_checkpoint(

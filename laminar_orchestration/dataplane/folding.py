@@ -13,8 +13,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from laminar_orchestration.dataplane.engine import BatchEngine
+from laminar_orchestration.dataplane.errors import ProcessorMismatch
 from laminar_orchestration.dataplane.statestore import PartitionStateStore
-from laminar_orchestration.errors import InvalidInputError, LaminarError
+from laminar_orchestration.errors import LaminarError
 from laminar_orchestration.processing.contract import (
     BatchFold,
     EventTimeProgress,
@@ -60,22 +61,6 @@ def fold_batch(
         raise
     except Exception as exc:  # the user's code: whatever it raises fails the batch, the same way every time
         raise ProcessorFailed(engine.processor.name, batch.start_offset, f"{type(exc).__name__}: {exc}") from exc
-
-
-class ProcessorMismatch(InvalidInputError):
-    """A node whose processor is not the one the cluster recorded: it refuses to take partitions,
-    since mixed logic (or a changed state layout) would corrupt state silently."""
-
-    node: int
-    recorded: str
-    recorded_fingerprint: str
-    running: str
-    fingerprint: str
-
-    message = (
-        "node {node} runs processor {running!r} (fingerprint {fingerprint:.12}), but the cluster records "
-        "{recorded!r} (fingerprint {recorded_fingerprint:.12}); start it with the cluster's processor"
-    )
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from laminar_orchestration.dataplane.checkpoint import download_snapshot, download_table
-from laminar_orchestration.dataplane.statestore import LocalStateUnusable, PartitionStateStore
-from laminar_orchestration.errors import CorruptDataError
+from laminar_orchestration.dataplane.errors import LocalStateUnusable, StateGap
+from laminar_orchestration.dataplane.statestore import PartitionStateStore
 from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.processing.contract import DELETED_COLUMN, NO_EVENT_TIME, EventTimeProgress, split_delta
 from laminar_orchestration.processing.keyed import keyed_aggregation
@@ -31,16 +31,6 @@ from laminar_orchestration.protocol.capabilities import ReadStore
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.manifest import EventTimeRecord, PartitionManifest, SnapshotFile, SnapshotRef
 from laminar_orchestration.store import ObjectStore
-
-
-class StateGap(CorruptDataError):
-    """A manifest whose snapshot and deltas do not add up to its source offset."""
-
-    partition: int
-    seq: int
-    reason: str
-
-    message = "manifest seq {seq} of partition {partition} names an unusable checkpoint: {reason}"
 
 
 @dataclass

@@ -20,9 +20,9 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from laminar_orchestration.dataplane.checkpoint import next_checkpoint
+from laminar_orchestration.dataplane.errors import Fenced
 from laminar_orchestration.dataplane.host import WorkerHost
 from laminar_orchestration.dataplane.restore import StateReplica
-from laminar_orchestration.dataplane.tracking import Fenced
 from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.protocol.fencing import EpochError, PartitionGuard
 from laminar_orchestration.protocol.manifest import DeltaRef, PartitionManifest, SnapshotRef

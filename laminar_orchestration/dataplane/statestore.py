@@ -27,7 +27,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rocksdict import BlockBasedOptions, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
-from laminar_orchestration.errors import CorruptDataError, UnavailableError
+from laminar_orchestration.dataplane.errors import LocalStateUnusable, LocalStateWriteFailed
 from laminar_orchestration.processing.codec import ValueCodec
 
 # User keys and the store's own records never collide: every user key is stored under this prefix,
@@ -37,24 +37,6 @@ _MARKER_KEY = b"m:applied"
 _EXPIRY_PREFIX = b"t"
 #: Expiry times are signed; biased by 2**63 they sort as unsigned big-endian bytes.
 _EXPIRY_BIAS = 2**63
-
-
-class LocalStateUnusable(CorruptDataError):
-    """A local store directory that cannot be opened or does not hold a valid applied marker."""
-
-    path: str
-    reason: str
-
-    message = "local state store {path} is unusable: {reason}"
-
-
-class LocalStateWriteFailed(UnavailableError):
-    """Writing the local store failed (disk full, I/O error): the batch is not applied."""
-
-    path: str
-    reason: str
-
-    message = "cannot write local state store {path}: {reason}"
 
 
 class AppliedMarker(BaseModel):

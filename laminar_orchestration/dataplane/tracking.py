@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from laminar_orchestration.errors import FencedError, OperationFailedError
 from laminar_orchestration.identity import PartitionId
 
 
@@ -66,15 +65,3 @@ class Tracker:
     @property
     def is_fenced(self) -> bool:
         return self._fenced.is_set()
-
-
-class Fenced(FencedError):
-    """Raised inside a worker when its tracker is fenced; unwinds without side effects."""
-
-    reason: str
-
-    message = "{reason}"
-
-
-class PhaseAborted(OperationFailedError):
-    """The migration this worker was carrying out was cancelled or failed."""

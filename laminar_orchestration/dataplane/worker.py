@@ -12,13 +12,14 @@ import time
 from typing import Any
 
 from laminar_orchestration.dataplane.batches import poison_check, remove_after_grace
+from laminar_orchestration.dataplane.errors import Fenced, PhaseAborted
 from laminar_orchestration.dataplane.folding import fold_batch, fold_context
 from laminar_orchestration.dataplane.handoff import (
     OldOwnerAction,
     old_owner_step,
 )
 from laminar_orchestration.dataplane.restore import progress_of, progress_record
-from laminar_orchestration.dataplane.tracking import BatchSteps, BatchTimings, Fenced, PhaseAborted, elapsed_ms
+from laminar_orchestration.dataplane.tracking import BatchSteps, BatchTimings, elapsed_ms
 from laminar_orchestration.dataplane.worker_rise import WorkerRise
 from laminar_orchestration.dataplane.worker_state import WorkerState
 from laminar_orchestration.processing.contract import BatchFold, delta_with_removals

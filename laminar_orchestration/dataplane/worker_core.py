@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from laminar_orchestration.dataplane.errors import Fenced, PhaseAborted
 from laminar_orchestration.dataplane.handoff import (
     asks_old_owner,
 )
@@ -23,7 +24,7 @@ from laminar_orchestration.dataplane.log_watch import LogWatch
 from laminar_orchestration.dataplane.pipeline import BatchPipeline
 from laminar_orchestration.dataplane.restore import CatchUp, progress_of
 from laminar_orchestration.dataplane.snapshots import SnapshotSchedule
-from laminar_orchestration.dataplane.tracking import BatchTimings, Fenced, PhaseAborted, Tracker
+from laminar_orchestration.dataplane.tracking import BatchTimings, Tracker
 from laminar_orchestration.dataplane.worker_state import WorkerState, check_transition
 from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.processing.contract import EventTimeProgress

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 
+from laminar_orchestration.dataplane.errors import PhaseAborted
 from laminar_orchestration.dataplane.handoff import (
     HandoffMismatch,
     NewOwnerAction,
@@ -15,7 +16,6 @@ from laminar_orchestration.dataplane.handoff import (
     take_over,
 )
 from laminar_orchestration.dataplane.restore import progress_of
-from laminar_orchestration.dataplane.tracking import PhaseAborted
 from laminar_orchestration.dataplane.worker_core import WorkerCore
 from laminar_orchestration.dataplane.worker_state import WorkerState
 from laminar_orchestration.identity import UNASSIGNED

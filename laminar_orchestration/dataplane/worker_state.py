@@ -13,7 +13,7 @@ import enum
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from laminar_orchestration.errors import OperationFailedError
+from laminar_orchestration.dataplane.errors import IllegalWorkerTransition
 
 
 class WorkerState(enum.StrEnum):
@@ -62,22 +62,11 @@ TRANSITIONS: Mapping[WorkerState, frozenset[WorkerState]] = MappingProxyType(
 )
 
 
-class IllegalWorkerTransition(OperationFailedError):
-    """A partition worker was moved from `old` to a state that may not follow it (a bug in the node)."""
-
-    old: WorkerState
-    new: WorkerState
-
-    def _message(self) -> str:
-        allowed = ", ".join(sorted(TRANSITIONS[self.old])) or "nothing"
-        return f"partition worker cannot go from {self.old} to {self.new} (allowed: {allowed})"
-
-
 def check_transition(old: WorkerState, new: WorkerState) -> WorkerState:
     """Return `new` if a worker in `old` may move to it; raise IllegalWorkerTransition otherwise.
 
     Staying in a state is not a transition and is always allowed.
     """
     if new != old and new not in TRANSITIONS[old]:
-        raise IllegalWorkerTransition(old, new)
+        raise IllegalWorkerTransition(old, new, tuple(sorted(TRANSITIONS[old])))
     return new

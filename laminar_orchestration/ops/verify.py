@@ -26,13 +26,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from laminar_orchestration.dataplane.checkpoint import (
-    BATCH_END_METADATA,
-    BATCH_START_METADATA,
-    CheckpointCorrupt,
-    download_table,
-)
-from laminar_orchestration.dataplane.restore import StateGap, committed_state
+from laminar_orchestration.dataplane.checkpoint import BATCH_END_METADATA, BATCH_START_METADATA, download_table
+from laminar_orchestration.dataplane.errors import CheckpointCorrupt, StateGap
+from laminar_orchestration.dataplane.restore import committed_state
 from laminar_orchestration.identity import UNASSIGNED, PartitionId
 from laminar_orchestration.processing.keyed import STATE_SCHEMA, empty_state
 from laminar_orchestration.protocol.capabilities import ReadStore

@@ -7,12 +7,12 @@ import pytest
 from laminar_orchestration.dataplane.backpressure import (
     Accept,
     AcceptWithWarning,
-    Backpressure,
     BackpressureState,
     Reject,
     admit,
     partition_backpressure,
 )
+from laminar_orchestration.dataplane.errors import Backpressure
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.source import SourceLog, generate_events

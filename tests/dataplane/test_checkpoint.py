@@ -13,7 +13,8 @@ import pytest
 
 from laminar_dev.chaos import ArrowNode
 from laminar_orchestration import cli
-from laminar_orchestration.dataplane.checkpoint import CheckpointCorrupt, next_checkpoint
+from laminar_orchestration.dataplane.checkpoint import next_checkpoint
+from laminar_orchestration.dataplane.errors import CheckpointCorrupt
 from laminar_orchestration.dataplane.restore import StateReplica
 from laminar_orchestration.errors import CorruptDataError, exit_code
 from laminar_orchestration.identity import NodeId, PartitionId

@@ -20,12 +20,11 @@ from typing import Any, cast
 
 import pytest
 
-from laminar_orchestration.dataplane.checkpoint import SnapshotCancelled
 from laminar_orchestration.dataplane.config import NodeConfig
+from laminar_orchestration.dataplane.errors import Fenced, SnapshotCancelled
 from laminar_orchestration.dataplane.host import WorkerHost
 from laminar_orchestration.dataplane.restore import StateReplica
 from laminar_orchestration.dataplane.snapshots import SnapshotSchedule
-from laminar_orchestration.dataplane.tracking import Fenced
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.fencing import PartitionGuard
 from laminar_orchestration.protocol.manifest import (

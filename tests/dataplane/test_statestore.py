@@ -16,8 +16,9 @@ import pyarrow as pa
 import pytest
 
 from laminar_dev.chaos import ArrowNode
+from laminar_orchestration.dataplane.errors import LocalStateWriteFailed
 from laminar_orchestration.dataplane.restore import committed_state
-from laminar_orchestration.dataplane.statestore import LocalStateWriteFailed, PartitionStateStore
+from laminar_orchestration.dataplane.statestore import PartitionStateStore
 from laminar_orchestration.ops.verify import audit_partition, audit_store
 from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.protocol.ledger import Ledger

@@ -7,14 +7,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-from laminar_orchestration.dataplane.tracking import (
-    BatchSteps,
-    BatchTimings,
-    Fenced,
-    PhaseAborted,
-    Tracker,
-    elapsed_ms,
-)
+from laminar_orchestration.dataplane.errors import Fenced, PhaseAborted
+from laminar_orchestration.dataplane.tracking import BatchSteps, BatchTimings, Tracker, elapsed_ms
 from laminar_orchestration.errors import ErrorKind, FencedError
 from laminar_orchestration.identity import PartitionId
 

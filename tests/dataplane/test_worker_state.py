@@ -6,13 +6,9 @@ import itertools
 
 import pytest
 
+from laminar_orchestration.dataplane.errors import IllegalWorkerTransition
 from laminar_orchestration.dataplane.worker import PartitionWorker
-from laminar_orchestration.dataplane.worker_state import (
-    TRANSITIONS,
-    IllegalWorkerTransition,
-    WorkerState,
-    check_transition,
-)
+from laminar_orchestration.dataplane.worker_state import TRANSITIONS, WorkerState, check_transition
 from laminar_orchestration.errors import ErrorKind
 
 S = WorkerState
