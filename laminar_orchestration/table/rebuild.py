@@ -5,8 +5,8 @@ view of the table read, its data file and log entry written afterwards. Whatever
 a commit must never become part of the rebuilt table. So the rebuild never empties the place and
 starts again at version 0 (where a late commit of version N+1 would land in the new log); it:
 
-1. builds the table beside the old one, in a scratch folder no committer knows, by an ordinary
-   sync of every partition, and checkpoints it;
+1. builds the table in a scratch folder no committer knows (``_rebuild-<id>/`` inside the
+   table's, which readers skip), by an ordinary sync of every partition, and checkpoints it;
 2. publishes it above every version the old log reached: with N the newest version there,
    the checkpoint as version N+2 and its log entry (create-only: a live commit that took the
    version moves the rebuild above it), holding the new table id and every partition's
@@ -85,9 +85,9 @@ def rebuild_table(
 
 
 def _scratch_location(location: TableLocation) -> TableLocation:
-    """A fresh folder beside the table's (same store, same credentials), named after it."""
-    parent, _, name = location.uri.rstrip("/").rpartition("/")
-    return TableLocation(f"{parent}/.{name}.rebuild-{uuid.uuid4().hex[:12]}", location.storage_options)
+    """A fresh folder inside the table's, where the table's access rules already reach; its
+    ``_`` prefix is what Delta readers and vacuum skip."""
+    return TableLocation(f"{location.uri.rstrip('/')}/_rebuild-{uuid.uuid4().hex[:12]}", location.storage_options)
 
 
 def _checkpoint_name(version: int) -> str:
