@@ -56,12 +56,13 @@ from laminar_orchestration.control.moves import MoveOutcome
 from laminar_orchestration.control.operations import plan_rebalance, run_rebalance
 from laminar_orchestration.control.snapshot import ClusterSnapshot, live_node_ids, migrations_in_flight, ownership_map
 from laminar_orchestration.dataplane.config import NodeConfig
-from laminar_orchestration.errors import InvalidArgument, OperationFailedError
+from laminar_orchestration.errors import InvalidArgument
 from laminar_orchestration.identity import UNASSIGNED, PartitionId
 from laminar_orchestration.metrics import LagClock, MetricsServer
 from laminar_orchestration.ops.demo_processes import Child, Producer
 from laminar_orchestration.ops.demo_status import PhaseWatch, partition_status, port_or_free
 from laminar_orchestration.ops.demo_walkthrough import TableWatch, Walkthrough
+from laminar_orchestration.ops.errors import DemoError
 from laminar_orchestration.ops.ledger_metrics import serve_control_plane_metrics
 from laminar_orchestration.ops.verify import audit_store
 from laminar_orchestration.protocol.chain import ManifestReader
@@ -77,14 +78,6 @@ DEFAULT_PORT = 3000
 NODE_START_TIMEOUT_S = 240.0
 #: How long the webserver gets to answer its first request.
 WEBSERVER_START_TIMEOUT_S = 180.0
-
-
-class DemoError(OperationFailedError):
-    """The demo cannot go on (a port in use, a node that exited, ...)."""
-
-    reason: str
-
-    message = "{reason}"
 
 
 class _Aborted(Exception):

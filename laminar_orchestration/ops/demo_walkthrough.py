@@ -24,8 +24,8 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from laminar_orchestration.errors import OperationFailedError
 from laminar_orchestration.identity import UNASSIGNED
+from laminar_orchestration.ops.errors import TableReadFailed
 from laminar_orchestration.table import TableLocation
 
 
@@ -129,15 +129,6 @@ class Walkthrough:
             f"  failover   kill -9 {live[victim]}   {what}",
             f"             once it has sent no heartbeat for {self.heartbeat_timeout_s:g}s, {then}",
         ]
-
-
-class TableReadFailed(OperationFailedError):
-    """The downstream read of the output table failed (the reader's stderr, in its last words)."""
-
-    uri: str
-    reason: str
-
-    message = "reading output table {uri!r} with deltalake failed: {reason}"
 
 
 @dataclass(frozen=True)

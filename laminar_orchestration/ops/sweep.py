@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from laminar_orchestration import clock
-from laminar_orchestration.errors import InvalidInputError
 from laminar_orchestration.identity import PartitionId
+from laminar_orchestration.ops.errors import InvalidGracePeriod
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.keys import (
     FENCED_OBJECT_PREFIXES,
@@ -45,14 +45,6 @@ DEFAULT_GRACE_S = 3600.0
 
 PARTITION_METADATA = "x-laminar-partition"
 EPOCH_METADATA = "x-laminar-epoch"
-
-
-class InvalidGracePeriod(InvalidInputError, ValueError):
-    """The sweep's grace period is not a number of seconds >= 0."""
-
-    grace_s: float
-
-    message = "grace period must be a number of seconds >= 0, got {grace_s!r}"
 
 
 @dataclass

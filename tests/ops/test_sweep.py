@@ -17,7 +17,8 @@ from laminar_orchestration.clock import SYSTEM_CLOCK, use_clock
 from laminar_orchestration.dataplane.checkpoint import CheckpointStore, OutputWriter
 from laminar_orchestration.dataplane.restore import StateReplica, committed_state
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.ops.sweep import InvalidGracePeriod, sweep
+from laminar_orchestration.ops.errors import InvalidGracePeriod
+from laminar_orchestration.ops.sweep import sweep
 from laminar_orchestration.ops.verify import audit_store, reference_batch_aggregate
 from laminar_orchestration.processing.contract import FoldContext
 from laminar_orchestration.processing.keyed import keyed_aggregation
