@@ -1,10 +1,11 @@
 """The package's layout is its architecture: layers that import only downwards, no cycles, small rooms.
 
-Layers, bottom up: the shared root (errors, identity, clock, ulid, metrics), `store`,
+Layers, bottom up: the shared root (errors, identity, clock, ulid, metrics, sizes), `store`,
 `processing` (the user's stream and its logic), `protocol`, then `dataplane`, `control` and
 `table` side by side (none imports another), `ops`, and `cli` on top. The package's face
 (`__init__`) may re-export. The development tools import each other in no cycle either, and no
-module of ours (library, tools, benchmarks, Dagster code, tests) is over 800 lines.
+module of ours (library, tools, benchmarks, Dagster code, tests) is over 500 lines, but for the
+older ones listed in `STILL_LONG`, which may only shrink.
 """
 
 from __future__ import annotations
@@ -33,9 +34,35 @@ LAYERS: dict[str, int] = {
     "cli": 6,
 }
 MAX_ROOT_MODULES = 12
-MAX_MODULE_LINES = 800
+MAX_MODULE_LINES = 500
 #: Modules still over the limit, at most as long as they are now: they may only shrink.
-STILL_LONG: dict[str, int] = {}
+STILL_LONG: dict[str, int] = {
+    "benchmarks/bench_cost.py": 593,
+    "benchmarks/bench_foundation.py": 537,
+    "benchmarks/bench_statestore.py": 791,
+    "benchmarks/bench_table.py": 515,
+    "benchmarks/runtime_state.py": 748,
+    "laminar_dev/chaos/processes.py": 510,
+    "laminar_dev/sim/invariants.py": 634,
+    "laminar_dev/sim/node_actor.py": 636,
+    "laminar_dev/sim/world.py": 576,
+    "laminar_orchestration/control/coordinator.py": 780,
+    "laminar_orchestration/control/moves.py": 547,
+    "laminar_orchestration/control/operations.py": 678,
+    "laminar_orchestration/control/snapshot.py": 773,
+    "laminar_orchestration/ops/demo.py": 784,
+    "laminar_orchestration/ops/report.py": 648,
+    "laminar_orchestration/protocol/chain.py": 616,
+    "laminar_orchestration/protocol/ledger.py": 598,
+    "laminar_orchestration/protocol/segments.py": 623,
+    "laminar_orchestration/protocol/source.py": 683,
+    "laminar_orchestration/table/committer.py": 619,
+    "tests/control/test_placement.py": 574,
+    "tests/dagster/test_sensors.py": 575,
+    "tests/dataplane/test_standby.py": 655,
+    "tests/protocol/test_cluster_epoch.py": 562,
+    "tests/scenarios/test_least_privilege.py": 783,
+}
 
 
 def _module_name(path: Path) -> str:
