@@ -105,7 +105,7 @@ def kill_once(cluster: Cluster, plane: ControlPlane, victim: int, survivor: int)
     before = {p: (t.migration_id if (t := _task(cluster, p)) else None) for p in (0, 1)}
     killed = time.time()
     cluster.kill(victim)
-    heartbeat_at = next(v.record.heartbeat_at for v in cluster.ledger.nodes() if v.record.node == victim)
+    heartbeat_at = next(v.record.heartbeat_at for v in cluster.ledger.members.nodes() if v.record.node == victim)
 
     def done() -> bool:
         tasks = [_task(cluster, p) for p in (0, 1)]

@@ -130,7 +130,7 @@ def demo_cluster(interval: float | None) -> Iterator[tuple[TableCluster, Path, s
                 cluster.start_node(n)
             # A loaded machine starts a node in seconds: place the partitions once all are alive.
             ledger = Ledger(open_store(url))
-            cluster.wait("live nodes", lambda: sum(v.alive for v in ledger.nodes()) == NODES, 120)
+            cluster.wait("live nodes", lambda: sum(v.alive for v in ledger.members.nodes()) == NODES, 120)
             cluster.laminar("rebalance")
             cluster.wait("placement", cluster.all_active, 120)
             yield cluster, log.path, url

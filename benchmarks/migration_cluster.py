@@ -240,7 +240,7 @@ def random_instant(intervals: Sequence[float]) -> float:
 
 
 def alive_nodes(cluster: Cluster) -> set[int]:
-    return {int(v.record.node) for v in cluster.ledger.nodes() if v.alive}
+    return {int(v.record.node) for v in cluster.ledger.members.nodes() if v.alive}
 
 
 def pick_target(cluster: Cluster, exclude: set[int], among: Sequence[int] | None = None) -> int:
@@ -254,7 +254,7 @@ def pick_target(cluster: Cluster, exclude: set[int], among: Sequence[int] | None
 def wait_dead(cluster: Cluster, node_id: int, timeout: float) -> float:
     """Poll the ledger every 20 ms until `node_id` is seen dead; return that wall-clock time."""
     wait_until(
-        lambda: not any(v.alive for v in cluster.ledger.nodes() if int(v.record.node) == node_id),
+        lambda: not any(v.alive for v in cluster.ledger.members.nodes() if int(v.record.node) == node_id),
         timeout,
         f"node {node_id} to be seen dead",
         interval=0.02,
@@ -373,7 +373,7 @@ def restore_summary(values: Sequence[Sequence[Restore]]) -> str:
 
 def standby_offset(cluster: Cluster, node: int, partition: int) -> int | None:
     """The offset a node's warm standby copy of `partition` reflects (None: it reports none, or an error)."""
-    record = cluster.ledger.node(NodeId(node))
+    record = cluster.ledger.members.node(NodeId(node))
     pr = record.partitions.get(partition) if record else None
     if pr is None or pr.state != "standby" or pr.error is not None or pr.lag is None:
         return None

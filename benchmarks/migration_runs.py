@@ -132,7 +132,7 @@ class FailoverRun:
 
 
 def library_failover_choice(cluster: Cluster, partition: int, victim: int) -> int | None:
-    views = cluster.ledger.nodes()
+    views = cluster.ledger.members.nodes()
     loads = {int(v.record.node): 0 for v in views if v.alive and int(v.record.node) != victim}
     for q in cluster.partitions:
         owner = cluster.owner(q)

@@ -84,7 +84,7 @@ class DrainBench:
         self.store, self.ledger = new_local_cluster(self.tmp)
         # The target of every migration: a live member that never runs (the drain is the
         # old owner's phase; each migration is cancelled right after it).
-        self.ledger.register_node(NODE2, heartbeat_timeout_s=3600.0)
+        self.ledger.members.register_node(NODE2, heartbeat_timeout_s=3600.0)
         self.node = new_node(self.store, spark, self.tmp / "node")  # default intervals
         want_owner(self.node)
         self.thread = threading.Thread(

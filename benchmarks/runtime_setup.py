@@ -163,8 +163,8 @@ def attach_engine(node: Node) -> None:
 
 def join_cluster(node: Node) -> None:
     """What `Node.run` does before its loops: register, read the cluster epoch."""
-    node.handle = node.ledger.register_node(node.id, heartbeat_timeout_s=node.config.heartbeat_timeout_s)
-    node.observe_cluster_epoch(node.ledger.membership().cluster_epoch)
+    node.handle = node.ledger.members.register_node(node.id, heartbeat_timeout_s=node.config.heartbeat_timeout_s)
+    node.observe_cluster_epoch(node.ledger.members.record().cluster_epoch)
 
 
 def in_process_node(store: ObjectStore, spark: Any, workdir: Path, **config: Any) -> Node:

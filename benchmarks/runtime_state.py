@@ -326,7 +326,7 @@ def breakdown_once(
     outputs = OutputWriter(OutputCommitter(store))
     checkpoints = CheckpointStore(CheckpointWriter(store))
     publisher = ManifestPublisher(OutputCommitter(store), store)
-    cluster_epoch = ledger.membership().cluster_epoch
+    cluster_epoch = ledger.members.record().cluster_epoch
     start = manifest.source_offset
     SourceLog(store, segment_events=BATCH_EVENTS).append(P0, table)
     step = StepTimer()

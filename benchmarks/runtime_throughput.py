@@ -171,7 +171,7 @@ def measure_fencing_work(workroot: Path) -> FencingWork:
             # The body of Node._refresh_loop: the kill-switch refresh, then the cluster epoch.
             t0 = time.perf_counter()
             revoked = node.refresh_guards()
-            node.observe_cluster_epoch(node.ledger.membership().cluster_epoch)
+            node.observe_cluster_epoch(node.ledger.members.record().cluster_epoch)
             refreshes.append(time.perf_counter() - t0)
             if revoked:
                 raise RuntimeError("the guard was revoked")

@@ -130,7 +130,7 @@ def plan_rebalance(
         return
     # A rebalance is a new membership generation; in-flight work of partitions
     # that do not move stays valid (the cluster epoch has a two-epoch window).
-    epoch = ledger.bump_cluster_epoch(f"rebalance run {context.run_id}: {len(moves)} move(s)")
+    epoch = ledger.members.bump_cluster_epoch(f"rebalance run {context.run_id}: {len(moves)} move(s)")
     context.log.info(f"cluster epoch is now {epoch}")
     settings = config.tuning.migration_config(max_concurrent_migrations=config.max_concurrent_migrations)
     for i, wave in enumerate(waves, start=1):

@@ -128,7 +128,7 @@ class Cluster:
 
     def wait_alive(self, *node_ids: int, timeout: float = 120.0) -> None:
         def ready() -> bool:
-            alive = {v.record.node for v in self.ledger.nodes() if v.alive}
+            alive = {v.record.node for v in self.ledger.members.nodes() if v.alive}
             for n in node_ids:
                 if self.nodes[n].proc.poll() is not None:
                     raise RuntimeError(f"node {n} exited:\n{self.nodes[n].log()[-3000:]}")
@@ -138,7 +138,7 @@ class Cluster:
 
     def wait_dead(self, node_id: int, timeout: float = 30.0) -> None:
         wait_until(
-            lambda: not any(v.alive for v in self.ledger.nodes() if v.record.node == node_id),
+            lambda: not any(v.alive for v in self.ledger.members.nodes() if v.record.node == node_id),
             timeout,
             f"node {node_id} to be seen dead",
         )

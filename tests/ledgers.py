@@ -25,14 +25,14 @@ def new_ledger(store: ObjectStore, partitions: int = 4) -> Ledger:
 
 def make_dead(ledger: Ledger, node: int) -> None:
     """A node record whose heartbeat has lapsed."""
-    ledger.register_node(NodeId(node), heartbeat_timeout_s=0.05)
+    ledger.members.register_node(NodeId(node), heartbeat_timeout_s=0.05)
     time.sleep(0.1)
 
 
 def make_alive(ledger: Ledger, *nodes: int) -> None:
     """Node records with a long heartbeat timeout."""
     for n in nodes:
-        ledger.register_node(NodeId(n), heartbeat_timeout_s=60)
+        ledger.members.register_node(NodeId(n), heartbeat_timeout_s=60)
 
 
 def place_on_node_1(ledger: Ledger) -> None:

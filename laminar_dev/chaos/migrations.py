@@ -84,7 +84,7 @@ def balance(
     if not plan.moves:
         return []
     if bump_reason:
-        ledger.bump_cluster_epoch(bump_reason)
+        ledger.members.bump_cluster_epoch(bump_reason)
 
     def move(m: Move) -> MigrationTask | None:
         return retrying(

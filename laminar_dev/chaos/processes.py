@@ -462,7 +462,7 @@ class ProcessChaos:
             outcomes = run_moves(chosen, migrate, 2, live_nodes=live)
             result.issues += outcome_issues(outcomes, "migration")
             moves_done += len(outcomes)
-            epochs = [self.ledger.membership().cluster_epoch]
+            epochs = [self.ledger.members.record().cluster_epoch]
             for round_ in range(self.profile.rebalance_rounds):
                 drained = sorted(live)[round_ % len(live)]
                 for weights in ({drained: 0.0}, None):
@@ -471,7 +471,7 @@ class ProcessChaos:
                     )
                     result.issues += outcome_issues(outcomes, "rebalance")
                     moves_done += len(outcomes)
-            epochs.append(self.ledger.membership().cluster_epoch)
+            epochs.append(self.ledger.members.record().cluster_epoch)
         result.notes.append(
             f"{len(chosen)} concurrent migrations and {2 * self.profile.rebalance_rounds} rebalances under load: "
             f"{moves_done} moves, cluster epoch {epochs[0]} -> {epochs[-1]}"

@@ -20,7 +20,8 @@ from laminar_orchestration.control.moves import (
     stranded,
 )
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
-from laminar_orchestration.protocol.ledger import EpochConflict, Ledger, NodeView
+from laminar_orchestration.protocol.ledger import EpochConflict, Ledger
+from laminar_orchestration.protocol.membership import NodeView
 from laminar_orchestration.protocol.migration_errors import MigrationEpochConflict, MigrationTimeout
 from laminar_orchestration.protocol.records import LedgerError
 from laminar_orchestration.protocol.tasks import (
@@ -98,7 +99,7 @@ class CoordinatorActor(Actor):
             if self.resume_pending:
                 return self._resume()
             if self.role == CoordinatorRole.OPERATOR and self.world.faults_on and rng.random() < UNASSIGN_RATE:
-                unassigned = self._unassign(self.ledger.nodes())
+                unassigned = self._unassign(self.ledger.members.nodes())
                 if unassigned is not None:
                     return unassigned
             if self.driving and rng.random() < 0.85:
@@ -127,7 +128,7 @@ class CoordinatorActor(Actor):
         self.driving[task.partition] = Driving(task, index, phase_started=self.world.clock.seconds)
 
     def _live(self) -> list[int]:
-        return sorted(v.record.node for v in self.ledger.nodes() if v.alive)
+        return sorted(v.record.node for v in self.ledger.members.nodes() if v.alive)
 
     def _sense(self) -> str:
         """One partition, as the node-failure sensor judges it: fail overdue records, grant released

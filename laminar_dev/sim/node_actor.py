@@ -51,7 +51,7 @@ from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestUpda
 from laminar_orchestration.protocol.commit import commit
 from laminar_orchestration.protocol.fencing import EpochError, FencingToken, PartitionGuard
 from laminar_orchestration.protocol.keys import delta_key, output_object_key, snapshot_file_key
-from laminar_orchestration.protocol.ledger import Ledger, NodeHandle, NodeIdentityConflict
+from laminar_orchestration.protocol.ledger import Ledger, NodeIdentityConflict
 from laminar_orchestration.protocol.manifest import (
     SHA256_METADATA,
     CommitUlidRegression,
@@ -66,6 +66,7 @@ from laminar_orchestration.protocol.manifest import (
     SuccessionError,
     artifact_ref,
 )
+from laminar_orchestration.protocol.membership import NodeHandle
 from laminar_orchestration.protocol.move_reports import MoveReporter
 from laminar_orchestration.protocol.records import LedgerError, NodeStatus, PartitionProgress
 from laminar_orchestration.protocol.signing import sign_record
@@ -210,7 +211,7 @@ class NodeActor(Actor):
             return self._zombie_step()
         try:
             if self.handle is None:
-                handle = self.ledger.register_node(
+                handle = self.ledger.members.register_node(
                     self.node, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, host="sim", pid=1
                 )
                 self.handle, self.last_heartbeat = handle, self.world.clock.seconds

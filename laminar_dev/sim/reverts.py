@@ -105,7 +105,7 @@ def _fence_before_fix(self: MigrationCoordinator, task: MigrationTask) -> None:
         raise MigrationNotOwned(p, NodeId(task.from_node))
     if own.epoch == task.to_epoch and own.owner == task.to_node:
         return
-    target = self.ledger.node(NodeId(task.to_node))
+    target = self.ledger.members.node(NodeId(task.to_node))
     try:
         self.ledger.fence(
             p,

@@ -491,7 +491,9 @@ class World:
         afresh: they register a new generation and recover their partitions."""
         ledger = Ledger(self.memory, read_parallelism=1)
         for n in self.nodes:
-            ledger.register_node(n.node, heartbeat_timeout_s=node_actor_module.HEARTBEAT_TIMEOUT_S, host="sim", pid=1)
+            ledger.members.register_node(
+                n.node, heartbeat_timeout_s=node_actor_module.HEARTBEAT_TIMEOUT_S, host="sim", pid=1
+            )
         coordinator = MigrationCoordinator(ledger, self.migration_config)
         for p in range(self.config.partitions):
             node = self.rng.choice(self.nodes).node

@@ -89,7 +89,7 @@ class Failover(Command):
         config = migration_config(args)
         # Nodes that registered since the last reconcile join the member set first, as the
         # reconcile (and `rebalance`) admits them: a node that just started may take the partitions.
-        ledger.admit_nodes()
+        ledger.members.admit_nodes()
         try:
             plan, outcomes = fail_over_node(
                 ledger,

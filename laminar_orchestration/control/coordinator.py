@@ -14,7 +14,8 @@ from laminar_orchestration.protocol.chain import ManifestReader, ManifestVersion
 from laminar_orchestration.protocol.desired_states import DesiredState, DesiredStates
 from laminar_orchestration.protocol.fencing import Ownership
 from laminar_orchestration.protocol.group_commit import ASSIGNMENT_LINGER_S
-from laminar_orchestration.protocol.ledger import EpochConflict, Ledger, NodeView, NotReleased
+from laminar_orchestration.protocol.ledger import EpochConflict, Ledger, NotReleased
+from laminar_orchestration.protocol.membership import NodeView
 from laminar_orchestration.protocol.migration_errors import (
     CancelRefused,
     FenceLost,
@@ -177,7 +178,7 @@ class MigrationCoordinator:
         """
         if read is None:
             self.expire_overdue(partition)
-        target = self.ledger.node(to_node)
+        target = self.ledger.members.node(to_node)
         if target is None or not NodeView.judge(target).alive:
             raise NoLiveNode(to_node)
         own = own or self.ledger.ownership(partition)
@@ -573,7 +574,7 @@ class MigrationCoordinator:
                 p, to_node, expected_epoch=task.from_epoch, reason=reason, generation=target.generation, current=own
             )
             return
-        record = self.ledger.node(to_node)
+        record = self.ledger.members.node(to_node)
         grant = self.ledger.fence if fence else self.ledger.acquire
         generation = record.generation if record else None
         grant(p, to_node, expected_epoch=task.from_epoch, reason=reason, generation=generation)
@@ -616,7 +617,7 @@ class MigrationCoordinator:
             return None
         if own is None or not (own.owner == UNASSIGNED or own.status == PartitionStatus.RELEASED):
             return None
-        target = self.ledger.node(NodeId(state.owner))
+        target = self.ledger.members.node(NodeId(state.owner))
         if target is None or not NodeView.judge(target).alive:
             return None
         try:
@@ -696,7 +697,7 @@ class MigrationCoordinator:
         if judge_liveness and (progress is None or progress.migration_id != task.migration_id):
             # A move that ended a while ago has left the move report (a driver resumed late): the
             # node's heartbeat still carries its partitions' last reports.
-            record = self.ledger.node(node)
+            record = self.ledger.members.node(node)
             progress = record.partitions.get(task.partition) if record else None
         if progress is not None and progress.migration_id == task.migration_id:
             if progress.error:
@@ -708,7 +709,7 @@ class MigrationCoordinator:
                     self._record_through(task, awaited, phase)
                 return PartitionProgressView(progress.bytes_moved, progress.source_offset)
         if phase.needs_old_owner and judge_liveness:
-            record = record or self.ledger.node(node)
+            record = record or self.ledger.members.node(node)
             if record is not None and not NodeView.judge(record).alive:
                 raise OldOwnerCrashed(p, task.from_epoch)
         if deadline_passed(task):

@@ -42,7 +42,8 @@ from laminar_orchestration.control.placement import Move, failover_target
 from laminar_orchestration.control.snapshot import live_node_ids, warm_copies
 from laminar_orchestration.errors import LaminarError
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.protocol.ledger import Ledger, NodeHandle
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.membership import NodeHandle
 from laminar_orchestration.protocol.records import PartitionStatus
 from laminar_orchestration.protocol.tasks import MigrationConfig
 from laminar_orchestration.store import StoreError
@@ -134,7 +135,7 @@ def plan_leave(ledger: Ledger, node: int) -> tuple[Move, ...]:
         if own is not None and own.owner == node and own.status != PartitionStatus.RELEASED
     )
     loads = {n: len(named) for n, named in assigned_partitions(ledger, live).items()}
-    warm = warm_copies(ledger.nodes())
+    warm = warm_copies(ledger.members.nodes())
     moves = []
     for p in held:
         target = failover_target(loads, warm=warm.get(p))

@@ -30,7 +30,8 @@ from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol import migration_errors, tasks
 from laminar_orchestration.protocol.desired_states import DesiredState
 from laminar_orchestration.protocol.fencing import Ownership
-from laminar_orchestration.protocol.ledger import Ledger, NodeView
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.membership import NodeView
 from laminar_orchestration.protocol.records import LedgerError, PartitionStatus
 from laminar_orchestration.protocol.tasks import (
     MigrationKind,
@@ -327,7 +328,7 @@ def reinstate_all(
     ledger = coordinator.ledger
     # A node learns what is asked of it from its assignment record: each node gets one (empty) as
     # it joins, so an idle node reads one record per poll even before anything names it.
-    for node in ledger.admit_nodes():
+    for node in ledger.members.admit_nodes():
         coordinator.desired.ensure_assignment(node)
     looked_at = ledger.partitions() if partitions is None else sorted(partitions)
     for p, own in ledger.ownerships(looked_at).items():
@@ -360,7 +361,7 @@ def must_force(
     if live is not None:
         owner_alive = own.owner in set(live)
     else:  # only the owner's record: no look at every node
-        record = coordinator.ledger.node(NodeId(own.owner))
+        record = coordinator.ledger.members.node(NodeId(own.owner))
         owner_alive = record is not None and NodeView.judge(record).alive
     return (
         not owner_alive
@@ -450,8 +451,10 @@ class NoFailoverTarget(tasks.MigrationError, UnavailableError):
 
 def not_admitted_nodes(ledger: Ledger, *, exclude: Collection[int] = ()) -> tuple[int, ...]:
     """Nodes with a record in the ledger that the membership does not list yet (sorted), minus `exclude`."""
-    members = set(ledger.membership().members)
-    return tuple(sorted(n for n in (v.record.node for v in ledger.nodes()) if n not in members and n not in exclude))
+    members = set(ledger.members.record().members)
+    return tuple(
+        sorted(n for n in (v.record.node for v in ledger.members.nodes()) if n not in members and n not in exclude)
+    )
 
 
 @dataclass(frozen=True)
@@ -529,7 +532,7 @@ def prepare_failover(
     if target is None:
         candidates = dict(loads) if loads is not None else node_loads(ownership_map(ledger), live_set)
         candidates = {n: c for n, c in candidates.items() if n in live_set}
-        warm = warm_copies(ledger.nodes()).get(int(p))
+        warm = warm_copies(ledger.members.nodes()).get(int(p))
         target = failover_target(candidates, warm=warm, exclude={own.owner})
         if target is None and is_stranded and own.owner in live_set:
             target = own.owner  # the only live node: grant it a fresh epoch and let it restore again

@@ -160,7 +160,7 @@ def run_rebalance(
     todo = plan.moves if moves is None else tuple(moves)
     if not todo:
         return []
-    ledger.bump_cluster_epoch(reason)
+    ledger.members.bump_cluster_epoch(reason)
     make = coordinator or (lambda: MigrationCoordinator(ledger, config))
 
     def one(move: Move) -> PhaseReports:
@@ -220,7 +220,7 @@ def failover_candidates(ledger: Ledger, node: int) -> frozenset[PartitionId]:
     """The partitions `node` may own, from two of its small records instead of every partition's:
     its assignment (the desired states that name it: every grant follows such a state) and its last
     heartbeat (what it was running)."""
-    record = ledger.node(NodeId(node))
+    record = ledger.members.node(NodeId(node))
     reported = {PartitionId(int(p)) for p in record.partitions} if record is not None else set()
     return assigned_partitions(ledger, [node])[node] | reported
 
@@ -262,7 +262,7 @@ def plan_node_failover(
         for pid, own in read.items():  # what the ledger alone shows a live node holds counts too
             if int(own.owner) in loads and PartitionId(pid) not in assigned[int(own.owner)]:
                 loads[int(own.owner)] += 1
-    warm = warm_copies(ledger.nodes())
+    warm = warm_copies(ledger.members.nodes())
     moves = []
     for p in sorted(p for p, owner in current.items() if owner == node and p not in exclude):
         target = _take(loads, warm.get(p), to_node)
@@ -348,7 +348,7 @@ def fail_over_node(
         on_planned(plan)
     outcomes = run_node_failover(ledger, plan, config, on_done=on_done)
     moved = {m.partition for m in plan.moves}
-    others = [int(v.record.node) for v in ledger.nodes() if v.record.node != node]
+    others = [int(v.record.node) for v in ledger.members.nodes() if v.record.node != node]
     listed = {int(p) for named in assigned_partitions(ledger, others).values() for p in named}
     unlisted = [p for p in ledger.partitions() if int(p) not in listed and int(p) not in moved]
     rest = plan_node_failover(
@@ -388,7 +388,7 @@ def wait_for_suspects(
     (`known_dead`: its failovers are planned) is not news.
     """
     started = time.monotonic()
-    records = {v.record.node: v.record for v in ledger.nodes()}
+    records = {v.record.node: v.record for v in ledger.members.nodes()}
     owning: dict[int, bool] = {}
     desired = DesiredStates(ledger, nudge=False)
 
@@ -417,7 +417,7 @@ def wait_for_suspects(
         if wake > started + watch_s:
             return time.monotonic() - started
         time.sleep(max(0.0, wake - time.monotonic()))
-        fresh = ledger.node(NodeId(node))
+        fresh = ledger.members.node(NodeId(node))
         if fresh is None:
             del records[node]
         else:
@@ -502,7 +502,7 @@ def look_focus(
     the next look reads every partition (`full_next`: the ledger's owner is the truth, not the
     assignment), after this one has failed over what the node's records name at once.
     """
-    views = ledger.nodes()
+    views = ledger.members.nodes()
     generations = {int(v.record.node): v.record.generation for v in views}
     # Judged from the records just read: no second read of every node.
     dead = frozenset(int(v.record.node) for v in views if not is_alive(v, heartbeat_timeout_s))
@@ -559,7 +559,7 @@ def plan_failovers(
     live = live_node_ids(ledger, heartbeat_timeout_s=heartbeat_timeout_s)
     owners = ledger.ownerships(ledger.partitions() if partitions is None else sorted(partitions))
     loads = node_loads({int(p): (int(o.owner) if o else UNASSIGNED) for p, o in owners.items()}, live)
-    warm = warm_copies(ledger.nodes())
+    warm = warm_copies(ledger.members.nodes())
     # The records of the dead owners' partitions, read at once (not one after the other).
     orphaned = [p for p, o in owners.items() if o is not None and o.owner != UNASSIGNED and o.owner not in live]
     states = DesiredStates(ledger).read_many(sorted(orphaned))

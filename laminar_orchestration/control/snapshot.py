@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.desired_states import DesiredStates
-from laminar_orchestration.protocol.ledger import Ledger, NodeView
+from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import PartitionManifest
+from laminar_orchestration.protocol.membership import NodeView
 from laminar_orchestration.protocol.move_reports import MoveReports
 from laminar_orchestration.protocol.records import NodeStatus, PartitionStatus
 from laminar_orchestration.protocol.tasks import MigrationTask
@@ -78,7 +79,7 @@ def live_node_ids(ledger: Ledger, *, heartbeat_timeout_s: float | None = None) -
 
     `heartbeat_timeout_s` overrides each node's own timeout (the failure sensor's setting).
     """
-    return {view.record.node for view in ledger.nodes() if is_alive(view, heartbeat_timeout_s)}
+    return {view.record.node for view in ledger.members.nodes() if is_alive(view, heartbeat_timeout_s)}
 
 
 def ownership_map(ledger: Ledger) -> dict[int, int]:
@@ -291,8 +292,8 @@ def snapshot_cluster(
     Per-partition records are read in parallel on remote stores (the ledger's pool).
     """
     cluster = ledger.cluster()
-    membership = ledger.membership()
-    views = ledger.nodes()
+    membership = ledger.members.record()
+    views = ledger.members.nodes()
     live = {v.record.node for v in views if is_alive(v, heartbeat_timeout_s)}
     # What the owner reports about its worker: consecutive failures and the last reason.
     progress = {(v.record.node, int(p)): pr for v in views for p, pr in v.record.partitions.items()}
@@ -379,7 +380,7 @@ def ownership_signature(ledger: Ledger) -> str:
     desired = DesiredStates(ledger, nudge=False)
     reports = MoveReports(ledger)
     parts = []
-    for view in ledger.nodes():
+    for view in ledger.members.nodes():
         node = NodeId(view.record.node)
         assignment, _ = desired.assignment(node)
         report = reports.read(node)
@@ -430,7 +431,7 @@ def ownership_rows(ledger: Ledger) -> list[dict[str, Any]]:
 
 
 def _ownership_rows(ledger: Ledger) -> list[dict[str, Any]]:
-    views = ledger.nodes()
+    views = ledger.members.nodes()
     live = {v.record.node for v in views if v.alive}
     rows = _rows_of(ledger, DesiredStates(ledger, nudge=False), (int(p) for p in ledger.partitions()), live)
     return with_failures([rows[p] for p in sorted(rows)], views)
@@ -482,7 +483,7 @@ class OwnershipRows:
         until it is complete (the rows of a large cluster take more than one sensor tick).
         """
         with self._lock:
-            views = ledger.nodes()
+            views = ledger.members.nodes()
             desired = DesiredStates(ledger, nudge=False)
             listed = {v.record.node: dict(a.partitions) if (a := desired.assignment(NodeId(v.record.node))[0]) else {}
                       for v in views}  # fmt: skip
@@ -592,7 +593,7 @@ def report_ownership(ledger: Ledger, rows: Sequence[Mapping[str, Any]] | None = 
     return OwnershipReport(
         rows=tuple(table),
         live_nodes=tuple(sorted(live_node_ids(ledger))),
-        cluster_epoch=ledger.membership().cluster_epoch,
+        cluster_epoch=ledger.members.record().cluster_epoch,
         store=ledger.store.url,
     )
 
@@ -683,7 +684,7 @@ class CheckpointRows:
         """The rows as `checkpoint_rows` returns them; None when `deadline` (`time.monotonic()`)
         came before every manifest due was read (the next call goes on from there)."""
         reported: dict[int, list[tuple[int, int, str, int]]] = {}
-        for view in ledger.nodes():
+        for view in ledger.members.nodes():
             for p, progress in view.record.partitions.items():
                 if progress.state not in WARM_STATES:  # a standby's progress is not a commit
                     key = (view.record.node, progress.epoch, progress.state, progress.commits)

@@ -33,7 +33,8 @@ from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.desired_states import DesiredState, DesiredStates, NodeAssignment
 from laminar_orchestration.protocol.fencing import Ownership
 from laminar_orchestration.protocol.keys import NODES_PREFIX, parse_node_key
-from laminar_orchestration.protocol.ledger import Ledger, NodeView
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.membership import NodeView
 from laminar_orchestration.protocol.records import NodeRecord, PartitionProgress, PartitionStatus, now
 from laminar_orchestration.protocol.tasks import MigrationTask
 
@@ -126,7 +127,7 @@ class ClusterWatch:
         return known is None or state.revision >= known.revision
 
     def _read_membership(self) -> None:
-        membership = self.ledger.membership()
+        membership = self.ledger.members.record()
         self._cluster_epoch = membership.cluster_epoch
         members = set(membership.members)
         if time.monotonic() - self._discovered_at >= self.discover_every_s:
@@ -150,7 +151,7 @@ class ClusterWatch:
         self._read_membership()
         self.poll()
         at = now()
-        records = [r for r in (self.ledger.node(NodeId(n)) for n in sorted(self._members)) if r is not None]
+        records = [r for r in (self.ledger.members.node(NodeId(n)) for n in sorted(self._members)) if r is not None]
         views = [NodeView.judge(r, at) for r in records]
         live = {v.record.node for v in views if is_alive(v, self.heartbeat_timeout_s)}
         keys = {v.record.node: (str(v.record.status), v.record.generation, v.record.node in live) for v in views}
@@ -210,8 +211,8 @@ def summarize_cluster(ledger: Ledger, *, heartbeat_timeout_s: float | None = Non
     after a clean stop; the ledger's own records (``laminar status --detail``) are the authority.
     """
     cluster = ledger.cluster()
-    membership = ledger.membership()
-    views = ledger.nodes()
+    membership = ledger.members.record()
+    views = ledger.members.nodes()
     live = {v.record.node for v in views if is_alive(v, heartbeat_timeout_s)}
     desired = DesiredStates(ledger, nudge=False)
     nodes = [v.record.node for v in views]

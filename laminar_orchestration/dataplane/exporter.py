@@ -16,7 +16,7 @@ from laminar_orchestration.dataplane.worker import PartitionWorker
 from laminar_orchestration.dataplane.worker_state import WorkerState
 from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.metrics import Health, LagClock, MetricsServer, NodeMetrics, PartitionSample, serve_metrics
-from laminar_orchestration.protocol.ledger import NodeHandle
+from laminar_orchestration.protocol.membership import NodeHandle
 from laminar_orchestration.protocol.records import now
 from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import StoreError

@@ -87,7 +87,7 @@ class Node(NodeLoops):
         self.start_spark()
         if self.config.nudge_host is not None:
             self._nudges = NudgeListener(self._nudged, host=self.config.nudge_host, on_source=self._source_rang)
-        self.handle = self.ledger.register_node(
+        self.handle = self.ledger.members.register_node(
             self.id,
             heartbeat_timeout_s=self.config.heartbeat_timeout_s,
             nudge_url=self._nudges.url if self._nudges else None,
@@ -97,7 +97,7 @@ class Node(NodeLoops):
         self._move_reporter = MoveReporter(LedgerWriter(self.ledger.store), self.id, self.generation)
         # An empty report at once: a driver reads this record from the first move on, never the heartbeat.
         self._move_reporter.report({})
-        self.observe_cluster_epoch(self.ledger.membership().cluster_epoch)
+        self.observe_cluster_epoch(self.ledger.members.record().cluster_epoch)
         log.info("node %s: joined as generation %s (store %s)", self.id, self.generation, self.store_url)
         threads = [
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),

@@ -43,7 +43,8 @@ from laminar_orchestration.protocol.desired_states import DesiredStates, Stalled
 from laminar_orchestration.protocol.fencing import (
     PartitionGuardSet,
 )
-from laminar_orchestration.protocol.ledger import Ledger, NodeHandle
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.membership import NodeHandle
 from laminar_orchestration.protocol.move_reports import MoveReporter
 from laminar_orchestration.protocol.nudge import NudgeListener
 from laminar_orchestration.protocol.records import PartitionProgress

@@ -149,7 +149,7 @@ class NodeLoops(NodeCore):
                 next_guard_pass = time.monotonic() + self.config.full_reconcile_interval_s
                 self.refresh_guards()
             try:
-                self.observe_cluster_epoch(self.ledger.membership().cluster_epoch)
+                self.observe_cluster_epoch(self.ledger.members.record().cluster_epoch)
             except StoreError as exc:
                 log.warning("node %s: cluster epoch refresh failed: %s", self.id, exc)
 

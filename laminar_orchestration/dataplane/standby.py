@@ -39,7 +39,8 @@ from laminar_orchestration.errors import LaminarError
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.processing.contract import EventTimeProgress
 from laminar_orchestration.protocol.chain import ManifestReader
-from laminar_orchestration.protocol.ledger import Ledger, NodeView
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.membership import NodeView
 from laminar_orchestration.protocol.records import NodeStatus, PartitionStatus
 from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import StoreError
@@ -91,7 +92,7 @@ class TakeoverSpeculation:
         own = self._ledger.ownership(partition)
         if own is None or own.status != PartitionStatus.ACTIVE or own.owner == self._node:
             return None
-        record = self._ledger.node(NodeId(own.owner))
+        record = self._ledger.members.node(NodeId(own.owner))
         if record is not None:
             view = NodeView.judge(record)
             if record.status != NodeStatus.ALIVE:

@@ -43,7 +43,7 @@ class PartitionWorker(WorkerRise):
     def run(self) -> None:
         try:
             if self.node.cluster_epoch == 0:  # a node driven without `Node.run` (benchmarks)
-                self.node.observe_cluster_epoch(self.node.ledger.membership().cluster_epoch)
+                self.node.observe_cluster_epoch(self.node.ledger.members.record().cluster_epoch)
             if self._rising:
                 try:
                     self._rise()

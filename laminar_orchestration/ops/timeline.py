@@ -123,7 +123,7 @@ def collect_report(ledger: Ledger, *, generated_at: datetime | None = None) -> T
     manifests = ManifestReader(store)
     source = SourceLog(store, partitions=cluster.partitions)
     nodes = []
-    for v in ledger.nodes(at=generated):
+    for v in ledger.members.nodes(at=generated):
         # A node still marked alive whose heartbeat is stale is dead (killed, not stopped).
         status = "dead" if v.record.status == NodeStatus.ALIVE and not v.alive else v.record.status.value
         nodes.append(NodeSummary(v.record.node, v.alive, status, v.record.generation, v.record.heartbeat_at))

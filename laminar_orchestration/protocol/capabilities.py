@@ -230,7 +230,7 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
                 keys.OUTPUT_TABLE_KEY,  # `laminar init --output-table`
                 keys.STREAM_KEY,  # `laminar init --schema --processor`
             ),
-            # Its listing of the node records (`Ledger.nodes`) is inside its ``ledger/`` reads.
+            # Its listing of the node records (`Membership.nodes`) is inside its ``ledger/`` reads.
             table_writes=(keys.OUTPUT_TABLE_PREFIX,),
             deletes=(keys.OUTPUT_TABLE_PREFIX,),  # the maintenance job's vacuum
         ),

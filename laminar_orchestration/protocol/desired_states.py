@@ -312,7 +312,7 @@ class DesiredStates:
         states = self.all()
         named = {n for s in states.values() for n in s.named_nodes()}
         listed = (parse_assignment_key(k) for k in self.ledger.store.list(ASSIGNMENTS_PREFIX))
-        nodes = named | {n for n in listed if n} | {int(v.record.node) for v in self.ledger.nodes()}
+        nodes = named | {n for n in listed if n} | {int(v.record.node) for v in self.ledger.members.nodes()}
         changed = []
         for n in sorted(nodes):
             current, _ = self.assignment(NodeId(n))
@@ -357,7 +357,7 @@ class _AssignmentWrites:
 
         def read_node(n: int) -> NodeRecord | None:
             held = ref()
-            return held.node(NodeId(n)) if held is not None else None
+            return held.members.node(NodeId(n)) if held is not None else None
 
         with self._lock:
             if self._addresses is None:

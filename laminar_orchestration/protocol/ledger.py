@@ -36,14 +36,10 @@ The ledger is the only code that mints `FencingToken`s.
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from datetime import datetime
 from typing import TypeVar
 
 from pydantic import BaseModel
@@ -71,11 +67,8 @@ from laminar_orchestration.protocol.fencing import (
 from laminar_orchestration.protocol.keys import (
     CLUSTER_KEY,
     MEMBERSHIP_KEY,
-    NODES_PREFIX,
     grant_key,
-    node_key,
     ownership_head_key,
-    parse_node_key,
     release_key,
     signing_key_key,
 )
@@ -88,6 +81,7 @@ from laminar_orchestration.protocol.ledger_errors import (
 from laminar_orchestration.protocol.ledger_errors import EpochConflict as EpochConflict
 from laminar_orchestration.protocol.ledger_errors import NodeIdentityConflict as NodeIdentityConflict
 from laminar_orchestration.protocol.ledger_errors import NotReleased as NotReleased
+from laminar_orchestration.protocol.membership import Membership
 from laminar_orchestration.protocol.records import (
     ClusterRecord,
     CorruptLedgerObject,
@@ -95,16 +89,11 @@ from laminar_orchestration.protocol.records import (
     GrantKind,
     LedgerError,
     MembershipRecord,
-    NodeRecord,
-    NodeStatus,
+    ParsedRecords,
     PartitionHead,
-    PartitionProgress,
     PartitionStatus,
     ReleaseRecord,
-    RequestReport,
-    new_write_id,
     now,
-    parse_record,
 )
 from laminar_orchestration.protocol.signing import (
     ForgedRecord,
@@ -125,21 +114,6 @@ T = TypeVar("T")
 # --- values ---------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class NodeView:
-    """A node record plus its liveness as judged now."""
-
-    record: NodeRecord
-    alive: bool
-    heartbeat_age_s: float
-
-    @classmethod
-    def judge(cls, record: NodeRecord, at: datetime | None = None) -> NodeView:
-        """`record` judged at `at` (now): alive while its heartbeat is younger than its own timeout."""
-        age = ((at or now()) - record.heartbeat_at).total_seconds()
-        return cls(record, record.status == NodeStatus.ALIVE and age <= record.heartbeat_timeout_s, age)
-
-
 def _encode(model: BaseModel) -> bytes:
     return model.model_dump_json().encode()
 
@@ -148,7 +122,7 @@ def _encode(model: BaseModel) -> bytes:
 
 
 class Ledger:
-    """Epoch grants, releases, node membership and heartbeats, the cluster epoch."""
+    """Epoch grants and releases, the cluster and its partitions; node membership in `members`."""
 
     def __init__(self, store: ObjectStore, *, read_parallelism: int | None = None) -> None:
         self.store = store
@@ -157,13 +131,15 @@ class Ledger:
         remote = not store.url.startswith("file:")
         self._parallelism = read_parallelism if read_parallelism is not None else (16 if remote else 1)
         self._pool: ThreadPoolExecutor | None = None
-        self._parsed: dict[str, tuple[str, BaseModel]] = {}
+        self._records = ParsedRecords()
         self._pool_lock = threading.Lock()
         self._sealer: ChainSealer | None = None
         #: Public keys of grants, to verify release records.
         self.grant_keys = GrantKeys(self._writer)
         #: Private keys of grants: the ones this process minted (control plane) or adopted (node).
         self.signing_keys = SigningKeys(self._writer)
+        #: The member set, the cluster epoch and the node records (`membership`).
+        self.members = Membership(store, self._records)
 
     @property
     def sealer(self) -> ChainSealer:
@@ -179,15 +155,7 @@ class Ledger:
         return None if obj is None else (self._parse(obj, model), obj.etag)
 
     def _parse(self, obj: StoredObject, model: type[M]) -> M:
-        # Records are immutable per ETag: parse each version once.
-        cached = self._parsed.get(obj.key)
-        if cached is not None and cached[0] == obj.etag and isinstance(cached[1], model):
-            return cached[1]
-        record = parse_record(obj.key, obj.data, model)
-        if len(self._parsed) >= 50_000:
-            self._parsed.clear()
-        self._parsed[obj.key] = (obj.etag, record)
-        return record
+        return self._records.parse(obj, model)
 
     def _ownership_of(self, partition: int) -> VersionedObject[EpochGrant, LedgerKey]:
         """A partition's ownership as a versioned object: grants by epoch, the ownership head as pointer."""
@@ -628,170 +596,3 @@ class Ledger:
                 raise NotOwned(token.partition) from None
             return existing
         return record
-
-    # -- nodes and membership -------------------------------------------------
-
-    def membership(self) -> MembershipRecord:
-        got = self._read(MEMBERSHIP_KEY, MembershipRecord)
-        if got is None:
-            self.cluster()  # raises ClusterNotInitialized when that is the cause
-            raise CorruptLedgerObject(MEMBERSHIP_KEY, "missing")
-        return got[0]
-
-    def _update_membership(self, change: Callable[[MembershipRecord], MembershipRecord | None]) -> MembershipRecord:
-        while True:
-            current, etag = self._require(MEMBERSHIP_KEY, MembershipRecord)
-            new = change(current)
-            if new is None:
-                return current
-            try:
-                self._writer.swap(ledger_key(MEMBERSHIP_KEY), _encode(new), etag)
-                return new
-            except PreconditionFailed:
-                continue
-
-    def bump_cluster_epoch(self, reason: str) -> int:
-        """Advance the cluster epoch (membership generation), e.g. on a rebalance."""
-        rec = self._update_membership(
-            lambda m: m.model_copy(update={"cluster_epoch": m.cluster_epoch + 1, "reason": reason, "updated_at": now()})
-        )
-        return rec.cluster_epoch
-
-    def register_node(
-        self,
-        node: NodeId,
-        *,
-        heartbeat_timeout_s: float = 10.0,
-        host: str | None = None,
-        pid: int | None = None,
-        nudge_url: str | None = None,
-    ) -> NodeHandle:
-        """Write this node's own record (a new generation on each call) and return the handle that heartbeats.
-
-        `nudge_url` is where the control plane may wake the node (advisory, `protocol.nudge`).
-
-        The node touches nothing else: the control plane admits it to the member
-        set (`admit_nodes`), and `nodes` lists it meanwhile.
-        """
-        if node == UNASSIGNED:
-            raise ValueError("node 0 is the 'unassigned' sentinel")
-        self.cluster()
-        key = node_key(node)
-        while True:
-            got = self._read(key, NodeRecord)
-            generation = got[0].generation + 1 if got else 1
-            ts = now()
-            record = NodeRecord(
-                node=node,
-                generation=generation,
-                status=NodeStatus.ALIVE,
-                host=host or socket.gethostname(),
-                pid=pid if pid is not None else os.getpid(),
-                started_at=ts,
-                heartbeat_at=ts,
-                heartbeat_timeout_s=heartbeat_timeout_s,
-                nudge_url=nudge_url,
-            )
-            try:
-                if got is None:
-                    etag = self._writer.create(ledger_key(key), _encode(record))
-                else:
-                    etag = self._writer.swap(ledger_key(key), _encode(record), got[1])
-                break
-            except PreconditionFailed:
-                continue
-
-        return NodeHandle(self._writer, record, etag)
-
-    def admit_nodes(self) -> list[NodeId]:
-        """Add every node that registered since the last call to the member set (the control plane's step).
-
-        A node writes only its own record; joining the member set (and the new
-        cluster epoch it brings, one per admission) is the control plane's.
-        Returns the nodes admitted; ClusterNotInitialized if `init` never ran.
-        """
-        self.cluster()
-        admitted: list[NodeId] = []
-
-        def join(m: MembershipRecord) -> MembershipRecord | None:
-            new = sorted(set(self._registered()) - set(m.members))
-            admitted[:] = [NodeId(n) for n in new]
-            if not new:
-                return None
-            return m.model_copy(
-                update={
-                    "members": sorted([*m.members, *new]),
-                    "cluster_epoch": m.cluster_epoch + 1,
-                    "reason": f"node(s) {', '.join(map(str, new))} joined",
-                    "updated_at": now(),
-                }
-            )
-
-        self._update_membership(join)
-        return admitted
-
-    def _registered(self) -> list[int]:
-        """Node ids with a record in the ledger (one listing of the node records' prefix)."""
-        return sorted(n for n in (parse_node_key(k) for k in self.store.list(NODES_PREFIX)) if n is not None)
-
-    def node(self, node: NodeId) -> NodeRecord | None:
-        got = self._read(node_key(node), NodeRecord)
-        return got[0] if got else None
-
-    def nodes(self, *, at: datetime | None = None) -> list[NodeView]:
-        """Every member node with its liveness (heartbeat younger than its timeout)."""
-        ts = at or now()
-        # A node registered but not admitted yet is a node too: it is alive and may be given work.
-        ids = sorted(set(self.membership().members) | set(self._registered()))
-        records = (self.node(NodeId(n)) for n in ids)
-        return [NodeView.judge(rec, ts) for rec in records if rec is not None]
-
-
-class NodeHandle:
-    """A node's write access to its own ledger record, and nothing else."""
-
-    def __init__(self, writer: LedgerWriter, record: NodeRecord, etag: str) -> None:
-        self._writer = writer
-        self._record = record
-        self._etag = etag
-        self._lock = threading.Lock()
-
-    @property
-    def record(self) -> NodeRecord:
-        return self._record
-
-    @property
-    def node(self) -> NodeId:
-        return NodeId(self._record.node)
-
-    @property
-    def generation(self) -> int:
-        return self._record.generation
-
-    def heartbeat(
-        self,
-        status: NodeStatus = NodeStatus.ALIVE,
-        partitions: dict[int, PartitionProgress] | None = None,
-        requests: RequestReport | None = None,
-    ) -> NodeRecord:
-        """CAS our own record with a fresh timestamp (and progress and request counts, if given).
-
-        NodeIdentityConflict if another process took the record.
-        """
-        with self._lock:
-            update: dict[str, object] = {"heartbeat_at": now(), "status": status, "write_id": new_write_id()}
-            if partitions is not None:
-                update["partitions"] = dict(partitions)
-            if requests is not None:
-                update["requests"] = requests
-            new = self._record.model_copy(update=update)
-            key = node_key(self._record.node)
-            try:
-                self._etag = self._writer.swap(ledger_key(key), _encode(new), self._etag)
-            except PreconditionFailed:
-                raise NodeIdentityConflict(self.node, self._record.generation) from None
-            self._record = new
-            return new
-
-    def leave(self) -> NodeRecord:
-        return self.heartbeat(NodeStatus.LEFT, partitions={})

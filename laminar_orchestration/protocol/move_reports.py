@@ -161,7 +161,7 @@ class MoveReports:
         """
         record = self.read(node, max_age_s=max_age_s)
         if record is None:
-            older = self._ledger.node(node)
+            older = self._ledger.members.node(node)
             return None if older is None else older.partitions.get(partition)
         return record.partitions.get(partition)
 

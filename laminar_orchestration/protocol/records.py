@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from laminar_orchestration import clock
 from laminar_orchestration.errors import CorruptDataError, LaminarError
+from laminar_orchestration.store import StoredObject
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -42,6 +43,26 @@ def parse_record(key: str, data: bytes, model: type[M]) -> M:
         raise CorruptLedgerObject(key, f"{where}: {first.get('msg')}") from exc
     except ValueError as exc:
         raise CorruptLedgerObject(key, str(exc)) from exc
+
+
+class ParsedRecords:
+    """Ledger records parsed once per version: a record is immutable per ETag, and the control plane
+    and nodes read the same few records over and over."""
+
+    def __init__(self, limit: int = 50_000) -> None:
+        self._limit = limit
+        self._parsed: dict[str, tuple[str, BaseModel]] = {}
+
+    def parse(self, obj: StoredObject, model: type[M]) -> M:
+        """`obj` parsed as `model` (CorruptLedgerObject naming it if it is not one)."""
+        cached = self._parsed.get(obj.key)
+        if cached is not None and cached[0] == obj.etag and isinstance(cached[1], model):
+            return cached[1]
+        record = parse_record(obj.key, obj.data, model)
+        if len(self._parsed) >= self._limit:
+            self._parsed.clear()
+        self._parsed[obj.key] = (obj.etag, record)
+        return record
 
 
 FORMAT_VERSION = 1

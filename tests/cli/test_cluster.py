@@ -75,7 +75,7 @@ def test_status_reads_owners_offsets_and_liveness_from_the_store(
     cluster: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ledger = Ledger(open_store(cluster))
-    ledger.register_node(NodeId(1), heartbeat_timeout_s=60)
+    ledger.members.register_node(NodeId(1), heartbeat_timeout_s=60)
     ledger.acquire(PartitionId(0), NodeId(1), expected_epoch=0)
     SourceLog(ledger.store, partitions=2).append(0, generate_events(7, 3, 1, 1)[0])  # appended, none committed
     assert cli.main(["status", "--store", cluster, "--json"]) == 0
@@ -90,8 +90,8 @@ def test_status_summarizes_beyond_its_detail_limit_and_details_on_request(
     cluster: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ledger = Ledger(open_store(cluster))
-    handle = ledger.register_node(NodeId(1), heartbeat_timeout_s=60)
-    ledger.admit_nodes()
+    handle = ledger.members.register_node(NodeId(1), heartbeat_timeout_s=60)
+    ledger.members.admit_nodes()
     DesiredStates(ledger, nudge=False).update(PartitionId(0), lambda s: s.model_copy(update={"owner": 1}))
     ledger.acquire(PartitionId(0), NodeId(1), expected_epoch=0)
     handle.heartbeat(partitions={0: PartitionProgress(partition=0, epoch=1, state="running", source_offset=5)})

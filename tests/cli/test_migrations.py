@@ -80,8 +80,8 @@ def test_failover_rejects_node_ids_that_are_no_nodes(
 def _dead_owner_of_both(url: str) -> Ledger:
     """Node 1, an admitted member, owns both partitions and has stopped heartbeating."""
     ledger = Ledger(open_store(url))
-    ledger.register_node(NodeId(1), heartbeat_timeout_s=0.05)
-    ledger.admit_nodes()
+    ledger.members.register_node(NodeId(1), heartbeat_timeout_s=0.05)
+    ledger.members.admit_nodes()
     for p in (0, 1):
         ledger.acquire(PartitionId(p), NodeId(1), expected_epoch=0)
     time.sleep(0.1)
@@ -104,14 +104,14 @@ def test_failover_admits_a_node_registered_since_the_last_reconcile(
     cluster: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ledger = _dead_owner_of_both(cluster)
-    ledger.register_node(NodeId(2), heartbeat_timeout_s=60)  # registered moments ago: not a member yet
-    assert ledger.membership().members == [1]
+    ledger.members.register_node(NodeId(2), heartbeat_timeout_s=60)  # registered moments ago: not a member yet
+    assert ledger.members.record().members == [1]
     argv = ["failover", "--store", cluster, "--node", "1", "--migration-timeout", "0.5", "--json"]
     # No node process runs the restores, so each move fences and then times out: exit 1.
     assert cli.main(argv) == 1
     failovers = json.loads(capsys.readouterr().out)["failovers"]
     assert {(f["partition"], f["to_node"]) for f in failovers} == {(0, 2), (1, 2)}
-    assert ledger.membership().members == [1, 2]  # admitted as the reconcile admits it
+    assert ledger.members.record().members == [1, 2]  # admitted as the reconcile admits it
     assert all((o.owner, o.epoch) == (2, 2) for o in ledger.ownerships([PartitionId(0), PartitionId(1)]).values() if o)
 
 

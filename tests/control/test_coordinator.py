@@ -21,7 +21,8 @@ from laminar_orchestration.dataplane.handoff import PartitionDuty, partition_dut
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol import migration_errors
 from laminar_orchestration.protocol.desired_states import DesiredStates
-from laminar_orchestration.protocol.ledger import Ledger, NodeHandle
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.membership import NodeHandle
 from laminar_orchestration.protocol.records import PartitionProgress, now
 from laminar_orchestration.protocol.source import SourceLog, generate_events
 from laminar_orchestration.protocol.tasks import (
@@ -45,8 +46,8 @@ def _nodes_1_and_2(store: ObjectStore, partitions: int, owned: int) -> Ledger:
     """A cluster of `partitions` with nodes 1 and 2 registered and partition `owned` granted to node 1."""
     ledger = Ledger(store)
     ledger.init_cluster(partitions)
-    ledger.register_node(N(1))
-    ledger.register_node(N(2))
+    ledger.members.register_node(N(1))
+    ledger.members.register_node(N(2))
     ledger.acquire(P(owned), N(1), expected_epoch=0)
     return ledger
 
@@ -112,7 +113,7 @@ def rival_fence_first(ledger: Ledger, monkeypatch: pytest.MonkeyPatch, winner: N
 def three_nodes(store: ObjectStore) -> tuple[Ledger, dict[int, NodeHandle]]:
     ledger = Ledger(store)
     ledger.init_cluster(1)
-    handles = {n: ledger.register_node(N(n), heartbeat_timeout_s=60) for n in (1, 2, 3)}
+    handles = {n: ledger.members.register_node(N(n), heartbeat_timeout_s=60) for n in (1, 2, 3)}
     ledger.acquire(P(0), N(1), expected_epoch=0)
     return ledger, handles
 

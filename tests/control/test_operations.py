@@ -105,13 +105,13 @@ def test_wait_for_suspects_ends_within_a_moment_of_an_owners_lapse_reading_each_
 
     watcher = Ledger(ledger.store)  # the watch's own reads, counted apart from the beats'
     reads: list[int] = []
-    real_node = watcher.node
+    real_node = watcher.members.node
 
     def counted(node: NodeId) -> NodeRecord | None:
         reads.append(int(node))
         return real_node(node)
 
-    monkeypatch.setattr(watcher, "node", counted)
+    monkeypatch.setattr(watcher.members, "node", counted)
     beater = threading.Thread(target=beat)
     beater.start()
     try:
@@ -133,7 +133,7 @@ def test_wait_for_suspects_ends_within_a_moment_of_an_owners_lapse_reading_each_
     make_alive(ledger, 1)
     spent = wait_for_suspects(ledger, heartbeat_timeout_s=2.0, watch_s=10.0, known_dead={3})
     assert 1.9 < spent < 5.0, spent
-    assert next(v for v in ledger.nodes() if v.record.node == 1).heartbeat_age_s > 2.0
+    assert next(v for v in ledger.members.nodes() if v.record.node == 1).heartbeat_age_s > 2.0
 
 
 def test_drive_failovers_fences_at_once_and_leaves_the_new_owners_wait_to_another_driver(ledger: Ledger) -> None:
@@ -247,7 +247,7 @@ def test_a_dead_nodes_last_heartbeat_is_read_at_the_look_that_finds_it_dead_not_
     that stays dead does not make every look read its old partitions again."""
     ledger = new_ledger(store, 4)
     make_alive(ledger, 1)
-    handle = ledger.register_node(N(2), heartbeat_timeout_s=0.3)
+    handle = ledger.members.register_node(N(2), heartbeat_timeout_s=0.3)
     first = look_focus(ledger, None, full=False)
     handle.heartbeat(partitions={3: PartitionProgress(partition=3, epoch=1, state="running")})
     time.sleep(0.4)

@@ -369,8 +369,8 @@ def test_failover_of_a_dead_owner_fences_it_towards_the_least_loaded_node(ledger
 
 
 def test_failover_supersedes_a_graceful_move_from_the_dead_node(ledger: Ledger) -> None:
-    ledger.register_node(N(1), heartbeat_timeout_s=0.3)
-    ledger.register_node(N(2), heartbeat_timeout_s=60)
+    ledger.members.register_node(N(1), heartbeat_timeout_s=0.3)
+    ledger.members.register_node(N(2), heartbeat_timeout_s=60)
     ledger.acquire(P(0), N(1), expected_epoch=0)
     coordinator = MigrationCoordinator(ledger)
     graceful = coordinator.plan(P(0), N(2))
@@ -384,7 +384,7 @@ def test_failover_supersedes_a_graceful_move_from_the_dead_node(ledger: Ledger) 
 
 def test_a_failed_forced_move_leaves_a_stranded_owner_that_is_failed_over_again(ledger: Ledger) -> None:
     make_dead(ledger, 1)
-    ledger.register_node(N(2), heartbeat_timeout_s=60)
+    ledger.members.register_node(N(2), heartbeat_timeout_s=60)
     ledger.acquire(P(0), N(1), expected_epoch=0)
     coordinator = MigrationCoordinator(ledger, MigrationConfig(checkpoint_transfer_timeout_s=0.1))
     decision = prepare_failover(coordinator, 0)
@@ -408,7 +408,7 @@ def test_a_failed_forced_move_leaves_a_stranded_owner_that_is_failed_over_again(
 
 def test_cli_rebalance_dry_run_prints_the_plan(ledger: Ledger, capsys: pytest.CaptureFixture[str]) -> None:
     for n in (1, 2):
-        ledger.register_node(N(n), heartbeat_timeout_s=60)
+        ledger.members.register_node(N(n), heartbeat_timeout_s=60)
     for p in range(4):
         ledger.acquire(P(p), N(1), expected_epoch=0)
     assert cli.main(["rebalance", "--store", ledger.store.url, "--dry-run", "--json"]) == 0
@@ -443,7 +443,7 @@ def test_cli_failover_fences_every_partition_of_the_dead_node(
 
 
 def test_cli_migrate_names_a_dead_target(ledger: Ledger, capsys: pytest.CaptureFixture[str]) -> None:
-    ledger.register_node(N(1), heartbeat_timeout_s=60)
+    ledger.members.register_node(N(1), heartbeat_timeout_s=60)
     ledger.acquire(P(0), N(1), expected_epoch=0)
     assert cli.main(["migrate", "--store", ledger.store.url, "--partition", "0", "--to", "7"]) == 3  # unavailable
     assert "node 7 is not a live member" in capsys.readouterr().err
@@ -467,7 +467,7 @@ def test_snapshot_marks_a_dead_owners_partitions_failover_pending_until_a_migrat
     ledger: Ledger,
 ) -> None:
     make_dead(ledger, 1)
-    ledger.register_node(N(2), heartbeat_timeout_s=60)
+    ledger.members.register_node(N(2), heartbeat_timeout_s=60)
     ledger.acquire(P(0), N(1), expected_epoch=0)
     ledger.acquire(P(1), N(2), expected_epoch=0)
     SourceLog(ledger.store, partitions=4).append(0, generate_events(30, 3, 0, 1)[0])
@@ -495,7 +495,7 @@ def test_snapshot_marks_a_dead_owners_partitions_failover_pending_until_a_migrat
 
 def test_rebalance_plan_leaves_a_partition_in_flight_to_its_migration(ledger: Ledger) -> None:
     for n in (1, 2):
-        ledger.register_node(N(n), heartbeat_timeout_s=60)
+        ledger.members.register_node(N(n), heartbeat_timeout_s=60)
     for p in range(4):
         ledger.acquire(P(p), N(1), expected_epoch=0)
     plan = plan_rebalance(ledger)
@@ -512,7 +512,7 @@ def test_a_failover_with_no_node_to_receive_names_the_missing_target(ledger: Led
     """Not the dead node ("node 1 is not a live member"): no live node can receive its partitions,
     and the registered nodes the membership has not admitted yet are named with what to do."""
     make_dead(ledger, 1)
-    ledger.admit_nodes()
+    ledger.members.admit_nodes()
     for p in (1, 2):
         ledger.acquire(P(p), N(1), expected_epoch=0)
     with pytest.raises(NoFailoverTarget) as none:
@@ -522,7 +522,7 @@ def test_a_failover_with_no_node_to_receive_names_the_missing_target(ledger: Led
     assert "laminar node run" in str(none.value)
     # A node registered since (dead too, or left out of `live` as the chaos suite does): named, not admitted.
     make_dead(ledger, 3)
-    ledger.register_node(N(2), heartbeat_timeout_s=60)
+    ledger.members.register_node(N(2), heartbeat_timeout_s=60)
     with pytest.raises(NoFailoverTarget) as waiting:
         plan_node_failover(ledger, 1, live=set())
     assert waiting.value.not_admitted == (2, 3)
@@ -530,7 +530,7 @@ def test_a_failover_with_no_node_to_receive_names_the_missing_target(ledger: Led
     assert "laminar rebalance" in str(waiting.value)
     assert waiting.value.error_kind == ErrorKind.UNAVAILABLE and isinstance(waiting.value, MigrationError)
     # Admitted (as the reconcile does), the live one receives both partitions.
-    ledger.admit_nodes()
+    ledger.members.admit_nodes()
     assert plan_node_failover(ledger, 1).moves == (Move(1, 1, 2), Move(2, 1, 2))
 
 

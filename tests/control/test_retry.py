@@ -76,8 +76,8 @@ def ledger(store: ObjectStore) -> Ledger:
 
 
 def test_decide_retry_reads_the_ledger_and_fails_an_overdue_record_first(ledger: Ledger) -> None:
-    ledger.register_node(N(1), heartbeat_timeout_s=60)
-    ledger.register_node(N(2), heartbeat_timeout_s=60)
+    ledger.members.register_node(N(1), heartbeat_timeout_s=60)
+    ledger.members.register_node(N(2), heartbeat_timeout_s=60)
     ledger.acquire(P(0), N(1), expected_epoch=0)
     missing = decide_retry(ledger, FailedMigration(G, 5, to_node=2), POLICY)
     assert missing.action == RetryAction.STOP and missing.reason == "partition 5 does not exist"
@@ -90,7 +90,7 @@ def test_decide_retry_reads_the_ledger_and_fails_an_overdue_record_first(ledger:
     assert current is not None and current.migration_id == stale.migration_id
     assert current.phase == MigrationPhase.FAILED and (current.error or "").startswith("deadline exceeded")
     # Node 1 dies: the failed move becomes a failover of its epoch.
-    ledger.register_node(N(1), heartbeat_timeout_s=0.05)
+    ledger.members.register_node(N(1), heartbeat_timeout_s=0.05)
     time.sleep(0.1)
     failover = decide_retry(ledger, FailedMigration(G, 0, to_node=2), POLICY, now=0.0)
     assert (failover.action, failover.failed_node, failover.epoch, failover.to_node) == (RetryAction.FAILOVER, 1, 1, 2)

@@ -70,15 +70,15 @@ def test_health_and_the_live_owner_check_are_pure() -> None:
 
 
 def test_the_ownership_report_counts_what_an_operator_looks_at_first(ledger: Ledger) -> None:
-    ledger.register_node(N(1), heartbeat_timeout_s=0.05)
-    ledger.register_node(N(2), heartbeat_timeout_s=60)
+    ledger.members.register_node(N(1), heartbeat_timeout_s=0.05)
+    ledger.members.register_node(N(2), heartbeat_timeout_s=60)
     time.sleep(0.1)  # node 1 is dead
     ledger.acquire(P(0), N(1), expected_epoch=0)
     ledger.acquire(P(1), N(2), expected_epoch=0)
     report = report_ownership(ledger)
     assert [r["health"] for r in report.rows] == ["owner dead: failover pending", "ok", "unassigned", "unassigned"]
     assert (report.on_dead_nodes, report.migrations_in_flight, report.unassigned) == (1, 0, 2)
-    assert report.live_nodes == (2,) and report.cluster_epoch == ledger.membership().cluster_epoch
+    assert report.live_nodes == (2,) and report.cluster_epoch == ledger.members.record().cluster_epoch
     assert report.store == ledger.store.url
     # Rows read a moment ago are reported as they are; liveness makes no new data version.
     revived = [{**r, "owner_alive": True} for r in ownership_rows(ledger)]
@@ -118,7 +118,7 @@ def test_kept_checkpoint_rows_read_a_manifest_again_only_when_a_node_reports_a_c
 ) -> None:
     """The observation's look at the manifests: an idle cluster's reads no manifest; a partition its
     owner reports another commit of is read again, the others are not; everything now and then."""
-    handle = ledger.register_node(N(1), heartbeat_timeout_s=60)
+    handle = ledger.members.register_node(N(1), heartbeat_timeout_s=60)
     token = ledger.acquire(P(0), N(1), expected_epoch=0)
     SourceLog(ledger.store).append(0, generate_events(20, 5, 1, 4)[0])
     commit_all(ledger.store, token)

@@ -30,8 +30,8 @@ def per_partition_reads(before: RequestCounts, after: RequestCounts) -> int:
 def placed(store: ObjectStore) -> Ledger:
     """`PARTITIONS` partitions granted and desired on nodes 1 and 2 (alternately), both alive and members."""
     ledger = new_ledger(store, PARTITIONS)
-    handles = {n: ledger.register_node(NodeId(n), heartbeat_timeout_s=60) for n in (1, 2)}
-    ledger.admit_nodes()
+    handles = {n: ledger.members.register_node(NodeId(n), heartbeat_timeout_s=60) for n in (1, 2)}
+    ledger.members.admit_nodes()
     desired = DesiredStates(ledger, nudge=False)
     for p in range(PARTITIONS):
         node = 1 + p % 2

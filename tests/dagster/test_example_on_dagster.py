@@ -104,11 +104,11 @@ def test_the_sessions_example_runs_from_dagster_and_its_table_equals_the_answer(
     for p in range(PARTITIONS):  # nothing granted, nothing committed
         own = ledger.ownership(PartitionId(p))
         assert own is not None and (own.epoch, own.status) == (0, PartitionStatus.UNASSIGNED), own
-    assert not ledger.nodes()  # it never joined
+    assert not ledger.members.nodes()  # it never joined
 
     run, log = _worker_node_run(tmp_path, env, "examples.sessions:processor", "run")
     try:
-        _wait("node 1 to join", lambda: any(v.alive for v in ledger.nodes()), 180, run, log)
+        _wait("node 1 to join", lambda: any(v.alive for v in ledger.members.nodes()), 180, run, log)
         coordinator = MigrationCoordinator(ledger)
         for p in range(PARTITIONS):  # place both partitions on the node, as `laminar rebalance` would
             coordinator.run(PartitionId(p), NodeId(1), forced=True)

@@ -290,7 +290,7 @@ def test_a_phase_op_rebuilds_the_migration_from_the_run_as_a_re_execution_would(
 
 @pytest.mark.dagster
 def test_nothing_to_do_skips_the_phases(ledger: Ledger, laminar: LaminarResource) -> None:
-    ledger.register_node(N(1), heartbeat_timeout_s=60)
+    ledger.members.register_node(N(1), heartbeat_timeout_s=60)
     ledger.acquire(P(0), N(1), expected_epoch=0)
     result = run(migrate_partition, laminar, {"partition": 0, "to_node": 1})
     assert result.success
@@ -326,7 +326,7 @@ def test_without_to_node_and_no_other_live_node_the_plan_says_so(ledger: Ledger,
 
 @pytest.mark.dagster
 def test_plan_errors_are_named(ledger: Ledger, laminar: LaminarResource) -> None:
-    ledger.register_node(N(1), heartbeat_timeout_s=60)
+    ledger.members.register_node(N(1), heartbeat_timeout_s=60)
     ledger.acquire(P(0), N(1), expected_epoch=0)
     result = run(migrate_partition, laminar, {"partition": 0, "to_node": 5})
     failure = step_events(result, DagsterEventType.STEP_FAILURE)["plan"].event_specific_data.user_failure_data
@@ -339,7 +339,7 @@ def test_plan_errors_are_named(ledger: Ledger, laminar: LaminarResource) -> None
 @pytest.mark.dagster
 def test_a_migration_in_flight_elsewhere_is_named(ledger: Ledger, laminar: LaminarResource) -> None:
     for n in (1, 2, 3):
-        ledger.register_node(N(n), heartbeat_timeout_s=60)
+        ledger.members.register_node(N(n), heartbeat_timeout_s=60)
     ledger.acquire(P(0), N(1), expected_epoch=0)
     task = MigrationCoordinator(ledger).plan(P(0), N(3))
     result = run(migrate_partition, laminar, {"partition": 0, "to_node": 2})
@@ -349,8 +349,8 @@ def test_a_migration_in_flight_elsewhere_is_named(ledger: Ledger, laminar: Lamin
 
 @pytest.mark.dagster
 def test_failover_fences_then_waits_for_the_new_owner(ledger: Ledger, laminar: LaminarResource) -> None:
-    ledger.register_node(N(1), heartbeat_timeout_s=0.05)
-    ledger.register_node(N(2), heartbeat_timeout_s=60)
+    ledger.members.register_node(N(1), heartbeat_timeout_s=0.05)
+    ledger.members.register_node(N(2), heartbeat_timeout_s=60)
     ledger.acquire(P(0), N(1), expected_epoch=0)
     time.sleep(0.1)
     result = run(failover_partition, laminar, {"partition": 0, "tuning": {"checkpoint_transfer_timeout_s": 0.05}})
@@ -386,7 +386,7 @@ def test_rebalance_dry_run_only_shows_the_plan(ledger: Ledger, laminar: LaminarR
 @pytest.mark.dagster
 def test_rebalance_fans_moves_out_in_waves_within_the_node_limit(ledger: Ledger, laminar: LaminarResource) -> None:
     make_alive(ledger, 1, 2)
-    epoch_before = ledger.membership().cluster_epoch
+    epoch_before = ledger.members.record().cluster_epoch
     # 4 unassigned partitions, 2 nodes, 1 migration per node at a time: 2 waves of 2 forced moves.
     # No node process reports the download, so each move ends by timeout after its grant.
     result = run(
@@ -406,13 +406,13 @@ def test_rebalance_fans_moves_out_in_waves_within_the_node_limit(ledger: Ledger,
     assert set(failures) == {"migrate[wave_1]", "migrate[wave_2]"}
     for step in failures.values():
         assert "2 of 2 move(s) failed" in step.event_specific_data.user_failure_data.description
-    assert ledger.membership().cluster_epoch == epoch_before + 1
+    assert ledger.members.record().cluster_epoch == epoch_before + 1
     owners = [ledger.ownership(P(p)).owner for p in range(4)]  # type: ignore[union-attr]
     assert sorted(owners) == [1, 1, 2, 2]
 
 
 def test_observations_record_the_ledger_as_asset_metadata(ledger: Ledger) -> None:
-    ledger.register_node(N(1), heartbeat_timeout_s=60)
+    ledger.members.register_node(N(1), heartbeat_timeout_s=60)
     token = ledger.acquire(P(0), N(1), expected_epoch=0)
     ledger.acquire(P(1), N(1), expected_epoch=0)
     publisher = ManifestPublisher(OutputCommitter(ledger.store), ledger.store)

@@ -40,7 +40,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     workdir = tmp_path_factory.mktemp("launcher")
     ledger = Ledger(LocalObjectStore(workdir / "store"))
     ledger.init_cluster(2)
-    ledger.register_node(NodeId(1), heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
+    ledger.members.register_node(NodeId(1), heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
     ledger.acquire(PartitionId(0), NodeId(1), expected_epoch=0)
     control = ControlPlane(workdir, (workdir / "store").as_uri(), heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
     try:

@@ -96,7 +96,7 @@ def test_worker_node_run_keeps_the_table_and_committed_state_use_the_pyspark_res
     )
     try:
         ledger = Ledger(open_store(store_url))
-        wait_until("node 1 to join", lambda: any(v.alive for v in ledger.nodes()), 180, run)
+        wait_until("node 1 to join", lambda: any(v.alive for v in ledger.members.nodes()), 180, run)
         coordinator = MigrationCoordinator(ledger)
         for p in (0, 1):  # place both partitions on the node, as `laminar rebalance` would
             coordinator.run(PartitionId(p), NodeId(1), forced=True)
@@ -126,7 +126,7 @@ def test_worker_node_run_keeps_the_table_and_committed_state_use_the_pyspark_res
     for p in (0, 1):
         own = ledger.ownership(PartitionId(p))
         assert own is not None and (own.owner, own.status) == (1, PartitionStatus.RELEASED)
-    record = ledger.node(NodeId(1))
+    record = ledger.members.node(NodeId(1))
     assert record is not None and record.status == NodeStatus.LEFT
     with DagsterInstance.from_config(str(home)) as instance:
         (stored,) = instance.get_runs()

@@ -1,6 +1,6 @@
 """The Dagster sensors and schedule against a real ledger in a temporary local store.
 
-Nodes here are only ledger records (registered with `Ledger.register_node`,
+Nodes here are only ledger records (registered with `Membership.register_node`,
 made stale by a tiny heartbeat timeout): the sensors only read them. The
 run-failure sensor is fed real failed runs of the migration jobs.
 """

@@ -105,7 +105,7 @@ def assign(store: ObjectStore, partition: int, node: int) -> None:
     DesiredStates(ledger).update(PartitionId(partition), change)
     own = ledger.ownership(PartitionId(partition))
     assert own is not None
-    record = ledger.node(NodeId(node))
+    record = ledger.members.node(NodeId(node))
     generation = record.generation if record is not None else 1
     ledger.acquire(
         PartitionId(partition), NodeId(node), expected_epoch=own.epoch, reason="place", generation=generation
@@ -114,7 +114,7 @@ def assign(store: ObjectStore, partition: int, node: int) -> None:
 
 def reported_error(store: ObjectStore, node: int, partition: int = 0) -> str | None:
     """The partition's `PartitionProgress.error` in the node's last heartbeat (what the control plane sees)."""
-    record = Ledger(store).node(NodeId(node))
+    record = Ledger(store).members.node(NodeId(node))
     if record is None:
         return None
     progress = record.partitions.get(partition)

@@ -414,11 +414,11 @@ def _earlier_incarnation_commits_past_the_reseal(store: ObjectStore) -> tuple[Ma
     restarted process's publisher and its seal."""
     ledger = Ledger(store)
     ledger.init_cluster(1)
-    ledger.register_node(OLD)
+    ledger.members.register_node(OLD)
     token = ledger.acquire(PartitionId(0), OLD, expected_epoch=0)
     zombie = _publisher(store)
     zombie.publish(token, ManifestUpdate(source_offset=10, generation=1))
-    ledger.register_node(OLD)  # the restart: generation 2
+    ledger.members.register_node(OLD)  # the restart: generation 2
     restarted = _publisher(store)
     reseal = seal_at(restarted, ledger.adopt(PartitionId(0), OLD), generation=2)
 
@@ -463,7 +463,7 @@ def test_the_restarted_owner_commits_past_its_earlier_incarnations_void_entry(st
 
     assert committed.manifest.parent_hash == reseal.raw_hash and committed.manifest.source_offset == 20
     # Restarted once more (generation 3): its seal carries the genuine chain, not the void entry.
-    Ledger(store).register_node(OLD)
+    Ledger(store).members.register_node(OLD)
     again = seal_at(_publisher(store), token, generation=3)
     assert again.manifest.source_offset == 20 and again.manifest.parent_hash == committed.raw_hash
 

@@ -184,7 +184,7 @@ def test_an_append_reaches_its_owner_through_the_log_ends_or_the_doorbell(
     node = _placed_and_running(store, tmp_path, 1, **config)
     with running(node):
         _wait_running(node, {0}, 30)
-        Ledger(store).admit_nodes()  # the doorbell rings the member nodes, as the control plane admits them
+        Ledger(store).members.admit_nodes()  # the doorbell rings the member nodes, as the control plane admits them
         # The node read the (empty) recorded ends as it started: each append needs the signal.
         doorbell = SourceDoorbell(ReadStore(store)) if signal == "doorbell" else None
         try:

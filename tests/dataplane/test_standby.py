@@ -80,7 +80,7 @@ def _assert_exact_and_audited(store: ObjectStore) -> None:
 
 def _caught_up(store: ObjectStore, node: int) -> bool:
     """The node's standby copy reported the committed offset (a lag of 0 alone may predate the last commit)."""
-    record = Ledger(store).node(NodeId(node))
+    record = Ledger(store).members.node(NodeId(node))
     progress = record.partitions.get(0) if record else None
     return progress is not None and progress.lag == 0 and progress.source_offset == committed_offset(store)
 
@@ -156,7 +156,7 @@ def test_a_failover_goes_to_the_standby_and_applies_only_the_missing_deltas(tmp_
         source.append(0, events([f"k{i % 17}" for i in range(300)]))
         wait_until(lambda: committed_offset(store) == source.end_offset(0), 30, "node 1 to commit")
         wait_until(lambda: _caught_up(store, 2), 30, "node 2's standby to catch up")
-        assert warm_copies(Ledger(store).nodes()) == {0: {2: 0}}
+        assert warm_copies(Ledger(store).members.nodes()) == {0: {2: 0}}
         coordinator = MigrationCoordinator(Ledger(store), MigrationConfig(migration_timeout_s=60))
         # Node 3 holds nothing and would win on load; the warm copy on node 2 wins.
         decision = prepare_failover(coordinator, 0, live={1, 2, 3}, allow_live_owner=True)
@@ -193,7 +193,7 @@ def test_a_forced_move_to_a_node_without_a_copy_starts_its_first_batch_before_th
     monkeypatch.setattr(StateReplica, "catch_up", spy_catch_up)
     with running(ArrowNode(node_config(store, 2, tmp_path / "n2"), store=store)):
         ledger = Ledger(store)
-        wait_until(lambda: any(v.alive and v.record.node == 2 for v in ledger.nodes()), 30, "node 2 to join")
+        wait_until(lambda: any(v.alive and v.record.node == 2 for v in ledger.members.nodes()), 30, "node 2 to join")
         coordinator = MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=60))
         decision = prepare_failover(coordinator, 0, live={2}, allow_live_owner=True)
         assert decision.task is not None and decision.task.to_node == 2
@@ -226,7 +226,7 @@ def test_a_targets_handoff_steps_do_not_wait_for_the_read_of_its_first_batchs_ke
     monkeypatch.setattr(PartitionStateStore, "get_many", held_get_many)
     with running(ArrowNode(node_config(store, 2, tmp_path / "n2"), store=store)):
         ledger = Ledger(store)
-        wait_until(lambda: any(v.alive and v.record.node == 2 for v in ledger.nodes()), 30, "node 2 to join")
+        wait_until(lambda: any(v.alive and v.record.node == 2 for v in ledger.members.nodes()), 30, "node 2 to join")
         # A short limit per node phase: a target stuck in the read would not report Seeking in time.
         config = MigrationConfig(migration_timeout_s=60, checkpoint_transfer_timeout_s=10)
         coordinator = MigrationCoordinator(ledger, config)

@@ -77,7 +77,7 @@ def test_an_undecodable_segment_fails_its_partition_once_and_is_reported(store: 
             time.sleep(0.02)
         time.sleep(1.2)
         progress = node._progress().get(0)
-        reported = ledger.node(N(1))
+        reported = ledger.members.node(N(1))
         status = snapshot_cluster(ledger)
     assert node.starts == 1  # never restarted
     assert progress is not None and progress.state == "failed"

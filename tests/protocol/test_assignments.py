@@ -89,7 +89,7 @@ def test_a_write_that_changes_nothing_writes_no_assignment(store: ObjectStore) -
 def test_the_repair_pass_rebuilds_what_a_crashed_writer_left_behind(store: ObjectStore) -> None:
     desired = _desired(store)
     desired.update(P(0), lambda s: s.model_copy(update={"owner": 1}))
-    Ledger(store).register_node(N(3))
+    Ledger(store).members.register_node(N(3))
     # A writer that died after the state's compare-and-swap, before the assignments.
     state, etag = desired.read(P(0))
     moved = state.model_copy(update={"owner": 2, "revision": state.revision + 1})

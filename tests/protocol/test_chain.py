@@ -205,7 +205,7 @@ def test_a_failing_partition_backs_off_and_publishes_no_manifest_per_restart(tmp
             if progress is not None and failures and (not seen or seen[-1].consecutive_failures != failures):
                 seen.append(progress)
             time.sleep(0.02)
-        reported = ledger.node(N(1))
+        reported = ledger.members.node(N(1))
         status = snapshot_cluster(ledger)
     # One seal when the partition was first acquired; the restarts at the same epoch write nothing.
     assert len(list(ManifestReader(store).history(P(0)))) <= 2

@@ -127,7 +127,7 @@ def test_a_workflow_writes_only_keys_the_layout_builds(store: ObjectStore) -> No
     every object in the store is one the key module names, so no module spells keys of its own."""
     ledger = Ledger(store)
     ledger.init_cluster(2)
-    ledger.register_node(NodeId(1))
+    ledger.members.register_node(NodeId(1))
     token = ledger.acquire(PartitionId(0), NodeId(1), expected_epoch=0)
     SourceLog(store).append(0, generate_events(30, 5, seed=1, partitions=1)[0])
     _, _, last = commit_all(store, token)

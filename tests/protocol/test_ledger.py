@@ -36,7 +36,7 @@ def test_init_creates_unassigned_partitions(ledger: Ledger) -> None:
         own = ledger.ownership(p)
         assert own is not None
         assert (own.epoch, own.owner, own.status) == (0, UNASSIGNED, PartitionStatus.UNASSIGNED)
-    assert ledger.membership().cluster_epoch == 1
+    assert ledger.members.record().cluster_epoch == 1
     assert ledger.ownership(P(4)) is None
 
 
@@ -251,26 +251,26 @@ def test_grant_with_unknown_field_is_corrupt(ledger: Ledger, store: ObjectStore)
 
 
 def test_nodes_register_heartbeat_and_liveness(ledger: Ledger) -> None:
-    h1 = ledger.register_node(N(1), heartbeat_timeout_s=5)
-    ledger.register_node(N(2), heartbeat_timeout_s=5)
-    assert ledger.membership().members == []  # a node writes only its own record
-    assert ledger.admit_nodes() == [1, 2]  # the control plane admits both: one new membership generation
-    epoch_after_joins = ledger.membership().cluster_epoch
-    assert epoch_after_joins == 2 and ledger.membership().members == [1, 2]
+    h1 = ledger.members.register_node(N(1), heartbeat_timeout_s=5)
+    ledger.members.register_node(N(2), heartbeat_timeout_s=5)
+    assert ledger.members.record().members == []  # a node writes only its own record
+    assert ledger.members.admit_nodes() == [1, 2]  # the control plane admits both: one new membership generation
+    epoch_after_joins = ledger.members.record().cluster_epoch
+    assert epoch_after_joins == 2 and ledger.members.record().members == [1, 2]
     first = h1.record.heartbeat_at
     assert h1.heartbeat().heartbeat_at >= first
-    views = {v.record.node: v for v in ledger.nodes()}
+    views = {v.record.node: v for v in ledger.members.nodes()}
     assert set(views) == {1, 2} and all(v.alive for v in views.values())
-    later = {v.record.node: v for v in ledger.nodes(at=now() + timedelta(seconds=60))}
+    later = {v.record.node: v for v in ledger.members.nodes(at=now() + timedelta(seconds=60))}
     assert not any(v.alive for v in later.values())
-    again = ledger.register_node(N(1), heartbeat_timeout_s=5)
-    assert again.generation == 2 and ledger.admit_nodes() == []
+    again = ledger.members.register_node(N(1), heartbeat_timeout_s=5)
+    assert again.generation == 2 and ledger.members.admit_nodes() == []
     with pytest.raises(NodeIdentityConflict):
         h1.heartbeat()  # the old process of node 1 learns it was replaced
     again.leave()
-    assert not {v.record.node: v for v in ledger.nodes()}[1].alive
-    assert ledger.membership().cluster_epoch == epoch_after_joins  # re-join is not a change
-    assert ledger.bump_cluster_epoch("rebalance") == epoch_after_joins + 1
+    assert not {v.record.node: v for v in ledger.members.nodes()}[1].alive
+    assert ledger.members.record().cluster_epoch == epoch_after_joins  # re-join is not a change
+    assert ledger.members.bump_cluster_epoch("rebalance") == epoch_after_joins + 1
 
 
 def test_a_fence_from_a_stale_read_of_the_ownership_grants_nothing(ledger: Ledger) -> None:

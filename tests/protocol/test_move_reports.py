@@ -99,7 +99,7 @@ def test_moves_waiting_on_one_node_share_one_read(local_store: ObjectStore) -> N
 def test_a_node_without_a_move_report_is_read_through_its_heartbeat(store: ObjectStore) -> None:
     ledger = Ledger(store)
     ledger.init_cluster(4)
-    handle = ledger.register_node(N(1), heartbeat_timeout_s=60)
+    handle = ledger.members.register_node(N(1), heartbeat_timeout_s=60)
     handle.heartbeat(partitions={0: progress(0, "released")})
     got = MoveReports(ledger).progress(N(1), 0)
     assert got is not None and got.phase_done == "released"

@@ -185,7 +185,7 @@ def table_caught_up(admin: ObjectStore) -> bool:
 
 
 def alive(admin: ObjectStore) -> set[int]:
-    return {v.record.node for v in Ledger(admin).nodes() if v.alive}
+    return {v.record.node for v in Ledger(admin).members.nodes() if v.alive}
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +197,7 @@ def scenario(roles: Roles) -> ScenarioResult:
         roles.start_node(n)
     wait_until(lambda: alive(admin) == set(NODES), 60, "three live nodes")
     roles.laminar(CONTROL_PLANE_ROLE, "rebalance")  # admits the nodes, places both partitions
-    assert ledger.membership().members == list(NODES)
+    assert ledger.members.record().members == list(NODES)
     roles.laminar(PRODUCER_ROLE, "produce", "--count", "3000", "--keys", "30")
     wait_until(lambda: committed(admin), 60, "the first load committed")
 
@@ -218,7 +218,7 @@ def scenario(roles: Roles) -> ScenarioResult:
 
     def readopted() -> bool:
         current = ManifestReader(admin).current(P(0))
-        record = ledger.node(N(target))
+        record = ledger.members.node(N(target))
         return (
             current is not None
             and record is not None
@@ -429,8 +429,8 @@ def attempts(r: Roles, victim: int) -> list[Attempt]:
         _attempt(cp, "overwrite a node's heartbeat record", _swap(cp, keys.node_key(owner))),
         Attempt(
             cp,
-            "Ledger.register_node (a node's join)",
-            lambda r: Ledger(r.store(cp)).register_node(N(owner)),
+            "Membership.register_node (a node's join)",
+            lambda r: Ledger(r.store(cp)).members.register_node(N(owner)),
             _swap(cp, keys.node_key(owner))[1],
         ),
         _attempt(cp, "record a release", _create(cp, keys.release_key(0, future))),
@@ -767,9 +767,9 @@ def test_the_store_code_sends_a_condition_with_every_put(roles: Roles) -> None:
     store = S3ObjectStore(BUCKET, "conditions", client=client)
     ledger = Ledger(store)
     ledger.init_cluster(1)
-    handle = ledger.register_node(N(1))
+    handle = ledger.members.register_node(N(1))
     handle.heartbeat()
-    ledger.admit_nodes()
+    ledger.members.admit_nodes()
     token = ledger.acquire(P(0), N(1), expected_epoch=0, reason="test")
     DesiredStates(ledger).update(P(0), lambda s: s.model_copy(update={"owner": 1}))
     SourceLog(store).append(0, generate_events(10, 2, seed=1, partitions=1)[0])

@@ -61,7 +61,7 @@ def test_metrics_show_lag_commits_batch_latency_and_a_migrations_duration(nodes:
     url, ports = nodes
     store = open_store(url)
     ledger = Ledger(store)
-    wait_until(lambda: {v.record.node for v in ledger.nodes() if v.alive} == {1, 2}, 60, "both nodes alive")
+    wait_until(lambda: {v.record.node for v in ledger.members.nodes() if v.alive} == {1, 2}, 60, "both nodes alive")
     coordinator = MigrationCoordinator(ledger)
     for p in (0, 1):
         coordinator.run(PartitionId(p), NodeId(1))

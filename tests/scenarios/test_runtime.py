@@ -292,7 +292,7 @@ def test_dagster_migrate_partition_job_against_live_nodes(cluster: Cluster) -> N
     owner = cluster.owner(3)
     # A node that owned partition 3 earlier in this module may still follow it as a standby: the
     # move is asserted to transfer state, so it goes to a node without a copy where there is one.
-    copies = warm_copies(cluster.ledger.nodes()).get(3, {})
+    copies = warm_copies(cluster.ledger.members.nodes()).get(3, {})
     candidates = [n for n in (1, 2, 3) if n != owner]
     target = next((n for n in candidates if n not in copies), candidates[0])
     cold = target not in copies

@@ -297,7 +297,7 @@ def test_a_move_that_ends_after_its_target_took_the_epoch_leaves_the_target_the_
     ledger = Ledger(store, read_parallelism=1)
     ledger.init_cluster(1)
     for node in (1, 2):
-        ledger.register_node(NodeId(node), heartbeat_timeout_s=3600)
+        ledger.members.register_node(NodeId(node), heartbeat_timeout_s=3600)
     coordinator = MigrationCoordinator(ledger)
     p = PartitionId(0)
     placement = coordinator.plan(p, NodeId(1), forced=True)
@@ -361,7 +361,7 @@ def test_stranded_is_decided_by_the_desired_owner_once_no_move_is_in_flight() ->
     ledger = Ledger(store, read_parallelism=1)
     ledger.init_cluster(1)
     for node in (1, 2, 3):
-        ledger.register_node(NodeId(node), heartbeat_timeout_s=3600)
+        ledger.members.register_node(NodeId(node), heartbeat_timeout_s=3600)
     coordinator = MigrationCoordinator(ledger)
     p = PartitionId(0)
     ledger.fence(p, NodeId(2), expected_epoch=0, reason="a placement whose record was cancelled meanwhile")
