@@ -26,8 +26,8 @@ from typing import NoReturn
 
 from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.dataplane.checkpoint import next_checkpoint
+from laminar_orchestration.dataplane.errors import HandoffMismatch
 from laminar_orchestration.dataplane.handoff import (
-    HandoffMismatch,
     NewOwnerAction,
     OldOwnerAction,
     OldOwnerStep,

@@ -1,5 +1,6 @@
 """The data plane's errors: a fenced worker, an aborted phase, a state machine misused, backpressure,
-unusable checkpoints and local state, a processor the cluster did not record."""
+unusable checkpoints and local state, a handoff whose chain does not follow the release, and a
+processor the cluster did not record."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from laminar_orchestration.errors import (
     OperationFailedError,
     UnavailableError,
 )
+from laminar_orchestration.identity import PartitionId
 
 __all__ = [
     "Backpressure",
     "CheckpointCorrupt",
     "Fenced",
+    "HandoffMismatch",
     "IllegalWorkerTransition",
     "LocalStateUnusable",
     "LocalStateWriteFailed",
@@ -124,3 +127,17 @@ class LocalStateWriteFailed(UnavailableError):
     reason: str
 
     message = "cannot write local state store {path}: {reason}"
+
+
+class HandoffMismatch(CorruptDataError):
+    """A graceful handoff whose manifest chain does not continue from the commit the old owner released."""
+
+    partition: PartitionId
+    released_commit: str
+    found_commit: str | None
+
+    def _message(self) -> str:
+        return (
+            f"partition {self.partition}: the old owner released commit {self.released_commit}, "
+            f"but the manifest chain continues from {self.found_commit or 'nothing'}"
+        )

@@ -27,8 +27,8 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from laminar_orchestration.errors import CorruptDataError
-from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.dataplane.errors import HandoffMismatch
+from laminar_orchestration.identity import NodeId
 from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestVersion
 from laminar_orchestration.protocol.desired_states import DesiredState
 from laminar_orchestration.protocol.fencing import FencingToken, Ownership
@@ -209,20 +209,6 @@ def partition_duty(
     if own is not None and own.owner == node and own.status != PartitionStatus.RELEASED:
         return PartitionDuty.RECOVER
     return PartitionDuty.NONE
-
-
-class HandoffMismatch(CorruptDataError):
-    """A graceful handoff whose manifest chain does not continue from the commit the old owner released."""
-
-    partition: PartitionId
-    released_commit: str
-    found_commit: str | None
-
-    def _message(self) -> str:
-        return (
-            f"partition {self.partition}: the old owner released commit {self.released_commit}, "
-            f"but the manifest chain continues from {self.found_commit or 'nothing'}"
-        )
 
 
 def seal_at(publisher: ManifestPublisher, token: FencingToken, *, generation: int) -> ManifestVersion:

@@ -7,9 +7,8 @@ import contextlib
 import logging
 import time
 
-from laminar_orchestration.dataplane.errors import PhaseAborted
+from laminar_orchestration.dataplane.errors import HandoffMismatch, PhaseAborted
 from laminar_orchestration.dataplane.handoff import (
-    HandoffMismatch,
     NewOwnerAction,
     new_owner_step,
     seal_at,

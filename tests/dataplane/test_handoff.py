@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 import pytest
 
 from laminar_dev.faults import FaultInjectingStore
+from laminar_orchestration.dataplane.errors import HandoffMismatch
 from laminar_orchestration.dataplane.handoff import (
-    HandoffMismatch,
     NewOwnerAction,
     NewOwnerStep,
     OldOwnerAction,
