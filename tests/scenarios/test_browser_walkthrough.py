@@ -8,7 +8,8 @@ Launch Run move partition 0 to node 2; then node 1 is killed (SIGKILL) and the
 Catalog shows, on ``ownership_map``, the dead owner ("owner dead: failover
 pending") and the failed ``partitions_on_live_nodes`` check the failure sensor
 recorded when it found the owner dead — before the failover ended — and the
-passing check after it. Every page is saved as a screenshot for a person to
+passing check after it; ``laminar status`` calls node 1 dead, and the output
+table the nodes append to shows as observed (``stream_output``). Every page is saved as a screenshot for a person to
 look at (the directory is printed). Waiting for state uses the ledger and the
 Dagster instance; what is asserted is what the UI shows.
 """
@@ -140,7 +141,7 @@ def start_arrow_node(cluster: Cluster, node: int, workdir: Path) -> None:
     with log.open("wb") as fh:
         proc = subprocess.Popen(
             [sys.executable, "-m", "laminar_dev.arrownode", "--store", cluster.store_url, "--node-id", str(node),
-             "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S)],
+             "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S), "--table-sync-interval", "1"],
             stdout=fh, stderr=subprocess.STDOUT,
         )  # fmt: skip
     cluster.nodes[node] = NodeProcess(node, proc, log)
@@ -204,6 +205,13 @@ def test_the_readme_walkthrough_in_a_browser(tmp_path: Path, browser: WebDriver)
         wait_until(lambda: failed_over(cluster, 1, 2), 60, "partition 1 failed over to node 2")
         task = DesiredStates(cluster.ledger).read(PartitionId(1))[0].migration
         assert task is not None and task.completed_at is not None and task.from_epoch == epoch
+        # `laminar status` in a shell agrees: node 1 is dead, its last request rate not shown as current.
+        status = subprocess.run(
+            [sys.executable, "-m", "laminar_orchestration.cli", "status", "--store", store_url],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        killed = next(line.split() for line in status.stdout.splitlines() if line.split()[:2] == ["1", "1"])
+        assert killed[2] == "NO" and killed[4:] == ["-", "dead"], status.stdout
 
         # What the instance recorded (to find it in the UI, and to know when it was recorded): the sensor
         # reports the healthy map and the passing check with its result, a moment after the failover.
@@ -279,6 +287,12 @@ def test_the_readme_walkthrough_in_a_browser(tmp_path: Path, browser: WebDriver)
         wait_until(observed, 120, "the Observe run", interval=0.5)
         (observe_run,) = [r for r in plane.runs() if r.run_id not in before]
         assert observe_run.status == DagsterRunStatus.SUCCESS, observe_run
+
+        # 7. The output table the nodes append to is observed by the sensor, no run: never "Never observed".
+        browser.get(f"{ui}/assets/stream_output")
+        text = wait_for_text(browser, "Latest observation")
+        shots.shoot("stream-output")
+        assert "Never observed" not in text, text[-2000:]
     finally:
         plane.stop()
         cluster.shutdown()
