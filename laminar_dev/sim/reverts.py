@@ -5,6 +5,9 @@ fix closed. The functions named ``_..._before_fix`` are those earlier versions."
 from __future__ import annotations
 
 import contextlib
+import json
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +22,7 @@ from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.ops import sweep as antientropy
 from laminar_orchestration.ops.sweep import EPOCH_METADATA, PARTITION_METADATA, SweepReport
 from laminar_orchestration.protocol import commit as commit_module
+from laminar_orchestration.protocol import nudge as nudge_module
 from laminar_orchestration.protocol import segments as segments_module
 from laminar_orchestration.protocol import source as source_module
 from laminar_orchestration.protocol.capabilities import ledger_key
@@ -71,6 +75,9 @@ class Knobs:
     revert_stalled_move_read: bool = False
     #: An assignment write lists the revision it was handed, older than the one listed or not.
     revert_assignment_revision_check: bool = False
+    #: A nudge's timeout is per socket read (urllib's), any URL scheme is tried, and the doorbell sends
+    #: every ring to every address in turn from its one thread (`doorbell`'s scenario finds it).
+    revert_nudge_deadline: bool = False
 
 
 # --- reverted fixes ----------------------------------------------------------------------------
@@ -242,6 +249,32 @@ def _write_assignment_before_fix(self: DesiredStates, node: NodeId, states: Mapp
         return True
 
 
+def _send_nudge_before_fix(url: str, *, timeout_s: float = nudge_module.NUDGE_TIMEOUT_S, body: bytes = b"") -> bool:
+    """`nudge.send_nudge` before its whole request had one deadline: urllib's timeout is per read."""
+    try:
+        request = urllib.request.Request(url, data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return bool(200 <= response.status < 300)
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+
+
+def _ring_loop_before_fix(self: nudge_module.SourceDoorbell) -> None:
+    """`SourceDoorbell`'s sender before each address had its own: every ring to every address in turn,
+    from one thread that any error ends."""
+    lock = self._lock
+    while True:
+        with lock:
+            while not self._pending and not self._closed:
+                lock.wait()
+            if not self._pending and self._closed:
+                return
+            ends, self._pending = self._pending, {}
+        body = json.dumps({"source": {str(p): end for p, end in ends.items()}}).encode()
+        for url in self._addresses.urls(self._member_ids()):
+            nudge_module.send_nudge(url, body=body)
+
+
 @contextlib.contextmanager
 def reverted(knobs: Knobs) -> Iterator[None]:
     """Patch the library back to before the fixes `knobs` revert, for the duration of a run."""
@@ -275,6 +308,9 @@ def reverted(knobs: Knobs) -> Iterator[None]:
         patch(StalledMoves, "due", lambda _self, _in_flight, _listed, _at: set())
     if knobs.revert_assignment_revision_check:
         patch(DesiredStates, "_write_assignment", _write_assignment_before_fix)
+    if knobs.revert_nudge_deadline:
+        patch(nudge_module, "send_nudge", _send_nudge_before_fix)
+        patch(nudge_module.SourceDoorbell, "_ring_loop", _ring_loop_before_fix)
     if knobs.revert_utf8_append_check:
         patch(source_module, "normalize_events", _normalize_events_before_fix(segments_module.normalize_events))
     try:
