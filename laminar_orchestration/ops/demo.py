@@ -61,7 +61,7 @@ from laminar_orchestration.identity import UNASSIGNED, PartitionId
 from laminar_orchestration.metrics import LagClock, MetricsServer
 from laminar_orchestration.ops.demo_processes import Child, Producer
 from laminar_orchestration.ops.demo_status import PhaseWatch, partition_status, port_or_free
-from laminar_orchestration.ops.demo_walkthrough import TableWatch, Walkthrough
+from laminar_orchestration.ops.demo_walkthrough import TableWatch, Walkthrough, program
 from laminar_orchestration.ops.errors import DemoError
 from laminar_orchestration.ops.ledger_metrics import serve_control_plane_metrics
 from laminar_orchestration.ops.verify import audit_store
@@ -755,7 +755,7 @@ class Demo:
         self.say()
         self.say(f"store  {self.store_url}")
         self.say(f"logs   {self.demo_dir}/")
-        self.say(f"next   laminar report --store {self.store_url}   # the ownership timeline as HTML")
+        self.say(f"next   {program('laminar')} report --store {self.store_url}   # the ownership timeline as HTML")
         return ok
 
 

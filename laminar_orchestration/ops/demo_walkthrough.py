@@ -29,6 +29,13 @@ from laminar_orchestration.ops.errors import TableReadFailed
 from laminar_orchestration.table import TableLocation
 
 
+def program(name: str, bin_dir: Path | None = None) -> str:
+    """`name` as a printed command names it: by path when `bin_dir` (default: this interpreter's
+    folder, its venv's) holds it, so the line runs in a shell where no venv is active."""
+    path = (bin_dir or Path(sys.executable).parent) / name
+    return shlex.quote(str(path)) if path.exists() else name
+
+
 @dataclass(frozen=True)
 class Walkthrough:
     """Where the demo's pieces are, for the lines that tell the user what to try."""
@@ -49,8 +56,7 @@ class Walkthrough:
 
     def program(self, name: str) -> str:
         """`name` as the banner prints it: by path when this interpreter's folder holds it."""
-        path = self.bin_dir / name
-        return shlex.quote(str(path)) if path.exists() else name
+        return program(name, self.bin_dir)
 
     def banner(
         self,
