@@ -108,3 +108,37 @@ def test_a_rebuild_under_a_sync_that_lands_in_the_emptied_place_leaves_a_readabl
     assert_exactly_once(cluster)
     live.committer.sync([0, 1])
     assert_exactly_once(cluster)
+
+
+@pytest.mark.slow(seconds=30)
+def test_rebuilds_under_nodes_syncing_in_a_loop_keep_every_batch_once(store: ObjectStore) -> None:
+    """No pause this time: two nodes' committers sync back to back while batches keep committing
+    and the table is rebuilt twice; every sync that fails is retried as a node's next interval would."""
+    cluster = committed(store)
+    TableCommitter(store).sync([0, 1])
+    stop = threading.Event()
+    failures: list[BaseException] = []
+    synced = [0, 0]
+
+    def node(index: int) -> None:
+        committer = TableCommitter(store, node=index + 1)
+        while not stop.is_set():
+            try:
+                committer.sync([0, 1])
+                synced[index] += 1
+            except Exception as exc:  # a node logs it and syncs again at its next interval
+                failures.append(exc)
+
+    threads = [threading.Thread(target=node, args=(i,), daemon=True) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for _ in range(2):
+        _more_batches(cluster)
+        rebuild_table(store)
+    _more_batches(cluster)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    assert all(n > 0 for n in synced) and not failures, failures[:3]
+    TableCommitter(store).sync([0, 1])
+    assert_exactly_once(cluster)
