@@ -80,8 +80,9 @@ CHECKPOINT_EVERY_S = 60.0
 #: Most time between two reads of every partition's ownership; in between they are read only when
 #: the nodes' records, assignments or move reports moved (`ownership_signature`).
 OWNERSHIP_EVERY_S = 300.0
-#: Least time between two looks at the output table (its log and the chains from its position).
-TABLE_EVERY_S = 30.0
+#: Least time between two looks at the output table (its log, and the chains from its position: about
+#: three reads a partition, as many as the manifests' observation).
+TABLE_EVERY_S = 60.0
 
 
 @dataclass
