@@ -26,7 +26,7 @@ from dagster import (
 )
 
 from laminar_orchestration.store import ObjectStore
-from laminar_orchestration.table import TableStatus, table_location, table_status
+from laminar_orchestration.table import TableStatus, open_table, table_location, table_status
 from resources import LaminarResource
 
 __all__ = ["stream_output", "stream_output_metadata", "stream_output_observation"]
@@ -67,9 +67,10 @@ def stream_output(laminar: LaminarResource) -> ObserveResult:
 def stream_output_observation(store: ObjectStore) -> AssetObservation | None:
     """`stream_output` as the table shows it now, as the observation sensor reports it (None: no
     table yet, nothing to observe). Its data version is the table version, as an "Observe" run's."""
-    status = table_status(store, table_location(store))
-    if not status.exists:
-        return None
+    location = table_location(store)
+    if open_table(location) is None:
+        return None  # a look at the log alone: cheap while the nodes have not created the table
+    status = table_status(store, location)
     return AssetObservation(
         asset_key=stream_output.key,
         metadata=stream_output_metadata(status),

@@ -178,7 +178,8 @@ def observe(
             out.cursor.manifests = state
             if progress.keeping_up:
                 out.cursor.materialized_seqs = {str(p): seq for p, seq in progress.seqs.items()}
-    if at - cursor.table_at >= TABLE_EVERY_S:
+    # Until the table is first seen, every tick looks (the look finds no log: one read).
+    if not cursor.table or at - cursor.table_at >= TABLE_EVERY_S:
         out.cursor.table_at = at
         _observe_table(ledger, out)
     count = len(ledger.partitions())
