@@ -65,6 +65,7 @@ __all__ = [
     "CHECKPOINT_EVERY_S",
     "OWNERSHIP_EVERY_S",
     "TABLE_EVERY_S",
+    "TABLE_UNSEEN_EVERY_S",
     "ObservationCursor",
     "laminar_observation_sensor",
     "observe",
@@ -83,6 +84,8 @@ OWNERSHIP_EVERY_S = 300.0
 #: Least time between two looks at the output table (its log, and the chains from its position: about
 #: three reads a partition, as many as the manifests' observation).
 TABLE_EVERY_S = 60.0
+#: The same while no table has been seen yet: the nodes create it with their first sync.
+TABLE_UNSEEN_EVERY_S = 15.0
 
 
 @dataclass
@@ -178,8 +181,8 @@ def observe(
             out.cursor.manifests = state
             if progress.keeping_up:
                 out.cursor.materialized_seqs = {str(p): seq for p, seq in progress.seqs.items()}
-    # Until the table is first seen, every tick looks (the look finds no log: one read).
-    if not cursor.table or at - cursor.table_at >= TABLE_EVERY_S:
+    # Until the table is first seen, a look (its recorded place and log: two reads) comes sooner.
+    if at - cursor.table_at >= (TABLE_EVERY_S if cursor.table else TABLE_UNSEEN_EVERY_S):
         out.cursor.table_at = at
         _observe_table(ledger, out)
     count = len(ledger.partitions())

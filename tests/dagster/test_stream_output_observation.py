@@ -14,7 +14,7 @@ from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.store import LocalObjectStore
 from laminar_orchestration.table import TableCommitter
-from sensors.observation import TABLE_EVERY_S, ObservationCursor, observe
+from sensors.observation import TABLE_EVERY_S, TABLE_UNSEEN_EVERY_S, ObservationCursor, observe
 from tests.table.cluster import committed
 
 pytestmark = pytest.mark.dagster
@@ -33,8 +33,8 @@ def test_the_output_table_is_observed_when_its_version_moves(tmp_path: Path) -> 
     assert not _table_events(before.events)  # no table yet: nothing to observe
 
     TableCommitter(store).sync([0, 1])
-    # Not seen yet: the next tick looks again, not a minute later.
-    (first,) = _table_events(observe(ledger, manifests, before.cursor, now=at + 5).events)
+    # Not seen yet: looked for again sooner than a minute later.
+    (first,) = _table_events(observe(ledger, manifests, before.cursor, now=at + TABLE_UNSEEN_EVERY_S).events)
     cursor = observe(ledger, manifests, before.cursor, now=at + TABLE_EVERY_S).cursor
     assert first.tags["dagster/data_version"] == "v1"
     rows = first.metadata["rows"].value
