@@ -40,13 +40,12 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel
 
 from laminar_orchestration.errors import InvalidArgument
 from laminar_orchestration.identity import MAX_PARTITIONS, UNASSIGNED, NodeId, PartitionId
-from laminar_orchestration.processing.schema import StreamSchema
 from laminar_orchestration.protocol.capabilities import (
     LedgerKey,
     LedgerWriter,
@@ -103,9 +102,11 @@ from laminar_orchestration.protocol.signing import (
     SigningKeyUnavailable,
     sign_record,
 )
-from laminar_orchestration.protocol.stream import check_stream, record_stream, stream_record
 from laminar_orchestration.protocol.versioned import VersionedObject
 from laminar_orchestration.store import ObjectStore, PreconditionFailed, StoredObject
+
+if TYPE_CHECKING:
+    from laminar_orchestration.processing.schema import StreamSchema
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -213,6 +214,9 @@ class Ledger:
         """
         if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= MAX_PARTITIONS:
             raise InvalidArgument("partitions", f"{partitions!r} is not within 1..{MAX_PARTITIONS}")
+        # The stream's schema needs pyarrow: loaded here, so a move command's start stays light.
+        from laminar_orchestration.protocol.stream import check_stream, record_stream, stream_record
+
         existing = self._read(CLUSTER_KEY, ClusterRecord)
         stream = None if schema is None and processor is None else stream_record(schema, processor)
         new_stream = stream is not None and check_stream(self._writer, stream, cluster_exists=existing is not None)
