@@ -127,17 +127,6 @@ def test_the_sessions_example_runs_from_dagster_and_its_table_equals_the_answer(
     answers = [streams.sessions(events.filter(pa.array(routed == p))) for p in range(PARTITIONS)]
     expected = sorted(row for answer in answers for row in answer.rows)
     table = DeltaTable(table_location(ledger.store).uri).to_pyarrow_table().to_pylist()
-    got = sorted(
-        (
-            r["key"],
-            streams.millis(r["session_start"]),
-            streams.millis(r["session_end"]),
-            r["clicks"],
-            list(r["pages"]),
-            r["entry_page"],
-            r["exit_page"],
-        )
-        for r in table
-    )
+    got = sorted(streams.session_row(r) for r in table)
     assert len(expected) > 10
     assert got == expected

@@ -158,3 +158,26 @@ def dedup(events: pa.Table, ttl_ms: int = 24 * 60 * MINUTE) -> Answer:
         rows.append((row["customer"], row["order_id"], t))
     final = (top or 0) - LATENESS
     return Answer(sorted(rows), sum(1 for until in remembered.values() if until > final), late)
+
+
+def window_row(r: dict[str, Any]) -> tuple[Any, ...]:
+    """A windowed-counts output row (as the processor or the table gives it) as `windowed_counts`' tuple."""
+    return (r["key"], millis(r["window_start"]), r["views"], r["amount"], list(r["pages"]))
+
+
+def session_row(r: dict[str, Any]) -> tuple[Any, ...]:
+    """A sessions output row as `sessions`' tuple."""
+    return (
+        r["key"],
+        millis(r["session_start"]),
+        millis(r["session_end"]),
+        r["clicks"],
+        list(r["pages"]),
+        r["entry_page"],
+        r["exit_page"],
+    )
+
+
+def order_row(r: dict[str, Any]) -> tuple[Any, ...]:
+    """A deduplicated order as `dedup`'s tuple."""
+    return (r["customer"], r["order_id"], millis(r["at"]))

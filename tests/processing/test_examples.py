@@ -87,10 +87,7 @@ def test_windowed_counts_equal_pandas_over_the_same_events(spark: Any, tmp_path:
     output, store, progress = _run(spark, windowed_counts.processor, schema, events, tmp_path, seed=3)
 
     expected = streams.windowed_counts(events)
-    got = sorted(
-        (r["key"], streams.millis(r["window_start"]), r["views"], r["amount"], list(r["pages"]))
-        for r in output.to_pylist()
-    )
+    got = sorted(streams.window_row(r) for r in output.to_pylist())
     assert expected.late > 0 and len(expected.rows) > 20
     assert got == expected.rows  # each window once, with exactly its timely events
     assert progress.late_events == expected.late
@@ -106,18 +103,7 @@ def test_sessions_equal_pandas_over_the_same_events(spark: Any, tmp_path: Path) 
     output, store, progress = _run(spark, sessions.processor, schema, events, tmp_path, seed=5)
 
     expected = streams.sessions(events)
-    got = sorted(
-        (
-            r["key"],
-            streams.millis(r["session_start"]),
-            streams.millis(r["session_end"]),
-            r["clicks"],
-            list(r["pages"]),
-            r["entry_page"],
-            r["exit_page"],
-        )
-        for r in output.to_pylist()
-    )
+    got = sorted(streams.session_row(r) for r in output.to_pylist())
     assert len(expected.rows) > 10
     assert got == expected.rows
     open_sessions = [s for row in store.to_table().to_pylist() for s in row["sessions"]]
@@ -131,7 +117,7 @@ def test_dedup_equals_a_direct_walk_over_the_same_events(spark: Any, tmp_path: P
     output, store, progress = _run(spark, dedup.processor, schema, events, tmp_path, seed=9)
 
     expected = streams.dedup(events)
-    got = sorted((r["customer"], r["order_id"], streams.millis(r["at"])) for r in output.to_pylist())
+    got = sorted(streams.order_row(r) for r in output.to_pylist())
     assert len(expected.rows) < events.num_rows - expected.late  # some were duplicates
     assert got == expected.rows
     assert progress.late_events == expected.late

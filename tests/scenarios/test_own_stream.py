@@ -127,22 +127,14 @@ EXAMPLES = {
         "examples/clicks.yaml",
         lambda: streams.clicks(2000, seed=21),
         streams.windowed_counts,
-        lambda r: (r["key"], streams.millis(r["window_start"]), r["views"], r["amount"], list(r["pages"])),
+        streams.window_row,
     ),
     "sessions": Example(
         "examples.sessions:processor",
         "examples/clicks.yaml",
         lambda: streams.clicks(2000, seed=22),
         streams.sessions,
-        lambda r: (
-            r["key"],
-            streams.millis(r["session_start"]),
-            streams.millis(r["session_end"]),
-            r["clicks"],
-            list(r["pages"]),
-            r["entry_page"],
-            r["exit_page"],
-        ),
+        streams.session_row,
         held=lambda rows: sum(len(r["sessions"]) for r in rows),
     ),
     "dedup": Example(
@@ -150,7 +142,7 @@ EXAMPLES = {
         "examples/orders.yaml",
         lambda: streams.orders(1000, seed=23),
         streams.dedup,
-        lambda r: (r["customer"], r["order_id"], streams.millis(r["at"])),
+        streams.order_row,
     ),
 }
 
