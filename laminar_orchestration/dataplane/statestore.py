@@ -235,7 +235,10 @@ class PartitionStateStore:
     def _move_expiry_entries(self, batch: WriteBatch, rows: pa.Table, keys: list[str], gone: list[str]) -> None:
         """Replace the touched keys' expiry entries: the old ones (read back) out, the new ones in."""
         assert self.expiry_column is not None
-        old = self.get_many(keys + gone)[self.expiry_column]
+        with self._lock:
+            records = self._db.get([encode_key(k) for k in keys + gone])
+        assert records is not None
+        old = self.codec.decode_column(records, self.expiry_column)
         for key, expires_at in zip(keys + gone, old.to_pylist(), strict=True):
             if expires_at is not None:
                 batch.delete(_expiry_entry(int(expires_at), key))

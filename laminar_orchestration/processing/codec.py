@@ -143,23 +143,36 @@ class ValueCodec:
         """The value columns for `records`, every column null where a record is missing (a new key)."""
         if self.fixed_width:
             return self._decode_fixed(records)
-        n = len(self.schema)
+        rows = self._unpack(records)
+        columns = [self._column(rows, i) for i in range(len(self.schema))]
+        return pa.Table.from_arrays(columns, schema=_nullable(self.schema))
+
+    def decode_column(self, records: Sequence[bytes | None], name: str) -> pa.Array | pa.ChunkedArray:
+        """One value column for `records` (null where a record is missing): the expiry index reads
+        only its column, without building the others' arrays."""
+        if self.fixed_width:
+            return self._decode_fixed(records)[name]
+        return self._column(self._unpack(records), self.schema.get_field_index(name))
+
+    def _unpack(self, records: Sequence[bytes | None]) -> list[tuple[Any, ...] | None]:
         unpack = msgpack.unpackb
-        rows: list[list[Any] | None] = []
+        rows: list[tuple[Any, ...] | None] = []
         try:
             for r in records:
                 # Tuples, not lists: a map's entries must come back as (key, value) pairs.
                 rows.append(unpack(r, raw=False, strict_map_key=False, use_list=False) if r is not None else None)
         except (ValueError, msgpack.UnpackException) as exc:
             raise UndecodableStateValue(str(exc)) from None
-        columns: list[pa.Array] = []
-        for i, (f, storage) in enumerate(zip(self.schema, self._storage, strict=True)):
-            try:
-                raw = pa.array([row[i] if row is not None and len(row) == n else None for row in rows], storage.type)
-                columns.append(raw.cast(f.type) if storage.type != f.type else raw)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-                raise UndecodableStateValue(f"column {f.name!r}: {exc}") from None
-        return pa.Table.from_arrays(columns, schema=_nullable(self.schema))
+        return rows
+
+    def _column(self, rows: list[tuple[Any, ...] | None], i: int) -> pa.Array:
+        n = len(self.schema)
+        f, storage = self.schema.field(i), self._storage.field(i)
+        try:
+            raw = pa.array([row[i] if row is not None and len(row) == n else None for row in rows], storage.type)
+            return raw.cast(f.type) if storage.type != f.type else raw
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            raise UndecodableStateValue(f"column {f.name!r}: {exc}") from None
 
     def _decode_fixed(self, records: Sequence[bytes | None]) -> pa.Table:
         present = np.fromiter((r is not None for r in records), dtype=bool, count=len(records))
