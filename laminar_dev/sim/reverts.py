@@ -18,6 +18,8 @@ from laminar_orchestration.clock import current as current_clock
 from laminar_orchestration.control import coordinator as migration_module
 from laminar_orchestration.control import moves as moves_module
 from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.dataplane import log_watch as log_watch_module
+from laminar_orchestration.dataplane.log_watch import LOG_ENDS_TRUST_S, LogWatch
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.ops import sweep as antientropy
 from laminar_orchestration.ops.sweep import EPOCH_METADATA, PARTITION_METADATA, SweepReport
@@ -78,6 +80,10 @@ class Knobs:
     #: A nudge's timeout is per socket read (urllib's), any URL scheme is tried, and the doorbell sends
     #: every ring to every address in turn from its one thread (`doorbell`'s scenario finds it).
     revert_nudge_deadline: bool = False
+    #: A worker waiting on the recorded log ends sleeps until its fallback poll however long the node
+    #: has not read them, and a new worker is handed the node's last-read ends as seen now
+    #: (`log_ends`' scenario finds it).
+    revert_log_ends_fallback: bool = False
 
 
 # --- reverted fixes ----------------------------------------------------------------------------
@@ -275,6 +281,36 @@ def _ring_loop_before_fix(self: nudge_module.SourceDoorbell) -> None:
             nudge_module.send_nudge(url, body=body)
 
 
+def _watch_clock() -> float:
+    """The clock `log_watch` reads, not `time`'s: a scenario runs the watch on a simulated one."""
+    return float(vars(log_watch_module)["time"].monotonic())
+
+
+def _advanced_before_fix(self: LogWatch, end_offset: int, *, from_log_ends: bool, read_at: float | None = None) -> bool:
+    """`LogWatch.advanced` before recorded ends counted as seen when the node read them: handed over is seen."""
+    if from_log_ends:
+        self.ends_seen_at = _watch_clock()
+    else:
+        self.doorbell_at = _watch_clock()
+    if end_offset > self.known_end:
+        self.known_end = end_offset
+        return True
+    return False
+
+
+def _idle_until_before_fix(self: LogWatch, committed: int) -> float | None:
+    """`LogWatch.idle_until` before it woke the worker when the ends' trust runs out."""
+    clock = _watch_clock
+    seen = self.ends_seen_at
+    if not self.at_end or seen is None or clock() - seen > LOG_ENDS_TRUST_S or self.known_end > committed:
+        return None
+    if self.probe_s <= log_watch_module.BUSY_PROBE_LAST_S and not self._doorbell_rings():
+        due = self.read_at + self.probe_s
+    else:
+        due = self.read_at + self.fallback_s
+    return due if due > clock() else None
+
+
 @contextlib.contextmanager
 def reverted(knobs: Knobs) -> Iterator[None]:
     """Patch the library back to before the fixes `knobs` revert, for the duration of a run."""
@@ -311,6 +347,9 @@ def reverted(knobs: Knobs) -> Iterator[None]:
     if knobs.revert_nudge_deadline:
         patch(nudge_module, "send_nudge", _send_nudge_before_fix)
         patch(nudge_module.SourceDoorbell, "_ring_loop", _ring_loop_before_fix)
+    if knobs.revert_log_ends_fallback:
+        patch(LogWatch, "advanced", _advanced_before_fix)
+        patch(LogWatch, "idle_until", _idle_until_before_fix)
     if knobs.revert_utf8_append_check:
         patch(source_module, "normalize_events", _normalize_events_before_fix(segments_module.normalize_events))
     try:
