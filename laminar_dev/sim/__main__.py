@@ -1,4 +1,5 @@
-"""``python -m laminar_dev.sim simulate --seed S --steps N`` and ``python -m laminar_dev.sim soak --minutes M``."""
+"""``python -m laminar_dev.sim simulate --seed S --steps N``, ``python -m laminar_dev.sim soak --minutes M`` and
+``python -m laminar_dev.sim log-ends --seeds N`` (the focused log-ends scenario)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from .log_ends import run_log_ends_scenario
 from .reverts import Knobs
 from .soak import SoakReport, soak
 from .world import ScenarioResult, SimConfig, run_scenario
@@ -91,6 +93,20 @@ def cmd_soak(args: argparse.Namespace) -> int:
     return 1 if report.failures else 0
 
 
+def cmd_log_ends(args: argparse.Namespace) -> int:
+    base = args.base_seed if args.base_seed is not None else time.time_ns() % 1_000_000_007
+    knobs = Knobs(**{name: True for name in args.revert})
+    failed = 0
+    for seed in range(base, base + args.seeds):
+        result = run_log_ends_scenario(seed, knobs)
+        if not result.ok:
+            failed += 1
+            for v in result.violations:
+                print(f"FAILED seed {seed}: {v.broken.value} at {v.at:.1f} s: {v.detail} (outages {result.outages})")
+    print(f"log-ends: {args.seeds} seeds from {base}, {failed} with violations")
+    return 1 if failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m laminar_dev.sim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -117,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-going", action="store_true", help="do not stop at the first failure")
     shape(p)
     p.set_defaults(func=cmd_soak)
+
+    p = sub.add_parser("log-ends", help="run the log-ends scenario (a worker while the log ends are unreadable)")
+    p.add_argument("--seeds", type=int, default=1000)
+    p.add_argument("--base-seed", type=int, help="default: derived from the time (printed)")
+    p.add_argument("--revert", action="append", default=[], choices=_KNOBS, help="revert a fix (to see it found)")
+    p.set_defaults(func=cmd_log_ends)
     return parser
 
 
