@@ -200,22 +200,18 @@ class Ledger:
     ) -> ClusterRecord:
         """Create the cluster record and `partitions` unassigned partitions at epoch 0.
 
-        `partitions` must be within 1..`MAX_PARTITIONS`. Re-initialization needs
-        `force`; it never lowers an epoch or removes a partition (that would hand
-        out an epoch twice), it only adds partitions.
+        `partitions` must be within 1..`MAX_PARTITIONS`. Re-initialization needs `force`; it never lowers
+        an epoch or removes a partition (that would hand out an epoch twice), it only adds partitions.
 
-        Resumable: the stream record, the partition heads and the membership record
-        are written first and the cluster record last, so an interrupted `init` leaves no
-        cluster that names missing partitions; running it again completes it.
-
-        `schema` and `processor` (either defaulting to the demo's) are recorded in the stream
-        record (`protocol.stream`), checked before any write: `StreamAlreadyRecorded` if the
-        store records another stream. With neither, no stream record is written.
+        Resumable: the stream record, the partition heads and the membership record are written
+        first and the cluster record last, so an interrupted `init` leaves no cluster that names
+        missing partitions; running it again completes it. `schema` and `processor` (either
+        defaulting to the demo's) are recorded in the stream record (`protocol.stream`), checked
+        before any write: `StreamAlreadyRecorded` if the store records another stream.
         """
         if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= MAX_PARTITIONS:
             raise InvalidArgument("partitions", f"{partitions!r} is not within 1..{MAX_PARTITIONS}")
-        # The stream's schema needs pyarrow: loaded here, so a move command's start stays light.
-        from laminar_orchestration.protocol.stream import check_stream, record_stream, stream_record
+        from laminar_orchestration.protocol.stream import check_stream, record_stream, stream_record  # pyarrow: late
 
         existing = self._read(CLUSTER_KEY, ClusterRecord)
         stream = None if schema is None and processor is None else stream_record(schema, processor)
