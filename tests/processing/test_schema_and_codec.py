@@ -154,3 +154,14 @@ def test_a_union_column_is_refused_and_a_garbled_record_is_named() -> None:
     codec = ValueCodec(pa.schema([("name", pa.string())]))
     with pytest.raises(UndecodableStateValue):
         codec.decode([b"\xc1"])
+
+
+def test_one_column_decodes_alone_and_equals_the_full_decode() -> None:
+    schema = pa.schema([("tags", pa.list_(pa.string())), ("expires", pa.int64()), ("amount", pa.decimal128(12, 2))])
+    rich, fixed = ValueCodec(schema), ValueCodec(pa.schema([pa.field("expires", pa.int64(), nullable=False)]))
+    values = pa.table({"tags": [["a"], None], "expires": [7, 9], "amount": [Decimal("1.50"), None]}, schema=schema)
+    records = [*rich.encode(values), None]
+    assert rich.decode_column(records, "expires").to_pylist() == [7, 9, None]
+    assert rich.decode_column(records, "tags").to_pylist() == rich.decode(records)["tags"].to_pylist()
+    packed = [*fixed.encode(values.select(["expires"])), None]
+    assert fixed.decode_column(packed, "expires").to_pylist() == [7, 9, None]
