@@ -119,7 +119,7 @@ class MigrationHandle:
             to_node=task.to_node,
             from_epoch=task.from_epoch,
             to_epoch=task.to_epoch,
-            config=config.model_dump(),
+            config=config.model_dump(exclude_unset=True),
         )
 
     @classmethod
@@ -133,7 +133,7 @@ class MigrationHandle:
             to_node=recorded.to_node,
             from_epoch=recorded.from_epoch,
             to_epoch=recorded.to_epoch,
-            config=config.model_dump(),
+            config=config.model_dump(exclude_unset=True),
             recorded=tuple((r.phase, r.duration_s, r.bytes_moved, r.detail) for r in recorded.phases),
         )
 
@@ -183,7 +183,7 @@ class MigrationHandle:
             to_node=int(tags[TO_NODE_TAG]),
             from_epoch=int(tags[FROM_EPOCH_TAG]),
             to_epoch=int(tags[TO_EPOCH_TAG]),
-            config=config.model_dump(),
+            config=config.model_dump(exclude_unset=True),
         )
 
 

@@ -134,7 +134,13 @@ def plan_rebalance(
     context.log.info(f"cluster epoch is now {epoch}")
     settings = config.tuning.migration_config(max_concurrent_migrations=config.max_concurrent_migrations)
     for i, wave in enumerate(waves, start=1):
-        value = Wave(i, tuple(wave), tuple(sorted(live)), config.max_concurrent_migrations, settings.model_dump())
+        value = Wave(
+            i,
+            tuple(wave),
+            tuple(sorted(live)),
+            config.max_concurrent_migrations,
+            settings.model_dump(exclude_unset=True),
+        )
         yield dg.DynamicOutput(
             value,
             mapping_key=f"wave_{i}",

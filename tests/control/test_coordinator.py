@@ -321,8 +321,8 @@ def test_a_record_past_its_deadline_is_failed_by_the_next_coordinator_call(store
 
 def test_run_phase_enforces_the_records_overall_deadline(store: ObjectStore) -> None:
     ledger, _ = three_nodes(store)
-    # The phase limit is generous; only the migration's own deadline can stop the wait.
-    coordinator = MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=0.3, release_wait_timeout_s=20))
+    # The phase limit (15 s by default) is generous; only the migration's own deadline can stop the wait.
+    coordinator = MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=0.3))
     task = coordinator.plan(P(0), N(2))
     started = time.monotonic()
     with pytest.raises(migration_errors.MigrationTimeout):
