@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +20,12 @@ from laminar_dev.localcluster import HEARTBEAT_TIMEOUT_S, Cluster, wait_until
 from laminar_orchestration.dataplane.checkpoint import download_table
 from laminar_orchestration.dataplane.restore import committed_state
 from laminar_orchestration.identity import PartitionId
-from laminar_orchestration.processing.registry import load_processor, processor_fingerprint
+from laminar_orchestration.processing.registry import load_processor
 from laminar_orchestration.processing.schema import DEFAULT_STREAM_SCHEMA, StreamSchema
 from laminar_orchestration.protocol.capabilities import ReadStore
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.source import SourceLog
-from laminar_orchestration.protocol.stream import STREAM_KEY, StreamRecord
 from laminar_orchestration.store import ObjectStore
 
 from .common import REPO_ROOT, progress
@@ -68,24 +66,9 @@ def stream_setup(clicks_mode: bool) -> tuple[StreamSchema, str]:
 
 def init_with_stream(ledger: Ledger, schema: StreamSchema, reference: str) -> tuple[Any, str]:
     """Initialise a one-partition cluster whose stream record names `schema` and `reference`, as
-    ``laminar init --schema --processor`` does (`Ledger.init_cluster(stream=...)`); where the ledger
-    cannot record a stream yet, the record is written here. The processor bound to the schema, and how."""
-    bound = load_processor(reference).bind(schema)
-    fingerprint = processor_fingerprint(bound, schema)
-    if "stream" in inspect.signature(Ledger.init_cluster).parameters:
-        ledger.init_cluster(1, stream=(schema, reference, fingerprint))  # type: ignore[call-arg, unused-ignore]
-        return bound, "Ledger.init_cluster(stream=...), as `laminar init --schema --processor`"
-    ledger.init_cluster(1)
-    record = StreamRecord.model_validate(
-        {
-            "schema": schema,
-            "processor": reference,
-            "processor_fingerprint": fingerprint,
-            "created_at": datetime.now(UTC),
-        }
-    )
-    ledger.store.put_if_absent(STREAM_KEY, record.model_dump_json(by_alias=True).encode())
-    return bound, "a StreamRecord the benchmark wrote itself (the ledger's init cannot record one)"
+    ``laminar init --schema --processor`` does. The processor bound to the schema, and how."""
+    ledger.init_cluster(1, schema=schema, processor=reference)
+    return load_processor(reference).bind(schema), "Ledger.init_cluster(schema=, processor=), as `laminar init`"
 
 
 def appender(cluster: Cluster, schema: StreamSchema, clicks_mode: bool) -> Any:
