@@ -17,6 +17,7 @@ import signal
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -79,6 +80,15 @@ class Scenario:
     #: The owner of partition 0 that was killed (-9) and failed over.
     killed: int
     audit: dict[str, Any]
+
+
+def _table_lines(workdir: Path) -> str:
+    """The nodes' log lines about the output table (the last 15 of each), to say why it fell behind."""
+    return "\n".join(
+        f"{log.name}: {line}"
+        for log in sorted(workdir.glob("node*.log"))
+        for line in [x for x in log.read_text(errors="replace").splitlines() if "table" in x.lower()][-15:]
+    )
 
 
 def _table(roles: Roles, role: str) -> DeltaTable:
@@ -146,7 +156,11 @@ def scenario(table_roles: Roles) -> Scenario:
     wait_until(lambda: killed not in alive(admin), 30, f"node {killed} to be seen dead")
     r.laminar(CONTROL_PLANE_ROLE, "failover", "--node", str(killed))
     produce(1000)
-    wait_until(lambda: table_caught_up(admin), 90, "the nodes to catch the output table up")
+    try:
+        # A sync every 5 s; on the suite's loaded machine the single-threaded server answers slowly.
+        wait_until(lambda: table_caught_up(admin), 180, "the nodes to catch the output table up")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}; the nodes' table lines:\n{_table_lines(r.workdir)}") from exc
     audit = json.loads(r.laminar(AUDITOR_ROLE, "verify", "--json"))
     return Scenario(produced, zombie, killed, audit)
 
