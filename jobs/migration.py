@@ -9,7 +9,8 @@ Each op persists its phase in the partition's desired-state record, does the
 coordinator's part (the fence, for forced moves) and waits until the
 responsible node reports the phase done; its output metadata carries
 ``duration_s``, ``bytes_moved`` (on the ops that move state: plan, where the
-target warms up, upload and download; they add up to the move)
+target warms up, upload and download, each with ``bytes_counted`` saying what it counts: the
+target's warm-up downloads, the snapshot the old owner published, the target's downloads after the drain)
 and the ``detail``; the migration's identity (partition, id, nodes, epochs)
 is on the run as tags. The ops pass each other nothing but their order (a
 phase's input is the ledger; which migration is in the run's tags), so no
