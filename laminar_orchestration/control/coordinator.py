@@ -331,20 +331,26 @@ class MigrationCoordinator:
         """Record migration `migration_id` Failed with `error` (and the phase it failed in)."""
         return self._transition(partition, migration_id, MigrationPhase.FAILED, error=error)
 
-    def cancel(self, partition: PartitionId, migration_id: str) -> MigrationTask:
-        """Record migration `migration_id` Cancelled; InvalidTransition once that is no longer safe."""
+    def cancel(self, partition: PartitionId, migration_id: str, *, grant_back: bool = True) -> MigrationTask:
+        """Record migration `migration_id` Cancelled; InvalidTransition once that is no longer safe.
+
+        `grant_back=False` leaves a partition the old owner already released released: a leaving node
+        cancelling its own moves is about to stop, and a grant it never takes up would strand the
+        partition on a stopped node (it gets it back when it rejoins).
+        """
         cancelled = self._transition(
             partition, migration_id, MigrationPhase.CANCELLED, error="cancelled by an operator"
         )
-        # Cancelled after the old owner released: grant the partition back to it.
-        self.reinstate(partition)
+        if grant_back:
+            # Cancelled after the old owner released: grant the partition back to it.
+            self.reinstate(partition)
         return cancelled
 
-    def cancel_current(self, partition: PartitionId) -> MigrationTask:
+    def cancel_current(self, partition: PartitionId, *, grant_back: bool = True) -> MigrationTask:
         """Cancel whatever migration of `partition` is in flight; returns the Cancelled record.
 
         Raises NothingToCancel when none is, CancelRefused when it reached Seeking
-        (the new owner may hold the epoch: cancelling then would strand it).
+        (the new owner may hold the epoch: cancelling then would strand it). `grant_back` as for `cancel`.
         """
         task = self.current(partition)
         if task is None or task.is_terminal:
@@ -354,7 +360,7 @@ class MigrationCoordinator:
             # Granted to the new owner just before Seeking is recorded: cancelling would strand it.
             raise CancelRefused(partition, task.migration_id, MigrationPhase.SEEKING)
         try:
-            return self.cancel(partition, task.migration_id)
+            return self.cancel(partition, task.migration_id, grant_back=grant_back)
         except InvalidTransition:
             latest = self.current(partition)
             if latest is None or latest.migration_id != task.migration_id or latest.is_terminal:

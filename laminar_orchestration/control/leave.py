@@ -263,7 +263,8 @@ class GracefulLeave:
         the result in `left`."""
         coordinator = MigrationCoordinator(self.node.ledger, self.settings.migration)
         try:
-            coordinator.cancel_current(PartitionId(partition))
+            # Not granted back to this node: it stops next, and its stop releases only what it runs.
+            coordinator.cancel_current(PartitionId(partition), grant_back=False)
         except (LaminarError, StoreError) as exc:
             left[partition] += f"; not cancelled ({type(exc).__name__})"
             return

@@ -155,11 +155,14 @@ class ClusterWatch:
         views = [NodeView.judge(r, at) for r in records]
         live = {v.record.node for v in views if is_alive(v, self.heartbeat_timeout_s)}
         keys = {v.record.node: (str(v.record.status), v.record.generation, v.record.node in live) for v in views}
+        recount: set[int] = set()
         for node in keys.keys() | self._node_keys.keys():
             if keys.get(node) != self._node_keys.get(node):
                 # Its partitions: a clean stop's releases, a new generation, a death.
-                self._stale |= set(self._listed.get(node, {}))
-                self._stale |= {p for p, o in self._owners.items() if o is not None and int(o.owner) == node}
+                held = set(self._listed.get(node, {}))
+                held |= {p for p, o in self._owners.items() if o is not None and int(o.owner) == node}
+                self._stale |= held
+                recount |= held
         self._node_keys = keys
         assert self._partitions is not None
         stale = sorted(p for p in self._stale | (set(self._partitions) - self._owners.keys()))
@@ -177,8 +180,9 @@ class ClusterWatch:
             reported = reports.get((owner, p))
             if reported is not None and reported.state not in WARM_STATES:
                 self._committed[p] = max(self._committed.get(p, 0), reported.source_offset)
-            elif p not in self._committed:
-                self._committed[p] = self._manifest_offset(p)
+            elif p not in self._committed or p in recount:
+                # A node that stopped reports nothing: its final commits are in the manifests.
+                self._committed[p] = max(self._committed.get(p, 0), self._manifest_offset(p))
             partitions.append(
                 _partition(p, own, owner in live, self.moving().get(p), self._committed[p], ends.get(p), reported)
             )

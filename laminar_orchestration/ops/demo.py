@@ -660,12 +660,13 @@ class Demo:
                 grace = 30.0 if self._migrations_in_flight() else 1.0
                 self._stop_child(self.daemon, 20.0, hurry, group_grace=grace)
             self._catch_up(hurry)
-            for child in self.nodes.values():
-                child.signal(signal.SIGTERM)  # drain, final commit and checkpoint, release
             if self.nodes:
-                self.say("nodes: draining and releasing their partitions ...")
+                self.say("nodes: leaving one at a time (each hands its partitions to the nodes still running; "
+                         "the last one releases them) ...")  # fmt: skip
+            # One at a time: stopped together, each would hand its partitions to a peer that is stopping
+            # too and wait out its leave deadline before releasing them.
             for child in self.nodes.values():
-                self._stop_child(child, 90.0, hurry, already_signalled=True)
+                self._stop_child(child, 90.0, hurry)
             if self.webserver is not None:
                 self._stop_child(self.webserver, 20.0, hurry)
         finally:

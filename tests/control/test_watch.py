@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
+
 from laminar_orchestration.control.snapshot import snapshot_cluster
 from laminar_orchestration.control.watch import ClusterWatch, summarize_cluster
 from laminar_orchestration.identity import NodeId, PartitionId
@@ -9,9 +11,11 @@ from laminar_orchestration.ops.demo_status import PhaseWatch
 from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.records import PartitionProgress
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.protocol.tasks import MigrationPhase
 from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.store.metering import RequestCounts, RequestMeter
+from tests.commits import commit_all
 from tests.ledgers import new_ledger
 from tests.ops.test_demo_status import task
 
@@ -116,3 +120,20 @@ def test_the_summary_agrees_with_the_ledger_and_reads_nothing_per_partition(
     ]
     assert [p.committed_offset for p in summary.partitions] == [10 * p for p in range(PARTITIONS)]
     assert summary.partitions[5].migration is not None and summary.partitions[4].migration is None
+
+
+def test_a_node_that_stopped_shows_its_final_commits_not_its_last_report(store: ObjectStore) -> None:
+    """A clean stop commits after the node's last heartbeat and leaves a record reporting nothing: the
+    viewer's final table must show the partition's last commit (from its manifest), not the old report."""
+    ledger = new_ledger(store, 1)
+    handle = ledger.members.register_node(NodeId(1), heartbeat_timeout_s=60)
+    ledger.members.admit_nodes()
+    DesiredStates(ledger, nudge=False).update(PartitionId(0), lambda s: s.model_copy(update={"owner": 1}))
+    token = ledger.acquire(PartitionId(0), NodeId(1), expected_epoch=0)
+    SourceLog(store, partitions=1).append(0, pa.table({"key": ["a", "b"] * 15, "value": [1.0] * 30}))
+    handle.heartbeat(partitions={0: PartitionProgress(partition=0, epoch=1, state="running", source_offset=0)})
+    watch = ClusterWatch(ledger)
+    assert watch.snapshot().partitions[0].committed_offset == 0
+    assert commit_all(store, token)[1] == 30
+    handle.leave()
+    assert watch.snapshot().partitions[0].committed_offset == 30

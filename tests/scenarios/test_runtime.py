@@ -343,7 +343,8 @@ def test_sigterm_during_the_spark_warm_up_exits_cleanly(tmp_path: Path) -> None:
                     )
                 )  # fmt: skip
         for log_path in logs:
-            wait_until(partial(_logged, log_path, b"spark ready"), 120, f"{log_path.name}: Spark to start")
+            # Three JVMs starting at once beside the rest of the suite on two cores: minutes, not seconds.
+            wait_until(partial(_logged, log_path, b"spark ready"), 300, f"{log_path.name}: Spark to start")
         time.sleep(1.0)  # inside the back-to-back part of the warm-up
         for proc in procs:
             proc.send_signal(signal.SIGTERM)

@@ -1,0 +1,56 @@
+"""A node's graceful leave, with a real node runtime in this process and a target that never takes over."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from laminar_dev.chaos.arrow import ArrowNode
+from laminar_orchestration.control.leave import GracefulLeave, LeaveSettings
+from laminar_orchestration.control.snapshot import snapshot_cluster
+from laminar_orchestration.identity import PartitionId
+from laminar_orchestration.protocol.desired_states import DesiredStates
+from laminar_orchestration.protocol.records import PartitionStatus
+from laminar_orchestration.protocol.tasks import MigrationPhase
+from laminar_orchestration.store import ObjectStore
+from tests.dataplane.plane import running
+from tests.ledgers import make_alive, new_ledger, place_on_node_1
+from tests.nodes import quick_node_config
+
+
+def test_a_leave_whose_target_never_takes_over_ends_released_not_granted_back_to_the_stopping_node(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    """Two nodes stopping at once: the leaving node's move goes to a peer that stops too. At the deadline
+    the move is cancelled; the partition must end released by the leaving node at its epoch. Granted
+    back to it, it would sit on a stopped node, active and owned, until a failover."""
+    ledger = new_ledger(store, 1)
+    place_on_node_1(ledger)
+    make_alive(ledger, 2)  # heartbeating as far as the ledger knows, but it never takes a partition up
+    node = ArrowNode(quick_node_config(store, tmp_path), store=store)
+    stopped = threading.Event()
+    with running(node):
+        deadline = time.monotonic() + 30
+        while (worker := node.workers.get(PartitionId(0))) is None or worker.state_name.value != "running":
+            assert time.monotonic() < deadline, "node 1 never ran partition 0"
+            time.sleep(0.02)
+        leave = GracefulLeave(node, LeaveSettings(deadline_s=3.0))
+        node_stop = node.stop
+
+        def stop_and_tell() -> None:
+            node_stop()
+            stopped.set()
+
+        node.stop = stop_and_tell  # type: ignore[method-assign]
+        leave.request()
+        assert stopped.wait(30), "the leave never stopped the node"
+    assert leave.outcome is not None and leave.outcome.moved == (), leave.outcome
+    assert leave.outcome.left_behind[0].endswith("; cancelled"), leave.outcome
+
+    own = ledger.ownership(PartitionId(0))
+    assert own is not None
+    assert (int(own.owner), own.epoch, own.status) == (1, 1, PartitionStatus.RELEASED), own
+    state, _ = DesiredStates(ledger).read(PartitionId(0))
+    assert state.migration is not None and state.migration.phase == MigrationPhase.CANCELLED
+    assert snapshot_cluster(ledger).partitions[0].phase_text() == "released by node 1"
