@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--store", required=True)
     parser.add_argument("--node-id", type=int, required=True)
     parser.add_argument("--heartbeat-timeout", type=float, default=3.0)
-    parser.add_argument("--heartbeat-interval", type=float, default=0.5)
+    parser.add_argument("--heartbeat-interval", type=float, default=None, help="seconds (0.5 unless --node-defaults)")
     # Its tests run it against one single-threaded S3 server that checks every request's
     # credentials: at the node's defaults (a reconcile every 50 ms, a migration poll every 10 ms)
     # three nodes keep that server busy, and every request queues.
@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--node-defaults",
         action="store_true",
-        help="run with `laminar node run`'s timing (the cost benchmark measures what a user runs)",
+        help="run with `laminar node run`'s timing and its output table (what a user runs): --poll-interval is "
+        "ignored, the other flags still apply",
     )
     parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
     parser.add_argument(
@@ -47,28 +48,31 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if args.node_defaults:
-        # As `laminar node run` runs: its output table too.
-        ArrowNode(
-            NodeConfig(store_url=args.store, node_id=args.node_id, heartbeat_timeout_s=args.heartbeat_timeout),
-            output_table=TableCommitter(open_store(args.store), node=args.node_id),
-        ).run()
-        return
+    timing: dict[str, float | int] = {}
+    if not args.node_defaults:
+        timing = {
+            "heartbeat_interval_s": 0.5,
+            "refresh_interval_s": 0.5,
+            "checkpoint_every_batches": 3,
+            "reconcile_interval_s": args.poll_interval,
+            "idle_poll_s": args.poll_interval,
+            "standby_poll_s": args.poll_interval,
+            "migration_poll_s": args.poll_interval / 5,
+        }
+    if args.heartbeat_interval is not None:
+        timing["heartbeat_interval_s"] = args.heartbeat_interval
+    if args.table_sync_interval:
+        timing["table_sync_interval_s"] = args.table_sync_interval
     config = NodeConfig(
         store_url=args.store,
         node_id=args.node_id,
         heartbeat_timeout_s=args.heartbeat_timeout,
-        heartbeat_interval_s=args.heartbeat_interval,
-        refresh_interval_s=0.5,
-        checkpoint_every_batches=3,
-        reconcile_interval_s=args.poll_interval,
-        idle_poll_s=args.poll_interval,
-        standby_poll_s=args.poll_interval,
-        migration_poll_s=args.poll_interval / 5,
         metrics_port=args.metrics_port,
-        **({"table_sync_interval_s": args.table_sync_interval} if args.table_sync_interval else {}),
+        **timing,  # type: ignore[arg-type]
     )
-    table = TableCommitter(open_store(args.store), node=args.node_id) if args.table_sync_interval else None
+    # As `laminar node run` runs, a node at the defaults keeps the output table.
+    keeps_table = args.node_defaults or args.table_sync_interval
+    table = TableCommitter(open_store(args.store), node=args.node_id) if keeps_table else None
     node = ArrowNode(config, output_table=table)
     if args.leave_deadline is not None:
         attach(node, LeaveSettings(deadline_s=args.leave_deadline))

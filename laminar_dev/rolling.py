@@ -57,7 +57,7 @@ class RollingCluster(Cluster):
         log_path = self.workdir / f"node{node_id}-{int(time.time() * 1000)}.log"
         cmd = [
             sys.executable, "-m", "laminar_dev.arrownode", "--store", self.store_url, "--node-id", str(node_id),
-            "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S), "--heartbeat-interval", "0.5",
+            "--node-defaults", "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S), "--heartbeat-interval", "0.5",
             "--metrics-port", str(self.ports[node_id]), "--table-sync-interval", "1",
             "--leave-deadline", str(LEAVE_DEADLINE_S), *extra,
         ]  # fmt: skip

@@ -2,9 +2,10 @@
 steady rate; each node in turn gets SIGTERM, moves its partitions away as planned migrations (its
 /healthz says "not ready" meanwhile), exits, starts again and takes its share back. At the end every
 event is committed exactly once (`laminar verify`) and the output table, read with `deltalake` alone,
-holds exactly the events produced. On the local store: on the single-threaded S3-protocol server under
-the suite's load a leave can outlast its deadline, and what it did not move is released (never lost)
-rather than moved, which this test's "every move graceful" would call a failure.
+holds exactly the events produced. On the local store and on the S3-protocol server; the nodes run with
+`laminar node run`'s timing (a single-threaded S3 server under the suite's load answers a handoff's chain of
+conditional writes in seconds, not the local store's tenths, so the leaves there take 10-20 s of the 25 s
+deadline).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from laminar_dev.rolling import LEAVE_DEADLINE_S, RollingCluster, rolling_restar
 from laminar_orchestration.table import table_location, table_status
 from tests.processes import free_port, laminar
 
-pytestmark = [pytest.mark.processes, pytest.mark.slow(seconds=70)]
+pytestmark = [pytest.mark.processes, pytest.mark.slow(seconds=120)]
 
 NODES = [1, 2, 3]
 
@@ -40,7 +41,7 @@ def _deltalake_alone(uri: str) -> DeltaTable:
     return DeltaTable(uri, storage_options=options)
 
 
-@pytest.mark.parametrize("store_url", ["local"], indirect=True)
+@pytest.mark.parametrize("store_url", ["local", "s3"], indirect=True)
 def test_a_rolling_restart_moves_every_partition_gracefully_and_loses_nothing(store_url: str, tmp_path: Path) -> None:
     cluster = RollingCluster(store_url, tmp_path, partitions=4, ports={n: free_port() for n in NODES})
     for n in NODES:
