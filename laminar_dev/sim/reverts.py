@@ -265,20 +265,12 @@ def _send_nudge_before_fix(url: str, *, timeout_s: float = nudge_module.NUDGE_TI
         return False
 
 
-def _ring_loop_before_fix(self: nudge_module.SourceDoorbell) -> None:
-    """`SourceDoorbell`'s sender before each address had its own: every ring to every address in turn,
-    from one thread that any error ends."""
-    lock = self._lock
-    while True:
-        with lock:
-            while not self._pending and not self._closed:
-                lock.wait()
-            if not self._pending and self._closed:
-                return
-            ends, self._pending = self._pending, {}
-        body = json.dumps({"source": {str(p): end for p, end in ends.items()}}).encode()
-        for url in self._addresses.urls(self._member_ids()):
-            nudge_module.send_nudge(url, body=body)
+def _hand_out_before_fix(self: nudge_module.SourceDoorbell, ends: dict[int, int]) -> None:
+    """`SourceDoorbell`'s hand-out before each address had its own sender: every ring to every address
+    in turn, from the one ring thread, which any error ends."""
+    body = json.dumps({"source": {str(p): end for p, end in ends.items()}}).encode()
+    for url in self._addresses.urls(self._member_ids()):
+        nudge_module.send_nudge(url, body=body)
 
 
 def _watch_clock() -> float:
@@ -346,7 +338,7 @@ def reverted(knobs: Knobs) -> Iterator[None]:
         patch(DesiredStates, "_write_assignment", _write_assignment_before_fix)
     if knobs.revert_nudge_deadline:
         patch(nudge_module, "send_nudge", _send_nudge_before_fix)
-        patch(nudge_module.SourceDoorbell, "_ring_loop", _ring_loop_before_fix)
+        patch(nudge_module.SourceDoorbell, "_hand_out", _hand_out_before_fix)
     if knobs.revert_log_ends_fallback:
         patch(LogWatch, "advanced", _advanced_before_fix)
         patch(LogWatch, "idle_until", _idle_until_before_fix)

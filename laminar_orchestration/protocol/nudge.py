@@ -196,16 +196,16 @@ class NudgeAddresses:
         return urls
 
 
-class _AddressSender:
-    """One node address's doorbell: the ends not yet sent to it, coalesced, and the daemon thread
-    that sends them one request at a time. A slow or bad address delays only its own rings."""
+class _EndsQueue:
+    """Log ends waiting to be handed on, coalesced per partition (the highest end wins), and the daemon
+    thread that hands them to `handle` one batch at a time. `close` hands on what is pending, then stops."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, handle: Callable[[dict[int, int]], None], name: str) -> None:
+        self._handle = handle
         self._pending: dict[int, int] = {}
         self._lock = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._send_loop, name="source-doorbell-send", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def add(self, ends: Mapping[int, int]) -> None:
@@ -215,7 +215,6 @@ class _AddressSender:
             self._lock.notify()
 
     def close(self) -> None:
-        """Send what is pending, then stop (`join` waits for it)."""
         with self._lock:
             self._closed = True
             self._lock.notify()
@@ -223,7 +222,7 @@ class _AddressSender:
     def join(self, timeout_s: float) -> None:
         self._thread.join(timeout=timeout_s)
 
-    def _send_loop(self) -> None:
+    def _loop(self) -> None:
         while True:
             with self._lock:
                 while not self._pending and not self._closed:
@@ -231,7 +230,17 @@ class _AddressSender:
                 if not self._pending:
                     return
                 ends, self._pending = self._pending, {}
-            send_nudge(self.url, body=json.dumps({"source": {str(p): end for p, end in ends.items()}}).encode())
+            self._handle(ends)
+
+
+def _address_sender(url: str) -> _EndsQueue:
+    """One node address's doorbell: its rings sent one request at a time, so a slow or bad address
+    delays only its own rings."""
+
+    def send(ends: dict[int, int]) -> None:
+        send_nudge(url, body=json.dumps({"source": {str(p): end for p, end in ends.items()}}).encode())
+
+    return _EndsQueue(send, "source-doorbell-send")
 
 
 class SourceDoorbell:
@@ -250,26 +259,17 @@ class SourceDoorbell:
         self._reads = reads
         self._addresses = NudgeAddresses(self._node_record)
         self._members: tuple[tuple[int, ...], datetime] | None = None
-        self._pending: dict[int, int] = {}
-        self._senders: dict[str, _AddressSender] = {}
-        self._lock = threading.Condition()
-        self._closed = False
-        self._thread = threading.Thread(target=self._ring_loop, name="source-doorbell", daemon=True)
-        self._thread.start()
+        self._senders: dict[str, _EndsQueue] = {}
+        self._rings = _EndsQueue(self._hand_out, "source-doorbell")
 
     def ring(self, ends: Mapping[int, int]) -> None:
         """Announce each partition's new log end (returns at once; sent in the background)."""
-        with self._lock:
-            for p, end in ends.items():
-                self._pending[p] = max(end, self._pending.get(p, 0))
-            self._lock.notify()
+        self._rings.add(ends)
 
     def close(self) -> None:
         """Send what is pending, then stop the senders."""
-        with self._lock:
-            self._closed = True
-            self._lock.notify()
-        self._thread.join(timeout=5)
+        self._rings.close()
+        self._rings.join(5)
         for sender in self._senders.values():
             sender.close()
         for sender in self._senders.values():
@@ -287,20 +287,6 @@ class SourceDoorbell:
             self._members = (members, at)
         return self._members[0]
 
-    def _ring_loop(self) -> None:
-        while True:
-            with self._lock:
-                while not self._pending and not self._closed:
-                    self._lock.wait()
-                if not self._pending and self._closed:
-                    return
-                ends, self._pending = self._pending, {}
-            try:
-                self._hand_out(ends)
-            except Exception:
-                # The doorbell is advisory: one bad record or address must not silence it for every node.
-                log.exception("source doorbell: a ring was dropped (the nodes poll instead)")
-
     def _hand_out(self, ends: dict[int, int]) -> None:
         """Give `ends` to the sender of each member's address (a node's earlier address stops)."""
         try:
@@ -308,10 +294,14 @@ class SourceDoorbell:
         except (StoreError, CorruptLedgerObject) as exc:
             log.debug("source doorbell: cannot read the members (%s); the nodes poll instead", exc)
             return
+        except Exception:
+            # The doorbell is advisory: one bad record or address must not silence it for every node.
+            log.exception("source doorbell: a ring was dropped (the nodes poll instead)")
+            return
         for url in set(self._senders) - set(urls):
             self._senders.pop(url).close()
         for url in urls:
             sender = self._senders.get(url)
             if sender is None:
-                sender = self._senders[url] = _AddressSender(url)
+                sender = self._senders[url] = _address_sender(url)
             sender.add(ends)
