@@ -333,16 +333,10 @@ class MigrationCoordinator:
 
     def cancel(self, partition: PartitionId, migration_id: str, *, grant_back: bool = True) -> MigrationTask:
         """Record migration `migration_id` Cancelled; InvalidTransition once that is no longer safe.
-
-        `grant_back=False` leaves a partition the old owner already released released: a leaving node
-        cancelling its own moves is about to stop, and a grant it never takes up would strand the
-        partition on a stopped node (it gets it back when it rejoins).
-        """
-        cancelled = self._transition(
-            partition, migration_id, MigrationPhase.CANCELLED, error="cancelled by an operator"
-        )
+        Cancelled after the release, the partition is granted back to the old owner unless not
+        `grant_back` (a leaving node about to stop would never take that grant up)."""
+        cancelled = self._transition(partition, migration_id, MigrationPhase.CANCELLED, error="cancelled")
         if grant_back:
-            # Cancelled after the old owner released: grant the partition back to it.
             self.reinstate(partition)
         return cancelled
 

@@ -661,10 +661,9 @@ class Demo:
                 self._stop_child(self.daemon, 20.0, hurry, group_grace=grace)
             self._catch_up(hurry)
             if self.nodes:
-                self.say("nodes: leaving one at a time (each hands its partitions to the nodes still running; "
-                         "the last one releases them) ...")  # fmt: skip
-            # One at a time: stopped together, each would hand its partitions to a peer that is stopping
-            # too and wait out its leave deadline before releasing them.
+                self.say("nodes: leaving one at a time (each hands its partitions on; the last releases them) ...")
+            # One at a time: stopped together, each would hand its partitions to a peer stopping too and
+            # wait out its leave deadline before releasing them.
             for child in self.nodes.values():
                 self._stop_child(child, 90.0, hurry)
             if self.webserver is not None:
