@@ -1,7 +1,7 @@
 """The time and entropy the protocol reads, replaceable for a deterministic simulation.
 
 Every decision that depends on time (heartbeat liveness, migration deadlines,
-record timestamps, ULIDs) reads `current().now()`, and every nonce (record
+record timestamps, ULIDs) reads `current().now()` (an age or interval `current().monotonic()`), and every nonce (record
 write ids, ULID randomness) comes from `current().random_bytes`. Production
 uses `SYSTEM_CLOCK`; the simulator installs its own clock with `use_clock` for
 the duration of a run, so a run is a pure function of its seed.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -28,6 +29,10 @@ class Clock(Protocol):
         """`n` random bytes (nonces, ULID randomness)."""
         ...
 
+    def monotonic(self) -> float:
+        """Seconds on a clock that never goes back (for ages and intervals, not for records)."""
+        ...
+
 
 class SystemClock:
     """The wall clock and the operating system's entropy."""
@@ -39,6 +44,10 @@ class SystemClock:
     def random_bytes(self, n: int) -> bytes:
         """`os.urandom(n)`."""
         return os.urandom(n)
+
+    def monotonic(self) -> float:
+        """`time.monotonic()`."""
+        return time.monotonic()
 
 
 SYSTEM_CLOCK: Clock = SystemClock()

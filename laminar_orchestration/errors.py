@@ -165,9 +165,15 @@ class StructuredError(Exception):
 
 def _field_names(error: StructuredError) -> tuple[str, ...]:
     """The names of `error`'s fields, in order (its constructor's positional parameters)."""
-    if not dataclasses.is_dataclass(error):
-        return ()
-    return tuple(field.name for field in dataclasses.fields(error))
+    # Per class, once: every error built (a store's not-found on each miss) reads them.
+    names = _FIELD_NAMES.get(type(error))
+    if names is None:
+        names = tuple(field.name for field in dataclasses.fields(error)) if dataclasses.is_dataclass(error) else ()
+        _FIELD_NAMES[type(error)] = names
+    return names
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 class LaminarError(StructuredError):

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from laminar_dev.sim.world import EPOCH_START, SimClock
+from laminar_dev.sim.clock import EPOCH_START, SimClock
 from laminar_orchestration import clock
 from laminar_orchestration.clock import SYSTEM_CLOCK, SystemClock, current, use_clock
 

@@ -45,7 +45,7 @@ STILL_LONG: dict[str, int] = {
     "laminar_dev/chaos/processes.py": 510,
     "laminar_dev/sim/invariants.py": 634,
     "laminar_dev/sim/node_actor.py": 636,
-    "laminar_dev/sim/world.py": 576,
+    "laminar_dev/sim/world.py": 558,
     "laminar_orchestration/control/coordinator.py": 780,
     "laminar_orchestration/control/moves.py": 547,
     "laminar_orchestration/control/operations.py": 678,

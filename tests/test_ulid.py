@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from laminar_dev.sim.world import EPOCH_START, SimClock
+from laminar_dev.sim.clock import EPOCH_START, SimClock
 from laminar_orchestration.clock import use_clock
 from laminar_orchestration.ulid import ULID_PATTERN, decode_ulid, next_ulid, ulid_time_ms
 from tests.threads import run_together

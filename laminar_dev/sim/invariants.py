@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from laminar_orchestration.errors import StructuredError
+from laminar_orchestration.protocol import signing
 from laminar_orchestration.protocol.keys import (
     ASSIGNMENTS_PREFIX,
     FENCED_OBJECT_PREFIXES,
@@ -33,7 +34,6 @@ from laminar_orchestration.protocol.keys import (
 from laminar_orchestration.protocol.manifest import PartitionManifest
 from laminar_orchestration.protocol.records import CorruptLedgerObject, EpochGrant, parse_record
 from laminar_orchestration.protocol.segments import SourceBatch, decode_segment
-from laminar_orchestration.protocol.signing import signature_problem
 from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import ObjectStore
 
@@ -517,7 +517,7 @@ class Checker:
             return f"forged: epoch {m.fencing_token} was never granted"
         if grant[0] != m.node:
             return f"forged: epoch {m.fencing_token} was granted to node {grant[0]}, not node {m.node}"
-        problem = signature_problem(m, grant[2])
+        problem = signing.signature_problem(m, grant[2])
         if problem is not None:
             return f"forged: {problem}"
         tip = part.chain[-1] if part.chain else None

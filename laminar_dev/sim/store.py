@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Protocol, TypeVar
 
 from laminar_dev.faults import WRITE_OPS, FaultInjectingStore
@@ -34,6 +35,9 @@ class _Version:
     data: bytes
     etag: str
     metadata: Mapping[str, str]
+    #: What every read of this version returns: one frozen object, its metadata read-only, so a
+    #: read copies nothing (a version never changes; a write makes a new one).
+    stored: StoredObject
 
 
 class WriteObserver(Protocol):
@@ -67,7 +71,8 @@ class MemoryObjectStore(ObjectStore):
         return f'"{self._next_etag:08x}"'
 
     def _store(self, op: str, key: str, data: bytes, metadata: Mapping[str, str] | None) -> str:
-        version = _Version(bytes(data), self._etag(), dict(metadata or {}))
+        content, etag, frozen = bytes(data), self._etag(), MappingProxyType(dict(metadata or {}))
+        version = _Version(content, etag, frozen, StoredObject(key, content, etag, frozen))
         self._objects[key] = version
         if self.observer is not None:
             self.observer.applied(op, key, version.data)
@@ -109,7 +114,7 @@ class MemoryObjectStore(ObjectStore):
         current = self._objects.get(key)
         if current is None:
             raise ObjectNotFound(key)
-        return StoredObject(key, current.data, current.etag, dict(current.metadata))
+        return current.stored
 
     def head(self, key: str) -> ObjectMeta | None:
         """Size, ETag and metadata of `key`, or None."""
@@ -127,7 +132,7 @@ class MemoryObjectStore(ObjectStore):
         """`get`, None when absent (no exception on the simulation's hot path)."""
         self._check(key)
         current = self._objects.get(key)
-        return None if current is None else StoredObject(key, current.data, current.etag, dict(current.metadata))
+        return None if current is None else current.stored
 
 
 class CallHook(Protocol):

@@ -36,7 +36,6 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime, timedelta
 from typing import NoReturn
 
 from laminar_orchestration.clock import use_clock
@@ -53,8 +52,10 @@ from laminar_orchestration.store.retry import RetryingStore
 from . import node_actor as node_actor_module
 from .actors import IntruderActor, ProducerActor, StandbyActor, SweeperActor
 from .base_actor import Actor, ActorStatus
+from .clock import SimClock
 from .coordinator_actor import CoordinatorActor, CoordinatorRole
 from .invariants import Checker, EventDecoder, InvariantViolation, MigrationWedged, PartitionNotLive
+from .memo import memoized
 from .node_actor import NodeActor
 from .reverts import Knobs, reverted
 from .store import MemoryObjectStore, SimStore
@@ -68,8 +69,6 @@ WEDGE_GRACE_S = 5.0
 #: earlier one runs on as a zombie (simulated seconds).
 SPLIT_RESTART_S = (0.1, 2.5)
 ZOMBIE_OUTLIVES_S = (0.3, 4.0)
-#: Simulated time is counted from here (any fixed instant would do).
-EPOCH_START = datetime(2030, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -106,22 +105,6 @@ class SimConfig:
     knobs: Knobs = field(default_factory=Knobs)
     #: Keep the whole trace (otherwise only its hash and the last lines).
     full_trace: bool = False
-
-
-class SimClock:
-    """Simulated time (seconds since `EPOCH_START`) and seeded entropy: the `Clock` the library reads."""
-
-    def __init__(self, entropy: random.Random) -> None:
-        self.seconds = 0.0
-        self._entropy = entropy
-
-    def now(self) -> datetime:
-        """The simulated instant."""
-        return EPOCH_START + timedelta(seconds=self.seconds)
-
-    def random_bytes(self, n: int) -> bytes:
-        """Seeded bytes (record write ids, ULIDs)."""
-        return self._entropy.randbytes(n)
 
 
 class SimCrash(BaseException):
@@ -314,8 +297,7 @@ class World:
         raise SimAbort
 
     def _record(self, line: str) -> None:
-        self._hash.update(line.encode())
-        self._hash.update(b"\n")
+        self._hash.update(f"{line}\n".encode())
         self._trace.append(line)
 
     # -- the scheduler -------------------------------------------------------------------
@@ -442,7 +424,7 @@ class World:
         cfg = self.config
         fault_steps = 0
         cpu_start = time.process_time()
-        with use_clock(self.clock), reverted(cfg.knobs), _quiet():
+        with use_clock(self.clock), reverted(cfg.knobs), memoized(), _quiet():
             Ledger(self.memory, read_parallelism=1).init_cluster(cfg.partitions)
             if self.rng.random() < cfg.warm_start_rate:
                 self._warm_start()

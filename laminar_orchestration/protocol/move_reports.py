@@ -14,7 +14,6 @@ record at most once per look, however many moves wait on that node.
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from laminar_orchestration import clock
 from laminar_orchestration.identity import NodeId
 from laminar_orchestration.protocol.capabilities import LedgerWriter, ledger_key
 from laminar_orchestration.protocol.keys import move_report_key
@@ -100,7 +100,7 @@ class MoveReporter:
 @dataclass(frozen=True)
 class _Look:
     record: MoveReportRecord | None
-    #: `time.monotonic()` when the read that returned `record` began.
+    #: `clock.current().monotonic()` when the read that returned `record` began.
     started: float
 
 
@@ -131,7 +131,7 @@ class MoveReports:
         self._lock = threading.Lock()
 
     def _waited_on(self) -> int:
-        at = time.monotonic()
+        at = clock.current().monotonic()
         with self._lock:
             return sum(1 for look in self._looks.values() if at - look.started <= _WAITED_ON_S)
 
@@ -171,9 +171,9 @@ class MoveReports:
             lock = self._locks.setdefault(int(node), threading.Lock())
         with lock:  # one read in flight per node: the others wait for it and share it
             look = self._looks.get(int(node))
-            if look is not None and time.monotonic() - look.started <= max(max_age_s, self._spacing()):
+            if look is not None and clock.current().monotonic() - look.started <= max(max_age_s, self._spacing()):
                 return look.record
-            started = time.monotonic()
+            started = clock.current().monotonic()
             key = move_report_key(node)
             obj = self._reader.get(key)
             record = None if obj is None else parse_record(key, obj.data, MoveReportRecord)

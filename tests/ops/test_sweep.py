@@ -56,6 +56,9 @@ class _ClockBehind:
     def random_bytes(self, n: int) -> bytes:
         return SYSTEM_CLOCK.random_bytes(n)
 
+    def monotonic(self) -> float:
+        return SYSTEM_CLOCK.monotonic()
+
 
 def test_sweep_deletes_only_unreachable_objects(store: ObjectStore) -> None:
     ledger = Ledger(store)

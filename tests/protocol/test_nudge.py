@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from laminar_dev.sim.world import SimClock
+from laminar_dev.sim.clock import SimClock
 from laminar_orchestration.clock import use_clock
 from laminar_orchestration.protocol.capabilities import ReadStore
 from laminar_orchestration.protocol.keys import MEMBERSHIP_KEY, node_key

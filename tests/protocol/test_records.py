@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from laminar_dev.sim.world import EPOCH_START, SimClock
+from laminar_dev.sim.clock import EPOCH_START, SimClock
 from laminar_orchestration.clock import use_clock
 from laminar_orchestration.errors import ErrorKind
 from laminar_orchestration.protocol import records
