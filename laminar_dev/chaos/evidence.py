@@ -134,7 +134,7 @@ def apply_difference(result: ScenarioResult, before: Measure, after: Measure) ->
 
 # --- node logs -------------------------------------------------------------------------
 
-#: runtime.PartitionWorker._revoked: "node N: partition P REVOKED at epoch E: <reason>; local state discarded".
+#: dataplane.worker.PartitionWorker._revoked: "node N: partition P REVOKED at epoch E: <reason>; local state discarded".
 REVOKED_RE = re.compile(r"node (\d+): partition (\d+) REVOKED at epoch (\d+): (.*); local state discarded")
 #: Reasons that mean a manifest publish reached the store's fencing and was rejected there.
 _PUBLISH_REJECTED = ("stale fencing token", "conditional PUT failed")

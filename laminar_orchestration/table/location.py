@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from laminar_orchestration.errors import CorruptDataError, InvalidInputError
 from laminar_orchestration.protocol.keys import OUTPUT_TABLE_KEY, TABLES_PREFIX
-from laminar_orchestration.store import LocalObjectStore, ObjectStore
+from laminar_orchestration.store import LocalObjectStore, ObjectStore, parse_s3_url
 
 #: Where the table is relative to the store's root or prefix.
 DEFAULT_TABLE_PATH = f"{TABLES_PREFIX}output"
@@ -166,8 +166,8 @@ def _store_root(store: ObjectStore) -> tuple[str, PurePosixPath]:
     backend = _innermost(store)
     if isinstance(backend, LocalObjectStore):
         return "", PurePosixPath(backend.root.as_posix())
-    parsed = urlparse(store.url)
-    return parsed.netloc, PurePosixPath("/" + parsed.path.strip("/"))
+    where = parse_s3_url(store.url)
+    return where.bucket, PurePosixPath("/" + where.prefix)
 
 
 def check_table_uri(store: ObjectStore, uri: str) -> TableLocation:

@@ -110,7 +110,7 @@ def test_result_verdicts_table_and_json() -> None:
 
 def test_revocations_are_counted_from_the_runtime_log_line() -> None:
     def line(node: int, p: int, epoch: int, reason: str) -> str:
-        # The format string of runtime.PartitionWorker._revoked.
+        # The format string of dataplane.worker.PartitionWorker._revoked.
         body = f"node {node}: partition {p} REVOKED at epoch {epoch}: {reason}; local state discarded"
         return f"2026-11-22 07:00:00,000 laminar.node ERROR {body}"
 
