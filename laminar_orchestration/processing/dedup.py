@@ -22,11 +22,11 @@ from laminar_orchestration.processing.codec import ValueCodec
 from laminar_orchestration.processing.contract import NO_EVENT_TIME, BatchFold, EventTimeProgress, FoldContext
 from laminar_orchestration.processing.keyed import millis
 from laminar_orchestration.processing.schema import InvalidSchema, StreamSchema
-from laminar_orchestration.processing.windows import WINDOW_END, progress_after, with_watermark
+from laminar_orchestration.processing.windows import WINDOW_END, StreamBound, progress_after, with_watermark
 
 
 @dataclass(frozen=True)
-class Deduplicate:
+class Deduplicate(StreamBound):
     """Emit each event whose `id_column` value was not emitted within `ttl` before it (in event time)."""
 
     name: str
@@ -52,12 +52,6 @@ class Deduplicate:
         if self.id_column not in schema.input_schema.names:
             raise InvalidSchema(f"processor {self.name!r}", f"the stream has no id column {self.id_column!r}")
         return replace(self, stream=schema)
-
-    @property
-    def _stream(self) -> StreamSchema:
-        if self.stream is None:
-            raise InvalidSchema(f"processor {self.name!r}", "not bound to a stream yet (`bind`)")
-        return self.stream
 
     def output_schema(self) -> pa.Schema | None:
         return None

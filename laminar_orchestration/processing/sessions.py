@@ -29,11 +29,17 @@ from laminar_orchestration.processing.codec import ValueCodec
 from laminar_orchestration.processing.contract import NO_EVENT_TIME, BatchFold, EventTimeProgress, FoldContext
 from laminar_orchestration.processing.keyed import millis
 from laminar_orchestration.processing.schema import InvalidSchema, StreamSchema
-from laminar_orchestration.processing.windows import WINDOW_END, progress_after, unbound_state, with_watermark
+from laminar_orchestration.processing.windows import (
+    WINDOW_END,
+    StreamBound,
+    progress_after,
+    unbound_state,
+    with_watermark,
+)
 
 
 @dataclass(frozen=True)
-class SessionWindows:
+class SessionWindows(StreamBound):
     """Per key, sessions of events less than `gap` apart; one final row per session."""
 
     name: str
@@ -72,12 +78,6 @@ class SessionWindows:
 
     def bind(self, schema: StreamSchema) -> SessionWindows:
         return replace(self, stream=schema)
-
-    @property
-    def _stream(self) -> StreamSchema:
-        if self.stream is None:
-            raise InvalidSchema(f"processor {self.name!r}", "not bound to a stream yet (`bind`)")
-        return self.stream
 
     def output_schema(self) -> pa.Schema | None:
         return None

@@ -100,8 +100,22 @@ def state_key(start: int, key: Any) -> str:
     return f"{start}|{key}"
 
 
+class StreamBound:
+    """An event-time processor's stream: None until `bind` (its state columns depend on the stream's
+    types), read through `_stream`, which names the processor that was never bound."""
+
+    name: str
+    stream: StreamSchema | None
+
+    @property
+    def _stream(self) -> StreamSchema:
+        if self.stream is None:
+            raise InvalidSchema(f"processor {self.name!r}", "not bound to a stream yet (`bind`)")
+        return self.stream
+
+
 @dataclass(frozen=True)
-class WindowedAggregation:
+class WindowedAggregation(StreamBound):
     """Per key and event-time window, the `aggregates` of its events; one final row per window."""
 
     name: str
@@ -151,12 +165,6 @@ class WindowedAggregation:
 
     def bind(self, schema: StreamSchema) -> WindowedAggregation:
         return replace(self, stream=schema)
-
-    @property
-    def _stream(self) -> StreamSchema:
-        if self.stream is None:
-            raise InvalidSchema(f"processor {self.name!r}", "not bound to a stream yet (`bind`)")
-        return self.stream
 
     def output_schema(self) -> pa.Schema | None:
         return None
