@@ -2,8 +2,8 @@
 
 Run from the repository root::
 
-    python -m benchmarks.bench_state_types              # 1k and 2.7M keys, 3 runs each, a few minutes
-    python -m benchmarks.bench_state_types --quick      # 1k and 300k keys, one run each
+    python -m benchmarks.bench_state_types              # 1k, 30k and 2.7M keys, 3 runs each, a few minutes
+    python -m benchmarks.bench_state_types --quick      # 1k, 30k and 300k keys, one run each
     python -m benchmarks.bench_state_types --runs 1 --batches 5 --layouts windowed
 
 The workload is one partition's micro-batch against its `PartitionStateStore`,
@@ -33,6 +33,8 @@ Each (layout, size) runs ``--runs`` times, each run in a fresh spawned process
 per layout: the median batch time on the small and on the large store (median
 over runs of each run's median), their ratio (target <= 1.5: the per-batch cost
 is O(touched keys), not O(state)), the median split, and the load time.
+A 30,000-key store runs too, for information only: the smallest whose batch
+has the large store's mix of existing and new keys (~9,000 / ~1,000).
 Nothing asserts on a figure. The table is also written to
 ``benchmarks/results/state_types.txt``.
 """
@@ -61,6 +63,9 @@ DUE_LIMIT = 500  # ~5 % of a batch's keys expire in it
 LOAD_CHUNK = 100_000
 NEW_SPACE = 1_000_000  # new keys' ids are drawn from at least this many odd numbers
 SMALL = 1_000
+#: Information only: the smallest store that lends a batch its ~9,000 existing keys, so its batch has
+#: the large store's mix (the 1k store's batch is mostly new keys, which the bloom filter answers).
+MIDDLE = 30_000
 FULL_LARGE = 2_700_000
 QUICK_LARGE = 300_000
 TARGET_RATIO = 1.5
@@ -260,24 +265,25 @@ def main() -> None:
     large = args.large or (QUICK_LARGE if args.quick else FULL_LARGE)
     runs = args.runs or (1 if args.quick else 3)
     layouts = [x for x in args.layouts.split(",") if x]
+    sizes = (SMALL, MIDDLE, large) if large > MIDDLE else (SMALL, large)
     t_start = now_ns()
     results: list[CaseResult] = []
     with tempfile.TemporaryDirectory(prefix="laminar-bench-state-types-") as workdir:
         ctx = multiprocessing.get_context("spawn")
         for run in range(runs):
             for layout in layouts:  # interleaved, so a noisy neighbour hits the layouts alike
-                for size in (SMALL, large):
+                for size in sizes:
                     progress(f"run {run + 1}/{runs}: {layout} on {_fmt_n(size)} keys")
                     case = Case(layout, size, args.batches, args.warmup, args.seed + run, workdir)
                     with ProcessPoolExecutor(1, mp_context=ctx) as pool:
                         results.append(pool.submit(run_case, case).result())
     report = TableReport()
     for layout in layouts:
-        per = {s: [r for r in results if r.layout == layout and r.size == s] for s in (SMALL, large)}
+        per = {s: [r for r in results if r.layout == layout and r.size == s] for s in sizes}
         small_ms = median([r.batch_ms for r in per[SMALL]])
         large_ms = median([r.batch_ms for r in per[large]])
         ratio = large_ms / small_ms
-        for s in (SMALL, large):
+        for s in sizes:
             rs = per[s]
             spread = "/".join(f"{r.batch_ms:.0f}" for r in rs)
             report.rows.append(
@@ -302,6 +308,11 @@ def main() -> None:
                 verdict(ratio, TARGET_RATIO),
             )
         )
+        if MIDDLE in per:
+            middle_ms = median([r.batch_ms for r in per[MIDDLE]])
+            report.rows.append(
+                Row(f"ratio {_fmt_n(large)} / {_fmt_n(MIDDLE)} keys (same mix)", layout, f"{large_ms / middle_ms:.2f}")
+            )
         load = median([r.load_s for r in per[large]])
         report.rows.append(Row(f"load {_fmt_n(large)} keys (apply chunks of 100k), s", layout, f"{load:.1f}"))
     report.note(

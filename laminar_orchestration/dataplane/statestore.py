@@ -25,7 +25,15 @@ from pathlib import Path
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from rocksdict import BlockBasedOptions, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import (
+    BlockBasedOptions,
+    Checkpoint,
+    DBCompressionType,
+    Options,
+    Rdict,
+    WriteBatch,
+    WriteOptions,
+)
 
 from laminar_orchestration.dataplane.errors import LocalStateUnusable, LocalStateWriteFailed
 from laminar_orchestration.processing.codec import ValueCodec
@@ -35,6 +43,8 @@ from laminar_orchestration.processing.codec import ValueCodec
 _KEY_PREFIX = b"k"
 _MARKER_KEY = b"m:applied"
 _EXPIRY_PREFIX = b"t"
+#: Expiry times remembered from reads between two writes, at most (a batch or two of keys).
+_SEEN_EXPIRY_CAP = 1_000_000
 #: Expiry times are signed; biased by 2**63 they sort as unsigned big-endian bytes.
 _EXPIRY_BIAS = 2**63
 
@@ -55,12 +65,27 @@ class AppliedMarker(BaseModel):
 BLOOM_BITS_PER_KEY = 10
 
 
-def _options(*, create: bool) -> Options:
+#: The memtable's bloom filter, as a share of the memtable's size.
+MEMTABLE_BLOOM_RATIO = 0.02
+
+
+def _options(*, create: bool, packed: bool) -> Options:
+    """The store's RocksDB options; `packed`: the values are fixed-width numeric records."""
     opts = Options(raw_mode=True)
     opts.create_if_missing(create)
     table = BlockBasedOptions()
     table.set_bloom_filter(BLOOM_BITS_PER_KEY, False)
     opts.set_block_based_table_factory(table)
+    # A whole-key bloom filter on the memtable too (1.3 MB of a 64 MB memtable, ~16 bits a key):
+    # a batch's keys that sit in the files skip the search of a memtable of up to ~1M entries.
+    opts.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO)
+    opts.set_memtable_whole_key_filtering(True)
+    if packed:
+        # Packed numbers shrink by a quarter at most under Snappy; stored plain and memory-mapped, a
+        # data block is read in place, not copied, decompressed and cached: a 10k-key batch's read
+        # of a 2.7M-key store takes less than half the time. Per-block settings: old files still read.
+        opts.set_compression_type(DBCompressionType.none())
+        opts.set_allow_mmap_reads(True)
     return opts
 
 
@@ -92,8 +117,12 @@ class PartitionStateStore:
         # rocksdict objects refuse concurrent use from two threads ("Already mutably borrowed"):
         # the worker writes while the heartbeat reads the offset and a snapshot checkpoints.
         self._lock = threading.RLock()
+        #: Writes so far, and the stored expiry times the reads since the last write saw: `apply`
+        #: moves those keys' expiry entries without reading their records a second time.
+        self._writes = 0
+        self._seen_expiry: dict[str, int | None] = {}
         try:
-            self._db = Rdict(str(self.path), _options(create=create))
+            self._db = Rdict(str(self.path), _options(create=create, packed=self.codec.fixed_width))
         except Exception as exc:  # rocksdict raises plain exceptions carrying RocksDB's status text
             raise LocalStateUnusable(str(self.path), str(exc)) from exc
         write = WriteOptions()
@@ -144,8 +173,20 @@ class PartitionStateStore:
         """Previous values of `keys`, row-aligned, null for keys the state does not hold."""
         with self._lock:
             records = self._db.get([encode_key(k) for k in keys]) if keys else []
+            writes = self._writes
         assert records is not None
-        return self.codec.decode(records)
+        values = self.codec.decode(records)
+        if self.expiry_column is not None and keys:
+            self._note_expiry(keys, values[self.expiry_column].to_pylist(), writes)
+        return values
+
+    def _note_expiry(self, keys: Sequence[str], expiry: list[int | None], writes: int) -> None:
+        with self._lock:
+            if writes != self._writes:  # a write came between the read and now: the values are old
+                return
+            if len(self._seen_expiry) + len(keys) > _SEEN_EXPIRY_CAP:
+                self._seen_expiry.clear()
+            self._seen_expiry.update(zip(keys, expiry, strict=True))
 
     def get_many_at(self, keys: Sequence[str], source_offset: int) -> pa.Table | None:
         """`get_many`, if the store holds the state at `source_offset` throughout the read; else None.
@@ -227,19 +268,28 @@ class PartitionStateStore:
         batch.put(_MARKER_KEY, marker.model_dump_json().encode())
         try:
             with self._lock:
+                self._writes += 1
+                self._seen_expiry.clear()
                 self._db.write(batch)
                 self._offset = source_offset  # with the write: `get_many_at` sees both or neither
         except Exception as exc:
             raise LocalStateWriteFailed(str(self.path), str(exc)) from exc
 
     def _move_expiry_entries(self, batch: WriteBatch, rows: pa.Table, keys: list[str], gone: list[str]) -> None:
-        """Replace the touched keys' expiry entries: the old ones (read back) out, the new ones in."""
+        """Replace the touched keys' expiry entries: the old ones out (as the batch's reads saw them,
+        else read back), the new ones in."""
         assert self.expiry_column is not None
+        touched = keys + gone
         with self._lock:
-            records = self._db.get([encode_key(k) for k in keys + gone])
+            seen = self._seen_expiry
+            unseen = [k for k in touched if k not in seen]
+            old = {k: seen[k] for k in touched if k in seen}
+            records = self._db.get([encode_key(k) for k in unseen]) if unseen else []
         assert records is not None
-        old = self.codec.decode_column(records, self.expiry_column)
-        for key, expires_at in zip(keys + gone, old.to_pylist(), strict=True):
+        if unseen:
+            old.update(zip(unseen, self.codec.decode_column(records, self.expiry_column).to_pylist(), strict=True))
+        for key in dict.fromkeys(touched):
+            expires_at = old[key]
             if expires_at is not None:
                 batch.delete(_expiry_entry(int(expires_at), key))
         if keys:

@@ -32,6 +32,11 @@ _NUMPY_TYPES: dict[pa.DataType, str] = {
 }
 
 
+#: MessagePack's nil and array-32 header: `_unpack` reads a batch of records as one array.
+_NIL = b"\xc0"
+_ARRAY32 = b"\xdd"
+
+
 class InvalidStateSchema(InvalidInputError):
     """A state column the store cannot hold, or a value that does not fit its column."""
 
@@ -143,33 +148,44 @@ class ValueCodec:
         """The value columns for `records`, every column null where a record is missing (a new key)."""
         if self.fixed_width:
             return self._decode_fixed(records)
-        rows = self._unpack(records)
-        columns = [self._column(rows, i) for i in range(len(self.schema))]
-        return pa.Table.from_arrays(columns, schema=_nullable(self.schema))
+        columns = self._transpose(self._unpack(records))
+        arrays = [self._column(columns[i], i) for i in range(len(self.schema))]
+        return pa.Table.from_arrays(arrays, schema=_nullable(self.schema))
 
     def decode_column(self, records: Sequence[bytes | None], name: str) -> pa.Array | pa.ChunkedArray:
         """One value column for `records` (null where a record is missing): the expiry index reads
         only its column, without building the others' arrays."""
         if self.fixed_width:
             return self._decode_fixed(records)[name]
-        return self._column(self._unpack(records), self.schema.get_field_index(name))
+        i = self.schema.get_field_index(name)
+        return self._column(self._transpose(self._unpack(records))[i], i)
 
-    def _unpack(self, records: Sequence[bytes | None]) -> list[tuple[Any, ...] | None]:
-        unpack = msgpack.unpackb
-        rows: list[tuple[Any, ...] | None] = []
+    def _unpack(self, records: Sequence[bytes | None]) -> tuple[Any, ...]:
+        """The records' rows (None for a missing record), unpacked in one call: the records are
+        joined into one MessagePack array, a missing one as nil (per-record calls cost 1.5x more)."""
+        n = len(records)
+        joined = b"".join([r if r is not None else _NIL for r in records])
         try:
-            for r in records:
-                # Tuples, not lists: a map's entries must come back as (key, value) pairs.
-                rows.append(unpack(r, raw=False, strict_map_key=False, use_list=False) if r is not None else None)
+            # Tuples, not lists: a map's entries must come back as (key, value) pairs.
+            rows = msgpack.unpackb(
+                _ARRAY32 + n.to_bytes(4, "big") + joined, raw=False, strict_map_key=False, use_list=False
+            )
         except (ValueError, msgpack.UnpackException) as exc:
             raise UndecodableStateValue(str(exc)) from None
+        assert isinstance(rows, tuple)
         return rows
 
-    def _column(self, rows: list[tuple[Any, ...] | None], i: int) -> pa.Array:
+    def _transpose(self, rows: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """Rows to columns; a missing record (or a row of another width) is a row of nulls."""
         n = len(self.schema)
+        nulls = (None,) * n
+        filled = [row if isinstance(row, tuple) and len(row) == n else nulls for row in rows]
+        return list(zip(*filled, strict=True)) if filled else [() for _ in range(n)]
+
+    def _column(self, values: tuple[Any, ...], i: int) -> pa.Array:
         f, storage = self.schema.field(i), self._storage.field(i)
         try:
-            raw = pa.array([row[i] if row is not None and len(row) == n else None for row in rows], storage.type)
+            raw = pa.array(values, storage.type)
             return raw.cast(f.type) if storage.type != f.type else raw
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
             raise UndecodableStateValue(f"column {f.name!r}: {exc}") from None

@@ -1,6 +1,7 @@
 """The local state store (`PartitionStateStore`): a failed local write (a full disk) loses nothing, the
 store only ever holds committed state meanwhile and the partition resumes once writes succeed again;
-and one store is safe to use from several threads at once.
+one store is safe to use from several threads at once; `apply` moves expiry entries from the times
+read since the last write, never from older reads; a store written with Snappy blocks still reads.
 
 The node runs in-process (`laminar_dev.chaos.ArrowNode`: the real runtime, batches aggregated without Spark).
 """
@@ -140,3 +141,57 @@ def test_a_partition_store_is_safe_to_use_from_several_threads(tmp_path: Path) -
     offset_reader.join()
     assert errors == [], errors[:3]
     assert state.source_offset == 149
+
+
+def test_the_expiry_index_follows_values_read_before_the_last_write(tmp_path: Path) -> None:
+    """`apply` moves a key's expiry entry from the time the batch's read saw, unless a write came
+    after that read: then from the stored time (a stale read would leave the old entry behind)."""
+    schema = pa.schema([("n", pa.int64()), ("expires", pa.int64())])
+    state = PartitionStateStore(tmp_path / "state", schema, partition=0, expiry_column="expires")
+
+    def put(key: str, expires: int, offset: int) -> None:
+        state.apply(pa.table({"key": [key], "n": [offset], "expires": [expires]}), offset)
+
+    put("a", 10, 1)
+    state.get_many(["a", "b"])  # sees a at 10, b absent
+    put("a", 20, 2)
+    put("b", 5, 3)
+    put("a", 30, 4)  # no read since the writes: a's entry at 20 must go, not the one at 10
+    assert state.due(100)["key"].to_pylist() == ["b", "a"]
+    state.get_many(["a", "b"])
+    state.apply(pa.table({"key": ["a"], "n": [5], "expires": [40]}), 5, deleted=pa.array(["b"]))
+    due = state.due(100)
+    assert due["key"].to_pylist() == ["a"] and due["expires"].to_pylist() == [40]
+    state.close()
+
+
+def test_a_store_written_with_compressed_blocks_still_opens_and_reads(tmp_path: Path) -> None:
+    """Compression and mmap are per-file read settings: a store (or a restored snapshot) written
+    with Snappy blocks, as earlier versions did, reads the same under the current options."""
+    from rocksdict import BlockBasedOptions, DBCompressionType, Options, Rdict, WriteOptions
+
+    schema = keyed_aggregation.state_schema
+    state = PartitionStateStore(tmp_path / "state", schema, partition=0)
+    rows = pa.table({"key": [f"k{i}" for i in range(2000)], **{f.name: pa.array(range(2000), f.type) for f in schema}})
+    state.apply(rows, 1)
+    records = state._db.get([b"k" + k.encode() for k in rows["key"].to_pylist()])
+    marker = state._db.get(b"m:applied")
+    assert records is not None
+    state.destroy()
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.set_compression_type(DBCompressionType.snappy())
+    opts.set_block_based_table_factory(BlockBasedOptions())
+    old = Rdict(str(tmp_path / "old"), opts)
+    write = WriteOptions()
+    write.disable_wal = True  # type: ignore[method-assign,assignment]
+    old.set_write_options(write)
+    for key, record in zip(rows["key"].to_pylist(), records, strict=True):
+        old[b"k" + key.encode()] = record
+    old[b"m:applied"] = marker
+    old.flush()
+    old.close()
+    reopened = PartitionStateStore.open_existing(tmp_path / "old", schema, partition=0)
+    assert reopened.source_offset == 1
+    assert reopened.to_table().to_pylist() == sorted(rows.to_pylist(), key=lambda r: r["key"])
+    reopened.close()
