@@ -52,7 +52,7 @@ STILL_LONG: dict[str, int] = {
     "laminar_orchestration/control/snapshot.py": 773,
     "laminar_orchestration/ops/demo.py": 784,
     "laminar_orchestration/ops/report.py": 648,
-    "laminar_orchestration/protocol/chain.py": 616,
+    "laminar_orchestration/protocol/chain.py": 613,
     "laminar_orchestration/protocol/ledger.py": 598,
     "laminar_orchestration/protocol/segments.py": 623,
     "laminar_orchestration/protocol/source.py": 683,

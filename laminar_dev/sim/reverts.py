@@ -77,6 +77,9 @@ class Knobs:
     revert_stalled_move_read: bool = False
     #: An assignment write lists the revision it was handed, older than the one listed or not.
     revert_assignment_revision_check: bool = False
+    #: A granter's read of the chain on its word of the newest grant (an entry of that epoch not probed
+    #: for a later one) starts its later reads unchecked, though the word was stale.
+    revert_stale_word_trust: bool = False
     #: A nudge's timeout is per socket read (urllib's), any URL scheme is tried, and the doorbell sends
     #: every ring to every address in turn from its one thread (`doorbell`'s scenario finds it).
     revert_nudge_deadline: bool = False
@@ -328,6 +331,8 @@ def reverted(knobs: Knobs) -> Iterator[None]:
         patch(antientropy, "sweep", _sweep_before_fix)
     if knobs.revert_generation_pointer_fix:
         patch(ManifestReader, "_writer_moved_past", _writer_moved_past_before_fix)
+    if knobs.revert_stale_word_trust:
+        patch(ManifestReader, "_checked_for_later_reads", lambda _self, *_args: True)
     if knobs.revert_handoff_parent_fix:
         patch(ManifestReader, "parent", _parent_before_fix)
     if knobs.revert_unassigned_seal_fix:

@@ -242,16 +242,18 @@ class ManifestReader:
             version, next_seq = self._walk(partition, start)
         else:
             version, next_seq = self._walk_from_pointer(partition, start, trusted, newest_grant)
-        if version is not None:
+        if version is not None and self._checked_for_later_reads(version, from_trust, newest_grant):
             self._trust(partition, version)
         return ChainRead(version, pointer.etag if pointer else None, next_seq)
 
+    def _checked_for_later_reads(self, version: ManifestVersion, from_trust: bool, newest_grant: int | None) -> bool:
+        """Whether later reads may start from `version` unchecked. Not an entry of the epoch the caller
+        named the newest, reached through the pointer: it was not probed for a later grant, so it holds
+        for this read alone (a granter's create fails if a later grant exists)."""
+        return from_trust or version.manifest.fencing_token != newest_grant
+
     def _walk_from_pointer(
-        self,
-        partition: int,
-        pointed: ManifestVersion | None,
-        trusted: ManifestVersion | None,
-        newest_grant: int | None = None,
+        self, partition: int, pointed: ManifestVersion | None, trusted: ManifestVersion | None, newest_grant: int | None
     ) -> tuple[ManifestVersion | None, int]:
         """`_walk` from an entry reached through the pointer alone, which is only a hint: a former
         owner still holds its old epoch's key, so it can sign an entry after the seal that fenced it
@@ -422,22 +424,17 @@ class ChainSealer(ManifestReader):
     ) -> ManifestVersion:
         """Make sure the chain's newest entry carries a fencing token >= `epoch`; return that entry.
 
-        Idempotent: when the chain is already sealed at `epoch` (or an owner at
-        `epoch` or later has published), nothing is written and the newest entry
-        is returned, so a caller can tell it was superseded (token > `epoch`).
-        At `epoch` itself, a newer `generation` of the same `node` (a restarted
-        process re-adopting its grant) seals again, which fences its earlier
-        incarnation out (`StaleGeneration`).
-        Otherwise the seal is created as the next entry: a copy of the newest
-        manifest (offset, state, events applied and any other field carry over)
-        under `epoch` with no outputs, or an empty first entry. A publish under
-        an older epoch that wins a sequence number first is the old owner's last
-        commit; the seal goes on top of it (and past forged entries).
-        The seal is signed with the key of the grant of `epoch` (`signing_key`,
-        else read for `node`: the grantee's own, or any for the control plane).
-        `first_read`: the chain as this process read it just before (the first attempt seals on
-        top of it without reading again: an entry written since takes the seal's sequence
-        number, and the create-only write then fails and the chain is read again).
+        Idempotent: when the chain is already sealed at `epoch` (or an owner at `epoch` or later has published),
+        nothing is written and the newest entry is returned, so a caller can tell it was superseded (token >
+        `epoch`). At `epoch` itself, a newer `generation` of the same `node` (a restarted process re-adopting
+        its grant) seals again, which fences its earlier incarnation out (`StaleGeneration`). Otherwise the seal
+        is created as the next entry: a copy of the newest manifest (offset, state, events applied and any other
+        field carry over) under `epoch` with no outputs, or an empty first entry. A publish under an older epoch
+        that wins a sequence number first is the old owner's last commit; the seal goes on top of it (and past
+        forged entries). The seal is signed with the key of the grant of `epoch` (`signing_key`, else read for
+        `node`: the grantee's own, or any for the control plane). `first_read`: the chain as this process read
+        it just before (the first attempt seals on top of it without reading again: an entry written since takes
+        the seal's sequence number, and the create-only write then fails and the chain is read again).
         """
         for attempt in range(_SEAL_ATTEMPTS):
             read = first_read if attempt == 0 and first_read is not None else self.read_chain(partition)

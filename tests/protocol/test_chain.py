@@ -25,7 +25,7 @@ from laminar_orchestration.ops.verify import audit_epoch_history
 from laminar_orchestration.protocol.capabilities import OutputCommitter, manifest_key
 from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
 from laminar_orchestration.protocol.fencing import EpochError, FencingToken
-from laminar_orchestration.protocol.keys import manifest_history_key
+from laminar_orchestration.protocol.keys import manifest_history_key, manifest_pointer_key
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.records import PartitionProgress
 from laminar_orchestration.protocol.signing import sign_record
@@ -140,6 +140,42 @@ def test_readers_pass_over_an_entry_a_fenced_writer_created_without_the_publishe
     assert (void.epoch, void.node) == (old.epoch, 1) and "stale fencing token" in str(void) and key in str(void)
     published = ManifestPublisher(OutputCommitter(store), store).publish(new, ManifestUpdate(source_offset=7))
     assert published.manifest.seq == forged.seq + 1 and published.manifest.parent_hash == sealed.raw_hash
+
+
+def test_a_granters_read_on_a_stale_word_is_not_trusted_when_it_seals_later(store: ObjectStore) -> None:
+    """A granter reads the chain believing epoch 1 the newest (its read of the head lagged) while epoch 2
+    is granted already and a fenced writer's entry under epoch 1 sits behind the pointer. That read may
+    end on the void entry (the granter's create of grant 2 then fails), but it must not be kept as
+    checked: the granter's next seal builds on the newest genuine entry, the seal of epoch 2."""
+    ledger, old, _ = _owned_with_a_commit(store)
+    assert ledger.fence(P(0), UNASSIGNED, expected_epoch=1, reason="node 1 unresponsive") is None
+    sealed = ManifestReader(store).current(P(0))
+    assert sealed is not None and sealed.manifest.fencing_token == 2
+    unsigned = sealed.manifest.model_copy(
+        update={
+            "seq": sealed.manifest.seq + 1,
+            "fencing_token": old.epoch,
+            "node": 1,
+            "commit_ulid": next_ulid(sealed.manifest.commit_ulid),
+            "parent_hash": sealed.raw_hash,
+            "source_offset": 7,
+            "note": "",
+        }
+    )
+    void = sign_record(unsigned, ledger.signing_keys.get(1, 0, old.epoch)).model_dump_json().encode()
+    committer = OutputCommitter(store)
+    committer.create_manifest(manifest_key(manifest_history_key(0, unsigned.seq)), void)
+    pointer = manifest_key(manifest_pointer_key(0))
+    committer.swap_manifest(pointer, void, store.get(manifest_pointer_key(0)).etag)
+
+    granter = Ledger(store)  # one process: its sealer keeps what it checked between grants
+    stale = granter.sealer.read_chain(0, newest_grant=1)
+    assert stale.version is not None and stale.version.manifest.seq == unsigned.seq  # true on its word only
+    assert granter.fence(P(0), N(2), expected_epoch=2, reason="place on node 2") is not None
+    seal = ManifestReader(store).current(P(0))
+    assert seal is not None and seal.manifest.fencing_token == 3
+    assert seal.manifest.parent_hash == sealed.raw_hash, "the seal of epoch 3 continues from the void entry"
+    assert seal.manifest.source_offset == sealed.manifest.source_offset
 
 
 def test_a_new_owner_superseded_before_its_takeover_takes_nothing_over(store: ObjectStore, tmp_path: Path) -> None:

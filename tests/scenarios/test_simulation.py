@@ -250,6 +250,9 @@ REGRESSION_SEEDS: list[tuple[tuple[str, ...], int, int, type[InvariantViolation]
     # A driver's late assignment write of an older state over a later one (a cancel, a deadline's failure).
     (("revert_assignment_revision_check",), 47, 300, AssignmentWentBack),
     (("revert_assignment_revision_check",), 64, 300, AssignmentWentBack),
+    # Found by a soak: a control-plane actor read the chain on a stale word of the newest grant (its
+    # grant then failed), kept the zombie's entry behind the pointer as checked, and sealed on it later.
+    (("revert_stale_word_trust",), 791100925, 300, VoidEntryAdopted),
 ]
 
 
