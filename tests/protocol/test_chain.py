@@ -27,6 +27,7 @@ from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestRead
 from laminar_orchestration.protocol.fencing import EpochError, FencingToken
 from laminar_orchestration.protocol.keys import manifest_history_key, manifest_pointer_key
 from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.manifest import PartitionManifest
 from laminar_orchestration.protocol.records import PartitionProgress
 from laminar_orchestration.protocol.signing import sign_record
 from laminar_orchestration.protocol.source import SourceLog, generate_events
@@ -60,6 +61,24 @@ def _owned_with_a_commit(store: ObjectStore) -> tuple[Ledger, FencingToken, Mani
         token, ManifestUpdate(source_offset=0, note="first commit")
     )
     return ledger, token, version
+
+
+def _fenced_writers_entry(ledger: Ledger, old: FencingToken, sealed: ManifestVersion) -> PartitionManifest:
+    """The entry after `sealed` under the old token, with the right sequence number and parent hash,
+    signed with the old epoch's key (the fenced writer holds it): the store's create-only write
+    accepts it and its signature verifies, only the chain's rules can refuse it."""
+    unsigned = sealed.manifest.model_copy(
+        update={
+            "seq": sealed.manifest.seq + 1,
+            "fencing_token": old.epoch,
+            "node": 1,
+            "commit_ulid": next_ulid(sealed.manifest.commit_ulid),
+            "parent_hash": sealed.raw_hash,
+            "source_offset": 7,
+            "note": "",
+        }
+    )
+    return sign_record(unsigned, ledger.signing_keys.get(1, 0, old.epoch))
 
 
 def test_a_grant_seals_the_chain_and_the_seal_carries_the_last_commit(store: ObjectStore) -> None:
@@ -116,21 +135,7 @@ def test_readers_pass_over_an_entry_a_fenced_writer_created_without_the_publishe
     assert new is not None
     sealed = ManifestReader(store).current(P(0))
     assert sealed is not None and sealed.manifest.fencing_token == 2
-    # The next entry under the old token, with the right sequence number and parent hash, signed
-    # with the old epoch's key (the fenced writer holds it): the store's create-only write accepts
-    # it and its signature verifies, only the chain's rules can refuse it.
-    unsigned = sealed.manifest.model_copy(
-        update={
-            "seq": sealed.manifest.seq + 1,
-            "fencing_token": old.epoch,
-            "node": 1,
-            "commit_ulid": next_ulid(sealed.manifest.commit_ulid),
-            "parent_hash": sealed.raw_hash,
-            "source_offset": 7,
-            "note": "",
-        }
-    )
-    forged = sign_record(unsigned, ledger.signing_keys.get(1, 0, old.epoch))
+    forged = _fenced_writers_entry(ledger, old, sealed)
     key = manifest_history_key(0, forged.seq)
     OutputCommitter(store).create_manifest(manifest_key(key), forged.model_dump_json().encode())
     # The entry is void: readers pass over it, and the new owner's publish moves past it.
@@ -151,26 +156,16 @@ def test_a_granters_read_on_a_stale_word_is_not_trusted_when_it_seals_later(stor
     assert ledger.fence(P(0), UNASSIGNED, expected_epoch=1, reason="node 1 unresponsive") is None
     sealed = ManifestReader(store).current(P(0))
     assert sealed is not None and sealed.manifest.fencing_token == 2
-    unsigned = sealed.manifest.model_copy(
-        update={
-            "seq": sealed.manifest.seq + 1,
-            "fencing_token": old.epoch,
-            "node": 1,
-            "commit_ulid": next_ulid(sealed.manifest.commit_ulid),
-            "parent_hash": sealed.raw_hash,
-            "source_offset": 7,
-            "note": "",
-        }
-    )
-    void = sign_record(unsigned, ledger.signing_keys.get(1, 0, old.epoch)).model_dump_json().encode()
+    entry = _fenced_writers_entry(ledger, old, sealed)
+    void = entry.model_dump_json().encode()
     committer = OutputCommitter(store)
-    committer.create_manifest(manifest_key(manifest_history_key(0, unsigned.seq)), void)
+    committer.create_manifest(manifest_key(manifest_history_key(0, entry.seq)), void)
     pointer = manifest_key(manifest_pointer_key(0))
     committer.swap_manifest(pointer, void, store.get(manifest_pointer_key(0)).etag)
 
     granter = Ledger(store)  # one process: its sealer keeps what it checked between grants
     stale = granter.sealer.read_chain(0, newest_grant=1)
-    assert stale.version is not None and stale.version.manifest.seq == unsigned.seq  # true on its word only
+    assert stale.version is not None and stale.version.manifest.seq == entry.seq  # true on its word only
     assert granter.fence(P(0), N(2), expected_epoch=2, reason="place on node 2") is not None
     seal = ManifestReader(store).current(P(0))
     assert seal is not None and seal.manifest.fencing_token == 3
