@@ -13,16 +13,15 @@ never handed the node's last-read ends as seen later than the node read them.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from types import SimpleNamespace
+from datetime import datetime, timedelta
 
-from laminar_orchestration.dataplane import log_watch as log_watch_module
+from laminar_orchestration.clock import use_clock
 from laminar_orchestration.dataplane.log_watch import LOG_ENDS_TRUST_S, LogWatch
 
+from .clock import EPOCH_START
 from .reverts import Knobs, reverted
 
 #: The node's settings the scenario runs with (the defaults of `NodeConfig`).
@@ -73,24 +72,19 @@ class LogEndsResult:
 
 @dataclass
 class _Clock:
-    """The simulated monotonic clock the watch reads (through its module's `time`)."""
+    """The simulated clock the watch reads (`laminar_orchestration.clock`, installed for the run)."""
 
     t: float = START_S
+    entropy: random.Random = field(default_factory=lambda: random.Random(0))
 
     def monotonic(self) -> float:
         return self.t
 
+    def now(self) -> datetime:
+        return EPOCH_START + timedelta(seconds=self.t)
 
-@contextlib.contextmanager
-def _simulated_clock(clock: _Clock) -> Iterator[None]:
-    # The watch reads its module's `time`: only that binding is replaced, for the run.
-    names = vars(log_watch_module)
-    saved = names["time"]
-    names["time"] = SimpleNamespace(monotonic=clock.monotonic)
-    try:
-        yield
-    finally:
-        names["time"] = saved
+    def random_bytes(self, n: int) -> bytes:
+        return self.entropy.randbytes(n)
 
 
 @dataclass
@@ -149,7 +143,7 @@ def run_log_ends_scenario(seed: int, knobs: Knobs | None = None) -> LogEndsResul
     wake = START_S
     pending = [(START_S + a, n) for a, n in appends]
     pending_moves = [START_S + m for m in moves]
-    with reverted(knobs or Knobs()), _simulated_clock(clock):
+    with reverted(knobs or Knobs()), use_clock(clock):
         for _ in range(200_000):
             t = min(next_read, wake, *(a for a, _ in pending[:1]), *pending_moves[:1])
             if t > START_S + HORIZON_S:

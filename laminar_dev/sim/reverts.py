@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from laminar_orchestration import clock as clock_module
 from laminar_orchestration.clock import current as current_clock
 from laminar_orchestration.control import coordinator as migration_module
 from laminar_orchestration.control import moves as moves_module
@@ -276,17 +277,12 @@ def _hand_out_before_fix(self: nudge_module.SourceDoorbell, ends: dict[int, int]
         nudge_module.send_nudge(url, body=body)
 
 
-def _watch_clock() -> float:
-    """The clock `log_watch` reads, not `time`'s: a scenario runs the watch on a simulated one."""
-    return float(vars(log_watch_module)["time"].monotonic())
-
-
 def _advanced_before_fix(self: LogWatch, end_offset: int, *, from_log_ends: bool, read_at: float | None = None) -> bool:
     """`LogWatch.advanced` before recorded ends counted as seen when the node read them: handed over is seen."""
     if from_log_ends:
-        self.ends_seen_at = _watch_clock()
+        self.ends_seen_at = clock_module.current().monotonic()
     else:
-        self.doorbell_at = _watch_clock()
+        self.doorbell_at = clock_module.current().monotonic()
     if end_offset > self.known_end:
         self.known_end = end_offset
         return True
@@ -295,7 +291,7 @@ def _advanced_before_fix(self: LogWatch, end_offset: int, *, from_log_ends: bool
 
 def _idle_until_before_fix(self: LogWatch, committed: int) -> float | None:
     """`LogWatch.idle_until` before it woke the worker when the ends' trust runs out."""
-    clock = _watch_clock
+    clock = clock_module.current().monotonic
     seen = self.ends_seen_at
     if not self.at_end or seen is None or clock() - seen > LOG_ENDS_TRUST_S or self.known_end > committed:
         return None

@@ -20,10 +20,10 @@ may come before the producer's next append.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from datetime import datetime
 
+from laminar_orchestration import clock
 from laminar_orchestration.protocol.records import now
 
 #: The recorded log ends are trusted while the node read them within this long; after that (the
@@ -60,10 +60,10 @@ class LogWatch:
         """Record an announced end; True if it moved (the worker should look). Recorded ends count as
         seen when the node read them (`read_at`, monotonic; None: now), not when they were handed over."""
         if from_log_ends:
-            seen = time.monotonic() if read_at is None else read_at
+            seen = clock.current().monotonic() if read_at is None else read_at
             self.ends_seen_at = seen if self.ends_seen_at is None else max(self.ends_seen_at, seen)
         else:
-            self.doorbell_at = time.monotonic()
+            self.doorbell_at = clock.current().monotonic()
         if end_offset > self.known_end:
             self.known_end = end_offset
             return True
@@ -88,11 +88,11 @@ class LogWatch:
         read ahead would find nothing. (A log with events is read ahead whatever the ends show: they
         may be up to a poll behind, and the first batch of a handoff is on its critical path.)"""
         seen = self.ends_seen_at
-        return seen is not None and time.monotonic() - seen <= LOG_ENDS_TRUST_S and self.known_end == 0
+        return seen is not None and clock.current().monotonic() - seen <= LOG_ENDS_TRUST_S and self.known_end == 0
 
     def after_read(self, limit: int | None, batch_end: int | None) -> None:
         """A read from the committed offset stopped at `batch_end` (None: nothing there)."""
-        self.read_at = time.monotonic()
+        self.read_at = clock.current().monotonic()
         self.at_end = batch_end is None or (limit is not None and batch_end >= limit)
         if batch_end is not None:
             self.probe_s = 0.0
@@ -103,7 +103,12 @@ class LogWatch:
         """While the ends are watched and show nothing past `committed`, which the last read
         reached: when the fallback poll (or the end of the ends' trust) is due. None: read the log now."""
         seen = self.ends_seen_at
-        if not self.at_end or seen is None or time.monotonic() - seen > LOG_ENDS_TRUST_S or self.known_end > committed:
+        if (
+            not self.at_end
+            or seen is None
+            or clock.current().monotonic() - seen > LOG_ENDS_TRUST_S
+            or self.known_end > committed
+        ):
             return None
         if self.probe_s <= BUSY_PROBE_LAST_S and not self._doorbell_rings():
             due = self.read_at + self.probe_s  # busy: the log has probably grown since the last read
@@ -111,8 +116,8 @@ class LogWatch:
             due = self.read_at + self.fallback_s
         # Wake when the ends stop being trusted: if the node cannot read them any more, poll the log.
         due = min(due, seen + LOG_ENDS_TRUST_S)
-        return due if due > time.monotonic() else None
+        return due if due > clock.current().monotonic() else None
 
     def _doorbell_rings(self) -> bool:
         heard = self.doorbell_at
-        return heard is not None and time.monotonic() - heard <= DOORBELL_TRUST_S
+        return heard is not None and clock.current().monotonic() - heard <= DOORBELL_TRUST_S
