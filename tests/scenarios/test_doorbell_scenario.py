@@ -6,25 +6,17 @@ that never arrived. Real threads and loopback sockets; the seed decides the memb
 
 from __future__ import annotations
 
-import os
-import time
-
 import pytest
 
 from laminar_dev.sim import Knobs
 from laminar_dev.sim.doorbell import Address, run_doorbell_scenario
+from tests.seeds import fresh_base_seed
 
 pytestmark = pytest.mark.slow(seconds=30)
 
 
-def _base() -> int:
-    base = int(os.environ.get("LAMINAR_DOORBELL_SEED", str(time.time_ns() % 1_000_000_007)))
-    print(f"\ndoorbell base seed {base} (replay: LAMINAR_DOORBELL_SEED={base})")
-    return base
-
-
 def test_fresh_seeds_every_listening_node_hears_every_ring() -> None:
-    base = _base()
+    base = fresh_base_seed("LAMINAR_DOORBELL_SEED", "doorbell")
     results = [run_doorbell_scenario(seed) for seed in range(base, base + 6)]
     for r in results:
         assert r.ok, f"seed {r.seed}: {[a.value for a in r.addresses]} missed {r.missed}"
@@ -35,7 +27,7 @@ def test_fresh_seeds_every_listening_node_hears_every_ring() -> None:
 # The reverted sender's thread dies of the bad address: that is the bug, reported by pytest as a warning.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_without_the_deadline_fresh_seeds_find_a_bad_address_that_silences_the_doorbell() -> None:
-    base = _base()
+    base = fresh_base_seed("LAMINAR_DOORBELL_SEED", "doorbell")
     for seed in range(base, base + 20):
         result = run_doorbell_scenario(seed, Knobs(revert_nudge_deadline=True))
         if not result.ok:

@@ -7,23 +7,15 @@ moves. ``LAMINAR_LOG_ENDS_SEED=<base>`` replays a run."""
 
 from __future__ import annotations
 
-import os
-import time
-
 from laminar_dev.sim import Knobs
 from laminar_dev.sim.log_ends import Broken, run_log_ends_scenario
+from tests.seeds import fresh_base_seed
 
 REVERTED = Knobs(revert_log_ends_fallback=True)
 
 
-def _base() -> int:
-    base = int(os.environ.get("LAMINAR_LOG_ENDS_SEED", str(time.time_ns() % 1_000_000_007)))
-    print(f"\nlog-ends base seed {base} (replay: LAMINAR_LOG_ENDS_SEED={base})")
-    return base
-
-
 def test_fresh_seeds_a_caught_up_worker_polls_once_the_ends_are_untrusted() -> None:
-    base = _base()
+    base = fresh_base_seed("LAMINAR_LOG_ENDS_SEED", "log-ends")
     results = [run_log_ends_scenario(seed) for seed in range(base, base + 100)]
     for r in results:
         assert r.ok, f"seed {r.seed}: outages {r.outages}: {r.violations}"
@@ -32,7 +24,7 @@ def test_fresh_seeds_a_caught_up_worker_polls_once_the_ends_are_untrusted() -> N
 
 
 def test_without_the_fallback_most_fresh_seeds_find_a_sleeping_worker_or_stale_ends() -> None:
-    base = _base()
+    base = fresh_base_seed("LAMINAR_LOG_ENDS_SEED", "log-ends")
     results = [run_log_ends_scenario(seed, REVERTED) for seed in range(base, base + 100)]
     found = [r for r in results if not r.ok]
     assert len(found) > len(results) // 2, f"only {len(found)} of {len(results)} seeds from {base} found the revert"

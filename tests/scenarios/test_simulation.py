@@ -14,7 +14,6 @@ import inspect
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -47,6 +46,7 @@ from laminar_orchestration.ops import sweep as antientropy
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.tasks import MigrationPhase
 from laminar_orchestration.store import ObjectStore
+from tests.seeds import fresh_base_seed
 
 REPO = Path(__file__).resolve().parents[2]
 #: Wall-clock budget of the fresh-seed run (the machine is shared: it counts scenarios, not speed).
@@ -120,8 +120,7 @@ def test_a_seed_replays_in_another_process_with_another_hash_seed() -> None:
 
 @pytest.mark.slow
 def test_a_budget_of_fresh_seeds_violates_no_invariant() -> None:
-    base = int(os.environ.get("LAMINAR_SIM_SEED", str(time.time_ns() % 1_000_000_007)))
-    print(f"\nsimulation base seed {base} (replay the run: LAMINAR_SIM_SEED={base})")
+    base = fresh_base_seed("LAMINAR_SIM_SEED", "simulation")
     report = soak(SimConfig(seed=base), base_seed=base, budget_s=BUDGET_S, workers=2)
     print(report.summary())
 
