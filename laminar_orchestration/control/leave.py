@@ -248,7 +248,8 @@ class GracefulLeave:
             planned = plan_move(coordinator, move.partition, move.to_node)
             if planned.task is None:
                 return planned.reason
-            driven = drive_with_deadline(coordinator, planned.task, deadline)
+            # A move that fails is not granted back here: this node stops next (as for `_cancel`).
+            driven = drive_with_deadline(coordinator, planned.task, deadline, grant_back=False)
         except (LaminarError, StoreError) as exc:
             return f"{type(exc).__name__}: {exc}"
         if driven.finished:

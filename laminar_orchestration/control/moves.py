@@ -1,10 +1,9 @@
 """Carrying moves out: migrations driven phase by phase, many at once within per-node limits.
 
-Everything here drives `MigrationCoordinator`s; the `laminar` CLI, the Dagster
-jobs and sensors, the demo and the chaos suite share it, so all of them honour
-the per-node concurrency limit and record failures the same way. Nothing here
-imports Dagster. What to move is decided by `control.placement` (pure) and `control.operations`
-(the operations: a rebalance, a node's failover).
+Everything here drives `MigrationCoordinator`s; the `laminar` CLI, the Dagster jobs and sensors,
+the demo and the chaos suite share it, so all of them honour the per-node concurrency limit and
+record failures the same way. Nothing here imports Dagster. What to move is decided by
+`control.placement` (pure) and `control.operations` (the operations: a rebalance, a failover).
 """
 
 from __future__ import annotations
@@ -93,15 +92,13 @@ def run_moves(
     max_workers: int | None = None,
     on_done: Callable[[MoveOutcome[R]], None] | None = None,
 ) -> list[MoveOutcome[R]]:
-    """Run `migrate(move)` for every move, concurrently, never with more than
-    `max_per_node` moves at once on any node (old owner or new owner), nor more
-    than `max_workers` in all (default: as many as the per-node limit allows,
-    up to `MAX_MOVE_THREADS`).
+    """Run `migrate(move)` for every move, concurrently, never with more than `max_per_node` moves at
+    once on any node (old owner or new owner), nor more than `max_workers` in all (default: as many
+    as the per-node limit allows, up to `MAX_MOVE_THREADS`).
 
-    A move starts as soon as all its nodes have a free slot (no wave barrier);
-    among the moves that could start, the earliest in `moves` goes first. A
-    failing move does not stop the others: every outcome is returned, in the
-    order of `moves`. `on_done` is called (in this thread) as each move ends.
+    A move starts as soon as all its nodes have a free slot (no wave barrier); among the moves that
+    could start, the earliest in `moves` goes first. A failing move does not stop the others: every
+    outcome is returned, in the order of `moves`. `on_done` is called (in this thread) as each ends.
     """
     if max_per_node < 1:
         raise AssignmentError(f"max_per_node must be >= 1, got {max_per_node}")
@@ -144,21 +141,23 @@ def run_moves(
     return [outcomes[i] for i in range(len(moves))]
 
 
-def record_failure(coordinator: MigrationCoordinator, partition: int, migration_id: str, error: BaseException) -> None:
+def record_failure(
+    coordinator: MigrationCoordinator, partition: int, migration_id: str, exc: BaseException, *, grant_back: bool = True
+) -> None:
     """Mark migration `migration_id` Failed so nodes stop working on it and a retry starts afresh.
 
-    Decided by migration id, not by error type: skipped when the partition's
-    record belongs to another migration (an epoch conflict with someone else's
-    move) or the migration already ended; a conflict on its own record fails
-    it. Never raises.
+    Decided by migration id, not by error type: skipped when the partition's record belongs to
+    another migration (an epoch conflict with someone else's move) or the migration already ended;
+    a conflict on its own record fails it. `grant_back` as for `MigrationCoordinator.cancel`.
+    Never raises.
     """
     try:
         current = coordinator.current(PartitionId(partition))
         if current is None or current.migration_id != migration_id or current.is_terminal:
             return
-        coordinator.fail(PartitionId(partition), migration_id, f"{type(error).__name__}: {error}")
-        # A graceful move that failed after the release: the old owner gets its partition back.
-        coordinator.reinstate(PartitionId(partition))
+        coordinator.fail(PartitionId(partition), migration_id, f"{type(exc).__name__}: {exc}")
+        if grant_back:  # a graceful move that failed after the release: the old owner gets it back
+            coordinator.reinstate(PartitionId(partition))
     except (LedgerError, StoreError, OSError):
         pass  # best effort: the original error is what the caller reports
 
@@ -215,6 +214,7 @@ def drive_with_deadline(
     deadline: float,
     *,
     always: Collection[MigrationPhase] = (),
+    grant_back: bool = True,
 ) -> DeadlineDrive:
     """`drive` `task` from its recorded phase on until it is complete or `deadline` (`time.monotonic()`) passes.
 
@@ -224,7 +224,7 @@ def drive_with_deadline(
     those in `always` (phases that wait on no node, such as a forced move's
     fence), and errors are returned, not raised. A timeout leaves the record
     as it is, for the next driver to resume; any other migration error is
-    recorded Failed (`record_failure`).
+    recorded Failed (`record_failure`, with `grant_back`).
     """
     seq = phase_sequence(task.migration_kind)
     start = seq.index(task.phase) if task.phase in seq else 0
@@ -247,7 +247,7 @@ def drive_with_deadline(
         except migration_errors.MigrationTimeout as exc:
             return DeadlineDrive(task, tuple(reports), error=exc)
         except tasks.MigrationError as exc:
-            record_failure(coordinator, task.partition, task.migration_id, exc)
+            record_failure(coordinator, task.partition, task.migration_id, exc, grant_back=grant_back)
             return DeadlineDrive(task, tuple(reports), error=exc)
         except LaminarError as exc:
             return DeadlineDrive(task, tuple(reports), error=exc)

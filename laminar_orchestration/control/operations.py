@@ -541,27 +541,26 @@ def plan_failovers(
 ) -> FailoverPlan:
     """Find the partitions whose owner is dead and pick a target for each new (partition, epoch).
 
-    A partition is left alone when its owner is alive or unassigned, when a
-    migration that no longer needs the old owner is in flight towards a live
-    node (a forced one, or a graceful one past the release), or when its
-    (partition, epoch) is in `handled` (a failover already requested). The
-    target is a live node with a warm copy of the partition (a standby), else
-    the least-loaded live node, counting the failovers planned here. A
-    partition no live node can take is not marked handled: the next look
-    plans it again. Liveness is judged with `heartbeat_timeout_s` (None: each
-    node's own timeout).
+    A partition is left alone when its owner is alive, unassigned or draining (a leaving node's final
+    drain releases it), when a migration that no longer needs the old owner is in flight towards a
+    live node (a forced one, or a graceful one past the release), or when its (partition, epoch) is
+    in `handled` (a failover already requested). The target is a live node with a warm copy of the
+    partition (a standby), else the least-loaded live node, counting the failovers planned here. A
+    partition no live node can take is not marked handled: the next look plans it again. Liveness is
+    judged with `heartbeat_timeout_s` (None: each node's own timeout).
 
-    On the way, every grant the ownership head lags (`Ownership.head_lagged`)
-    is completed (`Ledger.complete_grant`): its granter died before sealing
-    the manifest chain, and nothing else would seal it. Only `partitions` are
-    looked at (None: every partition of the cluster; see `LookFocus`).
+    On the way, every grant the ownership head lags (`Ownership.head_lagged`) is completed
+    (`Ledger.complete_grant`): its granter died before sealing the manifest chain, and nothing else
+    would seal it. Only `partitions` are looked at (None: every partition; see `LookFocus`).
     """
-    live = live_node_ids(ledger, heartbeat_timeout_s=heartbeat_timeout_s)
+    views = ledger.members.nodes()
+    live = {view.record.node for view in views if is_alive(view, heartbeat_timeout_s)}
+    draining = {view.record.node for view in views if view.draining(heartbeat_timeout_s)}
     owners = ledger.ownerships(ledger.partitions() if partitions is None else sorted(partitions))
     loads = node_loads({int(p): (int(o.owner) if o else UNASSIGNED) for p, o in owners.items()}, live)
-    warm = warm_copies(ledger.members.nodes())
+    warm = warm_copies(views)
     # The records of the dead owners' partitions, read at once (not one after the other).
-    orphaned = [p for p, o in owners.items() if o is not None and o.owner != UNASSIGNED and o.owner not in live]
+    orphaned = [p for p, o in owners.items() if o is not None and o.owner not in {UNASSIGNED, *live, *draining}]
     states = DesiredStates(ledger).read_many(sorted(orphaned))
     failovers: list[PlannedFailover] = []
     done: set[tuple[int, int]] = set()

@@ -53,6 +53,12 @@ class NodeView:
         age = ((at or now()) - record.heartbeat_at).total_seconds()
         return cls(record, record.status == NodeStatus.ALIVE and age <= record.heartbeat_timeout_s, age)
 
+    def draining(self, heartbeat_timeout_s: float | None = None) -> bool:
+        """True while the node says it is leaving and its heartbeat is fresh (by `heartbeat_timeout_s`,
+        None: its own): its final drain releases what it still runs, so that is no failure yet."""
+        limit = self.record.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
+        return self.record.status == NodeStatus.LEAVING and self.heartbeat_age_s <= limit
+
 
 def _encode(model: BaseModel) -> bytes:
     return model.model_dump_json().encode()

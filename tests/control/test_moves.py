@@ -13,8 +13,10 @@ import pytest
 from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.control.moves import drive_with_deadline, plan_move
 from laminar_orchestration.identity import NodeId, PartitionId
+from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.migration_errors import MigrationTimeout, NoLiveNode
+from laminar_orchestration.protocol.migration_errors import MigrationFailed, MigrationTimeout, NoLiveNode
+from laminar_orchestration.protocol.records import PartitionProgress, PartitionStatus
 from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationKind, MigrationPhase
 from tests.ledgers import make_alive, make_dead
 
@@ -109,3 +111,47 @@ def test_drive_with_deadline_bounds_each_wait_by_the_time_left_and_leaves_a_time
     # Resumed from its recorded phase by the next driver.
     resumed = drive_with_deadline(coordinator, current, time.monotonic() - 1)
     assert resumed.reports == () and resumed.out_of_time_before == MigrationPhase.DOWNLOADING
+
+
+@pytest.mark.parametrize("grant_back", [True, False])
+def test_a_graceful_move_that_fails_after_the_release_is_granted_back_unless_its_driver_says_not(
+    ledger: Ledger, grant_back: bool
+) -> None:
+    """Granted back, the old owner resumes its partition; a leaving node's driver says not (the node
+    stops next and would never take the grant up): the partition stays released for a new owner."""
+    old = ledger.members.register_node(N(1), heartbeat_timeout_s=60)
+    new = ledger.members.register_node(N(2), heartbeat_timeout_s=60)
+    DesiredStates(ledger).update(P(0), lambda s: s.model_copy(update={"owner": 1}))
+    token = ledger.acquire(P(0), N(1), expected_epoch=0)
+    coordinator = MigrationCoordinator(ledger, NO_WARMUP)
+    task = coordinator.plan(P(0), N(2))
+    # The old owner drained, checkpointed and released; the new owner's download fails.
+    ledger.release(token, commit_ulid=None, source_offset=0)
+    old.heartbeat(
+        partitions={
+            0: PartitionProgress(
+                partition=0,
+                epoch=1,
+                state="released",
+                migration_id=task.migration_id,
+                phase_done=MigrationPhase.RELEASED.value,
+            )
+        }
+    )
+    new.heartbeat(
+        partitions={
+            0: PartitionProgress(
+                partition=0, epoch=0, state="failed", migration_id=task.migration_id, error="disk full"
+            )
+        }
+    )
+    driven = drive_with_deadline(coordinator, task, time.monotonic() + 20, grant_back=grant_back)
+    assert isinstance(driven.error, MigrationFailed) and "disk full" in str(driven.error), driven
+    failed = coordinator.current(P(0))
+    assert failed is not None and failed.phase == MigrationPhase.FAILED
+    own = ledger.ownership(P(0))
+    assert own is not None
+    if grant_back:
+        assert (own.owner, own.epoch, own.status) == (1, 2, PartitionStatus.ACTIVE), own
+    else:
+        assert (own.owner, own.epoch, own.status) == (1, 1, PartitionStatus.RELEASED), own

@@ -21,12 +21,13 @@ from laminar_orchestration.control.operations import (
     plan_failovers,
     wait_for_suspects,
 )
+from laminar_orchestration.control.snapshot import live_node_ids
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader, ManifestUpdate
 from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import StaleFencingToken
-from laminar_orchestration.protocol.records import NodeRecord, PartitionProgress
+from laminar_orchestration.protocol.records import NodeRecord, NodeStatus, PartitionProgress
 from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase
 from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.store.metering import RequestMeter
@@ -53,6 +54,20 @@ def test_plan_failovers_targets_each_dead_owners_partition_once(ledger: Ledger) 
     moving = plan_failovers(ledger)
     assert [f.partition for f in moving.failovers] == [1]
     assert (0, 1) in moving.handled and any("in flight" in note for note in moving.skipped)
+
+
+def test_plan_failovers_leaves_a_leaving_nodes_final_drain_alone_until_its_heartbeat_lapses(ledger: Ledger) -> None:
+    """A node stopping says "leaving" and drains what it could not move; fencing it then would only
+    cut its clean release short. Once that heartbeat lapses (a drain that hangs), it is dead."""
+    make_alive(ledger, 2)
+    leaving = ledger.members.register_node(N(1), heartbeat_timeout_s=0.5)
+    ledger.acquire(P(0), N(1), expected_epoch=0)
+    leaving.heartbeat(NodeStatus.LEAVING, partitions={})
+    draining = plan_failovers(ledger)
+    assert draining.failovers == () and draining.handled == frozenset(), draining
+    assert live_node_ids(ledger) == {2}, "a leaving node takes no new partition"
+    time.sleep(0.6)
+    assert plan_failovers(ledger).failovers == (PlannedFailover(0, 1, 1, 2),)
 
 
 def test_plan_failovers_leaves_a_partition_no_live_node_can_take_for_the_next_look(ledger: Ledger) -> None:
