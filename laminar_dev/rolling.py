@@ -5,7 +5,8 @@ takes its share back - with no command from anyone - while a producer appends at
 The nodes are Spark-less node processes (`laminar_dev.arrownode`) with a graceful leave and their
 /healthz; the test suite and `benchmarks.bench_rolling_restart` run it and read its report: how each
 node's leave went, whether /healthz said "not ready" while it left, and every partition's
-unavailability at each change of owner (its old owner's last data commit -> its new owner's first).
+unavailability at each change of owner (its old owner's last data commit -> its new owner's first),
+held against planned moves made in the same cluster, under the same load, just before the restarts.
 """
 
 from __future__ import annotations
@@ -19,14 +20,19 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import pyarrow as pa
 
 from laminar_dev.localcluster import Cluster, NodeProcess, wait_until
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.control.moves import run_migration
 from laminar_orchestration.control.operations import plan_rebalance, run_rebalance
 from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.records import now
 from laminar_orchestration.protocol.source import generate_events
 from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationKind, MigrationPhase
 
@@ -102,6 +108,9 @@ class NodeRestart:
     node: int
     owned: list[int]
     exit_code: int | None = None
+    #: When the node was sent SIGTERM and when it exited (the ledger's clock: UTC).
+    signalled_at: datetime | None = None
+    exited_at: datetime | None = None
     #: SIGTERM -> the process exited.
     leave_s: float = 0.0
     #: /healthz answered 503 between the signal and the exit.
@@ -113,16 +122,52 @@ class NodeRestart:
     took_back_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class Handoff:
+    """One change of a partition's owner epoch: its old owner's last data commit -> its new owner's first."""
+
+    partition: int
+    #: The epoch of the new owner's first data commit.
+    epoch: int
+    gap_s: float
+
+
 @dataclass
 class RollingReport:
     restarts: list[NodeRestart]
-    #: Per partition, the unavailability of each change of owner: old owner's last data commit -> new owner's first.
-    handoff_gaps: dict[int, list[float]]
+    #: Every change of owner of the run, the planned moves' before the restarts included.
+    handoffs: list[Handoff]
     events: int = 0
+    #: (partition, epoch) of the planned moves made before the first restart (the yardstick).
+    planned: frozenset[tuple[int, int]] = frozenset()
 
     @property
     def gaps(self) -> list[float]:
-        return sorted(g for gs in self.handoff_gaps.values() for g in gs)
+        """The restarts' handoffs (the leaves' and the returns'), sorted."""
+        return sorted(h.gap_s for h in self.handoffs if (h.partition, h.epoch) not in self.planned)
+
+    @property
+    def planned_gaps(self) -> list[float]:
+        """The planned moves' handoffs, in the same cluster under the same load, sorted."""
+        return sorted(h.gap_s for h in self.handoffs if (h.partition, h.epoch) in self.planned)
+
+    def gaps_by_kind(self, ledger: Ledger) -> dict[str, list[float]]:
+        """The restarts' handoffs split by their grant: "leave" (granted away from a node while it
+        left) and "return" (the rest: a restarted node taking its share back), each sorted."""
+        kinds: dict[str, list[float]] = {"leave": [], "return": []}
+        for h in self.handoffs:
+            if (h.partition, h.epoch) in self.planned:
+                continue
+            grant = ledger.grant(PartitionId(h.partition), h.epoch)
+            leaving = grant is not None and any(
+                t.node == grant.previous_owner
+                and t.signalled_at is not None
+                and t.exited_at is not None
+                and t.signalled_at <= grant.granted_at <= t.exited_at
+                for t in self.restarts
+            )
+            kinds["leave" if leaving else "return"].append(h.gap_s)
+        return {k: sorted(v) for k, v in kinds.items()}
 
 
 def place(cluster: Cluster) -> None:
@@ -154,6 +199,7 @@ def restart_node(cluster: RollingCluster, node: int, *, timeout_s: float = 60.0)
     turn = NodeRestart(node, cluster.partitions_of(node))
     port = cluster.ports[node]
     started = time.monotonic()
+    turn.signalled_at = now()
     cluster.nodes[node].signal(signal.SIGTERM)
     proc = cluster.nodes[node].proc
     while proc.poll() is None and time.monotonic() - started < timeout_s:
@@ -162,6 +208,7 @@ def restart_node(cluster: RollingCluster, node: int, *, timeout_s: float = 60.0)
         time.sleep(0.05)
     turn.exit_code = proc.wait(5)
     turn.leave_s = time.monotonic() - started
+    turn.exited_at = now()
     turn.left_by = _leave_kinds(cluster, node, turn.owned)
     started = time.monotonic()
     cluster.start_node(node)
@@ -172,25 +219,55 @@ def restart_node(cluster: RollingCluster, node: int, *, timeout_s: float = 60.0)
     return turn
 
 
-def handoff_gaps(cluster: Cluster) -> dict[int, list[float]]:
-    """Per partition, at each change of owner epoch: its last data commit before -> the first after."""
+def handoffs(cluster: Cluster) -> list[Handoff]:
+    """Every partition's changes of owner epoch: its last data commit before -> the first after."""
     reader = ManifestReader(cluster.store)
-    out: dict[int, list[float]] = {}
+    out: list[Handoff] = []
     for p in cluster.partitions:
         data = [v.manifest for v in reader.history(PartitionId(p)) if v.manifest.outputs]
-        out[int(p)] = [
-            (b.committed_at - a.committed_at).total_seconds()
+        out += [
+            Handoff(int(p), b.fencing_token, (b.committed_at - a.committed_at).total_seconds())
             for a, b in itertools.pairwise(data)
             if b.fencing_token != a.fencing_token
         ]
     return out
 
 
+def planned_moves(cluster: Cluster, nodes: list[int]) -> frozenset[tuple[int, int]]:
+    """Move every partition once to the next node of `nodes`, one after the other, as `laminar migrate`
+    does; the (partition, epoch) of each move. The restarts' handoffs are held against these."""
+    coordinator = MigrationCoordinator(cluster.ledger)
+    reader = ManifestReader(cluster.store)
+    moved = set()
+    for p in cluster.partitions:
+        own = cluster.ledger.ownership(p)
+        assert own is not None
+
+        def committed_here(p: PartitionId = p, epoch: int = own.epoch) -> bool:
+            current = reader.current(p)
+            return current is not None and current.manifest.fencing_token == epoch and bool(current.manifest.outputs)
+
+        # A gap is measured from the owner's last data commit: the move waits for its first one.
+        wait_until(committed_here, 30, f"partition {p}'s first data commit at epoch {own.epoch}")
+        target = nodes[(nodes.index(int(own.owner)) + 1) % len(nodes)]
+        task = run_migration(coordinator, int(p), target)
+        assert task.phase == MigrationPhase.ACTIVE, task
+        moved.add((int(p), task.to_epoch))
+    return frozenset(moved)
+
+
 def rolling_restart(
-    cluster: RollingCluster, nodes: list[int], *, per_tick: int = 20, interval_s: float = 0.1, settle_s: float = 2.0
+    cluster: RollingCluster,
+    nodes: list[int],
+    *,
+    per_tick: int = 20,
+    interval_s: float = 0.1,
+    settle_s: float = 2.0,
+    planned_first: bool = True,
 ) -> RollingReport:
-    """Place the partitions, run a steady producer, restart every node of `nodes` in turn, wait until
-    everything produced is committed; the report. The cluster's nodes must be up."""
+    """Place the partitions, run a steady producer, move each partition once as planned (with
+    `planned_first`: the yardstick), restart every node of `nodes` in turn, wait until everything
+    produced is committed; the report. The cluster's nodes must be up."""
     cluster.wait_alive(*nodes, timeout=60)
     place(cluster)
     producer = SteadyProducer(cluster, per_tick, interval_s)
@@ -198,6 +275,8 @@ def rolling_restart(
     restarts = []
     try:
         time.sleep(settle_s)
+        planned = planned_moves(cluster, nodes) if planned_first else frozenset()
+        time.sleep(settle_s if planned_first else 0.0)
         for n in nodes:
             restarts.append(restart_node(cluster, n))
             time.sleep(settle_s)
@@ -205,7 +284,7 @@ def rolling_restart(
         producer.stop()
     cluster.wait_committed(timeout=120)
     events = sum(t.num_rows for t in cluster.produced)
-    return RollingReport(restarts, handoff_gaps(cluster), events)
+    return RollingReport(restarts, handoffs(cluster), events, planned)
 
 
 def produced_table(cluster: Cluster) -> pa.Table:

@@ -59,11 +59,14 @@ def test_a_rolling_restart_moves_every_partition_gracefully_and_loses_nothing(st
         assert set(turn.left_by.values()) == {"graceful"}, turn.left_by
         assert turn.leave_s < LEAVE_DEADLINE_S, f"node {turn.node} took {turn.leave_s:.1f}s to leave"
         assert turn.not_ready_while_leaving, f"node {turn.node}'s /healthz never said 503 while it left"
-    gaps = report.gaps
+    gaps, planned = report.gaps, report.planned_gaps
     assert gaps, "no change of owner was recorded"
+    assert len(planned) == 4, f"each planned move (the yardstick) is a change of owner: {report.handoffs}"
+    kinds = report.gaps_by_kind(cluster.ledger)
     print(
         f"rolling restart ({store_url.split(':')[0]}): {len(gaps)} handoffs, unavailability "
-        f"p50 {gaps[len(gaps) // 2]:.2f}s max {gaps[-1]:.2f}s; leaves "
+        f"p50 {gaps[len(gaps) // 2]:.2f}s max {gaps[-1]:.2f}s (leaves {kinds['leave']}, returns {kinds['return']}; "
+        f"planned moves, same run: {planned}); leaves "
         + ", ".join(f"node {t.node} {t.leave_s:.1f}s" for t in report.restarts)
     )
 
