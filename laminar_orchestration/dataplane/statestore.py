@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rocksdict import (
     BlockBasedOptions,
@@ -95,6 +96,20 @@ def encode_key(key: str) -> bytes:
 
 def _expiry_entry(expires_at: int, key: str) -> bytes:
     return _EXPIRY_PREFIX + (expires_at + _EXPIRY_BIAS).to_bytes(8, "big") + key.encode()
+
+
+def _add_sorted(batch: WriteBatch, keys: list[bytes], values: list[bytes] | None) -> None:
+    """Put `keys` (or delete them, `values` None) in key order: the memtable's skip list inserts a
+    sorted run from where the last insert ended instead of searching from the top each time: a
+    batch's 30,000 random keys into a 20 MB memtable take less than half the CPU time. The sort is
+    stable, so a key written twice keeps its last value, as in the caller's order."""
+    order = pc.sort_indices(pa.array(keys, pa.binary())).to_pylist() if len(keys) > 1 else range(len(keys))
+    if values is None:
+        for i in order:
+            batch.delete(keys[i])
+    else:
+        for i in order:
+            batch.put(keys[i], values[i])
 
 
 class PartitionStateStore:
@@ -260,10 +275,9 @@ class PartitionStateStore:
         if self.expiry_column is not None and (keys or gone):
             self._move_expiry_entries(batch, rows, keys, gone)
         if keys:
-            for key, record in zip(keys, self.codec.encode(rows), strict=True):
-                batch.put(encode_key(key), record)
-        for key in gone:
-            batch.delete(encode_key(key))
+            _add_sorted(batch, [encode_key(k) for k in keys], self.codec.encode(rows))
+        if gone:
+            _add_sorted(batch, [encode_key(k) for k in gone], None)
         marker = AppliedMarker(partition=self.partition, source_offset=source_offset)
         batch.put(_MARKER_KEY, marker.model_dump_json().encode())
         try:
@@ -288,16 +302,14 @@ class PartitionStateStore:
         assert records is not None
         if unseen:
             old.update(zip(unseen, self.codec.decode_column(records, self.expiry_column).to_pylist(), strict=True))
-        for key in dict.fromkeys(touched):
-            expires_at = old[key]
-            if expires_at is not None:
-                batch.delete(_expiry_entry(int(expires_at), key))
+        stale = [(old[key], key) for key in dict.fromkeys(touched)]
+        _add_sorted(batch, [_expiry_entry(int(t), key) for t, key in stale if t is not None], None)
         if keys:
             if self.expiry_column not in rows.column_names:
                 raise LocalStateWriteFailed(str(self.path), f"rows lack the expiry column {self.expiry_column!r}")
-            for key, expires_at in zip(keys, rows[self.expiry_column].to_pylist(), strict=True):
-                if expires_at is not None:
-                    batch.put(_expiry_entry(int(expires_at), key), b"")
+            fresh = zip(keys, rows[self.expiry_column].to_pylist(), strict=True)
+            entries = [_expiry_entry(int(t), key) for key, t in fresh if t is not None]
+            _add_sorted(batch, entries, [b""] * len(entries))
 
     def checkpoint(self, destination: str | os.PathLike[str]) -> list[Path]:
         """A consistent copy of the store in `destination` (hard links to the immutable SST files).
