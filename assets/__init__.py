@@ -60,17 +60,10 @@ from dagster import (
 )
 
 from laminar_orchestration.control.operations import plan_rebalance
+from laminar_orchestration.control.ownership import LiveOwnersCheck, check_live_owners, ownership_rows, report_ownership
 from laminar_orchestration.control.placement import AssignmentError
-from laminar_orchestration.control.snapshot import (
-    LiveOwnersCheck,
-    StreamProgress,
-    check_live_owners,
-    checkpoint_rows,
-    checkpoints_version,
-    fingerprint,
-    ownership_rows,
-    report_ownership,
-)
+from laminar_orchestration.control.progress import StreamProgress, checkpoint_rows, checkpoints_version
+from laminar_orchestration.control.snapshot import fingerprint
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
 from resources import LaminarResource

@@ -57,8 +57,9 @@ from dagster import (
 from pydantic import Field
 
 from laminar_orchestration.control.moves import plan_move, prepare_failover, record_failure
+from laminar_orchestration.control.ownership import ownership_rows
 from laminar_orchestration.control.placement import least_loaded_node, node_loads
-from laminar_orchestration.control.snapshot import live_node_ids, ownership_rows
+from laminar_orchestration.control.snapshot import live_node_ids
 from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.tasks import MigrationError, MigrationKind, MigrationPhase

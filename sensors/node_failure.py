@@ -70,7 +70,7 @@ from laminar_orchestration.control.operations import (
     plan_failovers,
     wait_for_suspects,
 )
-from laminar_orchestration.control.snapshot import ownership_rows, ownership_rows_patched, patch_rows
+from laminar_orchestration.control.ownership import ownership_rows, ownership_rows_patched, patch_rows
 from laminar_orchestration.protocol.ledger import ClusterNotInitialized, Ledger
 from laminar_orchestration.protocol.records import PartitionStatus
 from laminar_orchestration.protocol.tasks import MigrationPhase

@@ -47,15 +47,9 @@ from assets import (
     ownership_observation,
 )
 from assets.stream_output import stream_output_observation
-from laminar_orchestration.control.snapshot import (
-    CheckpointRows,
-    OwnershipRows,
-    checkpoint_rows,
-    fingerprint,
-    ownership_rows,
-    ownership_signature,
-    stream_progress,
-)
+from laminar_orchestration.control.ownership import OwnershipRows, ownership_rows, ownership_signature
+from laminar_orchestration.control.progress import CheckpointRows, checkpoint_rows, stream_progress
+from laminar_orchestration.control.snapshot import fingerprint
 from laminar_orchestration.errors import LaminarError
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger

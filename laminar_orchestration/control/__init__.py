@@ -2,9 +2,10 @@
 
 The migration coordinator, driving moves with deadlines and limits, placement
 (where partitions should run), operations over the whole cluster (rebalance,
-failover planning and driving), the retry policy of failed migrations and the
-cluster snapshot (with what the Dagster assets show) the sensors and `status`
-read. The Dagster code location only translates these decisions.
+failover planning and driving), the retry policy of failed migrations, the
+cluster snapshot the sensors and `status` read, and what the Dagster assets show
+of it: the ownership rows and what the nodes have committed. The Dagster code
+location only translates these decisions.
 
 May import: `protocol`, `store` and the package root. Never the data plane, the
 operator tools or the CLI.

@@ -29,23 +29,18 @@ Every child runs in its own session (Ctrl-C in the terminal reaches only the
 demo, which then stops them in order) and, on Linux, gets SIGTERM should the
 demo itself die without cleaning up; whatever a child left behind in its
 process group (Spark JVMs, Dagster code servers, run workers) is killed at the
-end.
+end. Beside this run loop: its Dagster processes (`demo_dagster`), status table
+(`demo_table`) and orderly end (`demo_shutdown`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import shutil
 import signal
-import socket
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -54,21 +49,29 @@ from typing import TextIO
 
 from laminar_orchestration.control.moves import MoveOutcome
 from laminar_orchestration.control.operations import plan_rebalance, run_rebalance
-from laminar_orchestration.control.snapshot import ClusterSnapshot, live_node_ids, migrations_in_flight, ownership_map
+from laminar_orchestration.control.snapshot import live_node_ids, ownership_map
 from laminar_orchestration.dataplane.config import NodeConfig
 from laminar_orchestration.errors import InvalidArgument
-from laminar_orchestration.identity import UNASSIGNED, PartitionId
-from laminar_orchestration.metrics import LagClock, MetricsServer
+from laminar_orchestration.metrics import MetricsServer
+from laminar_orchestration.ops.demo_dagster import (
+    WEBSERVER_START_TIMEOUT_S,
+    check_port_free,
+    dagster_env,
+    dagster_executables,
+    find_code_location,
+    start_daemon,
+    start_webserver,
+    warm_run_launcher,
+    webserver_answers,
+)
 from laminar_orchestration.ops.demo_processes import Child, Producer
-from laminar_orchestration.ops.demo_status import PhaseWatch, partition_status, port_or_free
+from laminar_orchestration.ops.demo_shutdown import audit_at_end, stop_in_order
+from laminar_orchestration.ops.demo_status import PhaseWatch, port_or_free
+from laminar_orchestration.ops.demo_table import StatusTable
 from laminar_orchestration.ops.demo_walkthrough import TableWatch, Walkthrough, program
 from laminar_orchestration.ops.errors import DemoError
 from laminar_orchestration.ops.ledger_metrics import serve_control_plane_metrics
-from laminar_orchestration.ops.verify import audit_store
-from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.records import GrantKind
-from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.protocol.tasks import MigrationConfig, PhaseReport
 from laminar_orchestration.store import StoreError, open_store
 from laminar_orchestration.table import table_location
@@ -76,8 +79,6 @@ from laminar_orchestration.table import table_location
 DEFAULT_PORT = 3000
 #: How long nodes get to start Spark and join.
 NODE_START_TIMEOUT_S = 240.0
-#: How long the webserver gets to answer its first request.
-WEBSERVER_START_TIMEOUT_S = 180.0
 
 
 class _Aborted(Exception):
@@ -139,57 +140,7 @@ class DemoOptions:
             raise InvalidArgument("table_sync_interval_s", "must be > 0")
 
 
-#: What makes a directory the Dagster code location: the workspace and the definitions beside it.
-CODE_LOCATION_FILES = ("workspace.yaml", "definitions.py")
-
-
-def find_code_location(start: Path | None = None) -> Path | None:
-    """The repository checkout holding the Dagster code location (``workspace.yaml``, ``definitions.py``).
-
-    The code location (``assets/``, ``jobs/``, ``sensors/``, ``resources/``) is
-    part of the repository, not of the installed package: it is looked for in
-    `start` (default: the working directory) and its parents, then beside the
-    package (an editable install). None when neither holds it.
-    """
-    here = (start or Path.cwd()).resolve()
-    package = Path(__file__).resolve().parents[1]  # laminar_orchestration/ (this module is in ops/)
-    for root in (here, *here.parents, package.parent):
-        if all((root / name).is_file() for name in CODE_LOCATION_FILES):
-            return root
-    return None
-
-
-def _executable(name: str) -> str | None:
-    # The venv's own script first: the demo may run as .venv/bin/laminar without an activated venv.
-    beside = Path(sys.executable).with_name(name)
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    return shutil.which(name)
-
-
 # --- the demo -----------------------------------------------------------------------------
-
-
-@dataclass
-class _Sample:
-    at: float
-    committed: dict[int, int]
-
-
-@dataclass
-class _PartitionRow:
-    partition: int
-    owner: int
-    epoch: int
-    status: str
-    committed: int
-    end: int
-    rate: float | None
-    lag_s: float = 0.0
-
-    @property
-    def lag(self) -> int:
-        return max(0, self.end - self.committed)
 
 
 @dataclass
@@ -225,12 +176,9 @@ class Demo:
         self._up_at: float | None = None  # set once the nodes run and the partitions are placed
         self._webserver_ready = False
         self._webserver_gave_up = False
-        self._last_sample: _Sample | None = None
-        self._last_owners: dict[int, tuple[int, int]] = {}
         self._print_lock = threading.Lock()
         self._phases = PhaseWatch()
-        self._last_snapshot: ClusterSnapshot | None = None
-        self._lag_clock = LagClock()
+        self._status = StatusTable(self._phases)  # its rows read what the phase lines read
         #: Where each node (and, as node 0, the control plane) serves /metrics.
         self.metrics_ports: dict[int, int] = {}
         self._metrics_server: MetricsServer | None = None
@@ -305,9 +253,9 @@ class Demo:
     def _start(self) -> None:
         opts = self.options
         self.code_location = find_code_location(opts.base_dir) if opts.dagster else None
-        dagster_bins = self._dagster_executables() if opts.dagster else None
+        dagster_bins = dagster_executables(self.code_location, opts.base_dir, self.say) if opts.dagster else None
         if self.code_location is not None and dagster_bins is not None:
-            _check_port_free(opts.port)  # before anything is created or started
+            check_port_free(opts.port)  # before anything is created or started
         self.demo_dir.mkdir(parents=True)
         store = open_store(self.store_url, create=True)
         self.ledger = ledger = Ledger(store)
@@ -323,18 +271,18 @@ class Demo:
         # Every child is started before any thread of ours runs (see `_child_setup`).
         for n in range(1, opts.nodes + 1):
             self.nodes[n] = self._start_node(n)
-        dagster_env = None
+        env = None
         if self.code_location is not None and dagster_bins is not None:
-            dagster_env = self._dagster_env(self.code_location)
-            self.webserver = self._start_webserver(self.code_location, dagster_bins[0], dagster_env)
+            env = self._dagster_env(self.code_location)
+            self.webserver = start_webserver(self.code_location, dagster_bins[0], opts.port, env, self.demo_dir)
         nodes = ", ".join(f"node {n} (pid {c.pid})" for n, c in self.nodes.items())
         self.say(f"starting {nodes} — one local Spark each, this takes a little while ...")
         if self.webserver is not None:
             self.say(f"starting the dagster webserver (pid {self.webserver.pid}) on http://127.0.0.1:{opts.port}")
         self._wait_nodes_alive()
-        if self.code_location is not None and dagster_bins is not None and dagster_env is not None:
+        if self.code_location is not None and dagster_bins is not None and env is not None:
             # After the nodes' Spark start-up: on a small machine the daemon's first runs would slow it down.
-            self.daemon = self._start_daemon(self.code_location, dagster_bins[1], dagster_env)
+            self.daemon = start_daemon(self.code_location, dagster_bins[1], env, self.demo_dir)
         if self.daemon is None and 0 in self.metrics_ports:
             # No Dagster code location to serve the control plane's metrics: the demo serves them itself.
             self._metrics_server = serve_control_plane_metrics(self.metrics_ports[0], lambda: ledger, dict)
@@ -343,21 +291,6 @@ class Demo:
         self._place_partitions()
         self._up_at = time.monotonic()
         self._banner()
-
-    def _dagster_executables(self) -> tuple[str, str] | None:
-        if self.code_location is None:
-            where = (self.options.base_dir or Path.cwd()).resolve()
-            self.say(
-                "  no Dagster: the Dagster code location (workspace.yaml, definitions.py, assets/, jobs/, sensors/) "
-                f"is part of the repository checkout, not the installed package, and {where} is not in one. "
-                "Run the demo from a checkout (scripts/demo.sh) for the Dagster UI."
-            )
-            return None
-        web, daemon = _executable("dagster-webserver"), _executable("dagster-daemon")
-        if web is None or daemon is None:
-            self.say("  no Dagster: dagster-webserver / dagster-daemon not found; running without the UI")
-            return None
-        return web, daemon
 
     def _start_node(self, node: int) -> Child:
         opts = self.options
@@ -375,34 +308,10 @@ class Demo:
 
     def _dagster_env(self, root: Path) -> dict[str, str]:
         opts = self.options
-        home = self.demo_dir / "dagster_home"
-        home.mkdir()
-        # The code location's instance settings: runs launch on submit, sensors run in threads.
-        settings = root / "dagster.yaml"
-        if settings.exists():
-            shutil.copyfile(settings, home / "dagster.yaml")
-        else:
-            (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n")
-        return {
-            **os.environ,
-            "DAGSTER_HOME": str(home),
-            # dagster.yaml's run launcher (launcher/) is imported from the checkout.
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH", "")])),
-            "LAMINAR_STORE": self.store_url,
-            # The failure sensor judges liveness with the demo's short timeout.
-            "LAMINAR_FAILOVER_HEARTBEAT_TIMEOUT_S": str(opts.heartbeat_timeout_s),
-            "LAMINAR_SPARK_MASTER": opts.spark_master,
-            # The code location serves the control plane's /metrics (resources/metrics.py).
-            **({"LAMINAR_METRICS_PORT": str(self.metrics_ports[0])} if 0 in self.metrics_ports else {}),
-        }
-
-    def _start_webserver(self, root: Path, executable: str, env: Mapping[str, str]) -> Child:
-        cmd = [executable, "-w", str(root / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(self.options.port)]
-        return Child("dagster webserver", cmd, self.demo_dir / "dagster-webserver.log", env=env, cwd=root)
-
-    def _start_daemon(self, root: Path, executable: str, env: Mapping[str, str]) -> Child:
-        cmd = [executable, "run", "-w", str(root / "workspace.yaml")]
-        return Child("dagster daemon", cmd, self.demo_dir / "dagster-daemon.log", env=env, cwd=root)
+        return dagster_env(
+            root, self.demo_dir, self.store_url, heartbeat_timeout_s=opts.heartbeat_timeout_s,
+            spark_master=opts.spark_master, metrics_port=self.metrics_ports.get(0),
+        )  # fmt: skip
 
     def _wait_nodes_alive(self) -> None:
         assert self.ledger is not None
@@ -527,15 +436,9 @@ class Demo:
         web = self.webserver
         if web is None or self._webserver_ready or self._webserver_gave_up or not web.running():
             return
-        url = f"http://127.0.0.1:{self.options.port}/server_info"
-        try:
-            with urllib.request.urlopen(url, timeout=1.0) as resp:
-                answered = resp.status == 200
-        except (OSError, urllib.error.URLError):
-            answered = False
-        if answered:
+        if webserver_answers(self.options.port):
             self._webserver_ready = True
-            self._warm_run_launcher()
+            warm_run_launcher(self.options.port)
             self.say(
                 f"[{self._elapsed()}] dagster webserver ready: http://127.0.0.1:{self.options.port} "
                 "(answered /server_info)"
@@ -544,214 +447,29 @@ class Demo:
             self._webserver_gave_up = True
             self.say(f"dagster webserver did not answer within {WEBSERVER_START_TIMEOUT_S:.0f}s: see {web.log_path}")
 
-    def _warm_run_launcher(self) -> None:
-        """Ask the webserver about its run launcher: building it starts the pool the first launch forks."""
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.options.port}/graphql",
-            data=json.dumps({"query": "{ instance { runLauncher { name } } }"}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with contextlib.suppress(OSError, urllib.error.URLError), urllib.request.urlopen(request, timeout=10.0):
-            pass
-
-    def _rows(self) -> list[_PartitionRow]:
-        assert self.ledger is not None
-        at = time.monotonic()
-        snapshot = self._phases.watch(self.ledger).snapshot()  # the table reads what the phase lines read
-        self._last_snapshot = snapshot
-        committed = {p.partition: p.committed_offset or 0 for p in snapshot.partitions}
-        prev = self._last_sample
-        gone = {n for n, child in self.nodes.items() if not child.running()}
-        rows = []
-        for p in snapshot.partitions:
-            rate = None
-            if prev is not None and p.partition in prev.committed and at > prev.at:
-                rate = (committed[p.partition] - prev.committed[p.partition]) / (at - prev.at)
-            rows.append(
-                _PartitionRow(
-                    partition=p.partition,
-                    owner=p.owner,
-                    epoch=p.epoch,
-                    status=partition_status(p, gone),
-                    committed=committed[p.partition],
-                    end=p.log_end or 0,
-                    rate=rate,
-                    lag_s=self._lag_clock.observe(p.partition, p.log_end or 0, committed[p.partition], at),
-                )
-            )
-        self._last_sample = _Sample(at, committed)
-        return rows
-
-    def _ownership_changes(self, rows: list[_PartitionRow]) -> list[str]:
-        assert self.ledger is not None
-        lines = []
-        for r in rows:
-            before = self._last_owners.get(r.partition)
-            now_ = (r.owner, r.epoch)
-            if before is not None and before != now_ and r.epoch > before[1]:
-                grant = self.ledger.grant(PartitionId(r.partition), r.epoch)
-                how = "migration"
-                if grant is not None and grant.grant_kind == GrantKind.FENCE:
-                    how = "placement" if grant.previous_owner == UNASSIGNED else "failover: fenced"
-                lines.append(
-                    f"  ownership: partition {r.partition} node {before[0] or '-'} -> {r.owner or '-'}, "
-                    f"epoch {before[1]} -> {r.epoch} ({how})"
-                )
-            self._last_owners[r.partition] = now_
-        return lines
-
     def _print_table(self, *, final: bool = False) -> None:
         assert self.ledger is not None
-        rows = self._rows()
-        changes = self._ownership_changes(rows)
-        committed = sum(r.committed for r in rows)
-        lag = sum(r.lag for r in rows)
-        rates = [r.rate for r in rows if r.rate is not None]
-        rate = f"{sum(rates):,.0f} events/s committed" if rates else "throughput from the next table on"
-        produced = self.producer.produced if self.producer else 0
-        clock = datetime.now().strftime("%H:%M:%S")
-        title = "final status" if final else "status"
-        out = [f"── {title} {clock} ({self._elapsed()}) · produced {produced:,} · committed {committed:,} · "
-               f"lag {lag:,} · {rate} ──"]  # fmt: skip
-        out.extend(changes)
-        if changes and not final:
-            out.extend(self._guide().kill_hint({r.partition: r.owner for r in rows}, self._live()))  # stale now
-        out.append(f"{'PARTITION':>9}  {'OWNER':>5}  {'EPOCH':>5}  {'STATUS':<34} {'COMMITTED':>10} {'LAG':>8} "
-                   f"{'LAG S':>6} {'EVENTS/S':>9}")  # fmt: skip
-        for r in rows:
-            owner = str(r.owner) if r.owner != UNASSIGNED else "-"
-            ev = f"{r.rate:,.1f}" if r.rate is not None else "-"
-            out.append(
-                f"{r.partition:>9}  {owner:>5}  {r.epoch:>5}  {r.status:<34} {r.committed:>10,} {r.lag:>8,} "
-                f"{r.lag_s:>6.0f} {ev:>9}"
-            )
-        live = {n.node: n for n in (self._last_snapshot.nodes if self._last_snapshot else ())}
-        nodes = []
-        for n, child in sorted(self.nodes.items()):
-            view = live.get(n)
-            if not child.running():
-                state = f"stopped ({child.describe_exit()})"
-            elif view is None:
-                state = "starting"
-            elif view.alive:
-                state = "alive"
-            else:
-                state = f"NO HEARTBEAT for {view.heartbeat_age_s:.0f}s"
-            held = sum(1 for r in rows if r.owner == n and not r.status.startswith("released"))
-            nodes.append(f"node {n} {state} ({_plural(held, 'partition')})")
-        out.append("nodes: " + " · ".join(nodes))
-        if self._table is not None:
-            out.append(self._table.status_line())
-        self.say("\n".join(out) + "\n")
+        table = self._status.render(
+            self.ledger, self.nodes, self.producer, elapsed=self._elapsed,
+            kill_hint=lambda owners: self._guide().kill_hint(owners, self._live()), table=self._table, final=final,
+        )  # fmt: skip
+        self.say(table)
 
     # -- stopping ------------------------------------------------------------------------------
 
     def _stop_all(self) -> None:
-        hurry = lambda: self._hurry  # noqa: E731 - read each time: a second Ctrl-C shortens every wait
-        try:
-            if self.producer is not None:
-                self.producer.stop()
-                self.say(f"producer stopped after {self.producer.produced:,} events")
-            # The daemon goes before the nodes: nodes leaving on purpose must not look like dead ones
-            # to the failure sensor.
-            if self.daemon is not None:
-                # A migration or failover run it launched gets to finish rather than stop mid-phase
-                # (it would resume from its record, but a clean store is nicer); other runs just stop.
-                grace = 30.0 if self._migrations_in_flight() else 1.0
-                self._stop_child(self.daemon, 20.0, hurry, group_grace=grace)
-            self._catch_up(hurry)
-            if self.nodes:
-                self.say("nodes: leaving one at a time (each hands its partitions on; the last releases them) ...")
-            # One at a time: stopped together, each would hand its partitions to a peer stopping too and
-            # wait out its leave deadline before releasing them.
-            for child in self.nodes.values():
-                self._stop_child(child, 90.0, hurry)
-            if self.webserver is not None:
-                self._stop_child(self.webserver, 20.0, hurry)
-        finally:
-            if self._metrics_server is not None:
-                self._metrics_server.close()
-            # Whatever went wrong above, no child outlives the demo.
-            for leftover in [*self.nodes.values(), self.webserver, self.daemon]:
-                if leftover is not None and not leftover.cleaned:
-                    leftover.kill_group()
-                    leftover.close()
-
-    def _stop_child(
-        self,
-        child: Child,
-        timeout: float,
-        hurry: Callable[[], bool],
-        *,
-        already_signalled: bool = False,
-        group_grace: float = 5.0,
-    ) -> None:
-        if child.running() and not already_signalled:
-            child.signal(signal.SIGTERM)
-        code = child.wait(timeout, hurry)
-        if code is None:
-            self.say(f"{child.name} (pid {child.pid}) did not stop in time: killed")
-        elif not child.exit_reported:
-            self.say(f"{child.name} (pid {child.pid}) stopped: {child.describe_exit()}")
-        child.exit_reported = True
-        # What it started may still be finishing (a Dagster run, a JVM shutting down): a moment's grace.
-        if code is not None and not child.wait_group(min(1.0, group_grace), hurry) and group_grace > 1.0:
-            if group_grace >= 10:
-                self.say(f"{child.name}: waiting up to {group_grace:.0f}s for what it started to finish ...")
-            child.wait_group(group_grace - 1.0, hurry)
-        # Whatever is left in its process group (Spark JVM, code servers, run workers) goes now.
-        child.kill_group()
-        child.close()
-
-    def _migrations_in_flight(self) -> bool:
-        if self.ledger is None:
-            return False
-        try:
-            return bool(migrations_in_flight(self.ledger))
-        except StoreError:
-            return False
-
-    def _catch_up(self, hurry: Callable[[], bool], timeout: float = 15.0) -> None:
-        """Give running nodes a moment to commit the last appended events, so the audit shows everything."""
-        if self.ledger is None or not self.nodes or self._hurry:
-            return
-        try:
-            live = live_node_ids(self.ledger)
-            owners = ownership_map(self.ledger)
-            if not all(n in live for n in owners.values()):
-                return  # a partition without a live owner will not catch up
-            manifests = ManifestReader(self.ledger.store)
-            source = SourceLog(self.ledger.store, partitions=self.partitions)
-            ends = {p: source.end_offset(p) for p in owners}
-
-            def caught_up() -> bool:
-                for p, end in ends.items():
-                    cur = manifests.current(PartitionId(p))
-                    if (cur.manifest.source_offset if cur else 0) < end:
-                        return False
-                return True
-
-            deadline = time.monotonic() + timeout
-            while not caught_up() and time.monotonic() < deadline and not hurry():
-                time.sleep(0.3)
-        except StoreError:
-            return
+        stop_in_order(
+            self.ledger, self.partitions, producer=self.producer, daemon=self.daemon, nodes=self.nodes,
+            webserver=self.webserver, metrics_server=self._metrics_server,
+            hurry=lambda: self._hurry, say=self.say,  # read each time: a second Ctrl-C shortens every wait
+        )  # fmt: skip
 
     def _final_report(self) -> bool:
         if self.ledger is None or not self.nodes:
             return False  # nothing ran: nothing to audit
         with contextlib.suppress(StoreError):
             self._print_table(final=True)
-        self.say("laminar verify:")
-        audits = audit_store(self.ledger.store)
-        for audit in audits:
-            for line in audit.summary_lines():
-                self.say(line)
-        ok = all(a.ok for a in audits)
-        self.say("verify: OK" if ok else "verify: FAILED")
-        if self._table is not None:  # the nodes' last syncs are done: they stopped
-            for line in self._table.final_lines({a.partition: a.committed_offset for a in audits}):
-                self.say(line)
+        ok = audit_at_end(self.ledger.store, self._table, self.say)
         self.say()
         self.say(f"store  {self.store_url}")
         self.say(f"logs   {self.demo_dir}/")
@@ -768,15 +486,6 @@ def _absolute_store_url(url: str) -> str:
     if "://" in url:
         return url
     return Path(url).expanduser().resolve().as_uri()
-
-
-def _check_port_free(port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError as exc:
-            raise DemoError(f"port {port} on 127.0.0.1 is in use ({exc.strerror}): pass --port") from None
 
 
 def run_demo(options: DemoOptions, out: TextIO | None = None) -> int:

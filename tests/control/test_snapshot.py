@@ -8,18 +8,15 @@ import time
 from typing import Any
 
 from laminar_orchestration.control.coordinator import MigrationCoordinator
-from laminar_orchestration.control.snapshot import (
-    CheckpointRows,
+from laminar_orchestration.control.ownership import (
     OwnershipRows,
     check_live_owners,
-    checkpoint_rows,
-    checkpoints_version,
-    fingerprint,
     ownership_health,
     ownership_rows,
     report_ownership,
-    stream_progress,
 )
+from laminar_orchestration.control.progress import CheckpointRows, checkpoint_rows, checkpoints_version, stream_progress
+from laminar_orchestration.control.snapshot import fingerprint
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.desired_states import DesiredState, DesiredStates

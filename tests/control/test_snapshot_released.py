@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from laminar_orchestration.control.snapshot import check_live_owners, ownership_health, ownership_rows, snapshot_cluster
+from laminar_orchestration.control.ownership import check_live_owners, ownership_health, ownership_rows
+from laminar_orchestration.control.snapshot import snapshot_cluster
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.ledger import Ledger
 from tests.ledgers import make_dead

@@ -17,7 +17,8 @@ import pyarrow as pa
 
 from laminar_dev.chaos import ArrowBatchEngine, ArrowNode
 from laminar_orchestration.cli.output import ConsoleOutput
-from laminar_orchestration.control.snapshot import ownership_health, ownership_rows, snapshot_cluster
+from laminar_orchestration.control.ownership import ownership_health, ownership_rows
+from laminar_orchestration.control.snapshot import snapshot_cluster
 from laminar_orchestration.dataplane.worker import PartitionWorker
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.processing.keyed import keyed_aggregation

@@ -131,7 +131,7 @@ def test_only_an_epoch_still_held_is_marked_current(tmp_path: Path) -> None:
 def test_time_axis_has_round_ticks_for_any_span(tmp_path: Path, seconds: float) -> None:
     from datetime import timedelta
 
-    from laminar_orchestration.ops.report import _ticks
+    from laminar_orchestration.ops.report_notation import axis_ticks as _ticks
 
     start = collect_report(build_history(tmp_path)).start
     step, ticks = _ticks(start, start + timedelta(seconds=seconds))

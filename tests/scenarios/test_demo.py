@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from laminar_orchestration.ops.demo import CODE_LOCATION_FILES, find_code_location
+from laminar_orchestration.ops.demo_dagster import CODE_LOCATION_FILES, find_code_location
 from laminar_orchestration.ops.demo_processes import Child
 from tests.processes import Samples, free_port, scrape
 
