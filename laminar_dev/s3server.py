@@ -261,7 +261,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
     args = parser.parse_args(argv)
 
-    app = DomainDispatcherApplication(create_backend_app)
+    class HostCachingDispatcher(DomainDispatcherApplication):
+        """moto's dispatcher, remembering which backend serves a host.
+
+        moto lists its package directory and tries every service's URL patterns on each request
+        (a few milliseconds, most of a small request's time); the answer for a host never changes.
+        """
+
+        def __init__(self) -> None:
+            super().__init__(create_backend_app)
+            self.backend_of_host: dict[str | None, Any] = {}
+
+        def get_backend_for_host(self, host: str | None) -> Any:
+            if host not in self.backend_of_host:
+                self.backend_of_host[host] = super().get_backend_for_host(host)
+            return self.backend_of_host[host]
+
+    app = HostCachingDispatcher()
     # make_server rather than run_simple: same server, but we can read the port
     # the OS picked. threaded=False and processes=1 keep requests serialized.
     server = make_server(

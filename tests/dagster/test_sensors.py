@@ -38,7 +38,7 @@ from dagster._serdes import serialize_value
 from assets import STREAM_FAIL_AFTER, STREAM_FRESHNESS, STREAM_WARN_AFTER, checkpoint_manifests
 from jobs import ATTEMPT_TAG, NOT_BEFORE_TAG, RETRY_OF_TAG, failover_partition, migrate_partition
 from laminar_orchestration.control.coordinator import MigrationCoordinator
-from laminar_orchestration.control.snapshot import ownership_rows
+from laminar_orchestration.control.ownership import ownership_rows
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.desired_states import DesiredState, DesiredStates
@@ -473,7 +473,7 @@ def _placed_on_three_nodes(store: ObjectStore, partitions: int) -> Ledger:
 def test_an_idle_failure_sensor_tick_reads_no_partitions_records(store: ObjectStore, meter: RequestMeter) -> None:
     """The daemon ticks the failure sensor every few seconds: once it has looked at every partition, a
     tick with no node change reads the member set, the node records and no partition's records."""
-    ledger = _placed_on_three_nodes(store, 60)
+    ledger = _placed_on_three_nodes(store, 36)
 
     def requests_of_a_tick(cursor: str | None) -> tuple[int, str | None]:
         before = sum(meter.snapshot().by_method.values())
@@ -483,8 +483,8 @@ def test_an_idle_failure_sensor_tick_reads_no_partitions_records(store: ObjectSt
 
     full, cursor = requests_of_a_tick(None)
     idle, _ = requests_of_a_tick(cursor)
-    assert full > 60 * 2, full  # the first look reads every partition's ownership
-    assert idle <= 30, idle  # member set and node records a few times over: no partition's
+    assert full > 36 * 2, full  # the first look reads every partition's ownership
+    assert idle <= 30, idle  # member set and node records a few times over: none of the 36 partitions'
 
 
 def test_a_death_is_failed_over_from_the_dead_nodes_records_and_the_next_tick_reads_every_owner(
@@ -492,7 +492,7 @@ def test_a_death_is_failed_over_from_the_dead_nodes_records_and_the_next_tick_re
 ) -> None:
     """The tick that finds a node dead fails over what its assignment names; the next tick reads
     every partition's owner (`look_focus`), and finds what the assignment missed."""
-    ledger = _placed_on_three_nodes(store, 60)
+    ledger = _placed_on_three_nodes(store, 36)
     first = evaluate(ledger, None, heartbeat_timeout_s=None, log=lambda _: None, watch_s=0.0)
     assert isinstance(first, (SensorResult, SkipReason))
     cursor = first.cursor if isinstance(first, SensorResult) else None
@@ -505,7 +505,7 @@ def test_a_death_is_failed_over_from_the_dead_nodes_records_and_the_next_tick_re
     death = evaluate(ledger, cursor, heartbeat_timeout_s=None, log=lambda _: None, watch_s=0.0, budget_s=0.0)
     assert isinstance(death, SensorResult)
     failed_over = {int(r.tags["laminar/partition"]) for r in death.run_requests or []}
-    assert failed_over == {p for p in range(60) if p % 3 == 2}  # by node 3's assignment
+    assert failed_over == {p for p in range(36) if p % 3 == 2}  # by node 3's assignment
     assert '"full_look_at": 0.0' in (death.cursor or "")  # the next tick looks at every partition
     following = evaluate(ledger, death.cursor, heartbeat_timeout_s=None, log=lambda _: None, watch_s=0.0, budget_s=0.0)
     assert isinstance(following, SensorResult)
@@ -517,7 +517,7 @@ def test_an_idle_observation_reads_no_partitions_records_and_a_move_is_seen_at_t
 ) -> None:
     """The observation sensor ticks every 5 s: it reads every partition's records only when the
     nodes' records, assignments or move reports moved (a grant always moves an assignment)."""
-    ledger = _placed_on_three_nodes(store, 60)
+    ledger = _placed_on_three_nodes(store, 36)
     manifests, at = ManifestReader(ledger.store), 1_000_000.0
     first = observe(ledger, manifests, ObservationCursor(), now=at)
     before = sum(meter.snapshot().by_method.values())
@@ -545,7 +545,7 @@ def test_the_death_tick_reports_the_dead_owner_from_the_rows_it_knows_without_re
     """At a death the sensor reports the dead owner before the failover: from the ownership rows this
     process last read (the observation sensor's), patched with what the plan found, not from a read
     of every partition on the failover's path."""
-    ledger = _placed_on_three_nodes(store, 60)
+    ledger = _placed_on_three_nodes(store, 36)
     first = evaluate(ledger, None, heartbeat_timeout_s=None, log=lambda _: None, watch_s=0.0)
     cursor = first.cursor if isinstance(first, SensorResult) else None
     primed = sum(meter.snapshot().by_method.values())
@@ -561,7 +561,7 @@ def test_the_death_tick_reports_the_dead_owner_from_the_rows_it_knows_without_re
     death = evaluate(
         ledger, cursor, heartbeat_timeout_s=None, log=lambda _: None, watch_s=0.0, budget_s=0.0, report=report
     )
-    assert isinstance(death, SensorResult) and len(death.run_requests or []) == 20
+    assert isinstance(death, SensorResult) and len(death.run_requests or []) == 12
     (read_by_then, observation), (_, check) = reported
     for event in [observation, check, *death.asset_events]:
         serialize_value(event)  # what the daemon does with them: only Dagster's own types pass
@@ -570,6 +570,6 @@ def test_the_death_tick_reports_the_dead_owner_from_the_rows_it_knows_without_re
     assert read_by_then < full_read, (read_by_then, full_read)
     rows = {r.data["partition"]: r.data for r in observation.metadata["ownership"].value.records}  # type: ignore[union-attr]
     assert {p for p, r in rows.items() if r["health"] == "owner dead: failover pending"} == {
-        p for p in range(60) if p % 3 == 2
+        p for p in range(36) if p % 3 == 2
     }
     assert not check.passed
