@@ -15,10 +15,14 @@ class SimClock:
     def __init__(self, entropy: random.Random) -> None:
         self.seconds = 0.0
         self._entropy = entropy
+        #: The instant last asked for, and its seconds: many reads come between two moves of the clock.
+        self._now = (0.0, EPOCH_START)
 
     def now(self) -> datetime:
         """The simulated instant."""
-        return EPOCH_START + timedelta(seconds=self.seconds)
+        if self._now[0] != self.seconds:
+            self._now = (self.seconds, EPOCH_START + timedelta(seconds=self.seconds))
+        return self._now[1]
 
     def random_bytes(self, n: int) -> bytes:
         """Seeded bytes (record write ids, ULIDs)."""

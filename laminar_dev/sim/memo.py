@@ -6,7 +6,8 @@ bytes alone: a record's JSON validation, an entry's Ed25519 verification, a
 segment's frame and footer checks, loading a grant's private key to sign. For the
 duration of a run, `memoized` patches those four to remember their answers by their full inputs (the bytes
 included), so the library's decisions and the trace are unchanged; only a
-repeat costs nothing. Failures are not remembered: they are computed again.
+repeat costs nothing. Failures are not remembered: they are computed again. A signature made
+in the run is remembered as valid for the public key derived from its private key.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class RunMemo:
         self.checked: dict[int, tuple[SignedRecord, str, str | None]] = {}
         self.segments: dict[tuple[str, bytes, int, int, pa.Schema], list[tuple[memoryview, int]]] = {}
         self.private_keys: dict[bytes, Ed25519PrivateKey] = {}
+        #: private key bytes -> hex public key.
+        self.public_keys: dict[bytes, str] = {}
 
 
 class _PrivateKeys:
@@ -87,6 +90,20 @@ def memoized() -> Iterator[RunMemo]:
         memo.checked[id(record)] = (record, public_key, problem)
         return problem
 
+    sign = signing_module.SigningKey.sign
+    keys = _PrivateKeys(memo)
+
+    def signing(signer: signing_module.SigningKey, data: bytes) -> str:
+        signature: str = sign(signer, data)
+        # Ed25519 signatures verify with the public half of the key that made them: one made here needs
+        # no check. The public half is derived from the private key, never taken from the record.
+        private = bytes.fromhex(signer.private_key)
+        public = memo.public_keys.get(private)
+        if public is None:
+            public = memo.public_keys[private] = keys.from_private_bytes(private).public_key().public_bytes_raw().hex()
+        memo.signatures[(public, signature, data)] = None
+        return signature
+
     def segment(
         key: str, data: bytes, *, partition: int, start_offset: int, schema: pa.Schema = EVENT_SCHEMA
     ) -> list[tuple[memoryview, int]]:
@@ -107,7 +124,8 @@ def memoized() -> Iterator[RunMemo]:
 
     patch(Record, "model_validate_json", classmethod(parse))
     patch(signing_module, "signature_problem", verified)
-    patch(signing_module, "Ed25519PrivateKey", _PrivateKeys(memo))
+    patch(signing_module, "Ed25519PrivateKey", keys)
+    patch(signing_module.SigningKey, "sign", signing)
     patch(source_module, "decode_segment", segment)
     patch(invariants_module, "decode_segment", segment)
     try:

@@ -111,8 +111,14 @@ def search(
     *,
     workers: int | None = None,
 ) -> ScenarioResult | None:
-    """The first scenario over `seeds` (in seed order) that `wanted` accepts, or None; runs in parallel."""
+    """The first scenario over `seeds` (in seed order) that `wanted` accepts, or None.
+
+    Runs in a pool of `workers` processes (default: one a core); with ``workers=1``, in this process:
+    starting a pool costs seconds of imports, more than a short search whose cores are busy anyway.
+    """
     workers = workers or os.cpu_count() or 1
+    if workers == 1:
+        return next((r for r in map(run_scenario, (replace(template, seed=s) for s in seeds)) if wanted(r)), None)
     # Not a plain fork: a test process holding other threads' locks (Spark, Dagster) can hang its children.
     ctx = multiprocessing.get_context("forkserver")
     with ctx.Pool(workers, initializer=_reset_termination) as pool:

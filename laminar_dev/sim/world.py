@@ -28,13 +28,8 @@ along; like the sweeper, their store calls come on top of the protocol's.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import logging
 import random
 import time
-from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import NoReturn
 
@@ -59,6 +54,7 @@ from .memo import memoized
 from .node_actor import NodeActor
 from .reverts import Knobs, reverted
 from .store import MemoryObjectStore, SimStore
+from .trace import Trace, no_cycle_collection, quiet
 
 #: How deep preemption nests (an actor preempted by one that is preempted by another...).
 MAX_DEPTH = 3
@@ -198,8 +194,8 @@ class World:
         self.steps = 0
         self.crashes = self.pauses = self.preemptions = self.unexpected = self.swept = self.observer_calls = 0
         self.stack: list[Actor] = []
-        self._hash = hashlib.blake2b(digest_size=16)
-        self._trace: deque[str] | list[str] = [] if config.full_trace else deque(maxlen=300)
+        self._trace = Trace(full=config.full_trace)
+        self._record = self._trace.record
         self.violation: InvariantViolation | None = None
         #: The current process of each node (a restart under a new generation replaces it here; the
         #: earlier process may live on as a zombie among `actors`).
@@ -234,13 +230,13 @@ class World:
 
     def before_call(self, op: str, key: str) -> None:
         """Every store call: time passes, then the caller may crash or be preempted."""
-        rng, cfg = self.rng, self.config
+        rng, cfg, clock = self.rng, self.config, self.clock
         self.steps += 1
-        self.clock.seconds += rng.uniform(0.001, 0.01) if rng.random() > 0.003 else rng.uniform(0.1, 0.5)
+        clock.seconds += rng.uniform(0.001, 0.01) if rng.random() > 0.003 else rng.uniform(0.1, 0.5)
         actor = self.stack[-1] if self.stack else None
         if actor is not None and actor.observer:
             self.observer_calls += 1
-        self._record(f"{self.steps} {self.clock.seconds:.3f} {actor.name if actor else '-'} {op} {key}")
+        self._record(f"{self.steps} {clock.seconds:.3f} {actor.name if actor else '-'} {op} {key}")
         if self.violation is not None or self.checker.violation is not None:
             raise SimAbort
         if actor is None:
@@ -295,10 +291,6 @@ class World:
         if self.violation is None and self.checker.violation is None:
             self.violation = violation
         raise SimAbort
-
-    def _record(self, line: str) -> None:
-        self._hash.update(f"{line}\n".encode())
-        self._trace.append(line)
 
     # -- the scheduler -------------------------------------------------------------------
 
@@ -361,8 +353,8 @@ class World:
             if n.status == ActorStatus.UP
             and not n.busy
             and n.handle is not None
-            and n.running_epochs()
             and n.node not in zombies
+            and any(n.running_epoch(p) is not None for p in n.workers)
         ]
         if not eligible:
             return
@@ -424,7 +416,7 @@ class World:
         cfg = self.config
         fault_steps = 0
         cpu_start = time.process_time()
-        with use_clock(self.clock), reverted(cfg.knobs), memoized(), _quiet():
+        with use_clock(self.clock), reverted(cfg.knobs), memoized(), quiet(), no_cycle_collection():
             Ledger(self.memory, read_parallelism=1).init_cluster(cfg.partitions)
             if self.rng.random() < cfg.warm_start_rate:
                 self._warm_start()
@@ -462,9 +454,9 @@ class World:
             seed=cfg.seed,
             counts=counts,
             simulated_s=self.clock.seconds,
-            trace_hash=self._hash.hexdigest(),
+            trace_hash=self._trace.digest(),
             violation=violation,
-            trace=tuple(self._trace),
+            trace=self._trace.lines(),
         )
 
     def _warm_start(self) -> None:
@@ -539,18 +531,6 @@ class World:
         if waited > self.config.liveness_bound_s:
             raise PartitionNotLive(*reason, waited)
         return False
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """The library's warnings off for a run: void entries and forged records are the scenario's daily
-    bread (the trace tells what happened); logging each would cost more than the run."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        yield
-    finally:
-        logging.disable(previous)
 
 
 def run_scenario(config: SimConfig) -> ScenarioResult:

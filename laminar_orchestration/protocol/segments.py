@@ -465,7 +465,7 @@ def _normalize_table(partition: int, table: pa.Table) -> pa.Table:
     stringy = pa.types.is_string(key.type) or pa.types.is_large_string(key.type)
     if not stringy and not (pa.types.is_dictionary(key.type) and pa.types.is_string(key.type.value_type)):
         raise InvalidEvents(partition, f"column 'key' has type {key.type}, not string")
-    key = pc.cast(key, pa.string())
+    key = key if key.type == pa.string() else pc.cast(key, pa.string())  # a cast to its own type does nothing
     if key.null_count:
         raise InvalidEvents(partition, f"column 'key' has {key.null_count} null(s)")
     # Arrow strings are bytes nobody checked (a Parquet file's, a cast's): a key that is not UTF-8 would
@@ -479,7 +479,7 @@ def _normalize_table(partition: int, table: pa.Table) -> pa.Table:
     if not (pa.types.is_integer(value.type) or pa.types.is_floating(value.type)):
         raise InvalidEvents(partition, f"column 'value' has type {value.type}, not a number")
     try:
-        value = pc.cast(value, pa.float64())
+        value = value if value.type == pa.float64() else pc.cast(value, pa.float64())
     except pa.ArrowInvalid as exc:
         raise InvalidEvents(partition, f"column 'value': {exc}") from exc
     if value.null_count:
@@ -493,7 +493,7 @@ def _normalize_table(partition: int, table: pa.Table) -> pa.Table:
             ts = pc.cast(pc.cast(ts, pa.timestamp("ms")), pa.int64())
         elif pa.types.is_integer(ts.type) or pa.types.is_null(ts.type):
             try:
-                ts = pc.cast(ts, pa.int64())
+                ts = ts if ts.type == pa.int64() else pc.cast(ts, pa.int64())
             except pa.ArrowInvalid as exc:
                 raise InvalidEvents(partition, f"column 'ts': {exc}") from exc
         else:

@@ -35,6 +35,19 @@ def test_a_signature_copied_onto_other_content_is_refused_after_the_genuine_one_
         assert signing.signature_problem(genuine, other.public_key) is not None
 
 
+def test_a_signature_made_in_the_run_is_taken_as_good_only_for_the_public_half_of_the_key_that_made_it() -> None:
+    key = SigningKey.generate(0, 3, 1)
+    # A key record whose public half is another key's: what it signs must still fail with that public key.
+    mismatched = key.model_copy(update={"public_key": SigningKey.generate(0, 3, 1).public_key})
+    with memoized():
+        genuine = sign_record(_release(10), key)
+        forged = sign_record(_release(11), mismatched)
+        assert signing.signature_problem(genuine, key.public_key) is None
+        assert signing.signature_problem(forged, mismatched.public_key) is not None
+        assert signing.signature_problem(forged, key.public_key) is None
+    assert SigningKey.sign.__qualname__ == "SigningKey.sign"  # the run's patch is gone with it
+
+
 def test_the_same_bytes_parse_once_and_other_bytes_parse_anew() -> None:
     first = _release(10).model_dump_json().encode()
     second = _release(11).model_dump_json().encode()
