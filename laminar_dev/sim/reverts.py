@@ -81,6 +81,9 @@ class Knobs:
     #: A granter's read of the chain on its word of the newest grant (an entry of that epoch not probed
     #: for a later one) starts its later reads unchecked, though the word was stale.
     revert_stale_word_trust: bool = False
+    #: A grant back to a released partition's desired owner only nudges the owner: an assignment its
+    #: last writer left out (the writer died between the state and the assignment) stays out.
+    revert_reinstate_lists_owner: bool = False
     #: A nudge's timeout is per socket read (urllib's), any URL scheme is tried, and the doorbell sends
     #: every ring to every address in turn from its one thread (`doorbell`'s scenario finds it).
     revert_nudge_deadline: bool = False
@@ -337,6 +340,8 @@ def reverted(knobs: Knobs) -> Iterator[None]:
         patch(StalledMoves, "due", lambda _self, _in_flight, _listed, _at: set())
     if knobs.revert_assignment_revision_check:
         patch(DesiredStates, "_write_assignment", _write_assignment_before_fix)
+    if knobs.revert_reinstate_lists_owner:
+        patch(DesiredStates, "list_for_owner", lambda self, _partition, state: self.nudge([state.owner]))
     if knobs.revert_nudge_deadline:
         patch(nudge_module, "send_nudge", _send_nudge_before_fix)
         patch(nudge_module.SourceDoorbell, "_hand_out", _hand_out_before_fix)

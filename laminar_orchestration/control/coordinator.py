@@ -602,17 +602,17 @@ class MigrationCoordinator:
     def reinstate(self, partition: PartitionId) -> int | None:
         """Grant a released (or unassigned) partition back to its desired owner; returns the epoch.
 
-        The control plane's half of what a node used to do by itself: after a clean
-        shutdown, or a graceful move that ended after the release, the partition
-        waits for a grant. Nothing happens while a migration is in flight, when the
-        desired owner is not alive, or when someone else moved the epoch first.
+        After a clean shutdown, or a graceful move that ended after the release, the partition waits
+        for a grant. Nothing happens while a migration is in flight (one past its deadline is failed
+        first: its driver died, as a leaving node's does when it exits), when the desired owner is
+        not alive, or when someone else moved the epoch first.
 
         First, a grant whose granter died before sealing the chain is completed
         (`Ledger.complete_grant`): a fence to "unassigned" has no grantee to seal it.
         """
         own = self.ledger.ownership(partition)
         self.ledger.complete_grant(partition, own)
-        state, _ = self.desired.read(partition)
+        state, _ = self.read_state(partition)
         if state.owner == UNASSIGNED or (state.migration is not None and not state.migration.is_terminal):
             return None
         if own is None or not (own.owner == UNASSIGNED or own.status == PartitionStatus.RELEASED):
@@ -630,8 +630,8 @@ class MigrationCoordinator:
             )
         except (EpochConflict, NotReleased):
             return None  # someone else moved it: their grant stands
-        # The grant moves no assignment: wake the owner so it takes the partition up now.
-        self.desired.nudge([int(token.node)])
+        # The owner takes a grant up from its assignment: one its last writer left out would strand it.
+        self.desired.list_for_owner(partition, state)
         return token.epoch
 
     def _expire(self, task: MigrationTask) -> MigrationTimeout:

@@ -45,7 +45,7 @@ from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.membership import NodeHandle
 from laminar_orchestration.protocol.records import PartitionStatus
-from laminar_orchestration.protocol.tasks import MigrationConfig
+from laminar_orchestration.protocol.tasks import MigrationConfig, seconds_left
 from laminar_orchestration.store import StoreError
 
 __all__ = [
@@ -297,6 +297,24 @@ def rejoin(ledger: Ledger, node: int, config: MigrationConfig | None = None) -> 
     return RejoinOutcome(node, granted, moves, failed)
 
 
+def reinstate_after_cut_moves(ledger: Ledger, node: int, stop: threading.Event) -> dict[int, int]:
+    """Grant back the partitions desired on `node` that wait on a move away from it still in flight:
+    its previous process's leave drove that move and exited first (a slow store ate the time to cancel
+    it). Waits until the latest such move is past its deadline (or `stop` is set), then grants back
+    through `reinstate_all`, which fails those records first. Partition -> epoch granted."""
+    coordinator = MigrationCoordinator(ledger)
+    mine = assigned_partitions(ledger, [node])[node]
+    cut = [t for t in (coordinator.current(PartitionId(p)) for p in mine) if t is not None and not t.is_terminal]
+    cut = [t for t in cut if t.from_node == node]
+    if not cut or stop.wait(max(0.0, max(seconds_left(t) for t in cut)) + CUT_MOVE_SLACK_S):
+        return {}
+    return reinstate_all(coordinator, [PartitionId(t.partition) for t in cut])
+
+
+#: After a cut move's deadline, the clocks of the nodes that wrote and read it may differ this much.
+CUT_MOVE_SLACK_S = 1.0
+
+
 def rejoin_when_registered(node: LeavingNode, settings: LeaveSettings, *, poll_s: float = 0.1) -> threading.Thread:
     """Start a thread that waits for `node` to register, then `rejoin`s it (unless it is leaving by then)."""
 
@@ -317,6 +335,13 @@ def rejoin_when_registered(node: LeavingNode, settings: LeaveSettings, *, poll_s
                 [m.partition for m in outcome.moves],
                 f", failed {outcome.failed}" if outcome.failed else "",
             )
+        try:
+            late = reinstate_after_cut_moves(node.ledger, int(node.id), node.leaving)
+        except (LaminarError, StoreError) as exc:
+            log.warning("node %s: could not take back what its last leave left moving (%s)", node.id, exc)
+            return
+        if late:
+            log.info("node %s: granted back %s once the moves its last leave left were overdue", node.id, sorted(late))
 
     thread = threading.Thread(target=run, name="rejoin", daemon=True)
     thread.start()

@@ -299,6 +299,13 @@ class DesiredStates:
             self._writes.wrote(node, record, written)
             return True
 
+    def list_for_owner(self, partition: PartitionId, state: DesiredState) -> None:
+        """Make sure `state.owner`'s assignment lists `state` (a writer that died between the state and
+        the assignment left it out: the owner would never take up its grant), then nudge the owner."""
+        self._assign_one(NodeId(state.owner), {partition: state})
+        if self._nudge:
+            self.nudge([state.owner])
+
     def ensure_assignment(self, node: NodeId) -> bool:
         """Give `node` an assignment record if it has none (an empty one); True if one was written."""
         return self._assign_one(node, {})

@@ -1,12 +1,10 @@
 """The epoch ledger: who owns which partition at which epoch, kept in the object store.
 
-Ownership of partition p at epoch e is the immutable record
-``ledger/partitions/p/grants/e`` created with create-only semantics: whatever the
-interleaving, exactly one contender creates it. Grants are never deleted, so a
-stalled contender can never re-create a collected name (the SlateDB #352/#1622
-hole). A CAS head record names the current owner without listing; when it lags
-the grants (a grantee died between the two writes) readers roll forward by
-probing the next grant keys.
+Ownership of partition p at epoch e is the immutable record ``ledger/partitions/p/grants/e``
+created with create-only semantics: whatever the interleaving, exactly one contender creates it.
+Grants are never deleted, so a stalled contender can never re-create a collected name (the SlateDB
+#352/#1622 hole). A CAS head record names the current owner without listing; when it lags the
+grants (a grantee died between the two writes) readers roll forward by probing the next grant keys.
 
 Granting an epoch also seals the partition's manifest chain at that epoch
 (`chain.ChainSealer.seal`), right after the grant is created and before
@@ -327,14 +325,16 @@ class Ledger:
     ) -> FencingToken:
         """Graceful acquisition of epoch `expected_epoch + 1` for `node`.
 
-        The current epoch must be `expected_epoch` and it must have been released
-        (or be unassigned). Raises EpochConflict if someone else moved first.
-        Seals the partition's manifest chain at the new epoch before returning.
+        The current epoch must be `expected_epoch` and it must have been released (or be unassigned).
+        Raises EpochConflict if someone else moved first. Seals the partition's manifest chain at the
+        new epoch before returning.
         """
         current = self._current_or_unknown(partition)
         if current.epoch != expected_epoch:
             raise EpochConflict(partition, expected_epoch, current.epoch)
-        if current.owner != UNASSIGNED and self.release_record(partition, current.epoch) is None:
+        # A release read with `current` stands (release records are create-only): not read twice.
+        released = current.owner == UNASSIGNED or current.status == PartitionStatus.RELEASED
+        if not released and self.release_record(partition, current.epoch) is None:
             raise NotReleased(partition, current.epoch, current.owner)
         epoch = self._grant(partition, node, current, GrantKind.ACQUIRE, reason, generation)
         return _mint_token(partition, epoch, node)

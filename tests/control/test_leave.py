@@ -7,12 +7,13 @@ import time
 from pathlib import Path
 
 from laminar_dev.chaos.arrow import ArrowNode
-from laminar_orchestration.control.leave import GracefulLeave, LeaveSettings
+from laminar_orchestration.control.coordinator import MigrationCoordinator
+from laminar_orchestration.control.leave import GracefulLeave, LeaveSettings, reinstate_after_cut_moves
 from laminar_orchestration.control.snapshot import snapshot_cluster
-from laminar_orchestration.identity import PartitionId
+from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.records import PartitionStatus
-from laminar_orchestration.protocol.tasks import MigrationPhase
+from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase
 from laminar_orchestration.store import ObjectStore
 from tests.dataplane.plane import running
 from tests.ledgers import make_alive, new_ledger, place_on_node_1
@@ -54,3 +55,27 @@ def test_a_leave_whose_target_never_takes_over_ends_released_not_granted_back_to
     state, _ = DesiredStates(ledger).read(PartitionId(0))
     assert state.migration is not None and state.migration.phase == MigrationPhase.CANCELLED
     assert snapshot_cluster(ledger).partitions[0].phase_text() == "released by node 1"
+
+
+def test_a_restarted_node_takes_back_what_its_last_leave_left_moving_once_that_move_is_overdue(
+    store: ObjectStore,
+) -> None:
+    """The leave's process exited with a move away from it still in flight after its release (a slow
+    store ate the time to cancel it): nothing drives that move any more. The restarted node waits for
+    the move's deadline, then the record is failed and the partition granted back to it."""
+    ledger = new_ledger(store, 1)
+    place_on_node_1(ledger)
+    make_alive(ledger, 1, 2)
+    MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=0.5, warmup_timeout_s=0)).plan(
+        PartitionId(0), NodeId(2)
+    )
+    token = ledger.adopt(PartitionId(0), NodeId(1))
+    ledger.release(token, commit_ulid=None, source_offset=0)
+    started = time.monotonic()
+    granted = reinstate_after_cut_moves(ledger, 1, threading.Event())
+    assert time.monotonic() - started >= 0.4, "a move in flight decides until its deadline"
+    assert granted == {0: 2}
+    own = ledger.ownership(PartitionId(0))
+    assert own is not None and (int(own.owner), own.epoch, own.status) == (1, 2, PartitionStatus.ACTIVE), own
+    # Nothing left moving: no wait, nothing granted.
+    assert reinstate_after_cut_moves(ledger, 1, threading.Event()) == {}

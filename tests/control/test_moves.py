@@ -155,3 +155,46 @@ def test_a_graceful_move_that_fails_after_the_release_is_granted_back_unless_its
         assert (own.owner, own.epoch, own.status) == (1, 2, PartitionStatus.ACTIVE), own
     else:
         assert (own.owner, own.epoch, own.status) == (1, 1, PartitionStatus.RELEASED), own
+
+
+def test_a_released_partition_whose_move_lost_its_driver_is_granted_back_once_the_move_is_overdue(
+    ledger: Ledger,
+) -> None:
+    """A leaving node drove its own moves; it exits with one cut short after its release (a slow store
+    ate the time to cancel it). Once that record is past its deadline, the next grant-back (the node's
+    rejoin, the failure sensor's look) fails it and grants the partition to its desired owner."""
+    ledger.members.register_node(N(1), heartbeat_timeout_s=60)
+    ledger.members.register_node(N(2), heartbeat_timeout_s=60)
+    DesiredStates(ledger).update(P(0), lambda s: s.model_copy(update={"owner": 1}))
+    token = ledger.acquire(P(0), N(1), expected_epoch=0)
+    task = MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=0.3, warmup_timeout_s=0)).plan(P(0), N(2))
+    ledger.release(token, commit_ulid=None, source_offset=0)  # the leaving node's stop
+    coordinator = MigrationCoordinator(ledger)
+    assert coordinator.reinstate(P(0)) is None, "a move in flight decides, until its deadline"
+    time.sleep(0.4)
+    assert coordinator.reinstate(P(0)) == 2
+    failed = coordinator.current(P(0))
+    assert failed is not None and failed.migration_id == task.migration_id and failed.phase == MigrationPhase.FAILED
+    own = ledger.ownership(P(0))
+    assert own is not None and (own.owner, own.epoch, own.status) == (1, 2, PartitionStatus.ACTIVE), own
+
+
+def test_a_grant_back_lists_the_partition_in_its_owners_assignment_a_dead_writer_left_out(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node takes a grant up from its assignment. The writer of the partition's desired state died
+    before the owner's assignment write; the partition, released, is granted back to that owner, whose
+    assignment must then list it, or the owner never runs it."""
+    ledger.members.register_node(N(1), heartbeat_timeout_s=60)
+    desired = DesiredStates(ledger)
+    with monkeypatch.context() as died:
+        died.setattr(DesiredStates, "_assign", lambda *_args, **_kw: None)
+        desired.update(P(0), lambda s: s.model_copy(update={"owner": 1}))
+    left_out, _ = desired.assignment(N(1))
+    assert left_out is None or 0 not in left_out.partitions
+    token = ledger.acquire(P(0), N(1), expected_epoch=0)
+    ledger.release(token, commit_ulid=None, source_offset=0)
+    assert MigrationCoordinator(ledger).reinstate(P(0)) == 2
+    listed, _ = DesiredStates(ledger).assignment(N(1))
+    state, _ = desired.read(P(0))
+    assert listed is not None and listed.partitions.get(0) == state.revision

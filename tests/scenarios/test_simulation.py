@@ -261,6 +261,9 @@ REGRESSION_SEEDS: list[tuple[tuple[str, ...], int, int, type[InvariantViolation]
     # Found by a soak: a control-plane actor read the chain on a stale word of the newest grant (its
     # grant then failed), kept the zombie's entry behind the pointer as checked, and sealed on it later.
     (("revert_stale_word_trust",), 791100925, 300, VoidEntryAdopted),
+    # Found by a soak: the control plane died between a partition's desired state and its new owner's
+    # assignment; the partition, released, was granted back to that owner, which never took it up.
+    (("revert_reinstate_lists_owner",), 920013, 300, PartitionNotLive),
 ]
 
 
