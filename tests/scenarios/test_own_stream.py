@@ -64,10 +64,13 @@ class User:
         return done.stdout
 
     def start_node(self, node: int) -> None:
+        # No background warm-up batches: six JVMs warming at once on two cores would starve the scenario's
+        # own batches, and a batch's latency is not what it checks (the warm-up has tests of its own).
         with open(self.logs / f"node{node}.log", "wb") as log:
             self.nodes[node] = subprocess.Popen(
                 [sys.executable, "-m", "laminar_orchestration.cli", "node", "run", "--node-id", str(node),
-                 "--spark-master", "local[1]", "--heartbeat-timeout", "4", "--table-sync-interval", "1"],
+                 "--spark-master", "local[1]", "--heartbeat-timeout", "4", "--table-sync-interval", "1",
+                 "--spark-warm-up-batches", "0"],
                 cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
 
