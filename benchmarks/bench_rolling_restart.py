@@ -92,9 +92,11 @@ def main(argv: list[str] | None = None) -> None:
             progress(f"{backend}: rolling restart {r + 1}/{rounds}")
             with tempfile.TemporaryDirectory(prefix="laminar-bench-rolling-") as tmp:
                 if backend == "s3":
-                    with start_s3_server():
+                    with start_s3_server() as endpoint:
                         import boto3
 
+                        # The node processes and this one reach the server through the environment.
+                        os.environ["AWS_ENDPOINT_URL"] = endpoint
                         bucket = f"rolling-{r}-{int(time.time())}"
                         boto3.client("s3").create_bucket(Bucket=bucket)
                         run_gaps, run_planned, lines, exact = one_run(f"s3://{bucket}/laminar", Path(tmp))
