@@ -18,10 +18,8 @@ Exactly once, by construction:
 
 A commit is the committer's own, not delta-rs's (whose commit lists the log and
 reads its entry back): one create-only PUT of the batches' Parquet file and one
-of the log entry, after a GET of each entry other committers added since its
-last look (`txns.TableLog`: no listing, no probe of the next name while the
-other committers keep their pace, and a HEAD of log entry 0 only when no entry
-read names the table's id). Every
+of the log entry, after a HEAD of log entry 0 and a GET of each entry other
+committers added plus one of the absent next name. Every
 `delta.checkpointInterval` (100) versions, the committer of that version has
 delta-rs write a checkpoint, so readers and a restarted committer replay a short
 log. What it writes is plain Delta (protocol 1/2: `add` with statistics, `txn`,
@@ -57,13 +55,11 @@ from laminar_orchestration.protocol.capabilities import ReadStore
 from laminar_orchestration.protocol.chain import ManifestVersion
 from laminar_orchestration.protocol.keys import table_node_folder
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.store import ObjectStore
-from laminar_orchestration.store.metering import RequestMeter
+from laminar_orchestration.store import ForwardingStore, ObjectMeta, ObjectNotFound, ObjectStore, StoredObject
 from laminar_orchestration.table.batches import (
     LINEAGE_SCHEMA,
     ChainFollower,
     CommittedBatch,
-    ProbeMemo,
     app_id,
     batch_rows,
     read_output,
@@ -78,7 +74,7 @@ from laminar_orchestration.table.errors import (
 )
 from laminar_orchestration.table.location import TableLocation, table_location
 from laminar_orchestration.table.objects import TableObjects
-from laminar_orchestration.table.txns import TABLE_ID_FIELD, LogState, TableLog, entry_name
+from laminar_orchestration.table.txns import LogState, TableLog, entry_name
 
 __all__ = [
     "SyncResult",
@@ -207,6 +203,37 @@ def landed_seq(table: DeltaTable | None, partition: int) -> int:
 # --- the committer -----------------------------------------------------------------------------
 
 
+class _ProbeMemo(ForwardingStore):
+    """The store as the chain walk reads it, minus a redundant request: a GET that found nothing
+    answers the HEAD of the same key that follows it.
+
+    The walk GETs the next manifest entry and, when the reader returns none, HEADs the key to tell
+    the chain's end (absent) from a forged entry (present); after a 404 the HEAD can only say
+    absent. Each sync ends every partition's walk this way, so this halves its manifest probes.
+    """
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self._absent: str | None = None
+
+    def get(self, key: str) -> StoredObject:
+        self._absent = None
+        try:
+            return self.inner.get(key)
+        except ObjectNotFound:
+            self._absent = key
+            raise
+
+    def head(self, key: str) -> ObjectMeta | None:
+        if key == self._absent:
+            self._absent = None
+            return None
+        return self.inner.head(key)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 TABLE_DESCRIPTION = "laminar-orchestration: the committed output of every partition, exactly once"
 #: Versions between two checkpoints unless the table's `delta.checkpointInterval` says otherwise.
 CHECKPOINT_INTERVAL = 100
@@ -266,7 +293,6 @@ class TableCommitter:
     processes, may sync the same or overlapping partitions concurrently. `node`
     (else the node of the first entry `remember` is given) puts the data files this
     committer writes under its folder (``n-00001/``), where a node's storage policy lets it write.
-    `meter`, if given, counts the table's own requests (log, checkpoints, data files) by kind.
     """
 
     def __init__(
@@ -278,7 +304,6 @@ class TableCommitter:
         max_attempts: int = 8,
         max_batches_per_commit: int = 2_000,
         retry_backoff_s: float = 0.05,
-        meter: RequestMeter | None = None,
     ) -> None:
         self.store = store
         self.location = location or table_location(store)
@@ -287,11 +312,11 @@ class TableCommitter:
         self.max_batches_per_commit = max_batches_per_commit
         self.retry_backoff_s = retry_backoff_s
         # Single-threaded under the lock below, as the probe memo needs.
-        self._follower = ChainFollower(ProbeMemo(store))
+        self._follower = ChainFollower(_ProbeMemo(store))
         #: Output rows this process wrote (`remember`), by object key: not read back.
         self._known_outputs: dict[str, pa.Table] = {}
         self._reads = ReadStore(store)
-        self.objects = TableObjects(self.location, meter)
+        self.objects = TableObjects(self.location)
         #: The log as of the last look: the table version and each partition's transaction version.
         self.log = TableLog(self.objects)
         self._lock = threading.Lock()
@@ -374,9 +399,7 @@ class TableCommitter:
         """One Delta commit (retried); True when a catch-up needs another."""
         rows_cache: dict[tuple[int, int], pa.Table | None] = {}
         last_error = ""
-        attempt = 0
-        while attempt < self.max_attempts:
-            attempt += 1
+        for attempt in range(1, self.max_attempts + 1):
             try:
                 state = self._follow()
             except TableStoreFault as exc:
@@ -420,10 +443,6 @@ class TableCommitter:
                 self._append(state, data, txns, chosen)
             except _CommitRaced:
                 # Another committer landed this version: the next look reads it and skips what it holds.
-                self.log.raced()
-                if not self.log.end_seen:
-                    attempt -= 1  # a guess at the log's end (the others' pace) missed: not a lost race
-                    continue
                 last_error = f"log entry {base + 1} was written by another committer"
                 log.info("output table commit attempt %d: %s", attempt, last_error)
                 result.retries += 1
@@ -431,7 +450,6 @@ class TableCommitter:
                 continue
             except (TableStoreFault, OSError) as exc:
                 # Unknown outcome: the next look finds the entry if it landed, and skips what it holds.
-                self.log.raced()
                 last_error = " ".join(str(exc).split())[:300]
                 log.info("output table commit attempt %d failed: %s", attempt, last_error)
                 result.retries += 1
@@ -579,8 +597,6 @@ class TableCommitter:
                     "readVersion": state.version,
                     "laminar.batches": json.dumps(summary, separators=(",", ":")),
                     "laminar.transactions": json.dumps(versions, separators=(",", ":")),
-                    # Vouches for the table to the other committers reading this entry (`txns.TableLog`).
-                    TABLE_ID_FIELD: state.table_id,
                 }
             }
         ]
