@@ -303,9 +303,10 @@ def reinstate_after_cut_moves(ledger: Ledger, node: int, stop: threading.Event) 
     it). Waits until the latest such move is past its deadline (or `stop` is set), then grants back
     through `reinstate_all`, which fails those records first. Partition -> epoch granted."""
     coordinator = MigrationCoordinator(ledger)
-    mine = assigned_partitions(ledger, [node])[node]
-    cut = [t for t in (coordinator.current(PartitionId(p)) for p in mine) if t is not None and not t.is_terminal]
-    cut = [t for t in cut if t.from_node == node]
+    # The assignment carries a copy of each state in a move: one read, not one per partition.
+    assignment, _ = coordinator.desired.assignment(NodeId(node))
+    moving = [s.migration for s in (assignment.states.values() if assignment else ()) if s.migration is not None]
+    cut = [t for t in moving if not t.is_terminal and t.from_node == node]
     if not cut or stop.wait(max(0.0, max(seconds_left(t) for t in cut)) + CUT_MOVE_SLACK_S):
         return {}
     return reinstate_all(coordinator, [PartitionId(t.partition) for t in cut])
