@@ -22,6 +22,7 @@ imports the data plane: the node is reached through `LeavingNode`.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -56,6 +57,7 @@ __all__ = [
     "LeavingNode",
     "RejoinOutcome",
     "attach",
+    "leave_pace",
     "plan_leave",
     "rejoin",
     "rejoin_when_registered",
@@ -74,7 +76,8 @@ class LeaveSettings(BaseModel):
 
     #: Seconds from the first signal after which the drain ends: what is not moved by then is released.
     deadline_s: float = Field(default=DEFAULT_LEAVE_DEADLINE_S, gt=0)
-    #: Moves away from the leaving node at once (all its partitions wait on it alone).
+    #: At most this many moves away from the leaving node at once; fewer while the deadline allows
+    #: them one after another (`leave_pace`).
     max_concurrent: int = Field(default=4, ge=1)
     #: Take this node's share back when it starts (`rejoin`).
     rejoin: bool = True
@@ -204,19 +207,35 @@ class GracefulLeave:
         log.info("node %s: leaving: %s", node, ", ".join(f"p{m.partition} -> node {m.to_node}" for m in moves))
         results: dict[int, str | None] = {}
         done = threading.Event()
-        slots = threading.Semaphore(self.settings.max_concurrent)
+        lock = threading.Lock()
+        pending = list(moves)
+        running: dict[int, float] = {}  # partition -> when its move started
+        took: list[float] = []
 
         def one(move: Move) -> None:
-            with slots:
-                results[move.partition] = self._move(move, deadline)
-            if len(results) == len(moves):
-                done.set()
+            try:
+                result = self._move(move, deadline)
+            except Exception as exc:  # the stop releases the partition: never lost
+                log.exception("node %s: the move of partition %s failed", node, move.partition)
+                result = f"{type(exc).__name__}: {exc}"
+            with lock:
+                took.append(time.monotonic() - running.pop(move.partition))
+                results[move.partition] = result
+                if len(results) == len(moves):
+                    done.set()
 
-        for move in moves:
-            # Daemon threads: a second signal stops waiting for them, and the process may exit under them.
-            threading.Thread(target=one, args=(move,), name=f"leave-p{move.partition}", daemon=True).start()
-        while not done.wait(0.05):
-            if self._abort.is_set() or time.monotonic() >= deadline:
+        while True:
+            with lock:
+                now = time.monotonic()
+                # The pace from what the moves took so far (or are taking): a slow store slows it.
+                move_s = max([sum(took) / len(took) if took else EXPECTED_MOVE_S] + [now - t for t in running.values()])
+                allowed = leave_pace(len(pending) + len(running), move_s, deadline - now, self.settings.max_concurrent)
+                while pending and len(running) < allowed:
+                    move = pending.pop(0)
+                    running[move.partition] = now
+                    # Daemon threads: a second signal stops waiting for them, and the process may exit under them.
+                    threading.Thread(target=one, args=(move,), name=f"leave-p{move.partition}", daemon=True).start()
+            if done.wait(0.05) or self._abort.is_set() or time.monotonic() >= deadline:
                 break
         ended_by = "moved" if done.is_set() else ("second signal" if self._abort.is_set() else "deadline")
         left = {m.partition: results.get(m.partition) or "still moving" for m in moves}
@@ -272,6 +291,21 @@ class GracefulLeave:
         left[partition] += "; cancelled"
 
 
+def leave_pace(remaining: int, move_s: float, time_left_s: float, max_concurrent: int) -> int:
+    """How many of a leave's `remaining` moves to run at once, each expected to take `move_s`.
+
+    One after another while they fit in half the time left: each partition then pauses only for
+    its own move, not for the leaving node's drains and uploads of the others at the same time.
+    More, up to `max_concurrent`, when one after another would not finish well before the deadline.
+    """
+    if remaining <= 0:
+        return 0
+    budget = max(time_left_s / 2, 1e-3)
+    return max(1, min(max_concurrent, remaining, math.ceil(remaining * move_s / budget)))
+
+
+#: What a leave's move is expected to take before one has finished: a planned move on a slow store.
+EXPECTED_MOVE_S = 2.0
 #: How long the end of a drain waits for the cancels of the moves it did not finish.
 CANCEL_BUDGET_S = 2.0
 #: What `GracefulLeave._move` returns for a move that ended Active.

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from laminar_dev.chaos.arrow import ArrowNode
 from laminar_orchestration.control.coordinator import MigrationCoordinator
-from laminar_orchestration.control.leave import GracefulLeave, LeaveSettings, reinstate_after_cut_moves
+from laminar_orchestration.control.leave import (
+    GracefulLeave,
+    LeaveSettings,
+    leave_pace,
+    reinstate_after_cut_moves,
+)
+from laminar_orchestration.control.placement import Move
 from laminar_orchestration.control.snapshot import snapshot_cluster
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.desired_states import DesiredStates
+from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.membership import NodeHandle
 from laminar_orchestration.protocol.records import PartitionStatus
 from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase
 from laminar_orchestration.store import ObjectStore
@@ -79,3 +88,69 @@ def test_a_restarted_node_takes_back_what_its_last_leave_left_moving_once_that_m
     assert own is not None and (int(own.owner), own.epoch, own.status) == (1, 2, PartitionStatus.ACTIVE), own
     # Nothing left moving: no wait, nothing granted.
     assert reinstate_after_cut_moves(ledger, 1, threading.Event()) == {}
+
+
+def test_a_leave_moves_one_partition_at_a_time_while_the_deadline_allows_and_more_when_it_does_not() -> None:
+    # Two moves fit one after the other in half of 20 s: each partition pauses for its own move only.
+    assert leave_pace(2, 0.5, 20.0, 4) == 1
+    assert leave_pace(10, 2.0, 20.0, 4) == 2  # 20 s of moves in 10 s: two at once
+    assert leave_pace(100, 1.0, 20.0, 4) == 4  # never more than the cap
+    assert leave_pace(3, 2.0, 3.0, 4) == 3  # never more than remain
+    assert leave_pace(0, 1.0, 20.0, 4) == 0
+    assert leave_pace(5, 1.0, -1.0, 4) == 4  # past the deadline: everything at once, up to the cap
+
+
+class _LeavingStub:
+    """A registered node for `GracefulLeave` whose moves are timed stand-ins (`_move` is replaced)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.leaving = threading.Event()
+        self.on_leave: Callable[[], None] | None = None
+        self.handle: NodeHandle | None = ledger.members.register_node(NodeId(1), heartbeat_timeout_s=60)
+        self.stopped = threading.Event()
+
+    @property
+    def id(self) -> NodeId:
+        return NodeId(1)
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def _concurrency_of_a_leave(store: ObjectStore, deadline_s: float, move_s: float) -> tuple[int, tuple[int, ...]]:
+    ledger = new_ledger(store, 3)
+    for p in range(3):
+        DesiredStates(ledger).update(PartitionId(p), lambda s: s.model_copy(update={"owner": 1}))
+        ledger.acquire(PartitionId(p), NodeId(1), expected_epoch=0, reason="place", generation=1)
+    node = _LeavingStub(ledger)
+    make_alive(ledger, 2)
+    leave = GracefulLeave(node, LeaveSettings(deadline_s=deadline_s, max_concurrent=4))
+    lock = threading.Lock()
+    now_running, most = 0, 0
+
+    def move(_move: Move, _deadline: float) -> str:
+        nonlocal now_running, most
+        with lock:
+            now_running += 1
+            most = max(most, now_running)
+        time.sleep(move_s)
+        with lock:
+            now_running -= 1
+        return "active"
+
+    leave._move = move  # type: ignore[method-assign,assignment]
+    outcome = leave.leave()
+    return most, outcome.moved
+
+
+def test_a_leave_with_time_to_spare_runs_its_moves_one_after_another(store: ObjectStore) -> None:
+    most, moved = _concurrency_of_a_leave(store, deadline_s=20.0, move_s=0.2)
+    assert moved == (0, 1, 2)
+    assert most == 1, f"{most} moves ran at once; each partition would pause for the others' drains"
+
+
+def test_a_leave_short_of_time_runs_its_moves_side_by_side(store: ObjectStore) -> None:
+    most, moved = _concurrency_of_a_leave(store, deadline_s=3.0, move_s=0.5)
+    assert moved == (0, 1, 2)
+    assert most == 3, f"only {most} moves at once with 3 s for three moves expected to take 2 s each"
