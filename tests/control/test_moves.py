@@ -17,7 +17,7 @@ from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.migration_errors import MigrationFailed, MigrationTimeout, NoLiveNode
 from laminar_orchestration.protocol.records import PartitionProgress, PartitionStatus
-from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationKind, MigrationPhase
+from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationKind, MigrationPhase, seconds_left
 from tests.ledgers import make_alive, make_dead
 
 P, N = PartitionId, NodeId
@@ -167,11 +167,12 @@ def test_a_released_partition_whose_move_lost_its_driver_is_granted_back_once_th
     ledger.members.register_node(N(2), heartbeat_timeout_s=60)
     DesiredStates(ledger).update(P(0), lambda s: s.model_copy(update={"owner": 1}))
     token = ledger.acquire(P(0), N(1), expected_epoch=0)
-    task = MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=0.3, warmup_timeout_s=0)).plan(P(0), N(2))
+    # A deadline a loaded S3-protocol server cannot outrun between the plan and the first grant-back.
+    task = MigrationCoordinator(ledger, MigrationConfig(migration_timeout_s=3.0, warmup_timeout_s=0)).plan(P(0), N(2))
     ledger.release(token, commit_ulid=None, source_offset=0)  # the leaving node's stop
     coordinator = MigrationCoordinator(ledger)
     assert coordinator.reinstate(P(0)) is None, "a move in flight decides, until its deadline"
-    time.sleep(0.4)
+    time.sleep(max(0.0, seconds_left(task)) + 0.1)
     assert coordinator.reinstate(P(0)) == 2
     failed = coordinator.current(P(0))
     assert failed is not None and failed.migration_id == task.migration_id and failed.phase == MigrationPhase.FAILED
