@@ -36,6 +36,12 @@ fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+if [ ${#marks[@]} -eq 0 ]; then
+  # Once per machine: every Spark driver the suite starts then maps the classes instead of loading them.
+  echo "preparing the Spark class archive (nodes then start on about half the JVM CPU)"
+  .venv/bin/python -m laminar_orchestration.ops.class_archive 2>&1 | grep -v "WARN NativeCodeLoader" ||
+    echo "no Spark class archive: the suite runs without it"
+fi
 # Two workers, one test file each at a time: most tests wait on real processes (heartbeat
 # timeouts, Spark, Dagster), so two files side by side take about half the time of one after the other.
 # Files in the order tests/conftest.py gives them (the costliest by their marks first), not by their number of tests.

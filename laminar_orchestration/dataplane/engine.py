@@ -12,11 +12,12 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Literal, Protocol, TypeAlias
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from laminar_orchestration.dataplane.class_archive import ClassArchive, class_archive
 from laminar_orchestration.processing.contract import EventTimeProgress, FoldContext, Processor
 from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.processing.schema import DEFAULT_STREAM_SCHEMA, StreamSchema
@@ -96,13 +97,33 @@ def spark_conf(master: str = "local[*]", app_name: str = "laminar-node", *, ui: 
     }
 
 
-def build_spark_session(master: str = "local[*]", app_name: str = "laminar-node", *, ui: bool = False) -> Any:
-    """A SparkSession with `spark_conf`, bound to loopback unless ``SPARK_LOCAL_IP`` says otherwise."""
+def build_spark_session(
+    master: str = "local[*]",
+    app_name: str = "laminar-node",
+    *,
+    ui: bool = False,
+    archive: ClassArchive | Literal["machine"] | None = "machine",
+) -> Any:
+    """A SparkSession with `spark_conf`, bound to loopback unless ``SPARK_LOCAL_IP`` says otherwise.
+
+    A driver JVM started here maps `archive` or records it: by default this machine's class archive
+    (`class_archive.class_archive`); None: none.
+    """
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    conf = spark_conf(master, app_name, ui=ui)
+    # Only a JVM started by this call takes the archive's options (a running one keeps its own).
+    if SparkContext._gateway is not None:
+        archive = None
+    elif archive == "machine":
+        archive = class_archive()
+    if archive is not None:
+        driver = conf["spark.driver.extraJavaOptions"]
+        conf["spark.driver.extraJavaOptions"] = f"{driver} {archive.java_options()}".strip()
     builder = SparkSession.builder
-    for key, value in spark_conf(master, app_name, ui=ui).items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
