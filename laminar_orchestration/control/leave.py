@@ -45,6 +45,7 @@ from laminar_orchestration.errors import LaminarError
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.membership import NodeHandle
+from laminar_orchestration.protocol.migration_errors import CancelRefused
 from laminar_orchestration.protocol.records import PartitionStatus
 from laminar_orchestration.protocol.tasks import MigrationConfig, seconds_left
 from laminar_orchestration.store import StoreError
@@ -285,27 +286,44 @@ class GracefulLeave:
         try:
             # Not granted back to this node: it stops next, and its stop releases only what it runs.
             coordinator.cancel_current(PartitionId(partition), grant_back=False)
+        except CancelRefused:
+            # Past the point of no return, the new owner waits for its grant and nobody else drives the
+            # move: finish it within the cancels' budget rather than leave the partition waiting.
+            left[partition] += "; " + self._finish(coordinator, PartitionId(partition))
+            return
         except (LaminarError, StoreError) as exc:
             left[partition] += f"; not cancelled ({type(exc).__name__})"
             return
         left[partition] += "; cancelled"
 
+    def _finish(self, coordinator: MigrationCoordinator, partition: PartitionId) -> str:
+        """Drive `partition`'s move, past its cancel point, to Active within `CANCEL_BUDGET_S`; what happened."""
+        try:
+            task = coordinator.current(partition)
+            if task is None or task.is_terminal:
+                return "finished elsewhere"
+            driven = drive_with_deadline(coordinator, task, time.monotonic() + CANCEL_BUDGET_S, grant_back=False)
+        except (LaminarError, StoreError) as exc:
+            return f"not finished ({type(exc).__name__})"
+        return "finished" if driven.finished else "not finished in time"
+
 
 def leave_pace(remaining: int, move_s: float, time_left_s: float, max_concurrent: int) -> int:
     """How many of a leave's `remaining` moves to run at once, each expected to take `move_s`.
 
-    One after another while they fit in half the time left: each partition then pauses only for
-    its own move, not for the leaving node's drains and uploads of the others at the same time.
-    More, up to `max_concurrent`, when one after another would not finish well before the deadline.
+    One after another while they fit in a third of the time left: each partition then pauses only for
+    its own move, not for the leaving node's drains and uploads of the others at the same time. More,
+    up to `max_concurrent`, when one after another would not finish well before the deadline (a move
+    cut there after its release waits for the next driver).
     """
     if remaining <= 0:
         return 0
-    budget = max(time_left_s / 2, 1e-3)
+    budget = max(time_left_s / 3, 1e-3)
     return max(1, min(max_concurrent, remaining, math.ceil(remaining * move_s / budget)))
 
 
 #: What a leave's move is expected to take before one has finished: a planned move on a slow store.
-EXPECTED_MOVE_S = 2.0
+EXPECTED_MOVE_S = 3.0
 #: How long the end of a drain waits for the cancels of the moves it did not finish.
 CANCEL_BUDGET_S = 2.0
 #: What `GracefulLeave._move` returns for a move that ended Active.

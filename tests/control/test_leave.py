@@ -6,8 +6,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from laminar_dev.chaos.arrow import ArrowNode
+from laminar_orchestration.control import leave as leave_module
 from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.control.leave import (
     GracefulLeave,
@@ -21,8 +25,9 @@ from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.membership import NodeHandle
+from laminar_orchestration.protocol.migration_errors import CancelRefused
 from laminar_orchestration.protocol.records import PartitionStatus
-from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase
+from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase, MigrationTask
 from laminar_orchestration.store import ObjectStore
 from tests.dataplane.plane import running
 from tests.ledgers import make_alive, new_ledger, place_on_node_1
@@ -93,7 +98,7 @@ def test_a_restarted_node_takes_back_what_its_last_leave_left_moving_once_that_m
 def test_a_leave_moves_one_partition_at_a_time_while_the_deadline_allows_and_more_when_it_does_not() -> None:
     # Two moves fit one after the other in half of 20 s: each partition pauses for its own move only.
     assert leave_pace(2, 0.5, 20.0, 4) == 1
-    assert leave_pace(10, 2.0, 20.0, 4) == 2  # 20 s of moves in 10 s: two at once
+    assert leave_pace(10, 2.0, 30.0, 4) == 2  # 20 s of moves in a third of 30 s: two at once
     assert leave_pace(100, 1.0, 20.0, 4) == 4  # never more than the cap
     assert leave_pace(3, 2.0, 3.0, 4) == 3  # never more than remain
     assert leave_pace(0, 1.0, 20.0, 4) == 0
@@ -118,11 +123,16 @@ class _LeavingStub:
         self.stopped.set()
 
 
-def _concurrency_of_a_leave(store: ObjectStore, deadline_s: float, move_s: float) -> tuple[int, tuple[int, ...]]:
+def _three_on_node_1(store: ObjectStore) -> Ledger:
     ledger = new_ledger(store, 3)
     for p in range(3):
         DesiredStates(ledger).update(PartitionId(p), lambda s: s.model_copy(update={"owner": 1}))
         ledger.acquire(PartitionId(p), NodeId(1), expected_epoch=0, reason="place", generation=1)
+    return ledger
+
+
+def _concurrency_of_a_leave(store: ObjectStore, deadline_s: float, move_s: float) -> tuple[int, tuple[int, ...]]:
+    ledger = _three_on_node_1(store)
     node = _LeavingStub(ledger)
     make_alive(ledger, 2)
     leave = GracefulLeave(node, LeaveSettings(deadline_s=deadline_s, max_concurrent=4))
@@ -145,7 +155,7 @@ def _concurrency_of_a_leave(store: ObjectStore, deadline_s: float, move_s: float
 
 
 def test_a_leave_with_time_to_spare_runs_its_moves_one_after_another(store: ObjectStore) -> None:
-    most, moved = _concurrency_of_a_leave(store, deadline_s=20.0, move_s=0.2)
+    most, moved = _concurrency_of_a_leave(store, deadline_s=30.0, move_s=0.2)
     assert moved == (0, 1, 2)
     assert most == 1, f"{most} moves ran at once; each partition would pause for the others' drains"
 
@@ -154,3 +164,35 @@ def test_a_leave_short_of_time_runs_its_moves_side_by_side(store: ObjectStore) -
     most, moved = _concurrency_of_a_leave(store, deadline_s=3.0, move_s=0.5)
     assert moved == (0, 1, 2)
     assert most == 3, f"only {most} moves at once with 3 s for three moves expected to take 2 s each"
+
+
+def test_a_move_past_its_cancel_point_at_the_deadline_is_finished_not_left_waiting(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the deadline a move whose new owner may hold the epoch cannot be cancelled; the leaving node
+    is its only driver, so it drives it on to Active within the cancels' budget."""
+    ledger = _three_on_node_1(store)
+    node = _LeavingStub(ledger)
+    make_alive(ledger, 2)
+    leave = GracefulLeave(node, LeaveSettings(deadline_s=0.5))
+    in_flight = {p: MigrationCoordinator(ledger).plan(PartitionId(p), NodeId(2)) for p in range(3)}
+    leave._move = lambda move, deadline: "the deadline passed before active"  # type: ignore[method-assign]
+
+    def refused(self: MigrationCoordinator, partition: PartitionId, *, grant_back: bool = True) -> MigrationTask:
+        raise CancelRefused(partition, in_flight[int(partition)].migration_id, MigrationPhase.SEEKING)
+
+    driven: list[tuple[int, float]] = []
+
+    def drive(
+        coordinator: MigrationCoordinator, task: MigrationTask, deadline: float, *, grant_back: bool = True
+    ) -> SimpleNamespace:
+        driven.append((task.partition, deadline - time.monotonic()))
+        assert not grant_back, "the leaving node stops next: nothing may be granted back to it"
+        return SimpleNamespace(finished=True)
+
+    monkeypatch.setattr(MigrationCoordinator, "cancel_current", refused)
+    monkeypatch.setattr(leave_module, "drive_with_deadline", drive)
+    outcome = leave.leave()
+    assert sorted(p for p, _ in driven) == [0, 1, 2]
+    assert all(0 < budget <= leave_module.CANCEL_BUDGET_S for _, budget in driven), driven
+    assert all(why.endswith("; finished") for why in outcome.left_behind.values()), outcome.left_behind
