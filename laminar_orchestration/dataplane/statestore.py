@@ -10,9 +10,14 @@ store runs without a write-ahead log and never fsyncs.
 Values are encoded by the processor's `ValueCodec` (packed numpy records for
 fixed-width numbers, MessagePack rows for any other Arrow type), a batch of keys
 at a time. A processor with an expiry column (windows, TTL) gets an *expiry
-index* beside the values: one entry per key, ordered by expiry time, kept in
-the same write batch as the values, so `due` finds the keys whose time has come
-without reading the rest of the state.
+index* beside the values: entries ordered by expiry time, written in the same
+write batch as the values, so `due` finds the keys whose time has come without
+reading the rest of the state. `apply` takes a touched key's old time from the
+batch's reads (read back only for keys no read saw) and writes nothing when the
+time is unchanged. `due` checks every entry against the key's stored time: an
+entry left behind (by a store written before a key both written and deleted
+lost its entry) is *stale*, skipped, and removed by the next `apply`. So `due`
+returns exactly the keys whose stored time has come.
 """
 
 from __future__ import annotations
@@ -48,6 +53,10 @@ _EXPIRY_PREFIX = b"t"
 _SEEN_EXPIRY_CAP = 1_000_000
 #: Expiry times are signed; biased by 2**63 they sort as unsigned big-endian bytes.
 _EXPIRY_BIAS = 2**63
+_ENTRY_KEY_AT = len(_EXPIRY_PREFIX) + 8
+#: Index entries `due` checks per multi-get: at most, and at least while it needs more keys.
+_DUE_CHUNK = 10_000
+_DUE_MIN_CHUNK = 64
 
 
 class AppliedMarker(BaseModel):
@@ -98,12 +107,34 @@ def _expiry_entry(expires_at: int, key: str) -> bytes:
     return _EXPIRY_PREFIX + (expires_at + _EXPIRY_BIAS).to_bytes(8, "big") + key.encode()
 
 
+def _entry_time(entry: bytes) -> int:
+    return int.from_bytes(entry[len(_EXPIRY_PREFIX) : _ENTRY_KEY_AT], "big") - _EXPIRY_BIAS
+
+
+def _key_order(keys: list[bytes]) -> list[int]:
+    """The indices of `keys` in key order (stable)."""
+    return pc.sort_indices(pa.array(keys, pa.binary())).to_pylist() if len(keys) > 1 else list(range(len(keys)))
+
+
+def _get_sorted(db: Rdict, keys: list[bytes]) -> list[bytes | None]:
+    """A multi-get of `keys` in key order, answered in the caller's: RocksDB's batched lookup of a
+    sorted run walks each file's index and blocks forward (a 9,000-key read of a 2.7M-key store
+    takes ~25 % less CPU than the same keys in random order)."""
+    order = _key_order(keys)
+    found = db.get([keys[i] for i in order])
+    assert found is not None
+    records: list[bytes | None] = [None] * len(keys)
+    for i, record in zip(order, found, strict=True):
+        records[i] = record
+    return records
+
+
 def _add_sorted(batch: WriteBatch, keys: list[bytes], values: list[bytes] | None) -> None:
     """Put `keys` (or delete them, `values` None) in key order: the memtable's skip list inserts a
     sorted run from where the last insert ended instead of searching from the top each time: a
     batch's 30,000 random keys into a 20 MB memtable take less than half the CPU time. The sort is
     stable, so a key written twice keeps its last value, as in the caller's order."""
-    order = pc.sort_indices(pa.array(keys, pa.binary())).to_pylist() if len(keys) > 1 else range(len(keys))
+    order = _key_order(keys)
     if values is None:
         for i in order:
             batch.delete(keys[i])
@@ -133,9 +164,11 @@ class PartitionStateStore:
         # the worker writes while the heartbeat reads the offset and a snapshot checkpoints.
         self._lock = threading.RLock()
         #: Writes so far, and the stored expiry times the reads since the last write saw: `apply`
-        #: moves those keys' expiry entries without reading their records a second time.
+        #: removes those keys' old entries (or keeps an unchanged one) without reading them back.
         self._writes = 0
         self._seen_expiry: dict[str, int | None] = {}
+        #: Index entries `due` found stale since the last write: the next `apply` removes them.
+        self._stale_entries: set[bytes] = set()
         try:
             self._db = Rdict(str(self.path), _options(create=create, packed=self.codec.fixed_width))
         except Exception as exc:  # rocksdict raises plain exceptions carrying RocksDB's status text
@@ -187,7 +220,7 @@ class PartitionStateStore:
     def get_many(self, keys: Sequence[str]) -> pa.Table:
         """Previous values of `keys`, row-aligned, null for keys the state does not hold."""
         with self._lock:
-            records = self._db.get([encode_key(k) for k in keys]) if keys else []
+            records = _get_sorted(self._db, [encode_key(k) for k in keys]) if keys else []
             writes = self._writes
         assert records is not None
         values = self.codec.decode(records)
@@ -251,29 +284,62 @@ class PartitionStateStore:
 
     def due(self, until: int, *, limit: int | None = None) -> pa.Table:
         """Key and value columns of the keys whose expiry time is at or before `until`, oldest first."""
-        keys: list[str] = []
-        if self.expiry_column is not None:
-            end = _EXPIRY_PREFIX + (until + 1 + _EXPIRY_BIAS).to_bytes(8, "big") if until < 2**63 - 1 else b"u"
-            with self._lock:
-                it = self._db.iter()
-                it.seek(_EXPIRY_PREFIX)
-                while it.valid() and (limit is None or len(keys) < limit):
-                    entry = it.key()
-                    if entry >= end:
+        if self.expiry_column is None:
+            return self._keyed([], self.get_many([]))
+        end = _EXPIRY_PREFIX + (until + 1 + _EXPIRY_BIAS).to_bytes(8, "big") if until < 2**63 - 1 else b"u"
+        found: list[pa.Table] = []
+        count = 0
+        # One lock hold: the entries found stale must still be stale when the next write removes them.
+        with self._lock:
+            it = self._db.iter()
+            it.seek(_EXPIRY_PREFIX)
+            more = True
+            while more and (limit is None or count < limit):
+                # At least a few dozen at a time: stale entries may come between the live ones.
+                want = _DUE_CHUNK if limit is None else min(_DUE_CHUNK, max(limit - count, _DUE_MIN_CHUNK))
+                entries: list[bytes] = []
+                while len(entries) < want:
+                    if not it.valid() or (entry := it.key()) >= end:
+                        more = False
                         break
-                    keys.append(entry[len(_EXPIRY_PREFIX) + 8 :].decode())
+                    if entry not in self._stale_entries:
+                        entries.append(entry)
                     it.next()
+                if entries:
+                    live = self._live(entries)
+                    if limit is not None and live.num_rows > limit - count:
+                        live = live.slice(0, limit - count)
+                    count += live.num_rows
+                    found.append(live)
+        return pa.concat_tables(found) if found else self._keyed([], self.get_many([]))
+
+    def _live(self, entries: list[bytes]) -> pa.Table:
+        """Key and values of the entries whose key's stored expiry time is the entry's; the others
+        (a moved time, a deleted key) are noted for the next write to remove."""
+        assert self.expiry_column is not None
+        keys = [e[_ENTRY_KEY_AT:].decode() for e in entries]
         values = self.get_many(keys)
+        stored = values[self.expiry_column].to_pylist()
+        live = [i for i, (entry, t) in enumerate(zip(entries, stored, strict=True)) if t == _entry_time(entry)]
+        if len(live) < len(entries):
+            live_at = set(live)
+            self._stale_entries.update(e for i, e in enumerate(entries) if i not in live_at)
+        table = self._keyed(keys, values)
+        return table if len(live) == len(entries) else table.take(pa.array(live, pa.int64()))
+
+    @staticmethod
+    def _keyed(keys: list[str], values: pa.Table) -> pa.Table:
         return pa.Table.from_arrays([pa.array(keys, pa.string()), *values.columns], names=["key", *values.column_names])
 
     def apply(self, rows: pa.Table, source_offset: int, *, deleted: pa.Array | None = None) -> None:
         """Write `rows` (key + value columns: full new values), remove the `deleted` keys, and write
-        the marker, all in one write batch; the expiry index moves with the values."""
+        the marker, all in one write batch; the expiry index follows the values (a key both written
+        and deleted is deleted)."""
         batch = WriteBatch(raw_mode=True)
         keys: list[str] = rows["key"].to_pylist() if rows.num_rows else []
         gone: list[str] = deleted.to_pylist() if deleted is not None and len(deleted) else []
-        if self.expiry_column is not None and (keys or gone):
-            self._move_expiry_entries(batch, rows, keys, gone)
+        if self.expiry_column is not None:
+            self._index_expiry(batch, rows, keys, gone)
         if keys:
             _add_sorted(batch, [encode_key(k) for k in keys], self.codec.encode(rows))
         if gone:
@@ -284,32 +350,37 @@ class PartitionStateStore:
             with self._lock:
                 self._writes += 1
                 self._seen_expiry.clear()
+                self._stale_entries.clear()
                 self._db.write(batch)
                 self._offset = source_offset  # with the write: `get_many_at` sees both or neither
         except Exception as exc:
             raise LocalStateWriteFailed(str(self.path), str(exc)) from exc
 
-    def _move_expiry_entries(self, batch: WriteBatch, rows: pa.Table, keys: list[str], gone: list[str]) -> None:
-        """Replace the touched keys' expiry entries: the old ones out (as the batch's reads saw them,
-        else read back), the new ones in."""
+    def _index_expiry(self, batch: WriteBatch, rows: pa.Table, keys: list[str], gone: list[str]) -> None:
+        """The batch's expiry index changes: the stale entries `due` found out, each touched key's old
+        entry out unless its time stays, each written key's new entry in unless it is already there.
+        Removals go first: an entry both removed and added (a time set back to a stale entry's) stays."""
         assert self.expiry_column is not None
-        touched = keys + gone
+        if keys and self.expiry_column not in rows.column_names:
+            raise LocalStateWriteFailed(str(self.path), f"rows lack the expiry column {self.expiry_column!r}")
+        # The last value of a key given twice, as for the values; a deleted key keeps no entry.
+        fresh = dict(zip(keys, rows[self.expiry_column].to_pylist() if keys else [], strict=True))
+        for key in gone:
+            fresh.pop(key, None)
+        touched = list(dict.fromkeys(keys + gone))
         with self._lock:
-            seen = self._seen_expiry
+            seen = {k: self._seen_expiry[k] for k in touched if k in self._seen_expiry}
+            removed = list(self._stale_entries)
+            # Keys no read saw (a restore's or a standby's deltas): their old times read back, so an
+            # index that `due` never sweeps grows with the keys, not with the moves.
             unseen = [k for k in touched if k not in seen]
-            old = {k: seen[k] for k in touched if k in seen}
-            records = self._db.get([encode_key(k) for k in unseen]) if unseen else []
-        assert records is not None
+            records = _get_sorted(self._db, [encode_key(k) for k in unseen]) if unseen else []
         if unseen:
-            old.update(zip(unseen, self.codec.decode_column(records, self.expiry_column).to_pylist(), strict=True))
-        stale = [(old[key], key) for key in dict.fromkeys(touched)]
-        _add_sorted(batch, [_expiry_entry(int(t), key) for t, key in stale if t is not None], None)
-        if keys:
-            if self.expiry_column not in rows.column_names:
-                raise LocalStateWriteFailed(str(self.path), f"rows lack the expiry column {self.expiry_column!r}")
-            fresh = zip(keys, rows[self.expiry_column].to_pylist(), strict=True)
-            entries = [_expiry_entry(int(t), key) for key, t in fresh if t is not None]
-            _add_sorted(batch, entries, [b""] * len(entries))
+            seen.update(zip(unseen, self.codec.decode_column(records, self.expiry_column).to_pylist(), strict=True))
+        removed += [_expiry_entry(t, k) for k, t in seen.items() if t is not None and (k not in fresh or fresh[k] != t)]
+        _add_sorted(batch, removed, None)
+        added = [_expiry_entry(int(t), k) for k, t in fresh.items() if t is not None and seen.get(k) != t]
+        _add_sorted(batch, added, [b""] * len(added))
 
     def checkpoint(self, destination: str | os.PathLike[str]) -> list[Path]:
         """A consistent copy of the store in `destination` (hard links to the immutable SST files).

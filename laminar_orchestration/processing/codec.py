@@ -13,7 +13,9 @@ Both cost O(keys encoded), never O(state).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import gc
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import msgpack
@@ -148,8 +150,9 @@ class ValueCodec:
         """The value columns for `records`, every column null where a record is missing (a new key)."""
         if self.fixed_width:
             return self._decode_fixed(records)
-        columns = self._transpose(self._unpack(records))
-        arrays = [self._column(columns[i], i) for i in range(len(self.schema))]
+        with _collector_paused():
+            columns = self._transpose(self._unpack(records))
+            arrays = [self._column(columns[i], i) for i in range(len(self.schema))]
         return pa.Table.from_arrays(arrays, schema=_nullable(self.schema))
 
     def decode_column(self, records: Sequence[bytes | None], name: str) -> pa.Array | pa.ChunkedArray:
@@ -158,7 +161,8 @@ class ValueCodec:
         if self.fixed_width:
             return self._decode_fixed(records)[name]
         i = self.schema.get_field_index(name)
-        return self._column(self._transpose(self._unpack(records))[i], i)
+        with _collector_paused():
+            return self._column(self._transpose(self._unpack(records))[i], i)
 
     def _unpack(self, records: Sequence[bytes | None]) -> tuple[Any, ...]:
         """The records' rows (None for a missing record), unpacked in one call: the records are
@@ -199,6 +203,21 @@ class ValueCodec:
         mask = missing if missing.any() else None
         columns = {f.name: pa.array(decoded[f.name], type=f.type, mask=mask) for f in self.schema}
         return pa.table(columns, schema=_nullable(self.schema))
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cycle collector off while a batch's rows exist as objects: ~10,000 row tuples that
+    live through the decode are promoted and trigger full collections of the process's whole heap
+    (a third of a 10,000-row decode's time); they form no cycles. Left as it was if already off."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _nullable(schema: pa.Schema) -> pa.Schema:

@@ -3,6 +3,7 @@ type through the codec: every type round-trips, nulls included, and bad input na
 
 from __future__ import annotations
 
+import gc
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -165,3 +166,22 @@ def test_one_column_decodes_alone_and_equals_the_full_decode() -> None:
     assert rich.decode_column(records, "tags").to_pylist() == rich.decode(records)["tags"].to_pylist()
     packed = [*fixed.encode(values.select(["expires"])), None]
     assert fixed.decode_column(packed, "expires").to_pylist() == [7, 9, None]
+
+
+def test_a_decode_leaves_the_cycle_collector_as_it_found_it() -> None:
+    """Rich records decode with Python's cycle collector paused: it is back on afterwards, also when
+    a record does not decode, and stays off for a caller that had turned it off."""
+    codec = ValueCodec(pa.schema([("tags", pa.list_(pa.string())), ("n", pa.int64())]))
+    records = codec.encode(pa.table({"tags": [["a"], ["b", "c"]], "n": [1, 2]}))
+    assert gc.isenabled()
+    assert codec.decode(records)["n"].to_pylist() == [1, 2]
+    assert gc.isenabled()
+    with pytest.raises(UndecodableStateValue):
+        codec.decode([b"\xc1"])
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        codec.decode(records)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
