@@ -173,6 +173,9 @@ class RoleAccess:
     deletes: tuple[str, ...] = ()
     #: Key prefixes it lists (beyond the absence probes).
     lists: tuple[str, ...] = ()
+    #: Keys it reads only by the name a record gives it (GET, no listing): they exist, so it never
+    #: needs a 404 from them, and the prefix's names stay unlisted.
+    named_reads: tuple[str, ...] = ()
     #: The output table's objects, written by delta-rs: its log entries conditionally, its data files
     #: and checkpoints with a plain PUT. Not protocol state: `laminar verify` audits the table
     #: against the manifest chains, and `laminar table rebuild` recreates it from them.
@@ -270,6 +273,9 @@ def role_access(nodes: Sequence[int] = (1,)) -> dict[str, RoleAccess]:
             # The table's log, and data files under its own folder only: another node's committed
             # data file is not its to replace (nor to delete: nodes delete nothing).
             table_writes=(keys.OUTPUT_TABLE_LOG_PREFIX, keys.OUTPUT_TABLE_PREFIX + keys.table_node_folder(n)),
+            # Committed output, by the names the manifests give: a partition's new owner appends to the
+            # output table the batches its predecessor committed but did not append (killed first).
+            named_reads=(keys.OUTPUT_OBJECTS_PATTERN,),
         )
     return access
 
@@ -321,7 +327,12 @@ def identity_policy(bucket: str, prefix: str, access: RoleAccess) -> dict[str, A
         return [f"arn:aws:s3:::{bucket}/{base}{_wild(p)}" for p in patterns]
 
     statements: list[dict[str, Any]] = [
-        {"Sid": "Read", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": objects(access.reads)},
+        {
+            "Sid": "Read",
+            "Effect": "Allow",
+            "Action": ["s3:GetObject"],
+            "Resource": objects((*access.reads, *access.named_reads)),
+        },
         {
             # A GET/HEAD of a missing key answers 404 only to a principal that may list it (403 otherwise),
             # and every probe (grant e+1, manifest seq+1, the segment at the log's end) depends on the 404.

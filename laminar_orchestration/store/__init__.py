@@ -17,6 +17,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from laminar_orchestration.store.base import (
+    AccessDenied,
     ConcurrentModification,
     ForwardingStore,
     InvalidKey,
@@ -33,6 +34,7 @@ from laminar_orchestration.store.base import (
 from laminar_orchestration.store.local import CorruptObject, LocalObjectStore
 
 __all__ = [
+    "AccessDenied",
     "ConcurrentModification",
     "CorruptObject",
     "ForwardingStore",

@@ -97,6 +97,14 @@ class StoreUnavailable(StoreError, UnavailableError):
         return f"store unavailable during {self.operation}{where}: {self.detail}"
 
 
+class AccessDenied(StoreUnavailable):
+    """The store refused this request to the caller's credentials (HTTP 403 AccessDenied): their
+    policy does not allow it on `key`. A retry with them fails alike; another principal's may not."""
+
+    def _message(self) -> str:
+        return f"{self.operation} of {self.key!r} denied to these credentials: {self.detail}"
+
+
 class InvalidStoreUrl(StoreError, InvalidInputError):
     """A store URL that names no supported backend or lacks a part."""
 

@@ -205,6 +205,10 @@ class S3ObjectStore(ObjectStore):
                 raise base.StoreUnavailable(op, key, f"{self._where()} does not exist (NoSuchBucket)") from exc
             if code in ("NoSuchKey", "404", "NotFound") or status == 404:
                 raise base.ObjectNotFound(key) from exc
+            if code == "AccessDenied" or (status == 403 and code in ("", "403", "Forbidden")):
+                # This key is not these credentials' to touch (a HEAD's 403 carries no code); the
+                # other refusals below concern the credentials themselves.
+                raise base.AccessDenied(op, key, f"{self._where()} refused it ({code or status}): {message}") from exc
             if code in _AUTH_CODES or status == 403:
                 raise base.StoreUnavailable(
                     op, key, f"access to {self._where()} refused ({code or status}): {message}"

@@ -26,8 +26,7 @@ from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import ArtifactRef
 from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.table.batches import ChainFollower, CommittedBatch, OutputUnreadable
-from laminar_orchestration.table.committer import check_identity, landed_seq, open_table
-from laminar_orchestration.table.location import TableLocation, table_location
+from laminar_orchestration.table.location import TableLocation, check_identity, landed_seq, open_table, table_location
 
 
 @dataclass(frozen=True)

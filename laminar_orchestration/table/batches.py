@@ -33,7 +33,7 @@ from laminar_orchestration.protocol.manifest import (
     StaleGeneration,
     SuccessionError,
 )
-from laminar_orchestration.store import ObjectStore
+from laminar_orchestration.store import ForwardingStore, ObjectMeta, ObjectNotFound, ObjectStore, StoredObject
 
 #: The columns the table adds in front of the processor's output columns.
 LINEAGE_SCHEMA = pa.schema(
@@ -145,8 +145,9 @@ class ChainFollower:
             return known
         return self.reader.entry(PartitionId(partition), seq)
 
-    def walk(self, partition: int, start: ManifestVersion | None) -> ChainWalk:
-        """Every committed batch after `start` (None: from the chain's first entry), in chain order.
+    def walk(self, partition: int, start: ManifestVersion | None, through: int | None = None) -> ChainWalk:
+        """Every committed batch after `start` (None: from the chain's first entry), in chain order,
+        up to seq `through` if given (no entry past it is read).
 
         A walk that took only entries this process published stops after the last of them without
         probing the chain's end: later entries are another writer's (a successor after a move), and
@@ -157,7 +158,7 @@ class ChainFollower:
         skipped = 0
         batches: list[CommittedBatch] = []
         first, remembered_only = seq, True
-        while True:
+        while through is None or seq <= through:
             if remembered_only and seq > first and (partition, seq) not in self._known:
                 break  # past the last entry this process published: no probe
             known = self._known.get((partition, seq))
@@ -227,3 +228,34 @@ def batch_rows(batch: CommittedBatch, outputs: Sequence[pa.Table]) -> pa.Table |
     columns = lineage + list(rows.columns)
     fields = list(LINEAGE_SCHEMA) + list(rows.schema)
     return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+
+
+class ProbeMemo(ForwardingStore):
+    """The store as the chain walk reads it, minus a redundant request: a GET that found nothing
+    answers the HEAD of the same key that follows it.
+
+    The walk GETs the next manifest entry and, when the reader returns none, HEADs the key to tell
+    the chain's end (absent) from a forged entry (present); after a 404 the HEAD can only say
+    absent. Each sync ends every partition's walk this way, so this halves its manifest probes.
+    """
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self._absent: str | None = None
+
+    def get(self, key: str) -> StoredObject:
+        self._absent = None
+        try:
+            return self.inner.get(key)
+        except ObjectNotFound:
+            self._absent = key
+            raise
+
+    def head(self, key: str) -> ObjectMeta | None:
+        if key == self._absent:
+            self._absent = None
+            return None
+        return self.inner.head(key)
+
+    def close(self) -> None:
+        self.inner.close()

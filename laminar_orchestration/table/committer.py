@@ -18,8 +18,10 @@ Exactly once, by construction:
 
 A commit is the committer's own, not delta-rs's (whose commit lists the log and
 reads its entry back): one create-only PUT of the batches' Parquet file and one
-of the log entry, after a HEAD of log entry 0 and a GET of each entry other
-committers added plus one of the absent next name. Every
+of the log entry, after a GET of each entry other committers added since its
+last look (`txns.TableLog`: no listing, no probe of the next name while the
+other committers keep their pace, and a HEAD of log entry 0 only when no entry
+read names the table's id). Every
 `delta.checkpointInterval` (100) versions, the committer of that version has
 delta-rs write a checkpoint, so readers and a restarted committer replay a short
 log. What it writes is plain Delta (protocol 1/2: `add` with statistics, `txn`,
@@ -36,30 +38,32 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Schema
-from deltalake.exceptions import CommitFailedError, DeltaError, DeltaProtocolError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from laminar_orchestration.protocol.capabilities import ReadStore
 from laminar_orchestration.protocol.chain import ManifestVersion
 from laminar_orchestration.protocol.keys import table_node_folder
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.store import ForwardingStore, ObjectMeta, ObjectNotFound, ObjectStore, StoredObject
+from laminar_orchestration.protocol.manifest import ArtifactRef
+from laminar_orchestration.store import AccessDenied, ObjectStore
+from laminar_orchestration.store.metering import RequestMeter
 from laminar_orchestration.table.batches import (
     LINEAGE_SCHEMA,
     ChainFollower,
+    ChainWalk,
     CommittedBatch,
+    ProbeMemo,
     app_id,
     batch_rows,
     read_output,
@@ -72,9 +76,18 @@ from laminar_orchestration.table.errors import (
     TableSchemaMismatch,
     TableStoreFault,
 )
-from laminar_orchestration.table.location import TableLocation, table_location
+from laminar_orchestration.table.location import (
+    TABLE_NAME_PREFIX,
+    TableLocation,
+    check_identity,
+    check_identity_of,
+    landed_seq,
+    open_table,
+    remove_table,
+    table_location,
+)
 from laminar_orchestration.table.objects import TableObjects
-from laminar_orchestration.table.txns import LogState, TableLog, entry_name
+from laminar_orchestration.table.txns import TABLE_ID_FIELD, LogState, TableLog, entry_name
 
 __all__ = [
     "SyncResult",
@@ -93,147 +106,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The table's name (Delta metadata) is this plus the cluster id: a table of another cluster is refused.
-TABLE_NAME_PREFIX = "laminar_output/"
-
-
-# --- reading the table -------------------------------------------------------------------------
-
 
 def _schema_text(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
 
-#: How long files without a log may be a creation in progress before they count as a table whose
-#: log was lost. The committer writes log entry 0 before any data file, so only a table made by
-#: another writer (data files first, then the log) is ever seen this way.
-CREATION_GRACE_S = 1.0
 #: Batches remembered but not synced yet, at most (beyond, they are read back from the store).
 KNOWN_MAX = 10_000
-
-
-def open_table(location: TableLocation) -> DeltaTable | None:
-    """The table at `location` (None: nothing there yet). TableLogCorrupt for a missing or broken log."""
-    deadline = time.monotonic() + CREATION_GRACE_S
-    while True:
-        try:
-            return DeltaTable(location.uri, storage_options=location.options())
-        except TableNotFoundError as exc:
-            if not _holds_files(location):
-                return None
-            if time.monotonic() >= deadline:
-                raise TableLogCorrupt(location.uri, "data files but no readable _delta_log") from exc
-            time.sleep(0.1)
-        except (DeltaError, DeltaProtocolError, OSError, ValueError) as exc:
-            raise TableLogCorrupt(location.uri, " ".join(str(exc).split())[:300]) from exc
-
-
-def _is_pending_commit(relative: str) -> bool:
-    """A commit being written (delta-rs stages one as ``_delta_log/_commit_<id>.json.tmp``)."""
-    return relative.startswith("_delta_log/_commit_") or relative.endswith(".tmp")
-
-
-def _holds_files(location: TableLocation) -> bool:
-    """Whether anything but a commit being written is at `location`."""
-    if location.is_local:
-        root = Path(location.uri)
-        return root.is_dir() and any(
-            not _is_pending_commit(p.relative_to(root).as_posix()) for p in root.rglob("*") if p.is_file()
-        )
-    bucket, prefix = _bucket_prefix(location)
-    pages = _s3_client(location).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
-    return any(not _is_pending_commit(o["Key"][len(prefix) + 1 :]) for page in pages for o in page.get("Contents", []))
-
-
-def _bucket_prefix(location: TableLocation) -> tuple[str, str]:
-    rest = location.uri.split("://", 1)[1]
-    bucket, _, prefix = rest.partition("/")
-    return bucket, prefix.strip("/")
-
-
-def _s3_client(location: TableLocation) -> Any:
-    from laminar_orchestration.store.s3 import make_s3_client
-
-    return make_s3_client(location.storage_options.get("AWS_ENDPOINT_URL"))
-
-
-def remove_table(location: TableLocation) -> int:
-    """Delete every object of the table at `location` (log and data files); the count removed."""
-    if location.is_local:
-        path = Path(location.uri)
-        if not path.exists():
-            return 0
-        count = sum(1 for p in path.rglob("*") if p.is_file())
-        shutil.rmtree(path)
-        return count
-    bucket, prefix = _bucket_prefix(location)
-    client = _s3_client(location)
-    removed = 0
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
-        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-        if keys:
-            client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
-            removed += len(keys)
-    return removed
-
-
-def check_identity(table: DeltaTable, location: TableLocation, cluster_id: str) -> None:
-    """TableMismatch unless `table` is the output table of cluster `cluster_id`."""
-    check_identity_of(table.metadata().name or "", pa.schema(table.schema().to_arrow()), location, cluster_id)
-
-
-def check_identity_of(name: str, schema: pa.Schema, location: TableLocation, cluster_id: str) -> None:
-    """TableMismatch unless a table named `name` with `schema` is the output table of `cluster_id`."""
-    if name != TABLE_NAME_PREFIX + cluster_id:
-        raise TableMismatch(location.uri, f"its name is {name!r}, expected {TABLE_NAME_PREFIX + cluster_id!r}")
-    have = {f.name: f for f in schema}
-    for want in LINEAGE_SCHEMA:
-        got = have.get(want.name)
-        if got is None or got.type != want.type:
-            raise TableMismatch(location.uri, f"column {want.name!r} is {got.type if got else 'missing'}")
-
-
-def landed_seq(table: DeltaTable | None, partition: int) -> int:
-    """The seq of the newest manifest entry of `partition` the table holds (0: none)."""
-    if table is None:
-        return 0
-    return table.transaction_version(app_id(partition)) or 0
-
-
-# --- the committer -----------------------------------------------------------------------------
-
-
-class _ProbeMemo(ForwardingStore):
-    """The store as the chain walk reads it, minus a redundant request: a GET that found nothing
-    answers the HEAD of the same key that follows it.
-
-    The walk GETs the next manifest entry and, when the reader returns none, HEADs the key to tell
-    the chain's end (absent) from a forged entry (present); after a 404 the HEAD can only say
-    absent. Each sync ends every partition's walk this way, so this halves its manifest probes.
-    """
-
-    def __init__(self, inner: ObjectStore) -> None:
-        super().__init__(inner)
-        self._absent: str | None = None
-
-    def get(self, key: str) -> StoredObject:
-        self._absent = None
-        try:
-            return self.inner.get(key)
-        except ObjectNotFound:
-            self._absent = key
-            raise
-
-    def head(self, key: str) -> ObjectMeta | None:
-        if key == self._absent:
-            self._absent = None
-            return None
-        return self.inner.head(key)
-
-    def close(self) -> None:
-        self.inner.close()
-
-
 TABLE_DESCRIPTION = "laminar-orchestration: the committed output of every partition, exactly once"
 #: Versions between two checkpoints unless the table's `delta.checkpointInterval` says otherwise.
 CHECKPOINT_INTERVAL = 100
@@ -259,16 +138,29 @@ class SyncResult:
     retries: int = 0
     #: Per partition, the seq of the newest manifest entry in the table after the call.
     landed: dict[int, int] = field(default_factory=dict)
+    #: Per partition stopped short, the seq of the first batch whose output this committer's
+    #: credentials may not read: it and the partition's later batches are left to one that may.
+    blocked: dict[int, int] = field(default_factory=dict)
 
     def summary_lines(self) -> list[str]:
+        stopped = [
+            f"partition {p} stopped before batch {s} (its output is not ours to read)" for p, s in self.blocked.items()
+        ]
         return [
             f"output table {self.uri}: version {self.version}, appended {self.batches} batches "
-            f"({self.rows} rows) in {self.commits} commit(s)"
+            f"({self.rows} rows) in {self.commits} commit(s)",
+            *stopped,
         ]
 
     def to_json(self) -> dict[str, Any]:
-        # Every field as it is, in declaration order, but `landed` keyed by text as JSON wants it.
-        return {**vars(self), "landed": {str(p): s for p, s in sorted(self.landed.items())}}
+        # Every field as it is, in declaration order, but keyed by text as JSON wants it.
+        text = {name: {str(p): s for p, s in sorted(getattr(self, name).items())} for name in ("landed", "blocked")}
+        return {**vars(self), **text}
+
+
+def _before(walks: Mapping[int, ChainWalk], blocked: Mapping[int, int]) -> dict[int, list[CommittedBatch]]:
+    """Each partition's walked batches before the one it stopped at (all of them if none)."""
+    return {p: [b for b in w.batches if p not in blocked or b.seq < blocked[p]] for p, w in walks.items()}
 
 
 def _stats(data: pa.Table) -> str:
@@ -293,6 +185,7 @@ class TableCommitter:
     processes, may sync the same or overlapping partitions concurrently. `node`
     (else the node of the first entry `remember` is given) puts the data files this
     committer writes under its folder (``n-00001/``), where a node's storage policy lets it write.
+    `meter`, if given, counts the table's own requests (log, checkpoints, data files) by kind.
     """
 
     def __init__(
@@ -304,6 +197,7 @@ class TableCommitter:
         max_attempts: int = 8,
         max_batches_per_commit: int = 2_000,
         retry_backoff_s: float = 0.05,
+        meter: RequestMeter | None = None,
     ) -> None:
         self.store = store
         self.location = location or table_location(store)
@@ -312,11 +206,11 @@ class TableCommitter:
         self.max_batches_per_commit = max_batches_per_commit
         self.retry_backoff_s = retry_backoff_s
         # Single-threaded under the lock below, as the probe memo needs.
-        self._follower = ChainFollower(_ProbeMemo(store))
+        self._follower = ChainFollower(ProbeMemo(store))
         #: Output rows this process wrote (`remember`), by object key: not read back.
         self._known_outputs: dict[str, pa.Table] = {}
         self._reads = ReadStore(store)
-        self.objects = TableObjects(self.location)
+        self.objects = TableObjects(self.location, meter)
         #: The log as of the last look: the table version and each partition's transaction version.
         self.log = TableLog(self.objects)
         self._lock = threading.Lock()
@@ -329,6 +223,9 @@ class TableCommitter:
         self._written: dict[tuple[tuple[int, int], ...], tuple[str, int]] = {}
         #: partition -> (the table's seq when the walk was made, the newest entry walked up to).
         self._positions: dict[int, tuple[int, ManifestVersion | None]] = {}
+        #: partition -> the batch it last stopped before (logged once), and why its output was refused.
+        self._stopped: dict[int, int] = {}
+        self._denied: dict[int, str] = {}
 
     @property
     def cluster_id(self) -> str:
@@ -350,17 +247,24 @@ class TableCommitter:
         self._follower.remember(version)
         self._known_outputs.update(outputs)
 
-    def sync(self, partitions: Iterable[int]) -> SyncResult:
+    def sync(self, partitions: Iterable[int], through: Mapping[int, int] | None = None) -> SyncResult:
         """Append every committed batch of `partitions` not yet in the table; one Delta commit per call.
+
+        `through` bounds a partition to its batches up to that manifest seq: a node that released
+        it owes the table its own batches, not its successor's (no entry past the bound is read).
+        A partition whose next batch's output this committer may not read stops before it
+        (`SyncResult.blocked`, logged) while the others are committed: never skipped, the batch
+        stays the next one for a committer that may read it.
 
         Safe to call again after any error: what landed is skipped, nothing is appended twice.
         Raises TableSchemaMismatch (nothing written), TableMismatch, TableLogCorrupt, TableCommitFailed.
         """
         wanted = sorted(set(partitions))
+        bounds = dict(through or {})
         with self._lock:
             result = SyncResult(self.location.uri)
             while True:
-                more = self._sync_once(wanted, result)
+                more = self._sync_once(wanted, bounds, result)
                 if not more:
                     return result
 
@@ -395,11 +299,14 @@ class TableCommitter:
             )
         return landed, entry
 
-    def _sync_once(self, partitions: Sequence[int], result: SyncResult) -> bool:
+    def _sync_once(self, partitions: Sequence[int], bounds: Mapping[int, int], result: SyncResult) -> bool:
         """One Delta commit (retried); True when a catch-up needs another."""
         rows_cache: dict[tuple[int, int], pa.Table | None] = {}
+        blocked = result.blocked
         last_error = ""
-        for attempt in range(1, self.max_attempts + 1):
+        attempt = 0
+        while attempt < self.max_attempts:
+            attempt += 1
             try:
                 state = self._follow()
             except TableStoreFault as exc:
@@ -408,12 +315,27 @@ class TableCommitter:
                 time.sleep(self.retry_backoff_s * attempt)
                 continue
             starts = {p: self._start(state, p) for p in partitions}
-            walks = {p: self._follower.walk(p, start) for p, (_, start) in starts.items()}
+            walks = {p: self._follower.walk(p, start, bounds.get(p)) for p, (_, start) in starts.items()}
             result.version = state.version if state is not None else None
-            chosen = self._choose({p: w.batches for p, w in walks.items()})
+            for p in [p for p, seq in blocked.items() if seq <= starts[p][0]]:
+                del blocked[p]  # another committer appended it meanwhile
+            chosen = self._readable(self._choose(_before(walks, blocked)), rows_cache, blocked)
+            if blocked and not self.log.end_seen:
+                self.log.raced()  # a view whose end is a guess: others may have appended that batch
+                attempt -= 1
+                continue
+            for p, seq in blocked.items():
+                if self._stopped.get(p) != seq:  # said once per batch, not once per interval
+                    self._stopped[p] = seq
+                    log.warning(
+                        "output table %s: partition %d stops before batch %d: %s; it is left to a committer "
+                        "that may read it (its writer's node)", self.location.uri, p, seq, self._denied.get(p),
+                    )  # fmt: skip
+            pending = _before(walks, blocked)
             if not chosen:
                 for p in partitions:
-                    self._positions[p] = (starts[p][0], walks[p].newest)
+                    # A stopped partition's walk went past batches not in the table: walk again.
+                    self._positions[p] = starts[p] if p in blocked else (starts[p][0], walks[p].newest)
                     result.landed[p] = starts[p][0]
                 return False
             data = self._rows(state, chosen, rows_cache)
@@ -443,6 +365,10 @@ class TableCommitter:
                 self._append(state, data, txns, chosen)
             except _CommitRaced:
                 # Another committer landed this version: the next look reads it and skips what it holds.
+                self.log.raced()
+                if not self.log.end_seen:
+                    attempt -= 1  # a guess at the log's end (the others' pace) missed: not a lost race
+                    continue
                 last_error = f"log entry {base + 1} was written by another committer"
                 log.info("output table commit attempt %d: %s", attempt, last_error)
                 result.retries += 1
@@ -450,22 +376,27 @@ class TableCommitter:
                 continue
             except (TableStoreFault, OSError) as exc:
                 # Unknown outcome: the next look finds the entry if it landed, and skips what it holds.
+                self.log.raced()
                 last_error = " ".join(str(exc).split())[:300]
                 log.info("output table commit attempt %d failed: %s", attempt, last_error)
                 result.retries += 1
                 time.sleep(self.retry_backoff_s * attempt)
                 continue
             self._written.clear()
+            for b in chosen:  # kept until they landed: reading them back costs a GET each
+                for ref in b.outputs:
+                    self._known_outputs.pop(ref.key, None)
             result.commits += 1
             result.batches += len(chosen)
             result.rows += data.num_rows if data is not None else 0
             exhausted = True
             for p in partitions:
                 new = txns.get(p, starts[p][0])
-                walked_all = len(walks[p].batches) == sum(1 for b in chosen if b.partition == p)
-                exhausted = exhausted and walked_all
+                taken_all = len(pending[p]) == sum(1 for b in chosen if b.partition == p)
+                exhausted = exhausted and taken_all
                 # Past the appended batches the walk only saw entries without output (seals, snapshots).
-                self._positions[p] = (new, walks[p].newest if walked_all else self._follower.entry(p, new))
+                past = taken_all and p not in blocked
+                self._positions[p] = (new, walks[p].newest if past else self._follower.entry(p, new))
                 self._follower.forget(p, new)
                 result.landed[p] = new
             # Never rebased: the commit is the version after the one it was made on.
@@ -474,6 +405,30 @@ class TableCommitter:
             self._checkpoint(state, base + 1)
             return not exhausted
         raise TableCommitFailed(self.location.uri, self.max_attempts, last_error)
+
+    def _readable(
+        self, chosen: list[CommittedBatch], cache: dict[tuple[int, int], pa.Table | None], blocked: dict[int, int]
+    ) -> list[CommittedBatch]:
+        """`chosen` up to each partition's first batch whose output these credentials may not read
+        (noted in `blocked`: the partition stops there); the rows of the rest are in `cache`."""
+        kept: list[CommittedBatch] = []
+        for b in chosen:
+            if b.seq >= blocked.get(b.partition, b.seq + 1):
+                continue  # at or past the batch its partition stopped before
+            if (b.partition, b.seq) not in cache:
+                try:
+                    outputs = [self._output(r) for r in b.outputs]
+                except AccessDenied as exc:
+                    blocked[b.partition] = b.seq
+                    self._denied[b.partition] = str(exc)
+                    continue
+                cache[(b.partition, b.seq)] = batch_rows(b, outputs)
+            kept.append(b)
+        return kept
+
+    def _output(self, ref: ArtifactRef) -> pa.Table:
+        known = self._known_outputs.get(ref.key)  # an empty table is remembered too (it is falsy)
+        return known if known is not None else read_output(self._reads, ref)
 
     def _choose(self, pending: dict[int, list[CommittedBatch]]) -> list[CommittedBatch]:
         """The batches of the next commit: each partition's oldest first, at most `max_batches_per_commit`."""
@@ -508,10 +463,7 @@ class TableCommitter:
         expected, expected_arrow = fixed if fixed is not None else (None, None)
         parts: list[pa.Table] = []
         for b in batches:
-            if (b.partition, b.seq) not in cache:
-                outputs = [self._known_outputs.pop(ref.key, None) or read_output(self._reads, ref) for ref in b.outputs]
-                cache[(b.partition, b.seq)] = batch_rows(b, outputs)
-            rows = cache[(b.partition, b.seq)]
+            rows = cache[(b.partition, b.seq)]  # read by `_readable`
             if rows is None:
                 continue
             got = Schema.from_arrow(rows.schema)
@@ -597,6 +549,8 @@ class TableCommitter:
                     "readVersion": state.version,
                     "laminar.batches": json.dumps(summary, separators=(",", ":")),
                     "laminar.transactions": json.dumps(versions, separators=(",", ":")),
+                    # Vouches for the table to the other committers reading this entry (`txns.TableLog`).
+                    TABLE_ID_FIELD: state.table_id,
                 }
             }
         ]

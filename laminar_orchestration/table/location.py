@@ -11,23 +11,36 @@ delete them): `check_table_uri`. delta-rs does not use boto3, so for S3 the
 endpoint, region and credentials boto3 resolves are handed to it as storage
 options; delta-rs 1.x commits the log with conditional puts (``If-None-Match``),
 so concurrent writers need no lock table.
+
+What is there: `open_table` (None for nothing yet; a place holding data files
+but no log, once `CREATION_GRACE_S` has shown it is no creation in progress, is
+a table whose log was lost), `check_identity` (this cluster's output table, or
+`TableMismatch`), `landed_seq` and `remove_table`.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
+from typing import Any
 from urllib.parse import unquote, urlparse
 
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError, DeltaProtocolError, TableNotFoundError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from laminar_orchestration.errors import CorruptDataError, InvalidInputError
 from laminar_orchestration.protocol.keys import OUTPUT_TABLE_KEY, TABLES_PREFIX
 from laminar_orchestration.store import LocalObjectStore, ObjectStore, parse_s3_url
+from laminar_orchestration.table.batches import LINEAGE_SCHEMA, app_id
+from laminar_orchestration.table.errors import TableLogCorrupt, TableMismatch
 
 #: Where the table is relative to the store's root or prefix.
 DEFAULT_TABLE_PATH = f"{TABLES_PREFIX}output"
@@ -203,3 +216,104 @@ def check_table_uri(store: ObjectStore, uri: str) -> TableLocation:
                 f"where the table's files would sit among the store's own keys (e.g. {TABLES_PREFIX}output)",
             )
     return location
+
+
+# --- what is there ---------------------------------------------------------------------------
+
+
+#: The table's name (Delta metadata) is this plus the cluster id: a table of another cluster is refused.
+TABLE_NAME_PREFIX = "laminar_output/"
+
+
+#: How long files without a log may be a creation in progress before they count as a table whose
+#: log was lost. The committer writes log entry 0 before any data file, so only a table made by
+#: another writer (data files first, then the log) is ever seen this way.
+CREATION_GRACE_S = 1.0
+
+
+def open_table(location: TableLocation) -> DeltaTable | None:
+    """The table at `location` (None: nothing there yet). TableLogCorrupt for a missing or broken log."""
+    deadline = time.monotonic() + CREATION_GRACE_S
+    while True:
+        try:
+            return DeltaTable(location.uri, storage_options=location.options())
+        except TableNotFoundError as exc:
+            if not _holds_files(location):
+                return None
+            if time.monotonic() >= deadline:
+                raise TableLogCorrupt(location.uri, "data files but no readable _delta_log") from exc
+            time.sleep(0.1)
+        except (DeltaError, DeltaProtocolError, OSError, ValueError) as exc:
+            raise TableLogCorrupt(location.uri, " ".join(str(exc).split())[:300]) from exc
+
+
+def _is_pending_commit(relative: str) -> bool:
+    """A commit being written (delta-rs stages one as ``_delta_log/_commit_<id>.json.tmp``)."""
+    return relative.startswith("_delta_log/_commit_") or relative.endswith(".tmp")
+
+
+def _holds_files(location: TableLocation) -> bool:
+    """Whether anything but a commit being written is at `location`."""
+    if location.is_local:
+        root = Path(location.uri)
+        return root.is_dir() and any(
+            not _is_pending_commit(p.relative_to(root).as_posix()) for p in root.rglob("*") if p.is_file()
+        )
+    bucket, prefix = _bucket_prefix(location)
+    pages = _s3_client(location).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
+    return any(not _is_pending_commit(o["Key"][len(prefix) + 1 :]) for page in pages for o in page.get("Contents", []))
+
+
+def _bucket_prefix(location: TableLocation) -> tuple[str, str]:
+    rest = location.uri.split("://", 1)[1]
+    bucket, _, prefix = rest.partition("/")
+    return bucket, prefix.strip("/")
+
+
+def _s3_client(location: TableLocation) -> Any:
+    from laminar_orchestration.store.s3 import make_s3_client
+
+    return make_s3_client(location.storage_options.get("AWS_ENDPOINT_URL"))
+
+
+def remove_table(location: TableLocation) -> int:
+    """Delete every object of the table at `location` (log and data files); the count removed."""
+    if location.is_local:
+        path = Path(location.uri)
+        if not path.exists():
+            return 0
+        count = sum(1 for p in path.rglob("*") if p.is_file())
+        shutil.rmtree(path)
+        return count
+    bucket, prefix = _bucket_prefix(location)
+    client = _s3_client(location)
+    removed = 0
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+            removed += len(keys)
+    return removed
+
+
+def check_identity(table: DeltaTable, location: TableLocation, cluster_id: str) -> None:
+    """TableMismatch unless `table` is the output table of cluster `cluster_id`."""
+    check_identity_of(table.metadata().name or "", pa.schema(table.schema().to_arrow()), location, cluster_id)
+
+
+def check_identity_of(name: str, schema: pa.Schema, location: TableLocation, cluster_id: str) -> None:
+    """TableMismatch unless a table named `name` with `schema` is the output table of `cluster_id`."""
+    if name != TABLE_NAME_PREFIX + cluster_id:
+        raise TableMismatch(location.uri, f"its name is {name!r}, expected {TABLE_NAME_PREFIX + cluster_id!r}")
+    have = {f.name: f for f in schema}
+    for want in LINEAGE_SCHEMA:
+        got = have.get(want.name)
+        if got is None or got.type != want.type:
+            raise TableMismatch(location.uri, f"column {want.name!r} is {got.type if got else 'missing'}")
+
+
+def landed_seq(table: DeltaTable | None, partition: int) -> int:
+    """The seq of the newest manifest entry of `partition` the table holds (0: none)."""
+    if table is None:
+        return 0
+    return table.transaction_version(app_id(partition)) or 0

@@ -18,8 +18,7 @@ from typing import Any
 from deltalake import DeltaTable
 
 from laminar_orchestration.errors import NotFoundError
-from laminar_orchestration.table.committer import open_table
-from laminar_orchestration.table.location import TableLocation
+from laminar_orchestration.table.location import TableLocation, open_table
 
 #: Files younger than this are never vacuumed: a reader of an older version still needs them.
 DEFAULT_RETENTION_HOURS = 168

@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from laminar_orchestration.store.metering import RequestMeter, RequestMethod
 from laminar_orchestration.table.errors import TableStoreFault
 from laminar_orchestration.table.location import TableLocation
 
@@ -22,6 +23,19 @@ from laminar_orchestration.table.location import TableLocation
 _ABSENT = frozenset({"404", "NoSuchKey", "NotFound"})
 #: S3 error codes meaning "a create-only write found the object there" (409: a concurrent one in flight).
 _PRESENT = frozenset({"412", "PreconditionFailed", "409", "ConditionalRequestConflict"})
+
+
+def request_family(name: str) -> str:
+    """The kind of table object `name` is, as a request meter's key: ``tables/log-entry``,
+    ``tables/checkpoint``, ``tables/_last_checkpoint``, ``tables/log`` (a listing) or ``tables/data-file``."""
+    if not name.startswith("_delta_log/"):
+        return "tables/data-file" if name else "tables/log"
+    leaf = name.rsplit("/", 1)[-1]
+    if not leaf:
+        return "tables/log"
+    if leaf == "_last_checkpoint":
+        return "tables/_last_checkpoint"
+    return "tables/checkpoint" if ".checkpoint." in leaf else "tables/log-entry"
 
 
 def _code(exc: Any) -> str:
@@ -32,11 +46,18 @@ def _code(exc: Any) -> str:
 class TableObjects:
     """The objects under one table location, by name relative to its root (``_delta_log/...``)."""
 
-    def __init__(self, location: TableLocation) -> None:
+    def __init__(self, location: TableLocation, meter: RequestMeter | None = None) -> None:
         self.location = location
         self._client: Any = None
         #: Requests sent, by method (GET, HEAD, PUT): what the tests and the benchmark count.
         self.requests: Counter[str] = Counter()
+        #: Also counted here, by method and kind of object (`request_family`), when given.
+        self.meter = meter
+
+    def _count(self, method: RequestMethod, name: str) -> None:
+        self.requests[method.value] += 1
+        if self.meter is not None:
+            self.meter.count(method, request_family(name))
 
     # -- addressing ----------------------------------------------------------------------------
 
@@ -62,7 +83,7 @@ class TableObjects:
 
     def get(self, name: str) -> bytes | None:
         """The object's bytes; None if there is none."""
-        self.requests["GET"] += 1
+        self._count(RequestMethod.GET, name)
         if self.location.is_local:
             try:
                 return self._path(name).read_bytes()
@@ -85,7 +106,7 @@ class TableObjects:
     def identity(self, name: str) -> str | None:
         """What tells this object from a replacement under the same name (ETag and size; inode,
         size and mtime locally), in one HEAD; None if there is none."""
-        self.requests["HEAD"] += 1
+        self._count(RequestMethod.HEAD, name)
         if self.location.is_local:
             try:
                 st = self._path(name).stat()
@@ -106,7 +127,7 @@ class TableObjects:
 
         TableStoreFault when the outcome is unknown (the caller reads the name again to find out).
         """
-        self.requests["PUT"] += 1
+        self._count(RequestMethod.PUT, name)
         if self.location.is_local:
             path = self._path(name)
             # A finished file appears under its name at once, or not at all (readers never see half of it).
@@ -134,7 +155,7 @@ class TableObjects:
 
     def put(self, name: str, data: bytes) -> None:
         """Write the object, replacing any (only `_last_checkpoint`, a hint readers check, is ever replaced)."""
-        self.requests["PUT"] += 1
+        self._count(RequestMethod.PUT, name)
         try:
             if self.location.is_local:
                 path = self._path(name)
@@ -150,7 +171,7 @@ class TableObjects:
 
     def delete(self, name: str) -> None:
         """Remove the object (nothing if there is none)."""
-        self.requests["DELETE"] += 1
+        self._count(RequestMethod.DELETE, name)
         try:
             if self.location.is_local:
                 self._path(name).unlink(missing_ok=True)
@@ -162,7 +183,7 @@ class TableObjects:
 
     def names(self, folder: str = "") -> list[str]:
         """The names of every object under `folder` (``""``: the whole table), in name order."""
-        self.requests["LIST"] += 1
+        self._count(RequestMethod.LIST, folder)
         try:
             if self.location.is_local:
                 root = Path(self.location.uri)

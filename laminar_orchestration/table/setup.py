@@ -16,13 +16,15 @@ from laminar_orchestration.errors import ConflictError
 from laminar_orchestration.protocol.keys import OUTPUT_TABLE_KEY
 from laminar_orchestration.protocol.records import now
 from laminar_orchestration.store import ObjectStore, PreconditionFailed
-from laminar_orchestration.table.committer import TableError, TableLogCorrupt, check_identity, open_table
+from laminar_orchestration.table.errors import TableError, TableLogCorrupt
 from laminar_orchestration.table.location import (
     InvalidTableUri,
     OutputTableRecord,
     OutputTableRecordCorrupt,
     TableLocation,
+    check_identity,
     check_table_uri,
+    open_table,
     parse_table_record,
 )
 

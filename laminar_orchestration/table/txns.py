@@ -5,20 +5,27 @@ The table says how far it holds each partition in a Delta transaction identifier
 (`batches.app_id`) whose version is the seq of the newest manifest entry it holds.
 `TableLog` learns them once, from the checkpoint `_last_checkpoint` names and the
 entries after it (a GET each, no listing), then follows the log forward: each sync
-reads the entries added since it last looked (normally the other nodes' commits)
-and one name past them, which is absent: that is the version its commit takes.
+reads the entries added since it last looked (normally the other nodes' commits).
 Its own commits need no read at all (`committed`).
 
 It is exact, not a hint: the versions it gives are those of the version the next
 commit is made on, and that commit is a create-only write of the next log entry,
 so a commit made on anything older fails and is never rebased: the at-most-once
-argument of `committer` rests on this. A table replaced under a running committer
-(`laminar table rebuild`, or its log lost) could hold the next name too, so each
-sync also looks at its anchor (one HEAD): log entry 0, or `_last_checkpoint` when
-the log starts at a checkpoint; if it is not the one seen before, the log is read
-afresh. A rebuilt table is published as a checkpoint above every version the old
-log reached, whose log entry names a new table id and every transaction version:
-a follower meeting that entry takes the table's state from it alone.
+argument of `committer` rests on this. The create-only write is also what finds
+the log's end: a look reads as many new entries as other committers added between
+the committer's last two commits (their pace) and does not probe the name after
+them; if that name is taken after all, the commit fails and the next look reads
+to the first absent name (`raced`).
+
+A table replaced under a running committer (`laminar table rebuild`, or its log
+lost) could have the next name free too, so before a commit on a remembered view
+a look needs proof that the log is still the one it followed: an entry it read
+that names the table id it knows (every commit of ours does, in `commitInfo`), or
+else one HEAD of its anchor, log entry 0 (`_last_checkpoint` when the log starts
+at a checkpoint); if that is not the one seen before, the log is read afresh. A
+rebuilt table is published as a checkpoint above every version the old log
+reached, whose log entry names a new table id and every transaction version: a
+follower meeting that entry takes the table's state from it alone.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from laminar_orchestration.table.errors import TableLogCorrupt, TableMismatch
 from laminar_orchestration.table.objects import TableObjects
 
 _APP = re.compile(r"^laminar/partition-(\d+)$")
+#: The `commitInfo` field naming the table id a commit was made on (what vouches for a log entry).
+TABLE_ID_FIELD = "laminar.table"
 LAST_CHECKPOINT = "_delta_log/_last_checkpoint"
 #: Writer features a plain append honours without doing anything (the table's own are none).
 _HARMLESS_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "timestampNtz"})
@@ -115,28 +124,52 @@ class TableLog:
         self._anchor: tuple[str, str | None] = (entry_name(0), None)
         #: Log entries read after the first look (the other committers' commits).
         self.entries_read = 0
+        #: Entries other committers added between our last two commits: how many a look reads
+        #: before it lets the create-only commit find the end.
+        self.expected = 0
+        #: The version of our last commit on this state (None: none since it was read).
+        self._own: int | None = None
+        #: The next look reads to the first absent name (after a lost race or an unknown outcome).
+        self._to_end = False
+        #: Whether the last look read to the first absent name (else the end is a guess).
+        self.end_seen = True
 
     def reset(self) -> None:
         self.state, self._anchor = None, (entry_name(0), None)
+        self._own, self.expected, self._to_end, self.end_seen = None, 0, False, True
 
     def follow(self) -> LogState | None:
-        """The table at its newest version (None: no log entry 0 and no checkpoint, so no table).
+        """The table at its newest version, or at a version whose next name is only presumed free
+        (`end_seen` False: the commit's create-only write tells). None: no log entry 0 and no
+        checkpoint, so no table.
 
         TableLogCorrupt for an unreadable entry or checkpoint; TableStoreFault for a failed request.
         """
         if self.state is not None:
-            name, identity = self._anchor
-            if self.objects.identity(name) == identity:
-                self._forward(self.state, counted=True)
+            limit = None if self._to_end else self.expected
+            self._to_end = False
+            self.end_seen, vouched = self._forward(self.state, counted=True, limit=limit)
+            if vouched:
                 return self.state
-            self.reset()  # rebuilt, or its log lost or cleaned up, under this committer: read afresh
+            name, identity = self._anchor
+            if vouched is None and self.objects.identity(name) == identity:
+                return self.state
+            self.reset()  # rebuilt, lost, cleaned up or replaced under this committer: read afresh
         return self._load()
+
+    def raced(self) -> None:
+        """Our commit on the state found its name taken, or its outcome is unknown: the next look
+        reads every entry up to the first absent name."""
+        self._to_end = True
 
     def committed(self, version: int, txns: dict[int, int]) -> None:
         """Our own commit landed as `version` (the one after the state it was made on) with `txns`."""
         if self.state is None or version != self.state.version + 1:
             self.reset()
             return
+        if self._own is not None:
+            self.expected = max(0, version - 1 - self._own)
+        self._own = version
         self.state.version = version
         self.state.txns.update(txns)
 
@@ -197,17 +230,32 @@ class TableLog:
                     _take_txn(txn, state.txns)
         return state
 
-    def _forward(self, state: LogState, *, counted: bool) -> None:
-        """Read the entries after `state.version` until the first absent one."""
-        while True:
+    def _forward(self, state: LogState, *, counted: bool, limit: int | None = None) -> tuple[bool, bool | None]:
+        """Read the entries after `state.version` until the first absent one, or `limit` of them.
+
+        Returns whether the absent one was seen, and what the entries read say of the table: True if
+        one vouches for it and none names another, False if one names another, None if none says.
+        """
+        says: set[bool] = set()
+        read = 0
+        while limit is None or read < limit:
             raw = self.objects.get(entry_name(state.version + 1))
             if raw is None:
-                return
-            self._apply(state, state.version + 1, raw)
+                return True, min(says, default=None)
+            vouch = self._apply(state, state.version + 1, raw)
+            if vouch is not None:
+                says.add(vouch)
             state.version += 1
+            read += 1
             self.entries_read += counted
+        return False, min(says, default=None)
 
-    def _apply(self, state: LogState, version: int, raw: bytes) -> None:
+    def _apply(self, state: LogState, version: int, raw: bytes) -> bool | None:
+        """Take one entry's actions into `state`. True if the entry vouches for the table: it names
+        the table id the state has, or publishes a table (a rebuilt one) replacing it; False if it
+        names another table id; None if it says nothing (a writer other than ours)."""
+        made_on = None
+        replaced = False
         try:
             for line in raw.splitlines():
                 if not line.strip():
@@ -220,8 +268,14 @@ class TableLog:
                     if state.table_id and str(meta.get("id") or "") != state.table_id:
                         # A rebuilt table published over this one: its entry lists every transaction version.
                         state.txns.clear()
+                        replaced = True
                     state.apply_metadata(meta)
                 elif "protocol" in action:
                     _check_protocol(self.uri, action["protocol"])
+                elif "commitInfo" in action:
+                    made_on = action["commitInfo"].get(TABLE_ID_FIELD)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise TableLogCorrupt(self.uri, f"log entry {version} is unreadable: {exc}") from exc
+        if replaced:
+            return True
+        return None if made_on is None else bool(state.table_id) and made_on == state.table_id

@@ -16,22 +16,31 @@ from laminar_orchestration.protocol.records import now
 
 
 @dataclass
+class Outcome:
+    blocked: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
 class RecordingTable:
-    """Records the calls; `during_sync` runs inside a sync (a commit racing it), `fail` makes it raise."""
+    """Records the calls; `during_sync` runs inside a sync (a commit racing it), `fail` makes it raise,
+    `blocked` is what a sync reports it stopped before (a batch it may not read)."""
 
     synced: list[list[int]] = field(default_factory=list)
+    bounds: list[dict[int, int]] = field(default_factory=list)
     remembered: list[int] = field(default_factory=list)
     fail: bool = False
     during_sync: list[object] = field(default_factory=list)
+    blocked: dict[int, int] = field(default_factory=dict)
 
-    def sync(self, partitions: Iterable[int]) -> object:
+    def sync(self, partitions: Iterable[int], through: Mapping[int, int] | None = None) -> Outcome:
         self.synced.append(list(partitions))
+        self.bounds.append(dict(through or {}))
         for action in self.during_sync:
             action()  # type: ignore[operator]
         self.during_sync.clear()
         if self.fail:
             raise OSError("store unavailable")
-        return None
+        return Outcome(dict(self.blocked))
 
     def remember(self, version: ManifestVersion, outputs: Mapping[str, pa.Table]) -> None:
         self.remembered.append(version.manifest.seq)
@@ -51,6 +60,7 @@ def _version(partition: int, seq: int, *, output: bool = True) -> ManifestVersio
 @dataclass
 class Worker:
     commits: int = 0
+    finished: bool = False
 
 
 def test_a_batch_committed_by_a_worker_that_ended_is_still_synced() -> None:
@@ -59,6 +69,7 @@ def test_a_batch_committed_by_a_worker_that_ended_is_still_synced() -> None:
     feed.committed(_version(3, 7), {})  # the worker's last commit; it is gone before the next look
     feed.note({})
     assert feed.flush() and table.synced == [[3]] and table.remembered == [7]
+    assert table.bounds == [{3: 7}]  # no worker of it left: only what this node committed
     assert feed.owed == set() and feed.flush() and table.synced == [[3]]  # nothing more to do
 
 
@@ -93,3 +104,45 @@ def test_a_snapshot_entry_is_handed_over_but_owes_no_sync() -> None:
     feed.committed(_version(2, 5, output=False), {})  # the snapshot after the batch: nothing for the table
     assert table.remembered == [4, 5] and feed.owed == set()
     assert feed.flush() and table.synced == [[2]]  # no sync for it
+
+
+def test_a_released_partition_is_synced_only_through_this_nodes_own_last_batch() -> None:
+    """After a move, the node owes the table its own last batches and nothing past them: the new
+    owner's batches are the new owner's to append (this node's keys may not read their output)."""
+    table = RecordingTable()
+    feed = TableFeed(table)
+    worker = Worker()
+    feed.note({PartitionId(0): worker, PartitionId(1): worker})
+    feed.committed(_version(0, 4), {})
+    feed.committed(_version(0, 5, output=False), {})  # the release's snapshot: no batch
+    feed.committed(_version(1, 9), {})
+    table.blocked = {1: 10}  # the sync stops partition 1 before a batch its keys may not read
+    assert feed.flush()
+    assert table.synced == [[0, 1]] and table.bounds == [{}]  # both owned: synced to the chain's end
+    assert feed.owed == {PartitionId(1)}  # stopped before a batch: owed until a later sync gets past it
+    feed.committed(_version(0, 6), {})
+    table.blocked = {}
+    feed.note({PartitionId(1): worker})  # partition 0 moved away after its batch 6
+    assert feed.flush() and table.synced[-1] == [0, 1] and table.bounds[-1] == {0: 6}
+    assert feed.owed == set()
+
+
+def test_a_partition_taken_over_and_moved_away_before_committing_here_is_not_synced() -> None:
+    table = RecordingTable()
+    feed = TableFeed(table)
+    feed.note({PartitionId(2): Worker()})  # taken over: owed (the old owner's last batches)
+    feed.note({})  # gone again before a batch of its own
+    assert feed.flush() and table.synced == [] and feed.owed == set()
+
+
+def test_a_partition_whose_worker_lost_it_is_synced_only_through_its_own_batches_at_once() -> None:
+    """A revoked or released worker stays listed until the node's next reconcile: it owns nothing."""
+    table = RecordingTable()
+    feed = TableFeed(table)
+    worker = Worker(commits=1)
+    feed.committed(_version(4, 3), {})
+    feed.note({PartitionId(4): worker})
+    worker.finished = True  # fenced: a successor owns the partition now
+    feed.committed(_version(4, 5), {})  # its last batch before it noticed
+    feed.note({PartitionId(4): worker})
+    assert feed.flush() and table.bounds == [{4: 5}]

@@ -263,6 +263,9 @@ def test_what_only_s3_can_deny_is_denied_by_the_documents() -> None:
     ):
         assert can(node_role(1), "s3:PutObject", mine, IF_NONE_MATCH), mine
         assert not can(node_role(1), "s3:PutObject", other, IF_NONE_MATCH), other
+    # Another node's committed output it reads, by the name its manifest gives (a new owner appends
+    # its predecessor's last batches to the output table), and lists none of it (above).
+    assert can(node_role(1), "s3:GetObject", keys.output_object_key(0, 2, 3, 0, 1, ulid), {})
 
 
 def test_a_nodes_patterns_span_no_segment_into_another_prefix() -> None:

@@ -5,7 +5,8 @@ fence never does. At most once: each commit carries each partition's transaction
 graceful move, committers racing for the same partitions, two commits on one table version, a commit
 whose response was lost and one beaten between its data files and its log entry each land every
 batch once. The batches a node remembers are not read back, and a steady sync of them reads no
-manifest and commits in four requests. Faults around a commit (store faults while reading the chains, a corrupted or
+manifest and commits in three requests (nodes syncing in turn: a GET of each other node's entry, no
+HEAD, no probe, no listing). Faults around a commit (store faults while reading the chains, a corrupted or
 deleted log, a batch of another schema, a location holding another table) are a clear error or a
 retried commit, never a duplicate; `rebuild_table` restores exactly-once content from the manifest
 chains. Read back with `deltalake` alone, on the local store and on the S3-protocol server.
@@ -27,7 +28,7 @@ from laminar_dev.faults import FaultInjectingStore
 from laminar_orchestration.errors import ErrorKind
 from laminar_orchestration.protocol.chain import ManifestVersion
 from laminar_orchestration.store import ObjectStore, StoreError
-from laminar_orchestration.store.metering import RequestMeter
+from laminar_orchestration.store.metering import RequestCounts, RequestMeter
 from laminar_orchestration.table import (
     SyncResult,
     TableCommitter,
@@ -190,28 +191,70 @@ def test_batches_their_node_remembers_are_not_read_back_and_a_forged_one_is(
     assert_exactly_once(cluster)
 
 
-def test_a_steady_sync_of_remembered_batches_reads_nothing_back_and_commits_in_four_requests(
+def _table_requests(meter: RequestMeter, since: RequestCounts) -> dict[str, int]:
+    """The table's requests a meter counted since `since`, as "METHOD kind"."""
+    now = meter.snapshot().by_family
+    return {
+        f"{m} {fam}": n - since.by_family.get((m, fam), 0)
+        for (m, fam), n in now.items()
+        if n != since.by_family.get((m, fam), 0)
+    }
+
+
+def test_a_steady_sync_of_remembered_batches_reads_nothing_back_and_commits_in_three_requests(
     store: ObjectStore, meter: RequestMeter
 ) -> None:
     cluster = Cluster(store, partitions=2)
     cluster.produce(400)
     tokens = [cluster.acquire(p, 1) for p in (0, 1)]
-    node = TableCommitter(store)
+    table_meter = RequestMeter()
+    node = TableCommitter(store, meter=table_meter)
     for token in tokens:
         cluster.commit_batches(token, max_batches=1, remember=node.remember)
     node.sync([0, 1])
     for token in tokens:
         cluster.commit_batches(token, max_batches=2, remember=node.remember)
-    before, table_before = meter.snapshot(), dict(node.objects.requests)
+    before, table_before = meter.snapshot(), table_meter.snapshot()
     result = node.sync([0, 1])
     after = meter.snapshot()
     used = {k: n - before.by_family.get(k, 0) for k, n in after.by_family.items() if n != before.by_family.get(k, 0)}
-    table_used = {m: n - table_before.get(m, 0) for m, n in node.objects.requests.items() if n != table_before.get(m)}
-    assert (result.batches, result.commits) == (4, 1)
+    assert (result.batches, result.commits, result.retries) == (4, 1, 0)
     # Every entry it walked is one its node published: no manifest read, not even a probe past the end.
     assert used == {}, used
-    # The commit: a HEAD of log entry 0, a GET of the next (absent) name, the data file and the entry.
-    assert table_used == {"HEAD": 1, "GET": 1, "PUT": 2}, table_used
+    # The commit: the data file and the log entry, after one HEAD of log entry 0 (no other committer's
+    # entry vouches for the table); no probe of the next name, no listing.
+    assert _table_requests(table_meter, table_before) == {
+        "HEAD tables/log-entry": 1,
+        "PUT tables/data-file": 1,
+        "PUT tables/log-entry": 1,
+    }
+    assert_exactly_once(cluster)
+
+
+def test_nodes_syncing_in_turn_each_read_only_the_others_entries_and_write_two_objects(
+    store: ObjectStore, meter: RequestMeter
+) -> None:
+    """The demo's shape: three nodes, a partition each, one sync per interval each, in turn. At the
+    steady state a sync is a GET of each entry the other two added, the data file and the log entry:
+    no HEAD of log entry 0, no GET of the absent next name, no listing, no manifest read."""
+    nodes = 3
+    cluster = Cluster(store, partitions=nodes)
+    cluster.produce(900)
+    tokens = [cluster.acquire(p, p + 1) for p in range(nodes)]
+    meters = [RequestMeter() for _ in range(nodes)]
+    committers = [TableCommitter(store, node=p + 1, meter=meters[p]) for p in range(nodes)]
+    steady: list[dict[str, int]] = []
+    for turn in range(6):
+        for p in range(nodes):
+            cluster.commit_batches(tokens[p], max_batches=1, remember=committers[p].remember)
+            before, table_before = meter.snapshot(), meters[p].snapshot()
+            result = committers[p].sync([p])
+            assert (result.commits, result.batches, result.retries) == (1, 1, 0), (turn, p, result)
+            if turn >= 4:  # each node has seen the others' pace for two of its commits
+                assert meter.snapshot().by_family == before.by_family, "a manifest read"
+                steady.append(_table_requests(meters[p], table_before))
+    expected = {"GET tables/log-entry": nodes - 1, "PUT tables/data-file": 1, "PUT tables/log-entry": 1}
+    assert steady == [expected] * (2 * nodes), steady
     assert_exactly_once(cluster)
 
 
@@ -308,7 +351,7 @@ def test_a_deleted_log_is_a_clear_error_and_rebuild_restores_the_table(store: Ob
     if location.is_local:
         shutil.rmtree(Path(location.uri) / "_delta_log")
     else:
-        from laminar_orchestration.table.committer import _bucket_prefix, _s3_client
+        from laminar_orchestration.table.location import _bucket_prefix, _s3_client
 
         bucket, prefix = _bucket_prefix(location)
         client = _s3_client(location)

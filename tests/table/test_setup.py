@@ -30,7 +30,7 @@ from laminar_orchestration.table import (
     recorded_table,
     table_location,
 )
-from laminar_orchestration.table import committer as committer_module
+from laminar_orchestration.table import location as location_module
 from tests.table.cluster import Cluster, table_counts
 
 
@@ -88,7 +88,7 @@ def test_a_place_holding_files_but_no_delta_table_is_refused_and_nothing_recorde
     local_store: LocalObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # No wait for a creation in progress: these files will never get a log.
-    monkeypatch.setattr(committer_module, "CREATION_GRACE_S", 0.0)
+    monkeypatch.setattr(location_module, "CREATION_GRACE_S", 0.0)
     Cluster(local_store, partitions=1)
     place = tmp_path / "lake"
     place.mkdir()

@@ -193,3 +193,74 @@ def test_a_running_committer_whose_log_is_deleted_stops_instead_of_writing_a_lon
     rebuild_table(local_store)
     node.sync([0])
     assert_exactly_once(cluster)
+
+
+def _in_turn(cluster: Cluster, nodes: list[TableCommitter], turns: int, order: tuple[int, ...] = (0, 1)) -> None:
+    """Each node commits a batch of its partition (its index) and syncs it, in turn (`order`)."""
+    for _ in range(turns):
+        for p in order:
+            cluster.commit_batches(cluster.tokens[p], max_batches=1, remember=nodes[p].remember)
+            nodes[p].sync([p])
+
+
+def test_a_remembered_view_whose_guessed_next_name_is_taken_reads_on_and_lands_each_batch_once(
+    local_store: ObjectStore,
+) -> None:
+    cluster = Cluster(local_store, partitions=2)
+    cluster.produce(800)
+    cluster.tokens = {p: cluster.acquire(p, p + 1) for p in (0, 1)}
+    nodes = [TableCommitter(local_store, node=p + 1) for p in (0, 1)]
+    _in_turn(cluster, nodes, 3)
+    assert nodes[0].log.expected == 1  # the other node's pace: one entry between two of its commits
+    # `laminar table sync` lands three commits meanwhile, node 1's partition among them.
+    rival = TableCommitter(local_store)
+    for _ in range(3):
+        cluster.commit_batches(cluster.tokens[0], max_batches=1, remember=nodes[0].remember)
+        cluster.commit_batches(cluster.tokens[1], max_batches=1)
+        rival.sync([0, 1])
+    cluster.commit_batches(cluster.tokens[0], max_batches=1, remember=nodes[0].remember)
+    before = nodes[0].log.state.version if nodes[0].log.state else -1
+    result = nodes[0].sync([0])
+    # Its guess (one entry) named a taken version: it read on to the end and appended the new batch only.
+    assert (result.commits, result.batches, result.retries) == (1, 1, 0), result
+    assert result.version == before + 4 + 1
+    assert nodes[0].log.expected == 4  # the rival's three entries and the other node's one
+    _in_turn(cluster, nodes, 1)
+    assert_exactly_once(cluster)
+
+
+def test_a_remembered_view_of_a_table_removed_and_created_again_is_read_afresh(local_store: ObjectStore) -> None:
+    """Another writer replaces the table and its log passes the node's version: the entries the node
+    then reads name another table id, so they vouch for nothing; log entry 0 tells it to read afresh."""
+    cluster = Cluster(local_store, partitions=2)
+    cluster.produce(800)
+    cluster.tokens = {p: cluster.acquire(p, p + 1) for p in (0, 1)}
+    nodes = [TableCommitter(local_store, node=p + 1) for p in (0, 1)]
+    _in_turn(cluster, nodes, 3)
+    stale = nodes[0].log.state
+    assert stale is not None and nodes[0].log.expected == 1
+    committer_module.remove_table(table_location(local_store))
+    # A new table holding partition 1 only, its log past node 1's version.
+    other = TableCommitter(local_store, node=2)
+    while (other.log.state.version if other.log.state else -1) <= stale.version + 1:
+        cluster.commit_batches(cluster.tokens[1], max_batches=1)
+        other.sync([1])
+    cluster.commit_batches(cluster.tokens[0], max_batches=1, remember=nodes[0].remember)
+    nodes[0].sync([0])  # every batch of partition 0, the ones of the removed table too
+    _in_turn(cluster, nodes, 1)
+    assert_exactly_once(cluster)
+
+
+def test_a_table_rebuilt_under_nodes_syncing_in_turn_is_read_afresh(local_store: ObjectStore) -> None:
+    cluster = Cluster(local_store, partitions=2)
+    cluster.produce(800)
+    cluster.tokens = {p: cluster.acquire(p, p + 1) for p in (0, 1)}
+    nodes = [TableCommitter(local_store, node=p + 1) for p in (0, 1)]
+    _in_turn(cluster, nodes, 3)
+    cluster.commit_batches(cluster.tokens[0], max_batches=1, remember=nodes[0].remember)
+    rebuild_table(local_store)
+    # Node 2 first: its commit on the rebuilt table is the entry node 1 then reads.
+    _in_turn(cluster, nodes, 2, order=(1, 0))
+    assert_exactly_once(cluster)
+    rebuilt = str(DeltaTable(table_location(local_store).uri).metadata().id)
+    assert [n.log.state.table_id if n.log.state else None for n in nodes] == [rebuilt, rebuilt]
