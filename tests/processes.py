@@ -24,10 +24,10 @@ def run_text(
 
 
 def laminar(
-    *args: str, cwd: Path | None = None, env: Mapping[str, str] | None = None
+    *args: str, cwd: Path | None = None, env: Mapping[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     """`laminar ARGS...` as a user runs it: a fresh interpreter, this process's environment unless `env`."""
-    return run_text([sys.executable, "-m", "laminar_orchestration.cli", *args], cwd=cwd, env=env)
+    return run_text([sys.executable, "-m", "laminar_orchestration.cli", *args], cwd=cwd, env=env, timeout=timeout)
 
 
 def free_port() -> int:
