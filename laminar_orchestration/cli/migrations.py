@@ -15,13 +15,14 @@ from laminar_orchestration.cli.base import (
 )
 from laminar_orchestration.cli.output import Output
 from laminar_orchestration.control.coordinator import MigrationCoordinator
-from laminar_orchestration.control.moves import reinstate_all, run_migration
+from laminar_orchestration.control.moves import run_migration
 from laminar_orchestration.control.operations import (
     NodeStillAlive,
     fail_over_node,
     plan_rebalance,
     run_rebalance,
 )
+from laminar_orchestration.control.placing import prepare_rebalance
 from laminar_orchestration.errors import InvalidArgument
 from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.protocol.tasks import PhaseReport
@@ -130,14 +131,15 @@ class Rebalance(Command):
         config = migration_config(args)
         weights = parse_weights(args.weight)
         ledger = open_ledger(args)
-        if not args.dry_run:
-            coordinator = MigrationCoordinator(ledger, config)
+        if args.dry_run:
+            plan = plan_rebalance(ledger, weights)
+        else:
             # Every node's assignment rebuilt from the desired states first (a repair: a writer that
-            # died between a state and its assignments, or a store that predates them).
-            coordinator.desired.sync_assignments()
-            # Released partitions of a restarted node go back to it first: only the control plane grants.
-            reinstate_all(coordinator)
-        plan = plan_rebalance(ledger, weights)
+            # died between a state and its assignments, or a store that predates them), and released
+            # partitions of a restarted node granted back (only the control plane grants): one read of
+            # each partition's records for both and for the plan.
+            reads = prepare_rebalance(MigrationCoordinator(ledger, config))
+            plan = plan_rebalance(ledger, weights, owners=reads.owners, moving=reads.moving)
         out.rebalance_planned(plan, args.dry_run)
         outcomes = []
         if not args.dry_run:

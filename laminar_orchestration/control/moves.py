@@ -37,11 +37,13 @@ from laminar_orchestration.protocol.tasks import (
     MigrationPhase,
     MigrationTask,
     PhaseReport,
+    deadline_passed,
     phase_sequence,
 )
 from laminar_orchestration.store import StoreError
 
 R = TypeVar("R")
+_RELEASED = PartitionStatus.RELEASED
 
 __all__ = [
     "DeadlineDrive",
@@ -146,10 +148,9 @@ def record_failure(
 ) -> None:
     """Mark migration `migration_id` Failed so nodes stop working on it and a retry starts afresh.
 
-    Decided by migration id, not by error type: skipped when the partition's record belongs to
-    another migration (an epoch conflict with someone else's move) or the migration already ended;
-    a conflict on its own record fails it. `grant_back` as for `MigrationCoordinator.cancel`.
-    Never raises.
+    Decided by migration id, not by error type: skipped when the partition's record belongs to another
+    migration (an epoch conflict with someone else's move) or the migration already ended; a conflict on
+    its own record fails it. `grant_back` as for `MigrationCoordinator.cancel`. Never raises.
     """
     try:
         current = coordinator.current(PartitionId(partition))
@@ -171,8 +172,8 @@ def drive(
 ) -> MigrationTask:
     """Run the phases of `task` from its recorded phase on (or just `phases`).
 
-    A phase already recorded is waited on, not repeated. On a migration error
-    the task is recorded Failed (see `record_failure`) and the error re-raised.
+    A phase already recorded is waited on, not repeated. On a migration error the task is recorded
+    Failed (see `record_failure`) and the error re-raised.
     """
     seq = phase_sequence(task.migration_kind)
     if phases is None:
@@ -218,13 +219,11 @@ def drive_with_deadline(
 ) -> DeadlineDrive:
     """`drive` `task` from its recorded phase on until it is complete or `deadline` (`time.monotonic()`) passes.
 
-    For a driver with a budget (the failure sensor) that leaves what it did not
-    finish to another (a run with the migration's own limits): each wait for a
-    node lasts at most the time left, no phase starts after the deadline except
-    those in `always` (phases that wait on no node, such as a forced move's
-    fence), and errors are returned, not raised. A timeout leaves the record
-    as it is, for the next driver to resume; any other migration error is
-    recorded Failed (`record_failure`, with `grant_back`).
+    For a driver with a budget (the failure sensor) that leaves what it did not finish to another (a
+    run with the migration's own limits): each wait for a node lasts at most the time left, no phase
+    starts after the deadline except those in `always` (phases that wait on no node, such as a forced
+    move's fence), and errors are returned, not raised. A timeout leaves the record as it is, for the
+    next driver to resume; any other migration error is recorded Failed (`record_failure`, with `grant_back`).
     """
     seq = phase_sequence(task.migration_kind)
     start = seq.index(task.phase) if task.phase in seq else 0
@@ -277,9 +276,8 @@ def plan_move(coordinator: MigrationCoordinator, partition: int, to_node: int) -
     """Plan the move of `partition` to `to_node`, or resume the one in flight to it.
 
     * A record past its deadline is recorded Failed first (`expired`).
-    * Nothing is planned when no migration is in flight and the partition is
-      already on `to_node` (not `stranded` there), nor when an unfinished
-      migration to another node is in the way (`blocked_by`).
+    * Nothing is planned when no migration is in flight and the partition is already on `to_node`
+      (not `stranded` there), nor when an unfinished migration to another node is in the way (`blocked_by`).
     * The move is forced when nobody can drain the partition (`must_force`).
 
     Raises what `MigrationCoordinator.plan_or_resume` raises (NoLiveNode, ...).
@@ -314,15 +312,19 @@ def plan_move(coordinator: MigrationCoordinator, partition: int, to_node: int) -
 
 
 def reinstate_all(
-    coordinator: MigrationCoordinator, partitions: Collection[PartitionId] | None = None
+    coordinator: MigrationCoordinator,
+    partitions: Collection[PartitionId] | None = None,
+    *,
+    owners: Mapping[PartitionId, Ownership | None] | None = None,
+    states: Mapping[PartitionId, DesiredState] | None = None,
 ) -> dict[int, int]:
     """Admit newly registered nodes, then grant every released (or unassigned) partition (of
     `partitions`; None: of the cluster) back to its live desired owner: partition -> epoch.
 
-    The control plane's periodic step (the failure sensor, `laminar rebalance`):
-    a node writes only its own records, so joining the member set is done here,
-    and a node that shut down cleanly released its partitions, which only the
-    control plane can grant again: this is how a restarted node gets them back.
+    The control plane's periodic step (the failure sensor, `laminar rebalance`): a node writes only its
+    own records, so joining the member set is done here, and a node that shut down cleanly released its
+    partitions, which only the control plane can grant again: this is how a restarted node gets them
+    back. `owners`, `states`: those partitions' records as the caller just read them (else read here).
     """
     granted: dict[int, int] = {}
     ledger = coordinator.ledger
@@ -331,9 +333,15 @@ def reinstate_all(
     for node in ledger.members.admit_nodes():
         coordinator.desired.ensure_assignment(node)
     looked_at = ledger.partitions() if partitions is None else sorted(partitions)
-    for p, own in ledger.ownerships(looked_at).items():
-        if own is None or not (own.owner == UNASSIGNED or own.status == PartitionStatus.RELEASED):
-            continue  # held: nothing to grant (the desired state is read only for the others)
+    owners = owners if owners is not None else ledger.ownerships(looked_at)
+    # Held partitions have nothing to grant: only the others' desired states are read, all at once.
+    waiting = [p for p in looked_at if (o := owners.get(p)) and (o.owner == UNASSIGNED or o.status == _RELEASED)]
+    states = states if states is not None else {p: s for p, (s, _) in coordinator.desired.read_many(waiting).items()}
+    for p in waiting:
+        task, lagged = states[p].migration, bool((own := owners[p]) and own.head_lagged)
+        idle = task is None or task.is_terminal or deadline_passed(task)  # `reinstate` fails an overdue move
+        if not lagged and (states[p].owner == UNASSIGNED or not idle):
+            continue  # never placed, or a move decides: no second read of both records, one partition at a time
         epoch = coordinator.reinstate(p)
         if epoch is not None:
             granted[int(p)] = epoch
@@ -350,10 +358,9 @@ def must_force(
 ) -> bool:
     """True when moving `partition` cannot be graceful: nobody can drain and release it.
 
-    That is when its owner is dead, has already released it (a graceful move
-    that failed after the release), or is `stranded`. A forced move then fences
-    the old epoch and restores from the last committed manifest. `own` and
-    `state`: the ownership and desired state, if the caller just read them.
+    That is when its owner is dead, has already released it (a graceful move that failed after the
+    release), or is `stranded`. A forced move then fences the old epoch and restores from the last
+    committed manifest. `own` and `state`: the ownership and desired state, if the caller just read them.
     """
     own = own or coordinator.ledger.ownership(PartitionId(partition))
     if own is None or own.owner == UNASSIGNED:
@@ -380,8 +387,8 @@ def run_migration(
 ) -> MigrationTask:
     """`MigrationCoordinator.run` that also records a failed migration as Failed.
 
-    `forced=None` decides with `must_force`; an unfinished migration of the
-    partition to `to_node` is resumed whatever its kind.
+    `forced=None` decides with `must_force`; an unfinished migration of the partition to `to_node` is
+    resumed whatever its kind.
     """
     if forced is None:
         forced = must_force(coordinator, partition)
@@ -392,24 +399,20 @@ def run_migration(
 def moves_on_without_old_owner(task: MigrationTask | None, live: Collection[int]) -> bool:
     """True when `task` is a move in flight that needs nothing more from the old owner, towards a
     live node: a forced move, or a graceful one past the release. A failover leaves it to finish."""
-    return (
-        task is not None
-        and not task.is_terminal
-        and task.to_node in live
-        and (task.migration_kind == MigrationKind.FORCED or task.phase.reached(MigrationPhase.DOWNLOADING))
-    )
+    if task is None or task.is_terminal or task.to_node not in live:
+        return False
+    return task.migration_kind == MigrationKind.FORCED or task.phase.reached(MigrationPhase.DOWNLOADING)
 
 
 def stranded(state: DesiredState, own: Ownership) -> bool:
     """True when the ledger's owner holds its epoch but nobody will run the partition there.
 
-    * The last migration ended without becoming active and its target holds the epoch it
-      was to mint: a forced migration fences (grants the new epoch to its target) before
-      the target restores.
-    * No migration is in flight and the owner is not the desired owner: a node runs only
-      the partitions desired for it, so nothing else ever moves it. That follows a grant
-      that outlived its migration (a driver that fenced after the move was ended, found
-      by later moves or not), whichever moves ended since.
+    * The last migration ended without becoming active and its target holds the epoch it was to
+      mint: a forced migration fences (grants the new epoch to its target) before the target restores.
+    * No migration is in flight and the owner is not the desired owner: a node runs only the
+      partitions desired for it, so nothing else ever moves it. That follows a grant that outlived its
+      migration (a driver that fenced after the move was ended, found by later moves or not),
+      whichever moves ended since.
 
     Such a partition still needs a failover. A released partition is not stranded: the
     control plane grants it back (`MigrationCoordinator.reinstate`).
@@ -479,21 +482,18 @@ def prepare_failover(
 ) -> FailoverDecision:
     """Plan (or resume) the forced migration that takes `partition` away from a dead owner.
 
-    * An in-flight forced migration to a live node, or a graceful one already
-      in its rising phases towards a live node, is resumed: it needs no help.
-    * An in-flight migration that depends on a dead node is recorded Failed
-      ("superseded") and replaced.
-    * When the current owner is alive there is nothing to fail over: the
-      decision carries no task, unless `allow_live_owner` (an operator fencing
-      a stalled but heartbeating node) or the owner is `stranded` (it got its
-      epoch from a forced migration that failed before it became active).
+    * An in-flight forced migration to a live node, or a graceful one already in its rising phases
+      towards a live node, is resumed: it needs no help.
+    * An in-flight migration that depends on a dead node is recorded Failed ("superseded") and replaced.
+    * When the current owner is alive there is nothing to fail over: the decision carries no task,
+      unless `allow_live_owner` (an operator fencing a stalled but heartbeating node) or the owner is
+      `stranded` (it got its epoch from a forced migration that failed before it became active).
     * The target is `to_node`, else the least-loaded live node.
 
     `own` and `read`: the ownership and the desired state (with its ETag) as the caller just read
     them (else they are read here).
 
-    Raises NoLiveNode when `to_node` is not alive, NoFailoverTarget when no
-    live node other than the owner is left.
+    Raises NoLiveNode when `to_node` is not alive, NoFailoverTarget when no live node other than the owner is left.
     """
     p = PartitionId(partition)
     ledger = coordinator.ledger

@@ -1,14 +1,13 @@
 """The cluster-wide operations: rebalance the partitions, fail a node's partitions over, fail over
 every dead owner's partitions.
 
-Each is planned from the ledger by one function (`plan_rebalance`,
-`plan_node_failover`, `plan_failovers`) and carried out by one
-(`run_rebalance`, `run_node_failover`, `drive_failovers`), which the `laminar`
-CLI, the Dagster jobs and sensors, the demo and the chaos suite all call: the
-caller decides when and prints what happened, these decide what moves where.
-The failure sensor's look at the ledger is `wait_for_suspects` (is a late
-owner dead?), `plan_failovers` and `drive_failovers` (within a budget; a run
-drives what is left).
+Each is planned from the ledger by one function (`plan_rebalance`, `plan_node_failover`,
+`plan_failovers`) and carried out by one (`run_rebalance`, `run_node_failover`, `drive_failovers`),
+which the `laminar` CLI, the Dagster jobs and sensors, the demo and the chaos suite all call: the
+caller decides when and prints what happened, these decide what moves where. The failure sensor's
+look at the ledger is `wait_for_suspects` (is a late owner dead?), `plan_failovers` and
+`drive_failovers` (within a budget; a run drives what is left). A move towards a node whose
+heartbeat is late waits for it (`placing.through_late_heartbeat`).
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from laminar_orchestration.control.coordinator import MigrationCoordinator
@@ -32,6 +32,7 @@ from laminar_orchestration.control.moves import (
     run_moves,
 )
 from laminar_orchestration.control.placement import AssignmentPlan, Move, failover_target, node_loads, plan_assignment
+from laminar_orchestration.control.placing import through_late_heartbeat
 from laminar_orchestration.control.snapshot import (
     is_alive,
     live_node_ids,
@@ -165,7 +166,8 @@ def run_rebalance(
 
     def one(move: Move) -> PhaseReports:
         reports: PhaseReports = []
-        rebalance_move(make(), move, plan.live_nodes, reports.append)
+        move_it = partial(rebalance_move, make(), move, plan.live_nodes, reports.append)
+        through_late_heartbeat(ledger, move.to_node, move_it)
         return reports
 
     return run_moves(todo, one, config.max_concurrent_migrations, live_nodes=plan.live_nodes, on_done=on_done)
@@ -239,10 +241,9 @@ def plan_node_failover(
 
     `partitions`: look only at these (`failover_candidates`), the live nodes' loads taken from
     their assignments; None: read every partition's owner. Partitions in `exclude` are left out.
-    Raises `NodeStillAlive` when `node` heartbeats and not `force`, `NoLiveNode`
-    when `to_node` is not alive, `NoFailoverTarget` (naming the first partition
-    left without a target, and the registered nodes not admitted yet) when no
-    live node other than `node` is left.
+    Raises `NodeStillAlive` when `node` heartbeats and not `force`, `NoLiveNode` when `to_node` is not
+    alive, `NoFailoverTarget` (naming the first partition left without a target, and the registered
+    nodes not admitted yet) when no live node other than `node` is left.
     """
     live_set = set(live if live is not None else live_node_ids(ledger))
     if node in live_set and not force:
@@ -319,7 +320,8 @@ def run_node_failover(
     def one(move: Move) -> PhaseReports:
         reports: PhaseReports = []
         own = plan.ownerships.get(move.partition)
-        failover_move(make(), move, plan.live_nodes, allow_live_owner=plan.force, on_phase=reports.append, own=own)
+        go = partial(failover_move, make(), move, plan.live_nodes, allow_live_owner=plan.force, on_phase=reports.append)
+        through_late_heartbeat(ledger, move.to_node, partial(go, own=own))
         return reports
 
     return run_moves(plan.moves, one, config.max_concurrent_failovers, live_nodes=plan.takers, on_done=on_done)
@@ -620,10 +622,9 @@ def drive_failover(
 ) -> DrivenFailover:
     """Fence and drive one planned failover until Active or `deadline` (`time.monotonic()`).
 
-    The fence never waits for a node, so it is done whatever the deadline:
-    nothing the dead owner may still do is accepted; only the waits for the
-    new owner are bounded (`drive_with_deadline`). The first phase's report
-    counts the decision's ledger reads too. Errors are returned, not raised.
+    The fence never waits for a node, so it is done whatever the deadline: nothing the dead owner may
+    still do is accepted; only the waits for the new owner are bounded (`drive_with_deadline`). The
+    first phase's report counts the decision's ledger reads too. Errors are returned, not raised.
     """
     coordinator = MigrationCoordinator(ledger, limits)
     started = time.monotonic()

@@ -225,7 +225,10 @@ class DesiredStates:
         return dict(zip(partitions, self.ledger.read_each(self.read, partitions), strict=True))
 
     def all(self) -> dict[PartitionId, DesiredState]:
-        return {p: self.read(p)[0] for p in self.ledger.partitions()}
+        """Every partition's desired state, read in parallel on remote stores: one after the other, a
+        node's full pass at its start took 1,000 round trips, minutes on a loaded store, and the node
+        looked at none of the moves towards it meanwhile."""
+        return {p: state for p, (state, _) in self.read_many(self.ledger.partitions()).items()}
 
     # -- assignments -------------------------------------------------------------------
 
@@ -310,13 +313,14 @@ class DesiredStates:
         """Give `node` an assignment record if it has none (an empty one); True if one was written."""
         return self._assign_one(node, {})
 
-    def sync_assignments(self) -> list[NodeId]:
+    def sync_assignments(self, states: Mapping[PartitionId, DesiredState] | None = None) -> list[NodeId]:
         """Rebuild every node's assignment from the desired states (a repair pass: O(partitions) reads).
 
+        `states`: every partition's desired state as the caller just read it (`all`), else read here.
         Returns the nodes whose assignment changed (a writer died between a state and its
         assignments, or the store predates assignment records); they are nudged.
         """
-        states = self.all()
+        states = dict(states) if states is not None else self.all()
         named = {n for s in states.values() for n in s.named_nodes()}
         listed = (parse_assignment_key(k) for k in self.ledger.store.list(ASSIGNMENTS_PREFIX))
         nodes = named | {n for n in listed if n} | {int(v.record.node) for v in self.ledger.members.nodes()}
@@ -393,8 +397,12 @@ class _AssignmentWrites:
 
 
 #: How long a move in flight at a node may go without its assignment entry moving before the node
-#: reads the partition's desired state itself: the most a lost assignment write delays the move.
+#: reads the partition's desired state itself: the most a lost assignment write delays a move whose
+#: entry had just moved.
 STALLED_MOVE_READ_S = 2.0
+#: The longest wait between two reads of a stalled move's state: each read that finds nothing new
+#: doubles the wait (after the second), up to this.
+STALLED_MOVE_READ_MAX_S = 16.0
 
 
 class StalledMoves:
@@ -402,31 +410,37 @@ class StalledMoves:
 
     A node learns a move's next phase from its assignment; a writer that died between the desired
     state and the assignment (the move Active, the new owner left at Seeking) would leave the node
-    waiting for its next full pass. It reads such a move's state itself, at most once per `after_s`:
-    nothing while no move is in flight at it, one GET per stalled move while one is.
+    waiting for its next full pass. It reads such a move's state itself, `after_s` after its entry
+    last moved, again `after_s` later, then twice as long after each read (up to `max_after_s`):
+    nothing while no move is in flight at it, a few GETs per stalled move while one is. An entry
+    also stands still while the node itself is busy with the phase (a restore on a loaded store can
+    take a minute): reading every `after_s` then would cost a GET per move every two seconds, and the
+    reads would slow the store the moves wait on.
     """
 
-    def __init__(self, after_s: float = STALLED_MOVE_READ_S) -> None:
+    def __init__(self, after_s: float = STALLED_MOVE_READ_S, max_after_s: float = STALLED_MOVE_READ_MAX_S) -> None:
         self._after_s = after_s
-        #: partition -> the revision its assignment listed, and since when (or the last read of it).
-        self._since: dict[int, tuple[int | None, float]] = {}
+        self._max_after_s = max(after_s, max_after_s)
+        #: partition -> the revision its assignment listed, since when (or the last read of it), and
+        #: how many reads found it still.
+        self._since: dict[int, tuple[int | None, float, int]] = {}
 
     def due(
         self, in_flight: Mapping[PartitionId, tuple[str, float | None]], listed: Mapping[int, int], at: float
     ) -> set[PartitionId]:
         """Of the node's moves `in_flight` (partition -> the migration and when it was seen ended, None
-        while in flight), those whose revision in `listed` has not moved for `after_s` since it last
+        while in flight), those whose revision in `listed` has not moved for their wait since it last
         moved or was last read; they count as read at `at` (seconds on the caller's monotonic clock)."""
         due: set[PartitionId] = set()
-        since: dict[int, tuple[int | None, float]] = {}
+        since: dict[int, tuple[int | None, float, int]] = {}
         for p in (p for p, (_, ended) in in_flight.items() if ended is None):
             revision = listed.get(int(p))
             before = self._since.get(int(p))
             if before is None or before[0] != revision:
-                since[int(p)] = (revision, at)
-            elif at - before[1] >= self._after_s:
+                since[int(p)] = (revision, at, 0)
+            elif at - before[1] >= min(self._after_s * 2 ** max(0, before[2] - 1), self._max_after_s):
                 due.add(p)
-                since[int(p)] = (revision, at)
+                since[int(p)] = (revision, at, before[2] + 1)
             else:
                 since[int(p)] = before
         self._since = since
