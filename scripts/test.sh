@@ -6,13 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 marks=()
-# The whole suite: one test file per worker at a time (its module fixtures start clusters once).
-dist=(--dist loadfile --no-loadscope-reorder)
 if [ "${1:-}" = "--fast" ]; then
   shift
   marks=(-m "not spark and not dagster and not processes and not slow")
-  # Short tests with cheap fixtures: any worker takes the next one, so neither waits on the other's last file.
-  dist=(--dist worksteal)
 fi
 scripts/setup.sh dev
 # The browser walkthrough test drives the Dagster UI in headless Chromium (Debian packages; CI runs as root).
@@ -46,7 +42,7 @@ if [ ${#marks[@]} -eq 0 ]; then
   .venv/bin/python -m laminar_orchestration.ops.class_archive 2>&1 | grep -v "WARN NativeCodeLoader" ||
     echo "no Spark class archive: the suite runs without it"
 fi
-# Two workers: most tests wait on real processes (heartbeat timeouts, Spark, Dagster), so two side by
-# side take about half the time of one after the other. Files in the order tests/conftest.py gives them
-# (the costliest by their marks first), not by their number of tests.
-.venv/bin/pytest -q -n 2 "${dist[@]}" --durations=15 ${marks[@]+"${marks[@]}"} "$@"
+# Two workers, one test file each at a time: most tests wait on real processes (heartbeat
+# timeouts, Spark, Dagster), so two files side by side take about half the time of one after the other.
+# Files in the order tests/conftest.py gives them (the costliest by their marks first), not by their number of tests.
+.venv/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 ${marks[@]+"${marks[@]}"} "$@"
