@@ -239,7 +239,11 @@ class GracefulLeave:
             if done.wait(0.05) or self._abort.is_set() or time.monotonic() >= deadline:
                 break
         ended_by = "moved" if done.is_set() else ("second signal" if self._abort.is_set() else "deadline")
-        left = {m.partition: results.get(m.partition) or "still moving" for m in moves}
+        not_started = {m.partition for m in pending}
+        left = {
+            m.partition: results.get(m.partition) or ("not started" if m.partition in not_started else "still moving")
+            for m in moves
+        }
         left = {p: why for p, why in left.items() if why != _ACTIVE}
         # The cancels run at once and get at most CANCEL_BUDGET_S: on a slow store the grace period
         # must still hold the release (a move not cancelled is released all the same, or finishes).
