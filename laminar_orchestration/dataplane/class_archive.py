@@ -22,6 +22,7 @@ elsewhere (default ``~/.cache/laminar/spark-class-archive``).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -93,17 +94,27 @@ def class_archive(directory: Path | None = None) -> ClassArchive | None:
 def _claim(path: Path) -> str | None:
     """This process's token to record `path`, or None while another process holds a fresh claim."""
     claim = path.with_suffix(".claim")
-    if _mtime(claim) > time.time() - CLAIM_TTL_S:
-        return None
-    claim.unlink(missing_ok=True)
-    token = uuid.uuid4().hex[:12]
     try:
-        fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except OSError:  # another process claimed it first, or the folder is read-only
+        lock = os.open(path.with_suffix(".lock"), os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError:  # a read-only folder: nobody records here
         return None
-    with os.fdopen(fd, "w") as fh:
-        fh.write(token)
-    return token
+    try:
+        # Looking at the claim and replacing a void one is one step: without the lock, a process that
+        # found it void could remove the claim another just made, and both would record.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _mtime(claim) > time.time() - CLAIM_TTL_S:
+            return None
+        claim.unlink(missing_ok=True)
+        token = uuid.uuid4().hex[:12]
+        try:
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except OSError:
+            return None
+        with os.fdopen(fd, "w") as fh:
+            fh.write(token)
+        return token
+    finally:
+        os.close(lock)  # closing the last descriptor releases the lock
 
 
 def seal_a_recording(path: Path) -> bool:

@@ -61,6 +61,13 @@ def test_a_recording_cut_short_is_never_mapped_and_a_void_claim_is_taken_over(tm
 
 def _race(directory: str, start: float, out: multiprocessing.Queue[str]) -> None:
     archives._java_release = lambda: JDK  # a forked process: the fixture's patch is inherited, set again to be sure
+    unlink = Path.unlink
+
+    def slow_unlink(self: Path, missing_ok: bool = False) -> None:
+        time.sleep(0.05)  # widens the gap between finding a claim void and replacing it
+        unlink(self, missing_ok=missing_ok)
+
+    Path.unlink = slow_unlink  # type: ignore[method-assign]
     time.sleep(max(0.0, start - time.time()))
     got = class_archive(Path(directory))
     out.put("none" if got is None else ("record" if got.recording else "map"))
