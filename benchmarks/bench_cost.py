@@ -163,15 +163,15 @@ class Cluster:
             cwd=REPO_ROOT,
         )
 
-    def status(self) -> Any:
-        """`laminar status --json`, as parsed JSON."""
+    def status(self) -> Any:  # `laminar status --json`, parsed
         return json.loads(self.laminar("status", "--json"))
 
     def wait(self, what: str, ready: Callable[[], bool], timeout: float) -> float:
         started = time.monotonic()
         while time.monotonic() - started < timeout:
-            if ready():
-                return time.monotonic() - started
+            with contextlib.suppress(RuntimeError):  # one failed `laminar status` (a busy store): ask again
+                if ready():
+                    return time.monotonic() - started
             time.sleep(0.25)
         raise TimeoutError(f"{what}: not within {timeout:.0f}s")
 
