@@ -116,6 +116,9 @@ class NodeLoops(NodeCore):
     def _heartbeat_loop(self) -> None:
         assert self.handle is not None
         while not self._stop.is_set():
+            # The interval counts from the start of a write: a slow store must not space beats by
+            # interval + write time, which against a short timeout makes a live node look dead.
+            started = time.monotonic()
             try:
                 self.handle.heartbeat(partitions=self._progress(), requests=self._requests_report())
             except NodeIdentityConflict as exc:
@@ -130,7 +133,7 @@ class NodeLoops(NodeCore):
                 # The heartbeat is what keeps this node alive in the ledger: it never dies of one bad report.
                 log.exception("node %s: heartbeat failed unexpectedly", self.id)
             written = time.monotonic()
-            reported = self._report_now.wait(self.config.heartbeat_interval_s)
+            reported = self._report_now.wait(max(0.0, started + self.config.heartbeat_interval_s - written))
             if reported and not any(w.finished for w in list(self.workers.values())):
                 # A worker's report: sooner than the interval, but a node moving many partitions at once
                 # does not rewrite its whole record per phase (the drivers read the move report). A
