@@ -37,7 +37,7 @@ MAX_ROOT_MODULES = 12
 MAX_MODULE_LINES = 500
 #: Modules still over the limit, at most as long as they are now: they may only shrink.
 STILL_LONG: dict[str, int] = {
-    "benchmarks/bench_cost.py": 593,
+    "benchmarks/bench_cost.py": 592,
     "benchmarks/bench_foundation.py": 537,
     "benchmarks/bench_statestore.py": 791,
     "benchmarks/bench_table.py": 515,
