@@ -5,6 +5,7 @@ Run from the repository root::
     python -m benchmarks.bench_state_types              # 1k, 30k and 2.7M keys, 3 runs each, a few minutes
     python -m benchmarks.bench_state_types --quick      # 1k, 30k and 300k keys, one run each
     python -m benchmarks.bench_state_types --runs 1 --batches 5 --layouts windowed
+    python -m benchmarks.bench_state_types --shape wide # a batch of 10,000 distinct keys
 
 The workload is one partition's micro-batch against its `PartitionStateStore`,
 for two state layouts:
@@ -18,16 +19,26 @@ for two state layouts:
   window's end moves past every loaded one, as a TTL's expiry time moves on each
   touch (each batch then moves ~9,000 expiry index entries on the large store).
 
-One batch touches 10,000 keys: ~90 % existing keys (random over the loaded ones;
-a store of 1,000 keys lends all of its keys and the rest are new) and ~10 % new
-keys (odd ids: they land all over the key space). It is timed in three parts:
+Two batch shapes (``--shape``):
 
-    get   - ``get_many`` of the 10,000 keys (multi-get + decode)
+* ``bar`` (the default): the data plane's bar, a batch of 10k events aggregated
+  over 1,000 keys: 1,000 existing keys (random over the loaded ones; a store of
+  1,000 keys lends all of them) and 50 new keys (odd ids: they land all over the
+  key space). Both stores do the same work per key, so the ratio measures what the
+  state's size alone costs;
+* ``wide``: a batch of 10,000 distinct keys, ~90 % existing and ~10 % new. The 1k
+  store lends its 1,000 keys and the rest are new (the bloom filter answers them),
+  so its batch does less per-key work than the large store's ~9,000 existing keys:
+  the 30k store (same mix) is the fair comparison there.
+
+A batch is timed in three parts:
+
+    get   - ``get_many`` of the batch's keys (multi-get + decode)
     fold  - a fold-like merge of the previous values with the batch's (Arrow compute)
     apply - ``apply(rows, offset, deleted=)`` (encode, expiry index, one write batch)
 
 and, for ``windowed`` only, ``due`` - the expiry scan ``due(until, limit=500)``
-whose keys (~5 % of the batch) go to ``apply`` as ``deleted=``, as a fold removes
+whose keys (5 % of the batch's) go to ``apply`` as ``deleted=``, as a fold removes
 the windows the watermark passed.
 
 Each (layout, size) runs ``--runs`` times, each run in a fresh spawned process
@@ -37,8 +48,8 @@ per layout: the median batch time on the small and on the large store (median
 over runs of each run's median), their ratio (target <= 1.5: the per-batch cost
 is O(touched keys), not O(state)), the median split, the batch's CPU time on the
 calling thread (with its ratio: other jobs on a shared machine disturb it less), and the load time.
-A 30,000-key store runs too, for information only: the smallest whose batch
-has the large store's mix of existing and new keys (~9,000 / ~1,000).
+With ``--shape wide`` a 30,000-key store runs too, for information only: the smallest whose
+batch has the large store's mix of existing and new keys (~9,000 / ~1,000).
 Nothing asserts on a figure. The table is also written to
 ``benchmarks/results/state_types.txt``.
 """
@@ -62,9 +73,20 @@ import pyarrow.compute as pc
 
 from .common import REPO_ROOT, Row, TableReport, median, now_ns, progress, verdict
 
-BATCH_KEYS = 10_000
-NEW_SHARE = 0.10
-DUE_LIMIT = 500  # ~5 % of a batch's keys expire in it
+
+@dataclass(frozen=True)
+class Shape:
+    """A batch's keys: how many, and what share of them are new."""
+
+    keys: int
+    new_share: float
+
+    @property
+    def due_limit(self) -> int:
+        return self.keys // 20  # 5 % of a batch's keys expire in it
+
+
+SHAPES = {"bar": Shape(1_050, 50 / 1_050), "wide": Shape(10_000, 0.10)}
 LOAD_CHUNK = 100_000
 NEW_SPACE = 1_000_000  # new keys' ids are drawn from at least this many odd numbers
 SMALL = 1_000
@@ -183,6 +205,7 @@ class Case:
     warmup: int
     seed: int
     workdir: str
+    shape: Shape
     moving_expiry: bool = False
 
 
@@ -218,11 +241,12 @@ def run_case(case: Case) -> CaseResult:
         load_s = (now_ns() - t0) / 1e9
         splits: dict[str, list[float]] = {"batch": [], "get": [], "fold": [], "due": [], "apply": [], "cpu": []}
         for b in range(case.warmup + case.batches):
-            existing = min(case.size, round(BATCH_KEYS * (1 - NEW_SHARE)))
+            shape = case.shape
+            existing = min(case.size, round(shape.keys * (1 - shape.new_share)))
             ids = np.concatenate(
                 [
                     rng.choice(case.size, existing, replace=False).astype(np.int64) * 2,
-                    rng.choice(max(case.size, NEW_SPACE), BATCH_KEYS - existing, replace=False).astype(np.int64) * 2
+                    rng.choice(max(case.size, NEW_SPACE), shape.keys - existing, replace=False).astype(np.int64) * 2
                     + 1,
                 ]
             )
@@ -237,7 +261,7 @@ def run_case(case: Case) -> CaseResult:
             t_fold = now_ns()
             deleted = None
             if expiry is not None:
-                due = store.due(2**62, limit=DUE_LIMIT)["key"].to_pylist()
+                due = store.due(2**62, limit=shape.due_limit)["key"].to_pylist()
                 deleted = pa.array(sorted(set(due) - set(keys)), pa.string())
             t_due = now_ns()
             offset += 1
@@ -281,12 +305,14 @@ def main() -> None:
     parser.add_argument(
         "--moving-expiry", action="store_true", help="windowed: a touched window's end moves on (as a TTL's)"
     )
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="bar", help="a batch's keys (see above)")
     args = parser.parse_args()
     load_before = os.getloadavg()
     large = args.large or (QUICK_LARGE if args.quick else FULL_LARGE)
     runs = args.runs or (1 if args.quick else 3)
     layouts = [x for x in args.layouts.split(",") if x]
-    sizes = (SMALL, MIDDLE, large) if large > MIDDLE else (SMALL, large)
+    shape = SHAPES[args.shape]
+    sizes = (SMALL, MIDDLE, large) if large > MIDDLE and args.shape == "wide" else (SMALL, large)
     t_start = now_ns()
     results: list[CaseResult] = []
     with tempfile.TemporaryDirectory(prefix="laminar-bench-state-types-") as workdir:
@@ -295,7 +321,9 @@ def main() -> None:
             for layout in layouts:  # interleaved, so a noisy neighbour hits the layouts alike
                 for size in sizes:
                     progress(f"run {run + 1}/{runs}: {layout} on {_fmt_n(size)} keys")
-                    case = Case(layout, size, args.batches, args.warmup, args.seed + run, workdir, args.moving_expiry)
+                    case = Case(
+                        layout, size, args.batches, args.warmup, args.seed + run, workdir, shape, args.moving_expiry
+                    )
                     with ProcessPoolExecutor(1, mp_context=ctx) as pool:
                         results.append(pool.submit(run_case, case).result())
     report = TableReport()
@@ -309,7 +337,7 @@ def main() -> None:
             spread = "/".join(f"{r.batch_ms:.0f}" for r in rs)
             report.rows.append(
                 Row(
-                    f"batch of 10k keys on {_fmt_n(s)} keys, ms (runs {spread})",
+                    f"batch of {shape.keys:,} keys on {_fmt_n(s)} keys, ms (runs {spread})",
                     layout,
                     f"{median([r.batch_ms for r in rs]):.1f}",
                 )
@@ -338,12 +366,13 @@ def main() -> None:
             )
         load = median([r.load_s for r in per[large]])
         report.rows.append(Row(f"load {_fmt_n(large)} keys (apply chunks of 100k), s", layout, f"{load:.1f}"))
+    existing = round(shape.keys * (1 - shape.new_share))
     report.note(
-        f"a batch: {BATCH_KEYS:,} keys, ~{1 - NEW_SHARE:.0%} existing, the rest new; on the 1k store its "
-        f"{SMALL:,} keys and {BATCH_KEYS - SMALL:,} new ones"
+        f"a batch ({args.shape}): {shape.keys:,} keys, {existing:,} existing and the rest new; on the 1k store "
+        f"its {min(existing, SMALL):,} keys and {shape.keys - min(existing, SMALL):,} new ones"
     )
     report.note(
-        f"windowed: due(until, limit={DUE_LIMIT}) keys removed via apply(deleted=); median of "
+        f"windowed: due(until, limit={shape.due_limit}) keys removed via apply(deleted=); median of "
         f"{args.batches} batches after {args.warmup} warm-up, {runs} run(s) in fresh processes"
     )
     report.note(

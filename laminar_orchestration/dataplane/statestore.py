@@ -79,8 +79,8 @@ BLOOM_BITS_PER_KEY = 10
 MEMTABLE_BLOOM_RATIO = 0.02
 
 
-def _options(*, create: bool, packed: bool) -> Options:
-    """The store's RocksDB options; `packed`: the values are fixed-width numeric records."""
+def _options(*, create: bool) -> Options:
+    """The store's RocksDB options."""
     opts = Options(raw_mode=True)
     opts.create_if_missing(create)
     table = BlockBasedOptions()
@@ -90,12 +90,13 @@ def _options(*, create: bool, packed: bool) -> Options:
     # a batch's keys that sit in the files skip the search of a memtable of up to ~1M entries.
     opts.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO)
     opts.set_memtable_whole_key_filtering(True)
-    if packed:
-        # Packed numbers shrink by a quarter at most under Snappy; stored plain and memory-mapped, a
-        # data block is read in place, not copied, decompressed and cached: a 10k-key batch's read
-        # of a 2.7M-key store takes less than half the time. Per-block settings: old files still read.
-        opts.set_compression_type(DBCompressionType.none())
-        opts.set_allow_mmap_reads(True)
+    # Stored plain and memory-mapped, a data block is read in place, not copied, decompressed and
+    # cached: a batch's read of a 2.7M-key store costs about what a 1k-key store's does
+    # (`bench_state_types`). The price: MessagePack rows take ~1.9x the bytes Snappy gave them, on
+    # disk and in a snapshot (packed numbers shrank by a quarter at most). Per-block settings: files
+    # written compressed still read.
+    opts.set_compression_type(DBCompressionType.none())
+    opts.set_allow_mmap_reads(True)
     return opts
 
 
@@ -170,7 +171,7 @@ class PartitionStateStore:
         #: Index entries `due` found stale since the last write: the next `apply` removes them.
         self._stale_entries: set[bytes] = set()
         try:
-            self._db = Rdict(str(self.path), _options(create=create, packed=self.codec.fixed_width))
+            self._db = Rdict(str(self.path), _options(create=create))
         except Exception as exc:  # rocksdict raises plain exceptions carrying RocksDB's status text
             raise LocalStateUnusable(str(self.path), str(exc)) from exc
         write = WriteOptions()
