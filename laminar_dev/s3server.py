@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
 import re
-import string
 import subprocess
 import sys
 import threading
@@ -42,7 +40,6 @@ from botocore.config import Config
 
 __all__ = [
     "FAKE_AWS_ENV",
-    "SPEEDUPS_ENV",
     "AccessKey",
     "create_iam_user",
     "enable_auth",
@@ -53,10 +50,6 @@ __all__ = [
 ]
 
 STARTUP_TIMEOUT_S = 30.0
-
-#: Set to ``0`` in the server's environment to run moto without the per-request CPU savings
-#: (``benchmarks/bench_s3_requests.py`` compares both); what the server answers is the same.
-SPEEDUPS_ENV = "LAMINAR_S3SERVER_SPEEDUPS"
 
 #: Fake credentials: moto accepts anything, and they guarantee that nothing run
 #: against the server can touch a real AWS account whatever the environment holds.
@@ -253,127 +246,6 @@ def _match_patterns_as_iam_does() -> None:
     access_control.IAMPolicyStatement._match = staticmethod(iam_pattern_match)  # type: ignore[method-assign, assignment]
 
 
-def _share_error_lookup_tables() -> None:
-    """Build moto's error-code table once per service, not once per error response.
-
-    `get_error_model` makes a new `ErrorLookupFactory` for every error it serialises, so its cache
-    never hits and each 404 of a GET on a missing key rebuilt S3's whole table (our protocol reads
-    absent keys all the time). The table depends only on the service model, so one per service is safe.
-    """
-    from moto.core.errors import ErrorLookup, ErrorLookupFactory
-
-    tables: dict[str, ErrorLookup] = {}
-    build = ErrorLookupFactory._create_error_lut
-
-    def for_service(self: ErrorLookupFactory, service_model: Any) -> ErrorLookup:
-        service_id = service_model.metadata.get("serviceId")
-        if service_id is None:
-            return build(service_model)
-        if service_id not in tables:
-            tables[service_id] = build(service_model)
-        return tables[service_id]
-
-    ErrorLookupFactory.for_service = for_service  # type: ignore[method-assign]
-
-
-def _draw_random_strings_at_once() -> None:
-    """Draw moto's random strings (a 52-character request id per response) in one `choices` call.
-
-    moto calls `Random.choice` once per character; `choices` draws from the same alphabet, same
-    length, same generator (still seedable), in one C loop.
-    """
-    from moto.moto_api._internal.moto_random import MotoRandom
-
-    def get_random_string(
-        self: MotoRandom, length: int = 20, include_digits: bool = True, lower_case: bool = False
-    ) -> str:
-        pool = string.ascii_letters + string.digits if include_digits else string.ascii_letters
-        drawn = "".join(self.choices(pool, k=length))
-        return drawn.lower() if lower_case else drawn
-
-    MotoRandom.get_random_string = get_random_string  # type: ignore[method-assign]
-
-
-def _parse_iso_timestamps_natively() -> None:
-    """Read the ISO 8601 timestamps moto serialises (every key's LastModified in a LIST) with
-    `datetime.fromisoformat`; botocore hands them to dateutil's general parser, a third of a LIST's time.
-
-    Anything `fromisoformat` does not take, or that is not a string, goes to botocore's parser as before.
-    """
-    from botocore.utils import parse_to_aware_datetime
-    from moto.core import serialize
-
-    def parse(value: Any) -> datetime.datetime:
-        if isinstance(value, str) and _ISO_TIMESTAMP.fullmatch(value):
-            parsed = datetime.datetime.fromisoformat(value)
-            # As botocore does: a zone converts to UTC, none means UTC.
-            return parsed.astimezone(datetime.UTC) if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
-        return parse_to_aware_datetime(value)
-
-    serialize.parse_to_aware_datetime = parse  # type: ignore[attr-defined]
-
-
-#: Full ISO 8601 date-times only (what moto stores): dateutil and `fromisoformat` agree on these.
-_ISO_TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|[+-]\d{2}:\d{2})?")
-
-
-def _parse_request_headers_directly() -> None:
-    """Split a request's header lines with `str.partition` rather than the email package's feed parser.
-
-    `http.server` parses every request's headers with `email.parser` (about a twentieth of the
-    server's CPU per request). A block of plain ``Name: value`` lines gets the same `HTTPMessage` here; anything
-    else (folded lines, a line that is not a header, stray CR or LF, a multipart or message type)
-    goes to the standard parser, so every request parses as it did.
-    """
-    import email.parser
-    import http.client
-
-    def parse_headers(
-        fp: Any, _class: type[http.client.HTTPMessage] = http.client.HTTPMessage
-    ) -> http.client.HTTPMessage:
-        lines: list[bytes] = []
-        while True:  # http.client's reading, with its limits
-            line = fp.readline(_MAX_HEADER_LINE + 1)
-            if len(line) > _MAX_HEADER_LINE:
-                raise http.client.LineTooLong("header line")
-            lines.append(line)
-            if len(lines) > _MAX_HEADERS:
-                raise http.client.HTTPException(f"got more than {_MAX_HEADERS} headers")
-            if line in (b"\r\n", b"\n", b""):
-                break
-        text = b"".join(lines).decode("iso-8859-1")
-        block = text[:-4]  # what precedes the blank line
-        if not text.endswith("\r\n\r\n") or "\r" in block.replace("\r\n", "") or "\n" in block.replace("\r\n", ""):
-            return email.parser.Parser(_class=_class).parsestr(text)
-        message = _class()
-        for line in block.split("\r\n"):
-            name, colon, value = line.partition(":")
-            if not colon or not _HEADER_NAME.fullmatch(name) or _COMPOUND_TYPE.match(line):
-                return email.parser.Parser(_class=_class).parsestr(text)
-            message.set_raw(name, value.lstrip(" \t"))
-        message.set_payload("")
-        return message
-
-    http.client.parse_headers = parse_headers  # type: ignore[assignment]
-
-
-#: http.client's limits on a header line's length and on the number of header lines.
-_MAX_HEADER_LINE, _MAX_HEADERS = 65536, 100
-#: The email parser's header names: printable ASCII but the colon, at least one character.
-_HEADER_NAME = re.compile(r"[\041-\071\073-\176]+")
-#: A Content-Type the email parser would go on to parse a body for.
-_COMPOUND_TYPE = re.compile(r"content-type:[ \t]*(multipart|message)/", re.IGNORECASE)
-
-
-#: What `main` applies to moto unless SPEEDUPS_ENV is "0": each saves CPU per request, none changes an answer.
-_SPEEDUPS = (
-    _share_error_lookup_tables,
-    _draw_random_strings_at_once,
-    _parse_iso_timestamps_natively,
-    _parse_request_headers_directly,
-)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Parse arguments, bind, publish the port, and serve until killed."""
     # Imported here: only the server process needs moto, not whoever starts it.
@@ -381,9 +253,6 @@ def main(argv: list[str] | None = None) -> None:
     from werkzeug.serving import make_server
 
     _match_patterns_as_iam_does()
-    if os.environ.get(SPEEDUPS_ENV, "1") != "0":
-        for speedup in _SPEEDUPS:
-            speedup()
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--host", default="127.0.0.1")

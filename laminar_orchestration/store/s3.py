@@ -30,17 +30,13 @@ every transient failure of a conditional write to resolve it by reading back.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator, Mapping
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, NoReturn
 
 import boto3
 import botocore.exceptions as bce
-import botocore.session
 from botocore.config import Config
-from botocore.utils import parse_timestamp
 
 import laminar_orchestration.store.base as base
 from laminar_orchestration.store.base import ObjectMeta, ObjectStore, StoredObject, check_key
@@ -108,32 +104,6 @@ def _lower_keys(metadata: Mapping[str, str] | None) -> dict[str, str]:
     return {k.lower(): v for k, v in (metadata or {}).items()}
 
 
-#: The two timestamp forms S3 answers in UTC: ISO 8601 in a listing, RFC 1123 in a header.
-_ISO_UTC = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,6})?(?:Z|\+00:00)")
-_HTTP_DATE = re.compile(r"[A-Z][a-z]{2}, \d{2} [A-Z][a-z]{2} \d{4} \d{2}:\d{2}:\d{2} GMT")
-
-
-def _parse_s3_timestamp(value: str) -> datetime:
-    """botocore's `parse_timestamp`, with the standard library for S3's own forms (LastModified).
-
-    botocore hands every timestamp to dateutil's general parser, about a tenth of a millisecond
-    each, ten per listed page of keys; the result is the same instant, aware, in UTC (the zone
-    object differs: dateutil's, which itself depends on the machine's local zone).
-    """
-    if _ISO_UTC.fullmatch(value):
-        return datetime.fromisoformat(value).replace(tzinfo=UTC)
-    if _HTTP_DATE.fullmatch(value):
-        return parsedate_to_datetime(value).replace(tzinfo=UTC)
-    return parse_timestamp(value)
-
-
-def _session() -> boto3.session.Session:
-    """A private boto3 session (boto3's default one is not thread-safe) reading timestamps fast."""
-    core = botocore.session.get_session()
-    core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=_parse_s3_timestamp)
-    return boto3.session.Session(botocore_session=core)
-
-
 def make_s3_client(endpoint_url: str | None = None) -> S3Client:
     """A boto3 S3 client configured for laminar: no botocore retries, short timeouts.
 
@@ -152,16 +122,11 @@ def make_s3_client(endpoint_url: str | None = None) -> S3Client:
         max_pool_connections=32,
         # Self-hosted endpoints rarely have wildcard DNS for bucket subdomains.
         s3={"addressing_style": "path"} if endpoint else None,
-        # CRC32 of every body only where S3 demands one: TCP/TLS already guard our small
-        # objects in transit, and the sum (and GET's x-amz-checksum-mode) costs CPU per request.
-        request_checksum_calculation="when_required",
-        response_checksum_validation="when_required",
-        # Our calls are typed against the S3 model (mypy_boto3_s3) and keys checked by
-        # `check_key`; botocore's run-time re-check of every parameter is pure CPU.
-        parameter_validation=False,
     )
     try:
-        return _session().client("s3", endpoint_url=endpoint, config=config)
+        # A private session: boto3's default session is not thread-safe.
+        session = boto3.session.Session()
+        return session.client("s3", endpoint_url=endpoint, config=config)
     except (ValueError, bce.BotoCoreError) as exc:
         raise base.StoreUnavailable("open", "", f"cannot build an S3 client for endpoint {endpoint!r}: {exc}") from exc
 
