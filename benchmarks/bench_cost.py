@@ -499,7 +499,7 @@ def scale(window_s: float, partitions: int, nodes: int, rows: list[Row], notes: 
                 rows.append(Row("kill -9 -> all active elsewhere", "Dagster node_failure_sensor", "not measured"))
     # The same node at 10 partitions, for the "does not grow with partitions" figure.
     with running_cluster("small", nodes, nodes) as (cluster, log, _):
-        cluster.wait("a rebalance with every node live", lambda: bool(cluster.laminar("rebalance") or True), 120)
+        cluster.wait("a rebalance with every node live", lambda: cluster.laminar("rebalance") is not None, 120)
         cluster.wait("placement", cluster.all_active, 300)
         time.sleep(15)
         status = cluster.status()
