@@ -14,7 +14,7 @@ Figures (each printed next to its target, with whether it was met; nothing asser
 4. ``Ledger.acquire`` / ``Ledger.fence`` and raw compare-and-swap latency, p50/p99;
 5. 8 processes racing ``Ledger.fence`` for one partition: rounds with exactly one winner.
 
-The S3 figures come from moto's single-threaded server on loopback (the one the
+The S3 figures come from moto's server (one request at a time) on loopback (the one the
 tests use): they show protocol round trips, not AWS latency.
 The table is also written to ``benchmarks/results/foundation.txt``.
 """
@@ -527,7 +527,7 @@ def main(argv: list[str] | None = None) -> None:
         run_local(report, p, Path(tmp))
     if not args.no_s3:
         run_s3(report, p)
-    report.note(6, "S3 = moto's single-threaded server on loopback (laminar_dev/s3server.py): not AWS latency")
+    report.note(6, "S3 = moto's server (one request at a time) on loopback (laminar_dev/s3server.py): not AWS latency")
     elapsed = (now_ns() - t0) / 1e9
 
     publish(report.table(run_title("laminar foundation benchmark", args.quick, load_before)), elapsed, "foundation.txt")

@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--node-id", type=int, required=True)
     parser.add_argument("--heartbeat-timeout", type=float, default=3.0)
     parser.add_argument("--heartbeat-interval", type=float, default=None, help="seconds (0.5 unless --node-defaults)")
-    # Its tests run it against one single-threaded S3 server that checks every request's
+    # Its tests run it against one S3 server answering one request at a time that checks every request's
     # credentials: at the node's defaults (a reconcile every 50 ms, a migration poll every 10 ms)
     # three nodes keep that server busy, and every request queues.
     parser.add_argument("--poll-interval", type=float, default=0.25, help="reconcile, idle and standby polls (seconds)")

@@ -1,4 +1,4 @@
-"""moto's S3 emulation over HTTP on loopback, single-threaded, and the one launcher for it.
+"""moto's S3 emulation over HTTP on loopback, one request at a time in moto, and the one launcher for it.
 
 `start_s3_server` is what the tests (``tests/conftest.py``), the benchmarks
 and the chaos suite use: it runs this module as a subprocess
@@ -8,19 +8,21 @@ answers, and sets fake AWS credentials in ``os.environ`` while it runs. With
 ``--port-file`` once the socket is listening, so nobody races another process
 for a port.
 
-Why a subprocess and why single-threaded: moto evaluates ``If-None-Match`` /
-``If-Match`` and then stores the object as two separate Python steps. Behind a
-threaded server two racing conditional PUTs can both pass the check, which
-would make our concurrency tests fail for moto's sake (or pass by luck). One
-request at a time makes each conditional write atomic, as it is on S3. The
-server speaks HTTP/1.0 when not threaded, so every client connection closes
-after its request and a waiting client never starves the others.
+Why one request at a time in moto: moto evaluates ``If-None-Match`` /
+``If-Match`` and then stores the object as two separate Python steps; two
+racing conditional PUTs could both pass the check, which would make our
+concurrency tests fail for moto's sake (or pass by luck). One request at a
+time makes each conditional write atomic, as it is on S3 (`SerializedApp`).
+Why a thread per connection all the same: the socket I/O stays outside that
+one-at-a-time section, so a client that stops mid-request (a paused zombie
+process, a slow upload) holds up only its own connection, never the server.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import re
@@ -30,7 +32,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -41,6 +43,7 @@ from botocore.config import Config
 __all__ = [
     "FAKE_AWS_ENV",
     "AccessKey",
+    "SerializedApp",
     "create_iam_user",
     "enable_auth",
     "fake_aws_environ",
@@ -246,6 +249,47 @@ def _match_patterns_as_iam_does() -> None:
     access_control.IAMPolicyStatement._match = staticmethod(iam_pattern_match)  # type: ignore[method-assign, assignment]
 
 
+#: A connection idle this long mid-request is closed (its thread freed): a paused client is not waited for.
+CONNECTION_TIMEOUT_S = 60.0
+
+
+class SerializedApp:
+    """A WSGI app called by one request at a time; bodies are read and responses collected outside.
+
+    The request body is read whole before the lock and the response iterable drained inside it, so
+    the app's check-then-store steps never interleave and no socket wait ever happens under the lock.
+    """
+
+    def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
+        self.app = app
+        self.lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        stream = environ["wsgi.input"]
+        if environ.get("wsgi.input_terminated"):  # chunked: the server's stream ends at the body's end
+            body = stream.read()
+        else:
+            body = stream.read(int(environ.get("CONTENT_LENGTH") or 0))
+        environ["wsgi.input"] = io.BytesIO(body)
+        started: list[tuple[Any, ...]] = []
+        chunks: list[bytes] = []
+
+        def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], None]:
+            started[:] = [(status, headers, exc_info)]
+            return chunks.append
+
+        with self.lock:
+            result = self.app(environ, capture)
+            try:
+                chunks.extend(result)
+            finally:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+        start_response(*started[0])
+        return chunks
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse arguments, bind, publish the port, and serve until killed."""
     # Imported here: only the server process needs moto, not whoever starts it.
@@ -277,16 +321,17 @@ def main(argv: list[str] | None = None) -> None:
                 self.backend_of_host[host] = super().get_backend_for_host(host)
             return self.backend_of_host[host]
 
-    app = HostCachingDispatcher()
-    # make_server rather than run_simple: same server, but we can read the port
-    # the OS picked. threaded=False and processes=1 keep requests serialized.
+    class TimingOutHandler(MotoRequestHandler):
+        timeout = CONNECTION_TIMEOUT_S
+
+    # make_server rather than run_simple: same server, but we can read the port the OS picked. A
+    # thread per connection for the I/O; `SerializedApp` keeps moto itself one request at a time.
     server = make_server(
         args.host,
         args.port,
-        app,
-        threaded=False,
-        processes=1,
-        request_handler=MotoRequestHandler,
+        SerializedApp(HostCachingDispatcher()),
+        threaded=True,
+        request_handler=TimingOutHandler,
     )
     port = server.server_port
     if args.port_file is not None:

@@ -71,7 +71,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """URL of a single-threaded moto S3 server started for this test session.
+    """URL of a moto S3 server (one request at a time) started for this test session.
 
     Also sets fake AWS credentials and region in the environment for the whole
     session, so boto3 clients here and in CLI subprocesses need no setup.

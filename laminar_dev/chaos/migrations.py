@@ -44,7 +44,7 @@ def retrying(fn: Callable[[], T], what: str, note: Callable[[str], None], attemp
 
 def coordinator_for(ledger: Ledger, config: MigrationConfig) -> MigrationCoordinator:
     """A coordinator polling as often as the store can bear."""
-    # Each poll of a node's progress is a few requests; the single-threaded moto server
+    # Each poll of a node's progress is a few requests; the moto server (one request at a time)
     # shared with the nodes must not spend its time answering them.
     remote = not ledger.store.url.startswith("file:")
     return MigrationCoordinator(ledger, config, poll_interval_s=0.1 if remote else 0.02)

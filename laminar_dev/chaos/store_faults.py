@@ -137,7 +137,7 @@ def run_store_faults(
 
     remote = backend != "local"
     # In-process handoffs take milliseconds: a phase that waits long is stuck, not slow. Against
-    # the single-threaded moto server every request queues behind the others' (tens of ms each
+    # the moto server (one request at a time) every request queues behind the others' (tens of ms each
     # when the machine is busy), so a phase takes seconds there.
     limit = 30.0 if remote else 10.0
     config = MigrationConfig(
@@ -158,7 +158,7 @@ def run_store_faults(
     errors: list[str] = []
 
     def node_config(n: int) -> NodeConfig:
-        # Against the single-threaded moto server every poll is a round trip: poll less.
+        # Against the moto server (one request at a time) every poll is a round trip: poll less.
         return NodeConfig(
             store_url=inner.url,
             node_id=n,
@@ -224,7 +224,7 @@ def run_store_faults(
             for t in extra:
                 t.start()
             try:
-                # Against the single-threaded moto server every handoff costs seconds: half the rounds.
+                # Against the moto server (one request at a time) every handoff costs seconds: half the rounds.
                 rounds = max(1, profile.fault_rounds // 2) if remote else profile.fault_rounds
                 for round_ in range(rounds):
                     # Every partition to the other node: graceful handoffs while load and faults run.

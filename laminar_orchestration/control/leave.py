@@ -85,6 +85,9 @@ class LeaveSettings(BaseModel):
     #: The moves' timeouts; their waits are also cut to the deadline. A leaving node is on a clock: a
     #: move waits at most 2 s for its target's warm copy before the drain (a cold target restores more).
     migration: MigrationConfig = Field(default_factory=lambda: MigrationConfig(warmup_timeout_s=2.0))
+    #: The moves of a node's return: not on a clock, so each waits for the returning node's warm copy
+    #: as any planned move does (a cold copy would restore while the partition waits).
+    rejoin_migration: MigrationConfig = Field(default_factory=MigrationConfig)
 
 
 class LeavingNode(Protocol):
@@ -380,7 +383,7 @@ def rejoin_when_registered(node: LeavingNode, settings: LeaveSettings, *, poll_s
             if node.leaving.wait(poll_s):
                 return
         try:
-            outcome = rejoin(node.ledger, int(node.id), settings.migration)
+            outcome = rejoin(node.ledger, int(node.id), settings.rejoin_migration)
         except (LaminarError, StoreError) as exc:
             log.warning("node %s: could not take its share back (%s): the next rebalance will", node.id, exc)
             return

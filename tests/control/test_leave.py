@@ -16,8 +16,10 @@ from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.control.leave import (
     GracefulLeave,
     LeaveSettings,
+    RejoinOutcome,
     leave_pace,
     reinstate_after_cut_moves,
+    rejoin_when_registered,
 )
 from laminar_orchestration.control.placement import Move
 from laminar_orchestration.control.snapshot import snapshot_cluster
@@ -196,3 +198,22 @@ def test_a_move_past_its_cancel_point_at_the_deadline_is_finished_not_left_waiti
     assert sorted(p for p, _ in driven) == [0, 1, 2]
     assert all(0 < budget <= leave_module.CANCEL_BUDGET_S for _, budget in driven), driven
     assert all(why.endswith("; finished") for why in outcome.left_behind.values()), outcome.left_behind
+
+
+def test_a_returning_node_waits_for_its_warm_copy_as_a_planned_move_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leave is on the pod's clock and waits 2 s at most for a target's warm copy; a return is not on
+    a clock: its moves wait for the returning node's copy as long as any planned move does, so the
+    partition does not pause while a cold copy restores."""
+    asked: list[MigrationConfig] = []
+
+    def rejoin(_ledger: object, node: int, config: MigrationConfig) -> RejoinOutcome:
+        asked.append(config)
+        return RejoinOutcome(node, {}, ())
+
+    monkeypatch.setattr(leave_module, "rejoin", rejoin)
+    monkeypatch.setattr(leave_module, "reinstate_after_cut_moves", lambda *_args: {})
+    node = SimpleNamespace(handle=object(), leaving=threading.Event(), ledger=None, id=NodeId(1))
+    settings = LeaveSettings()
+    rejoin_when_registered(node, settings).join(10)
+    assert [c.warmup_timeout_s for c in asked] == [MigrationConfig().warmup_timeout_s]
+    assert settings.migration.warmup_timeout_s < MigrationConfig().warmup_timeout_s  # the leave's own moves

@@ -157,7 +157,7 @@ def scenario(table_roles: Roles) -> Scenario:
     r.laminar(CONTROL_PLANE_ROLE, "failover", "--node", str(killed))
     produce(1000)
     try:
-        # A sync every 5 s; on the suite's loaded machine the single-threaded server answers slowly.
+        # A sync every 5 s; on the suite's loaded machine the one-request-at-a-time server answers slowly.
         wait_until(lambda: table_caught_up(admin), 180, "the nodes to catch the output table up")
     except TimeoutError as exc:
         raise AssertionError(f"{exc}; the nodes' table lines:\n{_table_lines(r.workdir)}") from exc

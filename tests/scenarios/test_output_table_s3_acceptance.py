@@ -26,7 +26,7 @@ from laminar_orchestration.table import audit_table, table_location, table_statu
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
 HEARTBEAT_TIMEOUT_S = 3.0
-#: A node process: `laminar node run` without Spark, polling gently (one single-threaded S3 server).
+#: A node process: `laminar node run` without Spark, polling gently (one S3 server answering one request at a time).
 NODE = """
 import sys
 from laminar_dev.chaos.arrow import ArrowNode

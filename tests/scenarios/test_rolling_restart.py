@@ -3,9 +3,10 @@ steady rate; each node in turn gets SIGTERM, moves its partitions away as planne
 /healthz says "not ready" meanwhile), exits, starts again and takes its share back. At the end every
 event is committed exactly once (`laminar verify`) and the output table, read with `deltalake` alone,
 holds exactly the events produced. On the local store and on the S3-protocol server; the nodes run with
-`laminar node run`'s timing (a single-threaded S3 server under the suite's load answers a handoff's chain of
-conditional writes in seconds, not the local store's tenths, so the leaves there take 10-20 s of the 25 s
-deadline).
+`laminar node run`'s timing. An S3-protocol server that runs one request at a time answers a handoff's chain
+of conditional writes in seconds under the suite's load, not the local store's tenths: a leave there takes
+6-12 s alone and up to its whole 25 s deadline beside the suite's other scenarios, so each node is held to
+what a pod's grace period promises: exit within the deadline and the 10 s after it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 from deltalake import DeltaTable
 
 from laminar_dev.localcluster import wait_until
-from laminar_dev.rolling import LEAVE_DEADLINE_S, RollingCluster, rolling_restart
+from laminar_dev.rolling import EXIT_AFTER_DEADLINE_S, LEAVE_DEADLINE_S, RollingCluster, rolling_restart
 from laminar_orchestration.table import table_location, table_status
 from tests.processes import free_port, laminar
 
@@ -57,7 +58,8 @@ def test_a_rolling_restart_moves_every_partition_gracefully_and_loses_nothing(st
         assert turn.owned, f"node {turn.node} owned nothing when it was stopped"
         # Planned moves, not a failure timeout nor a release: each partition went Active elsewhere.
         assert set(turn.left_by.values()) == {"graceful"}, turn.left_by
-        assert turn.leave_s < LEAVE_DEADLINE_S, f"node {turn.node} took {turn.leave_s:.1f}s to leave"
+        took = f"node {turn.node} took {turn.leave_s:.1f}s to leave"
+        assert turn.leave_s < LEAVE_DEADLINE_S + EXIT_AFTER_DEADLINE_S, took
         assert turn.not_ready_while_leaving, f"node {turn.node}'s /healthz never said 503 while it left"
     gaps, planned = report.gaps, report.planned_gaps
     assert gaps, "no change of owner was recorded"
@@ -70,7 +72,7 @@ def test_a_rolling_restart_moves_every_partition_gracefully_and_loses_nothing(st
         + ", ".join(f"node {t.node} {t.leave_s:.1f}s" for t in report.restarts)
     )
 
-    # Every batch's manifest entry and output read back: thousands of GETs of one single-threaded S3 server.
+    # Every batch's manifest entry and output read back: thousands of GETs of an S3 server answering one at a time.
     verified = laminar("verify", "--store", store_url, timeout=300)
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
