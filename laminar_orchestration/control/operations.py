@@ -341,10 +341,9 @@ def fail_over_node(
 
     First the partitions its assignment and last heartbeat name (`failover_candidates`: two
     reads, not one per partition), at once; then the owner of every partition no other node's
-    assignment names is read, and any of those `node` still owns (an assignment left behind its
-    state by a writer that died) is failed over too: a read a node, not one per partition, when
-    every partition is placed. Raises what `plan_node_failover` raises.
-    """
+    assignment names is read (none when every partition is placed), and any of those `node` still
+    owns (an assignment left behind its state by a writer that died) is failed over too. Raises what
+    `plan_node_failover` raises."""
     plan = plan_node_failover(ledger, node, to_node=to_node, force=force, partitions=failover_candidates(ledger, node))
     if on_planned is not None:
         on_planned(plan)
@@ -353,13 +352,14 @@ def fail_over_node(
     others = [int(v.record.node) for v in ledger.members.nodes() if v.record.node != node]
     listed = {int(p) for named in assigned_partitions(ledger, others).values() for p in named}
     unlisted = [p for p in ledger.partitions() if int(p) not in listed and int(p) not in moved]
+    if not unlisted:  # every partition is placed where an assignment says: nothing more to look at
+        return plan, outcomes
     rest = plan_node_failover(
         ledger, node, to_node=to_node, force=force, live=plan.live_nodes, partitions=unlisted, exclude=moved
     )
-    if rest.moves:
-        if on_planned is not None:
-            on_planned(rest)
-        outcomes += run_node_failover(ledger, rest, config, on_done=on_done)
+    if rest.moves and on_planned is not None:
+        on_planned(rest)
+    outcomes += run_node_failover(ledger, rest, config, on_done=on_done) if rest.moves else []
     both = NodeFailoverPlan(node=node, live_nodes=plan.live_nodes, moves=plan.moves + rest.moves, force=force)
     return both, outcomes
 

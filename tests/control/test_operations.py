@@ -10,13 +10,17 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 
+from laminar_orchestration.control import operations
 from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.control.operations import (
+    NodeFailoverPlan,
     PlannedFailover,
     drive_failovers,
+    fail_over_node,
     look_focus,
     plan_failovers,
     wait_for_suspects,
@@ -270,3 +274,28 @@ def test_a_dead_nodes_last_heartbeat_is_read_at_the_look_that_finds_it_dead_not_
     assert 2 in dying.dead and dying.fail_over == frozenset({P(3)}) and dying.full_next
     later = look_focus(ledger, dying.generations, full=False, seen_dead=dying.dead)
     assert later.fail_over == frozenset() and not later.full_next
+
+
+def test_a_node_failover_whose_partitions_every_assignment_lists_plans_once(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the assignments name every partition, the look after the moves finds nothing to read an
+    owner of, and the command ends there: no second plan (its reads of every node's records and
+    assignments are the command's tail)."""
+    make_dead(ledger, 1)
+    make_alive(ledger, 2, 3)
+    desired = DesiredStates(ledger, nudge=False)
+    for p, owner in ((0, 1), (1, 1), (2, 1), (3, 2)):
+        desired.update(P(p), lambda s, n=owner: s.model_copy(update={"owner": n}))  # type: ignore[misc]
+        ledger.acquire(P(p), N(owner), expected_epoch=0)
+    plans: list[NodeFailoverPlan] = []
+    planner = operations.plan_node_failover
+
+    def spy(*args: Any, **kwargs: Any) -> NodeFailoverPlan:
+        plans.append(planner(*args, **kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr(operations, "plan_node_failover", spy)
+    plan, outcomes = fail_over_node(ledger, 1, MigrationConfig(checkpoint_transfer_timeout_s=0.1))
+    assert sorted(m.partition for m in plan.moves) == [0, 1, 2] and len(outcomes) == 3
+    assert len(plans) == 1

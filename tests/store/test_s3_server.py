@@ -6,6 +6,7 @@ contract itself is `tests/store/test_base.py`'s, run against this server).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import socket
 import threading
@@ -27,14 +28,15 @@ def test_a_client_stopped_mid_request_holds_up_nobody_else(s3_endpoint: str, s3_
             b"Content-Length: 1000\r\n\r\n" + b"x" * 100
         )
         time.sleep(0.2)  # the server has accepted it and waits for the rest
-        started = time.monotonic()
+        # While that request is still open, another client is answered (a server that waited for the
+        # stalled body would leave this GET to the client's timeouts and retries, and it would fail).
         answer = s3_store.get("stalled/probe").data
-        waited = time.monotonic() - started
+        stalled.settimeout(0.1)
+        with contextlib.suppress(TimeoutError):
+            assert stalled.recv(1) == b"", "the stalled request was answered before its body arrived"
     finally:
         stalled.close()
     assert answer == b"answer"
-    # A server that waited for the stalled body would answer after its connection timeout (60 s).
-    assert waited < 10, f"a GET waited {waited:.1f}s behind a stalled request"
 
 
 def test_the_app_behind_the_server_never_runs_two_requests_at_once() -> None:
