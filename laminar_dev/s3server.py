@@ -16,6 +16,8 @@ time makes each conditional write atomic, as it is on S3 (`SerializedApp`).
 Why a thread per connection all the same: the socket I/O stays outside that
 one-at-a-time section, so a client that stops mid-request (a paused zombie
 process, a slow upload) holds up only its own connection, never the server.
+The threads cost CPU: ~4.8 ms a request against ~3.7 ms answering one
+connection at a time, with 32 client connections open.
 """
 
 from __future__ import annotations
