@@ -63,19 +63,29 @@ def one_run(store_url: str, workdir: Path) -> tuple[list[float], list[float], li
     audits = audit_store(cluster.store)
     exact = all(a.ok for a in audits)
     kinds = report.gaps_by_kind(cluster.ledger)
-    lines = [
-        "handoffs: leaves "
-        + ", ".join(f"{g:.2f}" for g in kinds["leave"])
-        + " s; returns "
-        + ", ".join(f"{g:.2f}" for g in kinds["return"])
-        + " s; planned moves before them "
-        + ", ".join(f"{g:.2f}" for g in report.planned_gaps)
-        + " s",
-    ] + [
-        f"node {t.node}: owned {t.owned}, left in {t.leave_s:.1f}s ({', '.join(sorted(set(t.left_by.values())))}), "
-        f"ready again {t.ready_s:.1f}s after its start, owned a partition {t.took_back_s:.1f}s after it"
-        for t in report.restarts
-    ]
+    lines = (
+        [
+            "handoffs: leaves "
+            + ", ".join(f"{g:.2f}" for g in kinds["leave"])
+            + " s; returns "
+            + ", ".join(f"{g:.2f}" for g in kinds["return"])
+            + " s; planned moves before them "
+            + ", ".join(f"{g:.2f}" for g in report.planned_gaps)
+            + " s",
+        ]
+        + [
+            "handoffs, by partition: "
+            + ", ".join(
+                f"p{h.partition} {kind} {move} {h.gap_s:.2f} s"
+                for h, kind, move in report.restart_handoffs(cluster.ledger)
+            )
+        ]
+        + [
+            f"node {t.node}: owned {t.owned}, left in {t.leave_s:.1f}s ({', '.join(sorted(set(t.left_by.values())))}), "
+            f"ready again {t.ready_s:.1f}s after its start, owned a partition {t.took_back_s:.1f}s after it"
+            for t in report.restarts
+        ]
+    )
     return report.gaps, report.planned_gaps, lines, exact
 
 

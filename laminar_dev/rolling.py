@@ -159,6 +159,14 @@ class RollingReport:
         """The restarts' handoffs split by their grant: "leave" (granted away from a node while it
         left) and "return" (the rest: a restarted node taking its share back), each sorted."""
         kinds: dict[str, list[float]] = {"leave": [], "return": []}
+        for h, kind, _ in self.restart_handoffs(ledger):
+            kinds[kind].append(h.gap_s)
+        return {k: sorted(v) for k, v in kinds.items()}
+
+    def restart_handoffs(self, ledger: Ledger) -> list[tuple[Handoff, str, str]]:
+        """Each of the restarts' handoffs with its kind ("leave" or "return") and its grant's move
+        ("node 1 -> 3"), partition by partition."""
+        out = []
         for h in self.handoffs:
             if (h.partition, h.epoch) in self.planned:
                 continue
@@ -170,8 +178,9 @@ class RollingReport:
                 and t.signalled_at <= grant.granted_at <= t.exited_at
                 for t in self.restarts
             )
-            kinds["leave" if leaving else "return"].append(h.gap_s)
-        return {k: sorted(v) for k, v in kinds.items()}
+            move = f"node {grant.previous_owner} -> {grant.node}" if grant is not None else "no grant"
+            out.append((h, "leave" if leaving else "return", move))
+        return out
 
 
 def place(cluster: Cluster) -> None:
