@@ -62,7 +62,8 @@ def one_run(store_url: str, workdir: Path) -> tuple[list[float], list[float], li
         cluster.shutdown()
     audits = audit_store(cluster.store)
     exact = all(a.ok for a in audits)
-    kinds = report.gaps_by_kind(cluster.ledger)
+    named = report.restart_handoffs(cluster.ledger)  # each handoff's grant read once, for both lines below
+    kinds = {kind: sorted(h.gap_s for h, k, _ in named if k == kind) for kind in ("leave", "return")}
     lines = (
         [
             "handoffs: leaves "
@@ -75,10 +76,7 @@ def one_run(store_url: str, workdir: Path) -> tuple[list[float], list[float], li
         ]
         + [
             "handoffs, by partition: "
-            + ", ".join(
-                f"p{h.partition} {kind} {move} {h.gap_s:.2f} s"
-                for h, kind, move in report.restart_handoffs(cluster.ledger)
-            )
+            + ", ".join(f"p{h.partition} {kind} {move} {h.gap_s:.2f} s" for h, kind, move in named)
         ]
         + [
             f"node {t.node}: owned {t.owned}, left in {t.leave_s:.1f}s ({', '.join(sorted(set(t.left_by.values())))}), "
