@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,10 +29,16 @@ from deltalake import DeltaTable
 
 from laminar_dev.localcluster import stop_processes
 from laminar_orchestration.control.snapshot import ClusterSnapshot, snapshot_cluster
+from laminar_orchestration.dataplane.checkpoint import download_snapshot
+from laminar_orchestration.dataplane.folding import resolve_logic
+from laminar_orchestration.dataplane.statestore import PartitionStateStore
+from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.processing.schema import StreamSchema
+from laminar_orchestration.protocol.capabilities import ReadStore
+from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.source import route
-from laminar_orchestration.store import open_store
+from laminar_orchestration.store import ObjectStore, open_store
 from laminar_orchestration.table import table_location, table_status
 from tests.processing import streams
 
@@ -70,7 +77,7 @@ class User:
             self.nodes[node] = subprocess.Popen(
                 [sys.executable, "-m", "laminar_orchestration.cli", "node", "run", "--node-id", str(node),
                  "--spark-master", "local[1]", "--heartbeat-timeout", "4", "--table-sync-interval", "1",
-                 "--spark-warm-up-batches", "0"],
+                 "--spark-warm-up-batches", "0", "--checkpoint-every-batches", "3"],
                 cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
 
@@ -154,6 +161,20 @@ def _partition_of(events: pa.Table, key: str) -> list[pa.Table]:
     """The events each partition's log holds, in log order (produce appends in file order, routed by key)."""
     routed = route(events[key], PARTITIONS)
     return [events.filter(pa.array(routed == p)) for p in range(PARTITIONS)]
+
+
+def _snapshot_rows(store: ObjectStore, partition: int, example: Example) -> tuple[int, list[dict[str, Any]]]:
+    """The state rows of a partition's newest committed snapshot, opened alone, and its offset (0, [] if none)."""
+    current = ManifestReader(store).current(PartitionId(partition))
+    snapshot = current.manifest.snapshot if current is not None else None
+    if snapshot is None:
+        return 0, []
+    schema = resolve_logic(store, 0, reference=None, given=None).processor.codec.schema
+    with tempfile.TemporaryDirectory(prefix="snapshot-") as tmp:
+        root = Path(tmp)
+        download_snapshot(ReadStore(store), snapshot, root / "db", root / "cache")
+        with PartitionStateStore.open_existing(root / "db", schema, partition=partition) as local:
+            return snapshot.source_offset, local.to_table().to_pylist()
 
 
 def _table_rows(store_url: str) -> list[dict[str, Any]]:
@@ -250,3 +271,11 @@ def _run_scenario(user: User, example: Example, store_url: str) -> None:
     for p, answer in enumerate(answers):
         state = json.loads(user.run("query", "--partition", str(p), "--json"))
         assert example.held(state["keys"]) == answer.held, f"partition {p} holds closed or expired state"
+    # The newest snapshot alone, without the deltas after it, holds just what was open at its offset:
+    # eviction and expiry reach the stored state itself, not only rows that later deltas mark deleted.
+    snapshots = [(p, _snapshot_rows(store, p, example)) for p in range(PARTITIONS)]
+    taken = [(p, offset, rows) for p, (offset, rows) in snapshots if offset > 0]
+    assert taken, "no partition has a snapshot past offset 0: the check below would be vacuous"
+    for p, offset, rows in taken:
+        open_then = example.answer(_partition_of(events, example.key)[p].slice(0, offset)).held
+        assert example.held(rows) == open_then, f"partition {p}'s snapshot at offset {offset} holds closed state"
