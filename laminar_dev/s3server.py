@@ -12,19 +12,17 @@ Why one request at a time in moto: moto evaluates ``If-None-Match`` /
 ``If-Match`` and then stores the object as two separate Python steps; two
 racing conditional PUTs could both pass the check, which would make our
 concurrency tests fail for moto's sake (or pass by luck). One request at a
-time makes each conditional write atomic, as it is on S3 (`SerializedApp`).
-Why a thread per connection all the same: the socket I/O stays outside that
-one-at-a-time section, so a client that stops mid-request (a paused zombie
-process, a slow upload) holds up only its own connection, never the server.
-The threads cost CPU: ~4.8 ms a request against ~3.7 ms answering one
-connection at a time, with 32 client connections open.
+time makes each conditional write atomic, as it is on S3. The server is one
+event loop (`laminar_dev.wsgi_loop`): every connection reads its whole request
+without blocking the others, so a client that stops mid-request (a paused
+zombie process, a slow upload) holds up only its own connection, and moto is
+then called on the loop's thread, one request after another.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import os
 import re
@@ -42,10 +40,11 @@ from typing import Any, Literal
 import boto3
 from botocore.config import Config
 
+from laminar_dev.wsgi_loop import RAW_HEADERS_KEY, WsgiLoopServer
+
 __all__ = [
     "FAKE_AWS_ENV",
     "AccessKey",
-    "SerializedApp",
     "create_iam_user",
     "enable_auth",
     "fake_aws_environ",
@@ -251,52 +250,38 @@ def _match_patterns_as_iam_does() -> None:
     access_control.IAMPolicyStatement._match = staticmethod(iam_pattern_match)  # type: ignore[method-assign, assignment]
 
 
-#: A connection idle this long mid-request is closed (its thread freed): a paused client is not waited for.
+#: A connection idle this long, between requests or mid-request, is closed: a paused client is not waited for.
 CONNECTION_TIMEOUT_S = 60.0
 
 
-class SerializedApp:
-    """A WSGI app called by one request at a time; bodies are read and responses collected outside.
+def _keeping_metadata_names(app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
+    """`app`, given the spelling of S3 metadata header names with underscores, as moto's own server does
+    (WSGI's HTTP_* keys drop such headers: `X_Foo` could otherwise pass for `X-Foo`)."""
+    from moto.core.request import (
+        PRESERVED_HEADER_NAMES_ENVIRON_KEY,
+        environ_key_for_header,
+        should_preserve_original_header_name,
+    )
 
-    The request body is read whole before the lock and the response iterable drained inside it, so
-    the app's check-then-store steps never interleave and no socket wait ever happens under the lock.
-    """
+    def call(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        headers: list[tuple[str, str]] = environ[RAW_HEADERS_KEY]
+        names: dict[str, str] = {}
+        for name, value in headers:
+            if should_preserve_original_header_name(name):
+                key = environ_key_for_header(name)
+                if key not in environ:
+                    names[key] = name
+                    environ[key] = value
+        environ[PRESERVED_HEADER_NAMES_ENVIRON_KEY] = names
+        return app(environ, start_response)
 
-    def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
-        self.app = app
-        self.lock = threading.Lock()
-
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-        stream = environ["wsgi.input"]
-        if environ.get("wsgi.input_terminated"):  # chunked: the server's stream ends at the body's end
-            body = stream.read()
-        else:
-            body = stream.read(int(environ.get("CONTENT_LENGTH") or 0))
-        environ["wsgi.input"] = io.BytesIO(body)
-        started: list[tuple[Any, ...]] = []
-        chunks: list[bytes] = []
-
-        def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], None]:
-            started[:] = [(status, headers, exc_info)]
-            return chunks.append
-
-        with self.lock:
-            result = self.app(environ, capture)
-            try:
-                chunks.extend(result)
-            finally:
-                close = getattr(result, "close", None)
-                if close is not None:
-                    close()
-        start_response(*started[0])
-        return chunks
+    return call
 
 
 def main(argv: list[str] | None = None) -> None:
     """Parse arguments, bind, publish the port, and serve until killed."""
     # Imported here: only the server process needs moto, not whoever starts it.
-    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
-    from werkzeug.serving import make_server
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
     _match_patterns_as_iam_does()
 
@@ -323,19 +308,10 @@ def main(argv: list[str] | None = None) -> None:
                 self.backend_of_host[host] = super().get_backend_for_host(host)
             return self.backend_of_host[host]
 
-    class TimingOutHandler(MotoRequestHandler):
-        timeout = CONNECTION_TIMEOUT_S
-
-    # make_server rather than run_simple: same server, but we can read the port the OS picked. A
-    # thread per connection for the I/O; `SerializedApp` keeps moto itself one request at a time.
-    server = make_server(
-        args.host,
-        args.port,
-        SerializedApp(HostCachingDispatcher()),
-        threaded=True,
-        request_handler=TimingOutHandler,
+    server = WsgiLoopServer(
+        _keeping_metadata_names(HostCachingDispatcher()), args.host, args.port, idle_timeout_s=CONNECTION_TIMEOUT_S
     )
-    port = server.server_port
+    port = server.port
     if args.port_file is not None:
         # Write then rename, so the harness never reads a half-written file.
         tmp = args.port_file.with_name(args.port_file.name + ".tmp")
@@ -344,12 +320,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"moto S3 server listening on http://{args.host}:{port}", file=sys.stderr, flush=True)
     if args.parent_pid is not None:
         _exit_when_orphaned(args.parent_pid)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
 
 
 if __name__ == "__main__":

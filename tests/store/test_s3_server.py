@@ -1,5 +1,5 @@
-"""The S3-protocol test server every S3 test stands on (`laminar_dev.s3server`): a client that stops in
-the middle of a request holds up only its own connection, and moto still sees one request at a time,
+"""The S3-protocol test server every S3 test stands on (`laminar_dev.s3server` on `laminar_dev.wsgi_loop`): a
+client that stops in the middle of a request holds up only its own connection, and moto sees one request at a time,
 so a conditional write stays atomic while many connections are open at once (the racing-writers
 contract itself is `tests/store/test_base.py`'s, run against this server).
 """
@@ -7,13 +7,16 @@ contract itself is `tests/store/test_base.py`'s, run against this server).
 from __future__ import annotations
 
 import contextlib
-import io
 import socket
 import threading
 import time
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 from urllib.parse import urlsplit
 
-from laminar_dev.s3server import SerializedApp
+from laminar_dev.wsgi_loop import WsgiLoopServer
 from laminar_orchestration.store.s3 import S3ObjectStore
 
 
@@ -43,7 +46,7 @@ def test_the_app_behind_the_server_never_runs_two_requests_at_once() -> None:
     inside, most = 0, 0
     count = threading.Lock()
 
-    def app(environ: dict[str, object], start_response: object) -> list[bytes]:
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         nonlocal inside, most
         with count:
             inside += 1
@@ -51,20 +54,25 @@ def test_the_app_behind_the_server_never_runs_two_requests_at_once() -> None:
         time.sleep(0.01)  # a check and a store with a gap between them, as moto's conditional writes
         with count:
             inside -= 1
-        start_response("200 OK", [])  # type: ignore[operator]
-        return [environ["wsgi.input"].read()]  # type: ignore[attr-defined]
+        start_response("200 OK", [("Content-Type", "application/octet-stream")])
+        return [environ["wsgi.input"].read()]
 
-    serialized = SerializedApp(app)
-    bodies: list[bytes] = []
+    server = WsgiLoopServer(app, "127.0.0.1", 0, idle_timeout_s=5)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.port}/echo"
 
-    def call(i: int) -> None:
-        environ = {"wsgi.input": io.BytesIO(f"body-{i}".encode()), "CONTENT_LENGTH": str(len(f"body-{i}"))}
-        bodies.extend(serialized(environ, lambda status, headers, exc_info=None: None))
+    def call(i: int) -> bytes:
+        body = f"body-{i}".encode()
+        if i % 2:  # chunked, as a streamed upload sends it
+            request = urllib.request.Request(url, data=iter([body[:3], body[3:]]), method="PUT")
+            request.add_header("Transfer-Encoding", "chunked")
+        else:
+            request = urllib.request.Request(url, data=body, method="PUT")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            answer: bytes = response.read()
+            return answer
 
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    with ThreadPoolExecutor(16) as pool:
+        bodies = list(pool.map(call, range(32)))
     assert most == 1, f"{most} requests ran in the app at once"
-    assert sorted(bodies) == sorted(f"body-{i}".encode() for i in range(16))
+    assert bodies == [f"body-{i}".encode() for i in range(32)]
