@@ -85,6 +85,11 @@ def _options(*, create: bool) -> Options:
     opts.create_if_missing(create)
     table = BlockBasedOptions()
     table.set_bloom_filter(BLOOM_BITS_PER_KEY, False)
+    # No block cache: mmapped plain blocks are read in place, so the default 32 MB cache only held
+    # copies (a lookup, a 4 KB copy and an eviction per read of a large state). A 1,050-key
+    # multi-get of a 2.7M-key store takes ~6 % less CPU (5.9 -> 5.6 ms) and a store up to 32 MB
+    # less memory. Blocks of files written compressed are decompressed on each read until compacted.
+    table.disable_cache()
     opts.set_block_based_table_factory(table)
     # A whole-key bloom filter on the memtable too (1.3 MB of a 64 MB memtable, ~16 bits a key):
     # a batch's keys that sit in the files skip the search of a memtable of up to ~1M entries.

@@ -194,4 +194,18 @@ def test_a_store_written_with_compressed_blocks_still_opens_and_reads(tmp_path: 
     reopened = PartitionStateStore.open_existing(tmp_path / "old", schema, partition=0)
     assert reopened.source_offset == 1
     assert reopened.to_table().to_pylist() == sorted(rows.to_pylist(), key=lambda r: r["key"])
+    # Point reads too: with no block cache, each one decompresses its block.
+    keys = ["k1999", "missing", "k0", "k1000"]
+    read = reopened.get_many(keys)
+    assert read.to_pylist() == [
+        {f.name: int(k[1:]) for f in schema} if k != "missing" else dict.fromkeys(schema.names) for k in keys
+    ]
     reopened.close()
+
+
+def test_a_store_keeps_no_block_cache_beside_its_mapped_files(tmp_path: Path) -> None:
+    """Reads are served in place from the memory-mapped files: a partition's store holds no block
+    cache of copies (RocksDB's default would take up to 32 MB per store)."""
+    state = PartitionStateStore(tmp_path / "state", keyed_aggregation.state_schema, partition=0)
+    assert state._db.property_value("rocksdb.block-cache-capacity") is None
+    state.close()
