@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from laminar_orchestration.protocol.source import generate_events
+from laminar_orchestration.protocol.producers import generate_events
 
 KEYS = 1_000
 EVENTS_PER_TICK = 1_000

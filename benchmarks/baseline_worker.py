@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from laminar_dev.localcluster import HEARTBEAT_TIMEOUT_S, wait_until
-from laminar_orchestration.protocol.source import generate_events
+from laminar_orchestration.protocol.producers import generate_events
 
 from .common import REPO_ROOT
 from .migration_cluster import HEARTBEAT_INTERVAL_S

@@ -22,8 +22,8 @@ from laminar_orchestration.protocol.chain import ManifestReader, ManifestUpdate,
 from laminar_orchestration.protocol.fencing import FencingToken, PartitionGuard
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import PartitionManifest
+from laminar_orchestration.protocol.producers import generate_events
 from laminar_orchestration.protocol.records import PartitionStatus
-from laminar_orchestration.protocol.source import generate_events
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 
 from .common import Row, TableReport

@@ -26,7 +26,8 @@ from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ops.verify import PartitionAudit, audit_store
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.producers import generate_events
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import ObjectStore, open_store
 
 HEARTBEAT_TIMEOUT_S = 3.0

@@ -32,8 +32,8 @@ from laminar_orchestration.control.operations import plan_rebalance, run_rebalan
 from laminar_orchestration.identity import PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.producers import generate_events
 from laminar_orchestration.protocol.records import now
-from laminar_orchestration.protocol.source import generate_events
 from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationKind, MigrationPhase
 
 HEARTBEAT_TIMEOUT_S = 3.0

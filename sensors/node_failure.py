@@ -4,7 +4,7 @@ Dagster's daemon evaluates sensors every 5 s, and launching a run costs a new
 process loading the code location (seconds more on a busy machine). Neither
 belongs on the path of a failover, so the sensor does the failover's critical
 part within its own evaluation. Every decision is the library's
-(`laminar_orchestration.control.operations`); this module only translates
+(`laminar_orchestration.control.dead_owners`); this module only translates
 them into run requests, asset events and a cursor:
 
 1. **Detect** (`wait_for_suspects`). Each evaluation watches the owning nodes
@@ -59,8 +59,7 @@ from jobs import (
     failover_partition,
 )
 from laminar_orchestration.control.coordinator import MigrationCoordinator
-from laminar_orchestration.control.moves import reinstate_all
-from laminar_orchestration.control.operations import (
+from laminar_orchestration.control.dead_owners import (
     FULL_LOOK_S,
     DrivenFailover,
     LookFocus,
@@ -70,6 +69,7 @@ from laminar_orchestration.control.operations import (
     plan_failovers,
     wait_for_suspects,
 )
+from laminar_orchestration.control.moves import reinstate_all
 from laminar_orchestration.control.ownership import ownership_rows, ownership_rows_patched, patch_rows
 from laminar_orchestration.protocol.ledger import ClusterNotInitialized, Ledger
 from laminar_orchestration.protocol.records import PartitionStatus

@@ -32,7 +32,7 @@ from laminar_orchestration.protocol.fencing import NotOwned, StaleEpoch, Unknown
 from laminar_orchestration.protocol.framing import BadMagic, FrameError
 from laminar_orchestration.protocol.ledger import ClusterAlreadyInitialized, ClusterNotInitialized
 from laminar_orchestration.protocol.records import CorruptLedgerObject
-from laminar_orchestration.protocol.segments import BadInputLine, CorruptSegment, InputFileError
+from laminar_orchestration.protocol.source_errors import BadInputLine, CorruptSegment, InputFileError
 from laminar_orchestration.protocol.tasks import InvalidTransition, MigrationKind, MigrationPhase
 from laminar_orchestration.store import InvalidStoreUrl, ObjectNotFound, PreconditionFailed, StoreUnavailable
 from laminar_orchestration.store.retry import AmbiguousWrite

@@ -46,19 +46,15 @@ STILL_LONG: dict[str, int] = {
     "laminar_dev/sim/invariants.py": 634,
     "laminar_dev/sim/node_actor.py": 636,
     "laminar_dev/sim/world.py": 558,
-    "laminar_orchestration/control/coordinator.py": 780,
     "laminar_orchestration/control/moves.py": 547,
-    "laminar_orchestration/control/operations.py": 678,
     "laminar_orchestration/protocol/chain.py": 613,
     "laminar_orchestration/protocol/ledger.py": 598,
-    "laminar_orchestration/protocol/segments.py": 623,
-    "laminar_orchestration/protocol/source.py": 683,
     "laminar_orchestration/table/committer.py": 573,
-    "tests/control/test_placement.py": 574,
-    "tests/dagster/test_sensors.py": 575,
+    "tests/control/test_placement.py": 573,
+    "tests/dagster/test_sensors.py": 572,
     "tests/dataplane/test_standby.py": 655,
     "tests/protocol/test_cluster_epoch.py": 562,
-    "tests/scenarios/test_least_privilege.py": 783,
+    "tests/scenarios/test_least_privilege.py": 781,
 }
 
 

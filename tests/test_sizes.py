@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from laminar_orchestration.control.coordinator import _phase_detail
+from laminar_orchestration.control.phase_waits import phase_detail
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.tasks import MigrationPhase, MigrationTask
 from laminar_orchestration.sizes import human_size
@@ -17,5 +17,5 @@ def test_a_phase_detail_names_the_bytes_moved_as_the_metadata_does() -> None:
     task = MigrationTask.model_construct(
         partition=PartitionId(0), from_node=NodeId(1), to_node=NodeId(2), from_epoch=3, to_epoch=4
     )
-    detail = _phase_detail(task, MigrationPhase.UPLOADING, 1, 3 * 1024**4, 10)
+    detail = phase_detail(task, MigrationPhase.UPLOADING, 1, 3 * 1024**4, 10)
     assert human_size(3 * 1024**4) in detail

@@ -28,7 +28,8 @@ from laminar_orchestration.protocol.capabilities import CheckpointWriter, Output
 from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate
 from laminar_orchestration.protocol.fencing import EpochError, PartitionGuard
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.producers import generate_events
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.protocol.tasks import MigrationConfig
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 from laminar_orchestration.store.retry import RetryingStore, RetryPolicy

@@ -44,9 +44,9 @@ from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.keys import manifest_history_key, manifest_pointer_key, release_key
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.records import LedgerError, PartitionStatus, ReleaseRecord, new_write_id, now
-from laminar_orchestration.protocol.segments import SourceEvent
 from laminar_orchestration.protocol.signing import SigningKey, SigningKeys, sign_record
 from laminar_orchestration.protocol.source import SourceLog
+from laminar_orchestration.protocol.source_events import SourceEvent
 from laminar_orchestration.store import PreconditionFailed, StoreError
 from laminar_orchestration.ulid import next_ulid
 

@@ -22,7 +22,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from laminar_orchestration.protocol import signing as signing_module
 from laminar_orchestration.protocol import source as source_module
 from laminar_orchestration.protocol.records import Record, SignedRecord
-from laminar_orchestration.protocol.segments import EVENT_SCHEMA, decode_segment
+from laminar_orchestration.protocol.segments import decode_segment
+from laminar_orchestration.protocol.source_events import EVENT_SCHEMA
 
 from . import invariants as invariants_module
 

@@ -18,6 +18,7 @@ from laminar_orchestration import clock as clock_module
 from laminar_orchestration.clock import current as current_clock
 from laminar_orchestration.control import coordinator as migration_module
 from laminar_orchestration.control import moves as moves_module
+from laminar_orchestration.control import phase_records as phase_records_module
 from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.dataplane import log_watch as log_watch_module
 from laminar_orchestration.dataplane.log_watch import LOG_ENDS_TRUST_S, LogWatch
@@ -26,8 +27,8 @@ from laminar_orchestration.ops import sweep as antientropy
 from laminar_orchestration.ops.sweep import EPOCH_METADATA, PARTITION_METADATA, SweepReport
 from laminar_orchestration.protocol import commit as commit_module
 from laminar_orchestration.protocol import nudge as nudge_module
-from laminar_orchestration.protocol import segments as segments_module
 from laminar_orchestration.protocol import source as source_module
+from laminar_orchestration.protocol import source_events as source_events_module
 from laminar_orchestration.protocol.capabilities import ledger_key
 from laminar_orchestration.protocol.chain import ManifestReader, ManifestVersion
 from laminar_orchestration.protocol.desired_states import DesiredState, DesiredStates, NodeAssignment, StalledMoves
@@ -42,7 +43,7 @@ from laminar_orchestration.protocol.ledger import EpochConflict, Ledger
 from laminar_orchestration.protocol.manifest import PartitionManifest
 from laminar_orchestration.protocol.migration_errors import MigrationEpochConflict, MigrationNotOwned
 from laminar_orchestration.protocol.records import now
-from laminar_orchestration.protocol.segments import SourceEvent
+from laminar_orchestration.protocol.source_events import SourceEvent
 from laminar_orchestration.protocol.tasks import MigrationTask
 from laminar_orchestration.store import ObjectNotFound, ObjectStore, PreconditionFailed
 
@@ -211,19 +212,19 @@ def _complete_grant_before_fix(self: Ledger, partition: PartitionId, ownership: 
 def _normalize_events_before_fix(
     normalize: Callable[[int, Sequence[SourceEvent] | pa.Table], pa.Table],
 ) -> Callable[[int, Sequence[SourceEvent] | pa.Table], pa.Table]:
-    """`source.normalize_events` (what `SourceLog.append` validates with) as before it checked that
+    """`source_events.normalize_events` (what `SourceLog.append` validates with) as before it checked that
     a key column's Arrow strings are UTF-8; the worker's check of a batch it cannot decode stays."""
 
     def nothing_invalid(values: pa.Array | pa.ChunkedArray) -> int | None:
         return None
 
     def unchecked(partition: int, events: Sequence[SourceEvent] | pa.Table) -> pa.Table:
-        check = segments_module.invalid_utf8_row
-        segments_module.invalid_utf8_row = nothing_invalid
+        check = source_events_module.invalid_utf8_row
+        source_events_module.invalid_utf8_row = nothing_invalid
         try:
             return normalize(partition, events)
         finally:
-            segments_module.invalid_utf8_row = check
+            source_events_module.invalid_utf8_row = check
 
     return unchecked
 
@@ -321,8 +322,9 @@ def reverted(knobs: Knobs) -> Iterator[None]:
     if knobs.revert_lost_fence_fix:
         patch(MigrationCoordinator, "_fence_old_owner", _fence_before_fix)
         patch(migration_module, "deadline_passed", lambda _task, at=None: False)
+        patch(phase_records_module, "deadline_passed", lambda _task, at=None: False)
     if knobs.revert_aborted_owner_fix:
-        patch(migration_module, "_took_epoch", lambda _task, _own: False)
+        patch(phase_records_module, "_took_epoch", lambda _task, _own: False)
         # Both repair a desired owner the ledger's owner is not: reverting one, revert the other.
         patch(moves_module, "stranded", _stranded_before_fix)
         patch(coordinator_actor_module, "stranded", _stranded_before_fix)
@@ -349,7 +351,7 @@ def reverted(knobs: Knobs) -> Iterator[None]:
         patch(LogWatch, "advanced", _advanced_before_fix)
         patch(LogWatch, "idle_until", _idle_until_before_fix)
     if knobs.revert_utf8_append_check:
-        patch(source_module, "normalize_events", _normalize_events_before_fix(segments_module.normalize_events))
+        patch(source_module, "normalize_events", _normalize_events_before_fix(source_events_module.normalize_events))
     try:
         yield
     finally:

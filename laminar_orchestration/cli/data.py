@@ -223,7 +223,8 @@ class Produce(Command):
         from laminar_orchestration.dataplane.backpressure import admit, partition_backpressure
         from laminar_orchestration.processing.schema import DEFAULT_STREAM_SCHEMA
         from laminar_orchestration.protocol.event_files import file_format, read_events
-        from laminar_orchestration.protocol.source import SourceLog, generate_events
+        from laminar_orchestration.protocol.producers import generate_events
+        from laminar_orchestration.protocol.source import SourceLog
         from laminar_orchestration.protocol.stream import read_stream_record
 
         if args.from_file is None and args.count is None:
@@ -277,7 +278,7 @@ def _check_partitions(path: str, events: pa.Table, partitions: int) -> None:
     anything is appended)."""
     from laminar_orchestration.processing.schema import EventsDoNotMatchSchema
     from laminar_orchestration.protocol.event_files import EventFileError
-    from laminar_orchestration.protocol.source import partition_numbers
+    from laminar_orchestration.protocol.source_events import partition_numbers
 
     if "partition" in events.column_names:
         try:
@@ -290,8 +291,8 @@ def _check_partitions(path: str, events: pa.Table, partitions: int) -> None:
 def _produce_jsonl(path: str, log: SourceLog) -> dict[int, AppendResult]:
     """The default stream's JSON lines from `path` (``-``: stdin, spooled to a file first: every line
     is checked before anything is appended)."""
-    from laminar_orchestration.protocol.segments import BadInputLine
-    from laminar_orchestration.protocol.source import produce_from_jsonl
+    from laminar_orchestration.protocol.producers import produce_from_jsonl
+    from laminar_orchestration.protocol.source_errors import BadInputLine
 
     if path != "-":
         return produce_from_jsonl(path, log)

@@ -2,8 +2,8 @@
 
 Everything here drives `MigrationCoordinator`s; the `laminar` CLI, the Dagster jobs and sensors,
 the demo and the chaos suite share it, so all of them honour the per-node concurrency limit and
-record failures the same way. Nothing here imports Dagster. What to move is decided by
-`control.placement` (pure) and `control.operations` (the operations: a rebalance, a failover).
+record failures the same way. Nothing here imports Dagster. What to move is decided by `control.placement`
+(pure), `control.operations` (a rebalance, a node's failover) and `control.dead_owners` (dead owners' failovers).
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ from laminar_orchestration.protocol.ledger import NodeIdentityConflict
 from laminar_orchestration.protocol.move_reports import MoveReporter
 from laminar_orchestration.protocol.nudge import NudgeListener
 from laminar_orchestration.protocol.records import NodeStatus
-from laminar_orchestration.protocol.segments import UndecodableSegment
+from laminar_orchestration.protocol.source_errors import UndecodableSegment
 from laminar_orchestration.protocol.tasks import MigrationKind, MigrationTask
 from laminar_orchestration.store import StoreError
 

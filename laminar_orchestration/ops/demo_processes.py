@@ -16,7 +16,8 @@ from typing import IO
 
 from laminar_orchestration.protocol.capabilities import ReadStore
 from laminar_orchestration.protocol.nudge import SourceDoorbell
-from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.producers import generate_events
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import StoreError, open_store
 
 # --- child processes ---------------------------------------------------------------------

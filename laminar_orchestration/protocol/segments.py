@@ -1,239 +1,38 @@
-"""Source events and segments: validation and normalisation of appended events, and the
-segment encoding the source log stores (`protocol.source`)."""
+"""Segments: how the source log stores events (frames of Parquet files, checked on read) and what its
+appends and reads hand back (`SegmentRef`, `AppendResult`, `SourceBatch`).
+
+The log itself, which creates and finds segments, is `protocol.source`.
+"""
 
 from __future__ import annotations
 
 import bisect
 import functools
-import math
 import os
 import secrets
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from laminar_orchestration.errors import CorruptDataError, InvalidInputError, LaminarError
-from laminar_orchestration.identity import MAX_PARTITIONS
 from laminar_orchestration.protocol.framing import FLAG_PUBLISHED, HEADER_SIZE, FrameHeader, iter_frames
 from laminar_orchestration.protocol.keys import segment_key
+from laminar_orchestration.protocol.source_errors import CorruptSegment, UndecodableSegment
+from laminar_orchestration.protocol.source_events import EVENT_SCHEMA, invalid_utf8_row
 
-#: Columns of every Parquet payload, in this order.
-EVENT_SCHEMA = pa.schema(
-    [
-        pa.field("offset", pa.int64(), nullable=False),
-        pa.field("key", pa.string(), nullable=False),
-        pa.field("value", pa.float64(), nullable=False),
-        pa.field("ts", pa.int64(), nullable=False),
-    ]
-)
-_INPUT_SCHEMA = pa.schema([f for f in EVENT_SCHEMA if f.name != "offset"])
 _WRITE_ID_META = b"laminar.write_id"
 #: The epoch field of source frames: the input log is not owned by a partition epoch,
 #: and epoch 0 is the reserved "no ownership" value.
 SOURCE_FRAME_EPOCH = 0
-
-
-#: Range of the int64 columns (``offset``, ``ts``): a larger number cannot be stored.
-INT64_MIN = -(2**63)
-INT64_MAX = 2**63 - 1
-#: Longest event key, in UTF-8 bytes: keys are state-store keys, not payloads.
-MAX_KEY_BYTES = 1024
-#: Longest JSONL input line, in bytes (newline excluded); lines are read with this bound.
-MAX_LINE_BYTES = 1024 * 1024
 #: Events per Parquet row group of a segment. Spark splits a file only between row groups: a
 #: large segment in several groups is scanned by every core, not by one task.
 ROW_GROUP_EVENTS = 131_072
 #: Columns a segment dictionary-encodes: keys and timestamps repeat, offsets and values rarely do.
 SEGMENT_DICTIONARY_COLUMNS = ["key", "ts"]
-
-
-# --- errors -------------------------------------------------------------------
-
-
-class SourceError(LaminarError):
-    """Base of source-log errors."""
-
-
-class SourceNotWritable(SourceError, InvalidInputError):
-    """An append through a log opened without the `SourceAppender` capability (a node's reading log)."""
-
-    partition: int
-
-    message = "cannot append to partition {partition}: this source log reads only (no SourceAppender)"
-
-
-class OffsetNotAtSegmentBoundary(SourceError, InvalidInputError):
-    """`offset` is neither the start of a segment nor the end of the log (`log_end`)."""
-
-    partition: int
-    offset: int
-    log_end: int
-
-    def _message(self) -> str:
-        where = "beyond the end of" if self.offset > self.log_end else "inside a segment of"
-        return (
-            f"source offset {self.offset} is {where} partition {self.partition} "
-            f"(log end {self.log_end}); committed offsets must be segment boundaries"
-        )
-
-
-class CorruptSegment(SourceError, CorruptDataError):
-    """A segment object that does not decode into the expected frames and events."""
-
-    key: str
-    reason: str
-
-    message = "corrupt source segment {key!r}: {reason}"
-
-
-class CorruptSourceHead(SourceError, CorruptDataError):
-    """A head pointer that does not parse (or moved backwards). Nothing overwrites it."""
-
-    key: str
-    reason: str
-
-    message = "corrupt source head {key!r}: {reason}"
-
-
-class InvalidEvents(SourceError, InvalidInputError):
-    """Events handed to `SourceLog.append` that do not fit the event schema.
-
-    `row` (0-based, in the events handed in) and `column` name the offending value when one does.
-    """
-
-    partition: int
-    reason: str
-    row: int | None = None
-    column: str | None = None
-
-    message = "invalid events for partition {partition}: {reason}"
-
-
-class UndecodableSegment(SourceError, CorruptDataError):
-    """A segment whose events cannot be decoded: a key that is not valid UTF-8, or unreadable column data.
-
-    `append` never writes one (it validates every key); it comes from a segment written before that
-    check, or by a writer that bypassed `append`. It is permanent: reading the segment again fails
-    the same way, so a node does not restart the partition (`Node`), and nothing of it is skipped.
-    `key` is the segment's object key, `start_offset` its first offset, `offset` the offending event's.
-    """
-
-    partition: int
-    key: str
-    start_offset: int
-    offset: int
-    reason: str
-
-    message = (
-        "undecodable source segment {key!r} (partition {partition}, segment at offset "
-        "{start_offset}): event at offset {offset}: {reason}; every read of it fails the same way"
-    )
-
-
-class PartitionOutOfRange(SourceError, InvalidInputError):
-    """A partition id below 0 or not below the configured partition count."""
-
-    partition: int
-    partitions: int | None
-
-    def _message(self) -> str:
-        limit = f"0..{self.partitions - 1}" if self.partitions is not None else ">= 0"
-        return f"partition {self.partition} out of range (expected {limit})"
-
-
-class BadInputLine(SourceError, InvalidInputError):
-    """A JSONL input line that is not a valid `SourceEvent`; nothing of the file was appended."""
-
-    path: str
-    line_number: int
-    reason: str
-
-    message = "{path}, line {line_number}: {reason} (nothing from this file was appended)"
-
-
-class InputFileError(SourceError, InvalidInputError):
-    """An input file that cannot be read (missing, a directory, no permission); nothing was appended."""
-
-    path: str
-    reason: str
-
-    message = "cannot read input file {path}: {reason} (nothing was appended)"
-
-
-# --- records and values ---------------------------------------------------------
-
-
-class SourceEvent(BaseModel):
-    """One input event. Strict: no string-to-number coercion, no bools, no extra fields.
-
-    Every field is range-checked so that a valid event always fits the event
-    schema: `partition` below `MAX_PARTITIONS`, `key` at most `MAX_KEY_BYTES`
-    UTF-8 bytes, `value` finite (ints are stored as float64), `ts` epoch millis
-    within int64; None means "stamp with the append time".
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    partition: int = Field(ge=0, lt=MAX_PARTITIONS)
-    key: str
-    value: float = Field(allow_inf_nan=False)
-    ts: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
-
-    @field_validator("key")
-    @classmethod
-    def _key_fits(cls, key: str) -> str:
-        try:
-            size = len(key.encode("utf-8"))
-        except UnicodeEncodeError as exc:
-            # A lone surrogate ("a\ud800") is a Python str but no UTF-8 string: the log could not store it.
-            raise ValueError(f"key is not valid Unicode: lone surrogate at index {exc.start}") from None
-        if size > MAX_KEY_BYTES:
-            raise ValueError(f"key is {size} bytes long, at most {MAX_KEY_BYTES} are allowed")
-        return key
-
-    @field_validator("value")
-    @classmethod
-    def _value_is_finite(cls, value: float) -> float:
-        # An int literal beyond float range becomes inf on conversion, past allow_inf_nan.
-        if not math.isfinite(value):
-            raise ValueError("value must be a finite number")
-        return value
-
-
-class SourceHead(BaseModel):
-    """The producers' CAS pointer: offsets below `next_offset` are all covered by segments."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    next_offset: int = Field(ge=0)
-    segments: int = Field(ge=0)
-    updated_at: datetime
-    #: Makes every head write's bytes unique, so a retry layer's read-back can tell
-    #: our write from an equal-looking one (and S3 ETags, MD5s, never repeat).
-    write_id: str = Field(default_factory=lambda: secrets.token_hex(8))
-
-
-class LogEnds(BaseModel):
-    """Each partition's log end as producers recorded it after their appends (`keys.LOG_ENDS_KEY`).
-
-    A hint merged by compare-and-swap, never ahead of the segments: a producer records an end
-    only after the segments below it exist. It may lag (a producer that died before recording),
-    so a node that waits on it still polls each log now and then.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    ends: dict[int, int]
-    updated_at: datetime
-    write_id: str = Field(default_factory=lambda: secrets.token_hex(8))
 
 
 @dataclass(frozen=True)
@@ -368,142 +167,7 @@ class SourceBatch:
         return table
 
 
-# --- event normalization and segment encoding ----------------------------------
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def invalid_utf8_row(values: pa.Array | pa.ChunkedArray) -> int | None:
-    """Index of the first value of string array `values` that is not valid UTF-8; None when all are.
-
-    pyarrow builds string arrays from bytes without checking them (a Parquet file's string column, a
-    cast with ``safe=False``). One vectorised validation of the whole array; only when it fails, a
-    bisection over slices (each validated the same way) finds the row.
-    """
-    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
-    base = 0
-    for chunk in chunks:
-        try:
-            chunk.validate(full=True)
-        except pa.ArrowInvalid:
-            lo, hi = 0, len(chunk)  # the first invalid value is in [lo, hi)
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                try:
-                    chunk.slice(lo, mid - lo).validate(full=True)
-                    lo = mid
-                except pa.ArrowInvalid:
-                    hi = mid
-            return base + lo
-        base += len(chunk)
-    return None
-
-
-def normalize_events(partition: int, events: Sequence[SourceEvent] | pa.Table) -> pa.Table:
-    """Validate and convert events into a table with columns key, value, ts (no offsets).
-
-    A table needs columns ``key`` (string, valid UTF-8) and ``value`` (integer or float); ``ts``
-    (integer millis or timestamp) is optional and nulls in it are stamped with the
-    current time; a ``partition`` column, if present, must equal `partition`. An
-    ``offset`` column is rejected: offsets are assigned by the log. A key that is not valid UTF-8
-    (Arrow strings are unchecked bytes) or holds a lone surrogate raises `InvalidEvents` naming its row.
-    """
-    if isinstance(events, pa.Table):
-        return _normalize_table(partition, events)
-    for i, ev in enumerate(events):
-        if not isinstance(ev, SourceEvent):
-            raise InvalidEvents(partition, f"event {i} is {type(ev).__name__}, not SourceEvent")
-        if ev.partition != partition:
-            raise InvalidEvents(partition, f"event {i} belongs to partition {ev.partition}")
-    # One pass per column; SourceEvent was validated on construction (unless built by `model_construct`).
-    try:
-        keys = pa.array([ev.key for ev in events], pa.string())
-    except UnicodeEncodeError:
-        row = next(i for i, ev in enumerate(events) if not _encodes(ev.key))
-        raise InvalidEvents(
-            partition, f"key of event {row} is not valid Unicode (lone surrogate)", row, "key"
-        ) from None
-    table = pa.table(
-        {
-            "key": keys,
-            "value": pa.array([ev.value for ev in events], pa.float64()),
-            "ts": pa.array([ev.ts for ev in events], pa.int64()),
-        }
-    )
-    return _normalize_table(partition, table)
-
-
-def _encodes(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _normalize_table(partition: int, table: pa.Table) -> pa.Table:
-    names = set(table.column_names)
-    unknown = names - {"key", "value", "ts", "partition"}
-    if unknown:
-        hint = "; offsets are assigned by the log" if "offset" in unknown else ""
-        raise InvalidEvents(partition, f"unexpected column(s) {sorted(unknown)}{hint}")
-    missing = {"key", "value"} - names
-    if missing:
-        raise InvalidEvents(partition, f"missing column(s) {sorted(missing)}")
-    n = table.num_rows
-
-    if "partition" in names:
-        col = table.column("partition")
-        if not pa.types.is_integer(col.type):
-            raise InvalidEvents(partition, f"column 'partition' has type {col.type}, not integer")
-        if col.null_count or (n and not pc.all(pc.equal(col, partition)).as_py()):
-            raise InvalidEvents(partition, "column 'partition' holds other partitions or nulls")
-
-    key = table.column("key")
-    stringy = pa.types.is_string(key.type) or pa.types.is_large_string(key.type)
-    if not stringy and not (pa.types.is_dictionary(key.type) and pa.types.is_string(key.type.value_type)):
-        raise InvalidEvents(partition, f"column 'key' has type {key.type}, not string")
-    key = key if key.type == pa.string() else pc.cast(key, pa.string())  # a cast to its own type does nothing
-    if key.null_count:
-        raise InvalidEvents(partition, f"column 'key' has {key.null_count} null(s)")
-    # Arrow strings are bytes nobody checked (a Parquet file's, a cast's): a key that is not UTF-8 would
-    # enter the immutable log, and every batch reading it would fail.
-    bad = invalid_utf8_row(key)
-    if bad is not None:
-        raw = pc.cast(key, pa.binary())[bad].as_py()
-        raise InvalidEvents(partition, f"column 'key', row {bad}: {raw[:64]!r} is not valid UTF-8", bad, "key")
-
-    value = table.column("value")
-    if not (pa.types.is_integer(value.type) or pa.types.is_floating(value.type)):
-        raise InvalidEvents(partition, f"column 'value' has type {value.type}, not a number")
-    try:
-        value = value if value.type == pa.float64() else pc.cast(value, pa.float64())
-    except pa.ArrowInvalid as exc:
-        raise InvalidEvents(partition, f"column 'value': {exc}") from exc
-    if value.null_count:
-        raise InvalidEvents(partition, f"column 'value' has {value.null_count} null(s)")
-    if n and not pc.all(pc.is_finite(value)).as_py():
-        raise InvalidEvents(partition, "column 'value' holds NaN or infinity")
-
-    if "ts" in names:
-        ts = table.column("ts")
-        if pa.types.is_timestamp(ts.type):
-            ts = pc.cast(pc.cast(ts, pa.timestamp("ms")), pa.int64())
-        elif pa.types.is_integer(ts.type) or pa.types.is_null(ts.type):
-            try:
-                ts = ts if ts.type == pa.int64() else pc.cast(ts, pa.int64())
-            except pa.ArrowInvalid as exc:
-                raise InvalidEvents(partition, f"column 'ts': {exc}") from exc
-        else:
-            raise InvalidEvents(partition, f"column 'ts' has type {ts.type}, not integer millis")
-        if ts.null_count:
-            ts = pc.fill_null(ts, _now_ms())
-    else:
-        ts = pa.array(np.full(n, _now_ms(), dtype=np.int64))
-
-    return pa.Table.from_arrays([key, value, ts], schema=_INPUT_SCHEMA)
+# --- encoding and decoding ----------------------------------------------------
 
 
 def encode_segment(

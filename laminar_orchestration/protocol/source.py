@@ -29,16 +29,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import os
 import secrets
 import threading
-import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pydantic import ValidationError
 
 from laminar_orchestration.processing.schema import (
@@ -49,37 +46,35 @@ from laminar_orchestration.processing.schema import (
 )
 from laminar_orchestration.protocol.capabilities import ReadStore, SourceAppender, SourceKey, source_key
 from laminar_orchestration.protocol.keys import LOG_ENDS_KEY, segment_key, source_head_key
+from laminar_orchestration.protocol.log_ends import RecordedEnds, SourceHead, parse_log_ends
 from laminar_orchestration.protocol.nudge import SourceDoorbell
 from laminar_orchestration.protocol.segments import (
-    _INPUT_SCHEMA,
-    EVENT_SCHEMA,
-    MAX_LINE_BYTES,
     SEGMENT_DICTIONARY_COLUMNS,
     AppendResult,
-    BadInputLine,
-    CorruptSourceHead,
-    InputFileError,
-    InvalidEvents,
-    LogEnds,
-    OffsetNotAtSegmentBoundary,
-    PartitionOutOfRange,
     SegmentRef,
     SourceBatch,
-    SourceEvent,
-    SourceHead,
-    SourceNotWritable,
     _Segment,
     decode_segment,
     encode_segment,
+)
+from laminar_orchestration.protocol.source_errors import (
+    CorruptSourceHead,
+    OffsetNotAtSegmentBoundary,
+    PartitionOutOfRange,
+    SourceNotWritable,
+)
+from laminar_orchestration.protocol.source_events import (
+    EVENT_SCHEMA,
+    SourceEvent,
+    as_table,
     normalize_events,
+    partition_numbers,
+    route,
 )
 from laminar_orchestration.protocol.versioned import VersionedObject
 from laminar_orchestration.store import ConcurrentModification, ObjectStore, PreconditionFailed, StoreError
 
 log = logging.getLogger(__name__)
-
-#: A producer merges its log ends over this many concurrent producers' writes at most.
-_ENDS_ATTEMPTS = 20
 
 # --- the log --------------------------------------------------------------------
 
@@ -125,8 +120,6 @@ class SourceLog:
         self._heads: dict[int, tuple[int, int, str]] = {}
         #: Told each partition's new log end after an append (advisory: its owner reads it at once).
         self.doorbell = doorbell
-        #: The log ends object as this producer last wrote it (ETag, ends): the next merge starts there.
-        self._ends: tuple[str | None, dict[int, int]] | None = None
         # Appending takes the `SourceAppender` capability: a log opened on a `ReadStore` (a node's) reads only.
         self._appender: SourceAppender | None = None
         self._reads: ReadStore
@@ -134,6 +127,8 @@ class SourceLog:
             self._appender = self._reads = SourceAppender(store)
         else:
             self._reads = store
+        #: The log ends the nodes watch, as this producer last wrote them: the next merge starts there.
+        self._ends = RecordedEnds(self._reads)
 
     def _append_capability(self, partition: int) -> SourceAppender:
         if self._appender is None:
@@ -291,43 +286,12 @@ class SourceLog:
             self.doorbell.ring(ends)
 
     def _merge_ends(self, ends: Mapping[int, int]) -> None:
-        appender = self._append_capability(min(ends))
-        key = source_key(LOG_ENDS_KEY)
-        known = self._ends
-        for _attempt in range(_ENDS_ATTEMPTS):
-            if known is None:
-                obj = self._reads.get(LOG_ENDS_KEY)
-                known = (None, {}) if obj is None else (obj.etag, self._parse_ends(obj.data, replace=True))
-            etag, current = known
-            merged = dict(current)
-            for p, end in ends.items():
-                merged[p] = max(end, merged.get(p, 0))
-            data = LogEnds(ends=merged, updated_at=datetime.now(UTC)).model_dump_json().encode()
-            try:
-                written = appender.create_source(key, data) if etag is None else appender.swap_source(key, data, etag)
-            except (PreconditionFailed, ConcurrentModification):
-                known = None  # another producer recorded ends meanwhile: merge with theirs
-                continue
-            self._ends = (written, merged)
-            return
-        self._ends = None
-        raise ConcurrentModification(LOG_ENDS_KEY)
-
-    @staticmethod
-    def _parse_ends(data: bytes, *, replace: bool = False) -> dict[int, int]:
-        """The ends in a stored object; with `replace`, a corrupt one counts as empty (it is a hint)."""
-        try:
-            return dict(LogEnds.model_validate_json(data).ends)
-        except ValidationError as exc:
-            if replace:
-                log.warning("replacing the corrupt log ends %s: %s", LOG_ENDS_KEY, exc.errors()[0].get("msg"))
-                return {}
-            raise CorruptSourceHead(LOG_ENDS_KEY, str(exc.errors()[0].get("msg"))) from exc
+        self._ends.merge(self._append_capability(min(ends)), ends)
 
     def log_ends(self) -> dict[int, int] | None:
         """Each partition's log end as producers recorded it (a hint that may lag); None before any."""
         obj = self._reads.get(LOG_ENDS_KEY)
-        return None if obj is None else self._parse_ends(obj.data)
+        return None if obj is None else parse_log_ends(obj.data)
 
     def _prepare(self, partition: int, events: Sequence[SourceEvent] | pa.Table) -> pa.Table:
         """`events` checked and in the columns the log stores (without offsets)."""
@@ -533,151 +497,3 @@ class SourceLog:
         while (batch := self.read(partition, offset, max_events)) is not None:
             yield batch
             offset = batch.end_offset
-
-
-# --- producers -----------------------------------------------------------------
-
-
-def route(keys: pa.Array | pa.ChunkedArray, partitions: int) -> np.ndarray:
-    """Each key's partition: ``zlib.crc32`` of its UTF-8 text (an integer key: its decimal text, so
-    ``7`` and ``"7"`` agree) modulo `partitions`. A key's events always land in one partition, so its
-    state stays there; the same key routes the same way in every producer and every version. A null
-    key (no stream allows one) routes to partition 0."""
-    text = pc.cast(keys, pa.string())
-    encoded = pc.dictionary_encode(text.combine_chunks() if isinstance(text, pa.ChunkedArray) else text)
-    # One CRC per distinct key: streams repeat their keys.
-    each = np.array(
-        [zlib.crc32(k.encode()) % partitions for k in encoded.dictionary.to_pylist()] or [0], dtype=np.int64
-    )
-    indices = pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False)
-    routed: np.ndarray = np.where(pc.is_valid(encoded).to_numpy(zero_copy_only=False), each[indices], 0)
-    return routed
-
-
-def partition_numbers(column: pa.Array | pa.ChunkedArray, partitions: int) -> np.ndarray:
-    """A ``partition`` column's values, each an integer within 0..`partitions` - 1, or
-    `EventsDoNotMatchSchema` naming the first row that is not."""
-    if not pa.types.is_integer(column.type):
-        raise EventsDoNotMatchSchema("partition", None, f"has type {column.type}, not an integer")
-    values = column.to_numpy(zero_copy_only=False)
-    bad = np.flatnonzero(~pc.is_valid(column).to_numpy(zero_copy_only=False))
-    if not bad.size:
-        bad = np.flatnonzero((values < 0) | (values >= partitions))
-    if bad.size:
-        row = int(bad[0])
-        raise EventsDoNotMatchSchema("partition", row, f"{column[row].as_py()} is not within 0..{partitions - 1}")
-    numbers: np.ndarray = values.astype(np.int64)
-    return numbers
-
-
-def as_table(partition: int, events: object) -> pa.Table:
-    """Events as a pyarrow Table: a Table as it is, a pandas DataFrame or a polars DataFrame converted."""
-    if isinstance(events, pa.Table):
-        return events
-    to_arrow = getattr(events, "to_arrow", None)
-    if callable(to_arrow):  # polars
-        converted = to_arrow()
-        if isinstance(converted, pa.Table):
-            return converted
-    if type(events).__module__.startswith("pandas"):
-        return pa.Table.from_pandas(events, preserve_index=False)
-    raise InvalidEvents(
-        partition, f"events are {type(events).__name__}; give a pyarrow Table or a pandas/polars DataFrame"
-    )
-
-
-def produce_from_jsonl(path: str | os.PathLike[str], log: SourceLog) -> dict[int, AppendResult]:
-    """Append the events of a JSONL file (one `SourceEvent` object per line).
-
-    Every line is validated before anything is appended: a bad line raises
-    `BadInputLine` naming the file and the 1-based line number, and nothing of
-    the file is appended; a file that cannot be read raises `InputFileError`.
-    Lines longer than `MAX_LINE_BYTES` are rejected without reading them
-    whole (``/dev/zero`` fails fast). Blank lines are skipped. Returns one
-    result per partition that received events. (A store failure midway can
-    still leave earlier partitions appended; each partition's append is
-    all-or-nothing per segment.)
-    """
-    keys: dict[int, list[str]] = {}
-    values: dict[int, list[float]] = {}
-    stamps: dict[int, list[int | None]] = {}
-    name = os.fspath(path)
-    try:
-        with open(path, "rb") as fh:
-            line_number = 0
-            while raw := fh.readline(MAX_LINE_BYTES + 2):  # the line, its newline (maybe CRLF), one more
-                line_number += 1
-                if len(raw.rstrip(b"\r\n")) > MAX_LINE_BYTES:
-                    raise BadInputLine(name, line_number, f"line is longer than {MAX_LINE_BYTES} bytes")
-                if not raw.strip():
-                    continue
-                ev = _parse_line(name, line_number, raw, log.partitions)
-                keys.setdefault(ev.partition, []).append(ev.key)
-                values.setdefault(ev.partition, []).append(ev.value)
-                stamps.setdefault(ev.partition, []).append(ev.ts)
-    except FileNotFoundError:
-        raise InputFileError(name, "no such file") from None
-    except IsADirectoryError:
-        raise InputFileError(name, "it is a directory, not a file") from None
-    except OSError as exc:
-        raise InputFileError(name, exc.strerror or str(exc)) from None
-    tables = {
-        partition: pa.table(
-            {
-                "key": pa.array(keys[partition], pa.string()),
-                "value": pa.array(values[partition], pa.float64()),
-                "ts": pa.array(stamps[partition], pa.int64()),
-            }
-        )
-        for partition in sorted(keys)
-    }
-    return log.append_many(tables)
-
-
-def _parse_line(path: str, line_number: int, raw: bytes, partitions: int | None) -> SourceEvent:
-    try:
-        ev = SourceEvent.model_validate_json(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        reason = f"{where}: {first['msg']}" if where else str(first["msg"])
-        raise BadInputLine(path, line_number, reason) from None
-    if partitions is not None and ev.partition >= partitions:
-        raise BadInputLine(path, line_number, f"partition: {ev.partition} out of range 0..{partitions - 1}")
-    return ev
-
-
-#: First timestamp of `generate_events` (2023-11-14T22:13:20Z), fixed for determinism.
-GENERATOR_START_TS = 1_700_000_000_000
-
-
-def generate_events(
-    count: int,
-    keys: int,
-    seed: int,
-    partitions: int,
-    *,
-    integer_values: bool = False,
-    start_ts: int = GENERATOR_START_TS,
-) -> dict[int, pa.Table]:
-    """Deterministic load: `count` events over keys "k0".."k{keys-1}", split by partition.
-
-    Key ``k{i}`` always goes to partition ``i % partitions`` (keyed state stays in
-    one partition). Values are uniform floats in [0, 100), or integers in [0, 100]
-    (exact sums for exactly-once checks) with `integer_values`. ``ts`` increases by
-    1 ms per event from `start_ts` in global event order. Every partition gets a
-    table (possibly empty) with columns key, value, ts, ready for `SourceLog.append`.
-    """
-    if count < 0 or keys < 1 or partitions < 1:
-        raise ValueError("need count >= 0, keys >= 1, partitions >= 1")
-    rng = np.random.default_rng(seed)
-    key_idx = rng.integers(0, keys, size=count, dtype=np.int64)
-    if integer_values:
-        vals = rng.integers(0, 101, size=count).astype(np.float64)
-    else:
-        vals = rng.random(count) * 100.0
-    ts = np.arange(start_ts, start_ts + count, dtype=np.int64)
-    names = pa.array([f"k{i}" for i in range(keys)], pa.string())
-    table = pa.Table.from_arrays([names.take(pa.array(key_idx)), pa.array(vals), pa.array(ts)], schema=_INPUT_SCHEMA)
-    part_of = key_idx % partitions
-    return {p: table.filter(pa.array(part_of == p)) for p in range(partitions)}

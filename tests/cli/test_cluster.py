@@ -14,8 +14,9 @@ from laminar_orchestration import cli
 from laminar_orchestration.identity import MAX_PARTITIONS, NodeId, PartitionId
 from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.producers import generate_events
 from laminar_orchestration.protocol.records import PartitionProgress
-from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import open_store
 from tests.cli.conftest import run_error, snapshot
 from tests.processes import laminar

@@ -16,8 +16,9 @@ from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.keys import segment_key
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.segments import MAX_KEY_BYTES, MAX_LINE_BYTES
+from laminar_orchestration.protocol.producers import MAX_LINE_BYTES
 from laminar_orchestration.protocol.source import SourceLog
+from laminar_orchestration.protocol.source_events import MAX_KEY_BYTES
 from laminar_orchestration.store import LocalObjectStore, open_store
 from tests.cli.conftest import run_error, snapshot
 from tests.commits import commit_all

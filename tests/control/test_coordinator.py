@@ -23,8 +23,9 @@ from laminar_orchestration.protocol import migration_errors
 from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.membership import NodeHandle
+from laminar_orchestration.protocol.producers import generate_events
 from laminar_orchestration.protocol.records import PartitionProgress, now
-from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.protocol.tasks import (
     GRACEFUL_PHASES,
     MigrationConfig,

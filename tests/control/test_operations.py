@@ -16,15 +16,14 @@ import pytest
 
 from laminar_orchestration.control import operations
 from laminar_orchestration.control.coordinator import MigrationCoordinator
-from laminar_orchestration.control.operations import (
-    NodeFailoverPlan,
+from laminar_orchestration.control.dead_owners import (
     PlannedFailover,
     drive_failovers,
-    fail_over_node,
     look_focus,
     plan_failovers,
     wait_for_suspects,
 )
+from laminar_orchestration.control.operations import NodeFailoverPlan, fail_over_node
 from laminar_orchestration.control.snapshot import live_node_ids
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader, ManifestUpdate

@@ -47,7 +47,8 @@ from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.migration_errors import NoLiveNode
-from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.producers import generate_events
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationError, MigrationKind, MigrationPhase
 from laminar_orchestration.store import LocalObjectStore
 from tests.ledgers import make_alive, make_dead, new_ledger
@@ -302,9 +303,7 @@ def _dead_node_1_holds_p0_to_p2(ledger: Ledger) -> None:
     ledger.acquire(P(3), N(2), expected_epoch=0)
 
 
-def test_a_node_failover_moves_what_its_assignment_names_first_then_what_only_the_ledger_shows(
-    ledger: Ledger,
-) -> None:
+def test_a_node_failover_moves_what_its_assignment_names_first_then_what_only_the_ledger_shows(ledger: Ledger) -> None:
     """The first pass reads the dead node's assignment, not every partition's owner; the look at
     every owner afterwards finds a partition the assignment missed (its writer died before it)."""
     _dead_node_1_holds_p0_to_p2(ledger)

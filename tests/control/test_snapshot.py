@@ -21,8 +21,9 @@ from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.desired_states import DesiredState, DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.producers import generate_events
 from laminar_orchestration.protocol.records import PartitionProgress
-from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.protocol.tasks import MigrationConfig
 from laminar_orchestration.store.metering import RequestMeter
 from tests.commits import commit_all

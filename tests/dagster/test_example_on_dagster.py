@@ -27,7 +27,7 @@ from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.records import PartitionStatus
-from laminar_orchestration.protocol.source import route
+from laminar_orchestration.protocol.source_events import route
 from laminar_orchestration.store import open_store
 from laminar_orchestration.table import table_location, table_status
 from tests.processing import streams

@@ -29,8 +29,8 @@ from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.producers import generate_events
 from laminar_orchestration.protocol.records import NodeStatus, PartitionStatus
-from laminar_orchestration.protocol.source import generate_events
 from laminar_orchestration.store import open_store
 from laminar_orchestration.table import table_location
 from resources import LaminarResource, spark_resource_from_env

@@ -43,7 +43,8 @@ from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.desired_states import DesiredState, DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.producers import generate_events
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.protocol.tasks import MigrationConfig, MigrationPhase
 from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.store.metering import RequestMeter
@@ -236,11 +237,7 @@ def failed_run(
 ) -> tuple[DagsterInstance, Any]:
     instance = DagsterInstance.ephemeral()
     result = job.execute_in_process(
-        run_config=run_config,
-        instance=instance,
-        resources={"laminar": laminar},
-        raise_on_error=False,
-        tags=tags or {},
+        run_config=run_config, instance=instance, resources={"laminar": laminar}, raise_on_error=False, tags=tags or {}
     )
     assert not result.success
     return instance, result

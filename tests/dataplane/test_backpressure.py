@@ -15,7 +15,8 @@ from laminar_orchestration.dataplane.backpressure import (
 from laminar_orchestration.dataplane.errors import Backpressure
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.producers import generate_events
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import ObjectStore
 from tests.commits import commit_all
 from tests.processes import laminar

@@ -23,8 +23,9 @@ from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.move_reports import MoveReports
 from laminar_orchestration.protocol.nudge import SourceDoorbell
+from laminar_orchestration.protocol.producers import generate_events
 from laminar_orchestration.protocol.records import PartitionProgress
-from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.protocol.tasks import MigrationPhase
 from laminar_orchestration.store import ObjectStore, StoreUnavailable
 from laminar_orchestration.store.metering import RequestMeter

@@ -13,7 +13,8 @@ from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ops.report import render_html
 from laminar_orchestration.ops.timeline import FAILOVER, MIGRATION, PLACEMENT, collect_report
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.producers import generate_events
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import LocalObjectStore
 from tests.commits import commit_all
 

@@ -36,7 +36,8 @@ from laminar_orchestration.protocol.keys import (
     source_partition_prefix,
 )
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.producers import generate_events
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.ulid import next_ulid
 from tests.commits import commit_all

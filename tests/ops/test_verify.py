@@ -24,7 +24,8 @@ from laminar_orchestration.protocol.capabilities import OutputCommitter
 from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
 from laminar_orchestration.protocol.fencing import FencingToken
 from laminar_orchestration.protocol.manifest import ArtifactRef
-from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.producers import generate_events
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import LocalObjectStore
 from tests.commits import commit_all
 from tests.ledgers import new_ledger

@@ -32,8 +32,9 @@ from laminar_orchestration.protocol.capabilities import (
     storage_policies,
 )
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.segments import SourceNotWritable
-from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.producers import generate_events
+from laminar_orchestration.protocol.source import SourceLog
+from laminar_orchestration.protocol.source_errors import SourceNotWritable
 from laminar_orchestration.store import LocalObjectStore
 from laminar_orchestration.ulid import next_ulid
 from tests.iam import (

@@ -28,9 +28,10 @@ from laminar_orchestration.protocol.fencing import EpochError, FencingToken
 from laminar_orchestration.protocol.keys import manifest_history_key, manifest_pointer_key
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import PartitionManifest
+from laminar_orchestration.protocol.producers import generate_events
 from laminar_orchestration.protocol.records import PartitionProgress
 from laminar_orchestration.protocol.signing import sign_record
-from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import LocalObjectStore, ObjectStore
 from laminar_orchestration.ulid import next_ulid
 from tests.dataplane.plane import running

@@ -18,7 +18,8 @@ from laminar_orchestration.protocol.capabilities import (
 )
 from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.producers import generate_events
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.ulid import next_ulid, ulid_time_ms
 from tests.commits import commit_all

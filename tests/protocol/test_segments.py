@@ -23,25 +23,29 @@ from laminar_orchestration.protocol.framing import (
 )
 from laminar_orchestration.protocol.keys import segment_key
 from laminar_orchestration.protocol.segments import (
-    EVENT_SCHEMA,
-    MAX_KEY_BYTES,
     ROW_GROUP_EVENTS,
     SOURCE_FRAME_EPOCH,
+    SourceBatch,
+    decode_segment,
+    encode_segment,
+)
+from laminar_orchestration.protocol.source import SourceLog
+from laminar_orchestration.protocol.source_errors import (
     BadInputLine,
     CorruptSegment,
     CorruptSourceHead,
     InvalidEvents,
     OffsetNotAtSegmentBoundary,
     PartitionOutOfRange,
-    SourceBatch,
-    SourceEvent,
     UndecodableSegment,
-    decode_segment,
-    encode_segment,
+)
+from laminar_orchestration.protocol.source_events import (
+    EVENT_SCHEMA,
+    MAX_KEY_BYTES,
+    SourceEvent,
     invalid_utf8_row,
     normalize_events,
 )
-from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import LocalObjectStore
 from tests.protocol.test_source import _events, _not_utf8
 

@@ -16,18 +16,17 @@ from pydantic import ValidationError
 
 from laminar_dev.faults import FaultInjectingStore
 from laminar_orchestration.protocol.keys import segment_key, source_head_key
-from laminar_orchestration.protocol.segments import (
-    EVENT_SCHEMA,
+from laminar_orchestration.protocol.producers import generate_events, produce_from_jsonl
+from laminar_orchestration.protocol.segments import encode_segment
+from laminar_orchestration.protocol.source import SourceLog
+from laminar_orchestration.protocol.source_errors import (
     BadInputLine,
     CorruptSourceHead,
     InvalidEvents,
     OffsetNotAtSegmentBoundary,
     PartitionOutOfRange,
-    SourceEvent,
-    encode_segment,
-    normalize_events,
 )
-from laminar_orchestration.protocol.source import SourceLog, generate_events, produce_from_jsonl
+from laminar_orchestration.protocol.source_events import EVENT_SCHEMA, SourceEvent, normalize_events
 from laminar_orchestration.store import LocalObjectStore, ObjectStore, PreconditionFailed, open_store
 from laminar_orchestration.store.retry import RetryingStore, RetryPolicy
 from tests.threads import run_together

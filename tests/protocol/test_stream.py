@@ -18,8 +18,10 @@ from laminar_orchestration.processing.registry import ProcessorNotFound
 from laminar_orchestration.processing.schema import DEFAULT_STREAM_SCHEMA, EventsDoNotMatchSchema, StreamSchema
 from laminar_orchestration.protocol.keys import CLUSTER_KEY, STREAM_KEY
 from laminar_orchestration.protocol.ledger import ClusterAlreadyInitialized, Ledger
-from laminar_orchestration.protocol.segments import CorruptSegment, decode_segment
-from laminar_orchestration.protocol.source import SourceLog, route
+from laminar_orchestration.protocol.segments import decode_segment
+from laminar_orchestration.protocol.source import SourceLog
+from laminar_orchestration.protocol.source_errors import CorruptSegment
+from laminar_orchestration.protocol.source_events import route
 from laminar_orchestration.protocol.stream import (
     CorruptStreamRecord,
     StreamAlreadyRecorded,

@@ -54,9 +54,10 @@ from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.fencing import PartitionGuard
 from laminar_orchestration.protocol.ledger import Ledger, NotReleased
 from laminar_orchestration.protocol.manifest import SHA256_METADATA, ArtifactRef, PartitionManifest
+from laminar_orchestration.protocol.producers import generate_events
 from laminar_orchestration.protocol.records import PartitionStatus, ReleaseRecord, now
 from laminar_orchestration.protocol.signing import SigningKey, sign_record
-from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import ObjectStore, PreconditionFailed, StoreUnavailable
 from laminar_orchestration.store.s3 import S3ObjectStore
 from laminar_orchestration.table import table_status
@@ -325,10 +326,7 @@ def _delete(role: str, key: str) -> tuple[Callable[[Roles], object], Callable[[R
 
 
 def _read(role: str, key: str) -> tuple[Callable[[Roles], object], Callable[[Roles], object]]:
-    return (
-        lambda r: r.store(role).get(key),
-        lambda r: r.raw(role).get_object(Bucket=BUCKET, Key=_full(key)),
-    )
+    return (lambda r: r.store(role).get(key), lambda r: r.raw(role).get_object(Bucket=BUCKET, Key=_full(key)))
 
 
 def _attempt(

@@ -15,7 +15,8 @@ from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ops.ledger_metrics import serve_control_plane_metrics
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.producers import generate_events
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import open_store
 from laminar_orchestration.store.metering import PROCESS_METER
 from tests.processes import free_port, scrape

@@ -37,7 +37,7 @@ from laminar_orchestration.processing.schema import StreamSchema
 from laminar_orchestration.protocol.capabilities import ReadStore
 from laminar_orchestration.protocol.chain import ManifestReader
 from laminar_orchestration.protocol.ledger import Ledger
-from laminar_orchestration.protocol.source import route
+from laminar_orchestration.protocol.source_events import route
 from laminar_orchestration.store import ObjectStore, open_store
 from laminar_orchestration.table import table_location, table_status
 from tests.processing import streams

@@ -25,8 +25,9 @@ from laminar_orchestration.protocol.commit import commit
 from laminar_orchestration.protocol.fencing import FencingToken, PartitionGuard
 from laminar_orchestration.protocol.keys import manifest_history_key
 from laminar_orchestration.protocol.ledger import Ledger
+from laminar_orchestration.protocol.producers import generate_events
 from laminar_orchestration.protocol.signing import sign_record
-from laminar_orchestration.protocol.source import SourceLog, generate_events
+from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.table import audit_table, table_location
 from laminar_orchestration.ulid import next_ulid
