@@ -16,6 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
+
 from laminar_dev.wsgi_loop import WsgiLoopServer
 from laminar_orchestration.store.s3 import S3ObjectStore
 
@@ -42,7 +44,7 @@ def test_a_client_stopped_mid_request_holds_up_nobody_else(s3_endpoint: str, s3_
     assert answer == b"answer"
 
 
-def test_the_app_behind_the_server_never_runs_two_requests_at_once() -> None:
+def test_the_app_behind_the_server_never_runs_two_requests_at_once(capsys: pytest.CaptureFixture[str]) -> None:
     inside, most = 0, 0
     count = threading.Lock()
 
@@ -76,3 +78,5 @@ def test_the_app_behind_the_server_never_runs_two_requests_at_once() -> None:
         bodies = list(pool.map(call, range(32)))
     assert most == 1, f"{most} requests ran in the app at once"
     assert bodies == [f"body-{i}".encode() for i in range(32)]
+    # A line a request in the log, as the cost benchmarks count billed requests from it.
+    assert capsys.readouterr().err.count('"PUT /echo HTTP/1.1" 200 -') == 32
