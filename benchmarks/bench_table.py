@@ -405,7 +405,7 @@ def commit_1m(runs: int, events: int) -> tuple[list[Row], list[str]]:
     """Seconds `TableCommitter.sync` takes to append one committed batch of `events` output rows."""
     from laminar_orchestration.dataplane.checkpoint import OutputWriter
     from laminar_orchestration.protocol.capabilities import OutputCommitter
-    from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestUpdate
+    from laminar_orchestration.protocol.chain_writes import ManifestPublisher, ManifestUpdate
     from laminar_orchestration.protocol.commit import commit
     from laminar_orchestration.protocol.fencing import PartitionGuard
     from laminar_orchestration.protocol.ledger import Ledger

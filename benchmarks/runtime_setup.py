@@ -18,7 +18,8 @@ from laminar_orchestration.dataplane.node import Node
 from laminar_orchestration.dataplane.worker import PartitionWorker
 from laminar_orchestration.dataplane.worker_state import WorkerState
 from laminar_orchestration.identity import NodeId, PartitionId
-from laminar_orchestration.protocol.chain import ManifestReader, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.chain import ManifestReader, ManifestVersion
+from laminar_orchestration.protocol.chain_writes import ManifestUpdate
 from laminar_orchestration.protocol.fencing import FencingToken, PartitionGuard
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import PartitionManifest

@@ -1,7 +1,6 @@
 """Figures 1, 3 and 4 of the runtime benchmark: one partition with a committed state of 1k or 2.7M keys
 (seeded without Spark) run by an in-process node. Batch cost vs state size with a per-step breakdown,
-checkpoint bytes per batch and per snapshot, and the restore split (a fresh node, a warm standby).
-"""
+checkpoint bytes per batch and per snapshot, and the restore split (a fresh node, a warm standby)."""
 
 from __future__ import annotations
 
@@ -25,7 +24,8 @@ from laminar_orchestration.dataplane.worker import PartitionWorker
 from laminar_orchestration.processing.contract import FoldContext
 from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.protocol.capabilities import CheckpointWriter, OutputCommitter, ReadStore
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.chain import ManifestReader, ManifestVersion
+from laminar_orchestration.protocol.chain_writes import ManifestPublisher, ManifestUpdate
 from laminar_orchestration.protocol.fencing import FencingToken, PartitionGuard
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import PartitionManifest, SnapshotRef

@@ -56,7 +56,8 @@ from dagster import (
 )
 from pydantic import Field
 
-from laminar_orchestration.control.moves import plan_move, prepare_failover, record_failure
+from laminar_orchestration.control.failover import prepare_failover
+from laminar_orchestration.control.moves import plan_move, record_failure
 from laminar_orchestration.control.ownership import ownership_rows
 from laminar_orchestration.control.placement import least_loaded_node, node_loads
 from laminar_orchestration.control.snapshot import live_node_ids

@@ -19,7 +19,8 @@ from laminar_orchestration.ops.verify import reference_batch_aggregate
 from laminar_orchestration.processing.contract import FoldContext
 from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.protocol.capabilities import CheckpointWriter, OutputCommitter, ReadStore
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.chain import ManifestVersion
+from laminar_orchestration.protocol.chain_writes import ManifestPublisher, ManifestUpdate
 from laminar_orchestration.protocol.fencing import FencingToken, PartitionGuard
 from laminar_orchestration.protocol.source import SourceLog
 from laminar_orchestration.store import ObjectStore

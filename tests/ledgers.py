@@ -9,7 +9,8 @@ import pytest
 
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.capabilities import OutputCommitter
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.chain import ManifestVersion
+from laminar_orchestration.protocol.chain_writes import ManifestPublisher, ManifestUpdate
 from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.fencing import FencingToken
 from laminar_orchestration.protocol.ledger import Ledger

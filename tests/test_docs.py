@@ -20,7 +20,7 @@ NAME_WIDTH = 18
 LAYOUT_WIDTH = 110
 #: Where docstrings are read: the package and the Dagster code location.
 SOURCES = ("laminar_orchestration", "jobs", "resources", "sensors", "assets", "launcher")
-#: A backticked dotted name: `chain.ChainSealer`, `dataplane.node.Node.run`, `store.open_store()`.
+#: A backticked dotted name: `chain_writes.ChainSealer`, `dataplane.node.Node.run`, `store.open_store()`.
 REFERENCE = re.compile(r"`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?:\(\))?`")
 
 
@@ -111,7 +111,7 @@ def unresolved(text: str) -> list[str]:
     """The references in `text` to a module of ours whose name that module does not have.
 
     A reference is to a module when its dotted start names one of ours and either that start has
-    two parts or more (`dataplane.node`) or the name is a class (`chain.ChainSealer`): a lower-case
+    two parts or more (`dataplane.node`) or the name is a class (`chain_writes.ChainSealer`): a lower-case
     name after one word (`config.node_id`) is as often an attribute of a variable as a module's.
     """
     missing = []
@@ -136,7 +136,7 @@ def test_every_reference_to_a_name_of_ours_resolves() -> None:
 
 
 def test_a_stale_reference_is_found() -> None:
-    assert unresolved("sealed by `chain.ChainSealer`, not `manifest.ChainSealer`; `config.node_id`") == [
+    assert unresolved("sealed by `chain_writes.ChainSealer`, not `manifest.ChainSealer`; `config.node_id`") == [
         "manifest.ChainSealer"
     ]
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from laminar_dev.localcluster import Cluster, NodeProcess, wait_until
 from laminar_orchestration.control.coordinator import MigrationCoordinator
-from laminar_orchestration.control.moves import drive, prepare_failover, record_failure, run_migration, run_moves
+from laminar_orchestration.control.failover import prepare_failover
+from laminar_orchestration.control.moves import drive, record_failure, run_migration, run_moves
 from laminar_orchestration.control.placement import Move
 from laminar_orchestration.control.snapshot import live_node_ids, ownership_map
 from laminar_orchestration.identity import NodeId, PartitionId
@@ -29,14 +30,7 @@ from laminar_orchestration.protocol.tasks import (
 from laminar_orchestration.store import StoreError
 
 from .evidence import LogCounts, Measure, apply_difference, count_revocations, measure
-from .migrations import (
-    balance,
-    fail_over,
-    migrate_unless_there,
-    outcome_issues,
-    retrying,
-    wait_committed,
-)
+from .migrations import balance, fail_over, migrate_unless_there, outcome_issues, retrying, wait_committed
 from .profiles import KEYS, MIGRATION_CONFIG, NODE_IDS, PARTITIONS, Profile
 from .results import ScenarioResult
 

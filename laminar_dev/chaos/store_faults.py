@@ -17,7 +17,8 @@ import pyarrow as pa
 from laminar_dev.faults import FaultInjectingStore
 from laminar_dev.localcluster import wait_until
 from laminar_dev.s3server import start_s3_server
-from laminar_orchestration.control.moves import drive, prepare_failover
+from laminar_orchestration.control.failover import prepare_failover
+from laminar_orchestration.control.moves import drive
 from laminar_orchestration.control.snapshot import live_node_ids
 from laminar_orchestration.dataplane.checkpoint import CheckpointStore, OutputWriter
 from laminar_orchestration.dataplane.config import NodeConfig
@@ -25,7 +26,8 @@ from laminar_orchestration.dataplane.worker import PartitionWorker
 from laminar_orchestration.dataplane.worker_state import WorkerState
 from laminar_orchestration.processing.keyed import empty_state
 from laminar_orchestration.protocol.capabilities import CheckpointWriter, OutputCommitter
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate
+from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.chain_writes import ManifestPublisher, ManifestUpdate
 from laminar_orchestration.protocol.fencing import EpochError, PartitionGuard
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.producers import generate_events

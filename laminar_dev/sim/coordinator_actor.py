@@ -12,13 +12,8 @@ import enum
 from dataclasses import dataclass
 
 from laminar_orchestration.control.coordinator import MigrationCoordinator
-from laminar_orchestration.control.moves import (
-    moves_on_without_old_owner,
-    must_force,
-    prepare_failover,
-    record_failure,
-    stranded,
-)
+from laminar_orchestration.control.failover import moves_on_without_old_owner, prepare_failover, stranded
+from laminar_orchestration.control.moves import must_force, record_failure
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.ledger import EpochConflict, Ledger
 from laminar_orchestration.protocol.membership import NodeView

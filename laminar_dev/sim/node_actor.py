@@ -13,8 +13,7 @@ A node that restarts under a new generation while its earlier process keeps
 running (`World._split`) leaves that process as a zombie `NodeActor`: it no
 longer heartbeats and skips its client-side checks (the successor probe, the
 guard refresh, the publisher's succession checks), so it writes void entries
-and moves the pointer to them; only what readers make of them is checked.
-"""
+and moves the pointer to them; only what readers make of them is checked."""
 
 from __future__ import annotations
 
@@ -47,7 +46,8 @@ from laminar_orchestration.protocol.capabilities import (
     checkpoint_key,
     sink_key,
 )
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestUpdate, ManifestVersion, next_manifest
+from laminar_orchestration.protocol.chain import ManifestVersion
+from laminar_orchestration.protocol.chain_writes import ManifestPublisher, ManifestUpdate, next_manifest
 from laminar_orchestration.protocol.commit import commit
 from laminar_orchestration.protocol.fencing import EpochError, FencingToken, PartitionGuard
 from laminar_orchestration.protocol.keys import delta_key, output_object_key, snapshot_file_key

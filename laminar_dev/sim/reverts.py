@@ -17,6 +17,7 @@ import pyarrow as pa
 from laminar_orchestration import clock as clock_module
 from laminar_orchestration.clock import current as current_clock
 from laminar_orchestration.control import coordinator as migration_module
+from laminar_orchestration.control import failover as failover_module
 from laminar_orchestration.control import moves as moves_module
 from laminar_orchestration.control import phase_records as phase_records_module
 from laminar_orchestration.control.coordinator import MigrationCoordinator
@@ -111,7 +112,7 @@ class _NoSeal:
 
 
 def _stranded_before_fix(state: DesiredState, own: Ownership) -> bool:
-    """`moves.stranded` before it looked past the last record: only a just-ended move's grant counted."""
+    """`failover.stranded` before it looked past the last record: only a just-ended move's grant counted."""
     task = state.migration
     if own.owner == UNASSIGNED or task is None or not task.phase.is_aborted or task.to_epoch != own.epoch:
         return False
@@ -326,6 +327,7 @@ def reverted(knobs: Knobs) -> Iterator[None]:
     if knobs.revert_aborted_owner_fix:
         patch(phase_records_module, "_took_epoch", lambda _task, _own: False)
         # Both repair a desired owner the ledger's owner is not: reverting one, revert the other.
+        patch(failover_module, "stranded", _stranded_before_fix)
         patch(moves_module, "stranded", _stranded_before_fix)
         patch(coordinator_actor_module, "stranded", _stranded_before_fix)
     if knobs.revert_sweep_sealed_only:

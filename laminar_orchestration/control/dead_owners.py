@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from laminar_orchestration.control.coordinator import MigrationCoordinator
-from laminar_orchestration.control.moves import drive_with_deadline, moves_on_without_old_owner, prepare_failover
+from laminar_orchestration.control.failover import moves_on_without_old_owner, prepare_failover
+from laminar_orchestration.control.moves import drive_with_deadline
 from laminar_orchestration.control.operations import assigned_partitions, take_failover_target
 from laminar_orchestration.control.placement import node_loads
 from laminar_orchestration.control.snapshot import is_alive, live_node_ids, warm_copies

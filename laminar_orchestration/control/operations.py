@@ -17,15 +17,8 @@ from functools import partial
 from typing import Any
 
 from laminar_orchestration.control.coordinator import MigrationCoordinator
-from laminar_orchestration.control.moves import (
-    MoveOutcome,
-    NoFailoverTarget,
-    drive,
-    not_admitted_nodes,
-    prepare_failover,
-    run_migration,
-    run_moves,
-)
+from laminar_orchestration.control.failover import NoFailoverTarget, not_admitted_nodes, prepare_failover
+from laminar_orchestration.control.moves import MoveOutcome, drive, run_migration, run_moves
 from laminar_orchestration.control.placement import AssignmentPlan, Move, failover_target, node_loads, plan_assignment
 from laminar_orchestration.control.placing import through_late_heartbeat
 from laminar_orchestration.control.snapshot import (

@@ -15,7 +15,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from laminar_orchestration.control.coordinator import MigrationCoordinator
-from laminar_orchestration.control.moves import stranded
+from laminar_orchestration.control.failover import stranded
 from laminar_orchestration.control.snapshot import live_node_ids
 from laminar_orchestration.identity import UNASSIGNED, PartitionId
 from laminar_orchestration.protocol.desired_states import DesiredStates

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 from laminar_orchestration.dataplane.errors import HandoffMismatch
 from laminar_orchestration.identity import NodeId
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestVersion
+from laminar_orchestration.protocol.chain import ManifestVersion
+from laminar_orchestration.protocol.chain_writes import ManifestPublisher
 from laminar_orchestration.protocol.desired_states import DesiredState
 from laminar_orchestration.protocol.fencing import FencingToken, Ownership
 from laminar_orchestration.protocol.manifest import StaleFencingToken

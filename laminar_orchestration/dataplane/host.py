@@ -19,7 +19,8 @@ from laminar_orchestration.dataplane.engine import BatchEngine
 from laminar_orchestration.dataplane.restore import StateReplica
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.metrics import NodeMetrics
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestVersion
+from laminar_orchestration.protocol.chain import ManifestVersion
+from laminar_orchestration.protocol.chain_writes import ManifestPublisher
 from laminar_orchestration.protocol.cluster_epoch import ClusterEpochWindow
 from laminar_orchestration.protocol.fencing import (
     PartitionGuardSet,

@@ -37,7 +37,7 @@ from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.metrics import NodeMetrics
 from laminar_orchestration.processing.contract import Processor
 from laminar_orchestration.protocol.capabilities import CheckpointWriter, OutputCommitter, ReadStore
-from laminar_orchestration.protocol.chain import ManifestPublisher
+from laminar_orchestration.protocol.chain_writes import ManifestPublisher
 from laminar_orchestration.protocol.cluster_epoch import ClusterEpochWindow
 from laminar_orchestration.protocol.desired_states import DesiredStates, StalledMoves
 from laminar_orchestration.protocol.fencing import (

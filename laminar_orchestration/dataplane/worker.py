@@ -23,7 +23,8 @@ from laminar_orchestration.dataplane.tracking import BatchSteps, BatchTimings, e
 from laminar_orchestration.dataplane.worker_rise import WorkerRise
 from laminar_orchestration.dataplane.worker_state import WorkerState
 from laminar_orchestration.processing.contract import BatchFold, delta_with_removals
-from laminar_orchestration.protocol.chain import ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.chain import ManifestVersion
+from laminar_orchestration.protocol.chain_writes import ManifestUpdate
 from laminar_orchestration.protocol.cluster_epoch import StaleClusterEpoch
 from laminar_orchestration.protocol.commit import commit
 from laminar_orchestration.protocol.fencing import (

@@ -15,7 +15,8 @@ decisions every owner makes the same way:
 
 from __future__ import annotations
 
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.chain import ManifestVersion
+from laminar_orchestration.protocol.chain_writes import ManifestPublisher, ManifestUpdate
 from laminar_orchestration.protocol.fencing import FencingToken, StaleEpoch
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.records import EpochGrant

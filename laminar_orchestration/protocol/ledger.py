@@ -7,10 +7,11 @@ Grants are never deleted, so a stalled contender can never re-create a collected
 grants (a grantee died between the two writes) readers roll forward by probing the next grant keys.
 
 Granting an epoch also seals the partition's manifest chain at that epoch
-(`chain.ChainSealer.seal`), right after the grant is created and before
-the grant call returns: every acquisition and fence goes through `_grant`, so
-none can skip it. The fence point is that seal: a publish under an older epoch
-that lands before it is the old owner's last commit, none after it is accepted.
+(`chain_writes.ChainSealer.seal`), right after the grant is created and before
+the grant call returns: every acquisition and fence goes through
+`granting.Granter.grant_next`, so none can skip it. The fence point is that
+seal: a publish under an older epoch that lands before it is the old owner's
+last commit, none after it is accepted.
 If the granter dies between the grant and the seal, the grantee's acquisition
 path re-ensures the seal before it reads the chain to restore, and the control
 plane's periodic look at the partition (`MigrationCoordinator.reinstate`)
@@ -48,11 +49,9 @@ from laminar_orchestration.protocol.capabilities import (
     LedgerKey,
     LedgerWriter,
     ManifestSealer,
-    SigningKeyWriter,
-    grant_keys_key,
     ledger_key,
 )
-from laminar_orchestration.protocol.chain import ChainRead, ChainSealer
+from laminar_orchestration.protocol.chain_writes import ChainSealer
 from laminar_orchestration.protocol.fencing import (
     FencingToken,
     NotOwned,
@@ -61,6 +60,7 @@ from laminar_orchestration.protocol.fencing import (
     UnknownPartition,
     _mint_token,
 )
+from laminar_orchestration.protocol.granting import Granter
 from laminar_orchestration.protocol.keys import (
     CLUSTER_KEY,
     MEMBERSHIP_KEY,
@@ -84,7 +84,6 @@ from laminar_orchestration.protocol.records import (
     CorruptLedgerObject,
     EpochGrant,
     GrantKind,
-    LedgerError,
     MembershipRecord,
     ParsedRecords,
     PartitionHead,
@@ -95,7 +94,6 @@ from laminar_orchestration.protocol.records import (
 from laminar_orchestration.protocol.signing import (
     ForgedRecord,
     GrantKeys,
-    SigningKey,
     SigningKeys,
     SigningKeyUnavailable,
     sign_record,
@@ -139,6 +137,8 @@ class Ledger:
         self.signing_keys = SigningKeys(self._writer)
         #: The member set, the cluster epoch and the node records (`membership`).
         self.members = Membership(store, self._records)
+        #: Makes the grants `acquire` and `fence` ask for, and completes lagging ones (`granting`).
+        self._granter = Granter(self)
 
     @property
     def sealer(self) -> ChainSealer:
@@ -336,7 +336,7 @@ class Ledger:
         released = current.owner == UNASSIGNED or current.status == PartitionStatus.RELEASED
         if not released and self.release_record(partition, current.epoch) is None:
             raise NotReleased(partition, current.epoch, current.owner)
-        epoch = self._grant(partition, node, current, GrantKind.ACQUIRE, reason, generation)
+        epoch = self._granter.grant_next(partition, node, current, GrantKind.ACQUIRE, reason, generation)
         return _mint_token(partition, epoch, node)
 
     def fence(
@@ -361,7 +361,7 @@ class Ledger:
             current = self._current_or_unknown(partition)
         if current.epoch != expected_epoch:
             raise EpochConflict(partition, expected_epoch, current.epoch)
-        epoch = self._grant(partition, node, current, GrantKind.FENCE, reason, generation)
+        epoch = self._granter.grant_next(partition, node, current, GrantKind.FENCE, reason, generation)
         return None if node == UNASSIGNED else _mint_token(partition, epoch, node)
 
     def adopt(
@@ -421,67 +421,13 @@ class Ledger:
             raise UnknownPartition(partition)
         return current
 
-    def _grant(
-        self,
-        partition: PartitionId,
-        node: NodeId,
-        current: Ownership,
-        kind: GrantKind,
-        reason: str,
-        generation: int | None = None,
-    ) -> int:
-        """Create grant `current.epoch + 1` for `node`, seal the manifest chain at it, move the head.
-
-        Returns the epoch.
-        """
-        epoch = current.epoch + 1
-        # Read the chain while its newest epoch is still current: the seal below then starts from an
-        # entry this process checked, not from a pointer it would have to verify from the start.
-        # Only a hint: a chain that cannot be read does not keep the grant (the fence) from being made.
-        hint: ChainRead | None = None
-        with contextlib.suppress(LedgerError):
-            hint = self.sealer.read_chain(partition, newest_grant=current.epoch)
-        signing_key = self._mint_signing_key(partition, epoch, node)
-        grant = EpochGrant(
-            partition=partition,
-            epoch=epoch,
-            node=node,
-            grant_kind=kind,
-            previous_epoch=current.epoch,
-            previous_owner=current.owner,
-            generation=generation,
-            reason=reason,
-            granted_at=now(),
-            public_key=signing_key.public_key,
-        )
-        try:
-            # The linearization point: exactly one contender creates grant (p, epoch).
-            self._ownership_of(partition).create(epoch, _encode(grant))
-        except PreconditionFailed:
-            raise EpochConflict(partition, current.epoch, self._current_or_unknown(partition).epoch) from None
-        # The fence point: from this seal on, no publish under an older epoch is accepted. A
-        # failure here leaves the grant in place; the grantee seals before it restores.
-        self.sealer.seal(
-            partition,
-            epoch,
-            node=node,
-            generation=generation or 0,
-            reason=f"{kind.value} by the ledger",
-            signing_key=signing_key,
-            first_read=hint,
-        )
-        status = PartitionStatus.ACTIVE if node != UNASSIGNED else PartitionStatus.UNASSIGNED
-        # The grant already holds; a successor may supersede it at once, which the
-        # token's guard will then report on its next validate.
-        self._advance_head(partition, epoch, node, status, only_if_epoch=None, read=current.head_read)
-        return epoch
-
     def complete_grant(self, partition: PartitionId, ownership: Ownership | None = None) -> bool:
         """Finish a grant whose granter died between creating it and sealing the chain; True if one lagged.
 
         When the ownership head lags the newest grant (`Ownership.head_lagged`), the grant may
-        never have been sealed: seal the manifest chain at its epoch, as `_grant` does (signed
-        with the grant's stored key, at the grant's node and generation), then advance the head.
+        never have been sealed: seal the manifest chain at its epoch, as `granting.Granter.grant_next`
+        does (signed with the grant's stored key, at the grant's node and generation), then advance
+        the head.
         A fence to "unassigned" has no grantee that would seal it, so until this runs its old
         owner's publishes under the old epoch are still accepted. `ownership` is a current read
         of it, if the caller has one (the control plane's periodic look at the partition).
@@ -490,78 +436,7 @@ class Ledger:
         chain is already sealed at the epoch (or past it), and the head only ever moves forward.
         SigningKeyUnavailable when the grant's key cannot be read.
         """
-        own = ownership if ownership is not None else self.ownership(partition)
-        if own is None or not own.head_lagged:
-            return False
-        grant = self.grant(partition, own.epoch)
-        if grant is None:
-            return False
-        node = NodeId(grant.node)
-        key = self.signing_keys.get(node, partition, grant.epoch)
-        if key.public_key != grant.public_key:
-            raise SigningKeyUnavailable(
-                partition, grant.epoch, node, signing_key_key(node, partition, grant.epoch), "not the grant's key"
-            )
-        self.sealer.seal(
-            partition,
-            grant.epoch,
-            node=node,
-            generation=grant.generation or 0,
-            reason=f"{grant.grant_kind.value} completed by the control plane",
-            signing_key=key,
-        )
-        status = PartitionStatus.ACTIVE if node != UNASSIGNED else PartitionStatus.UNASSIGNED
-        self._advance_head(partition, grant.epoch, node, status, only_if_epoch=None)
-        return True
-
-    def _mint_signing_key(self, partition: PartitionId, epoch: int, node: NodeId) -> SigningKey:
-        """The keypair of the grant of `partition` at `epoch` to `node`, stored create-only before the grant.
-
-        A contender granting the same epoch to the same node may have stored one
-        first: then that one is used, so whichever grant wins names a stored key.
-        """
-        key = SigningKey.generate(partition, epoch, node)
-        name = signing_key_key(node, partition, epoch)
-        try:
-            SigningKeyWriter(self.store).create_signing_key(grant_keys_key(name), _encode(key))
-        except PreconditionFailed:
-            return self.signing_keys.get(node, partition, epoch)
-        self.signing_keys.remember(key)
-        return key
-
-    def _advance_head(
-        self,
-        partition: PartitionId,
-        epoch: int,
-        owner: NodeId,
-        status: PartitionStatus,
-        *,
-        only_if_epoch: int | None,
-        read: tuple[int, str] | None = None,
-    ) -> bool:
-        """Move the head forward by CAS. Never moves it back; returns whether it wrote.
-
-        `read`: the head's epoch and ETag as the caller read it: when it is behind `epoch`, the
-        first swap goes from there without reading the head again (it fails if the head moved).
-        """
-        ownership = self._ownership_of(partition)
-        if read is not None and only_if_epoch is None and read[0] < epoch:
-            new = PartitionHead(partition=partition, epoch=epoch, owner=owner, status=status, updated_at=now())
-            with contextlib.suppress(PreconditionFailed):
-                ownership.move_pointer(_encode(new), read[1])
-                return True
-        while True:
-            head, etag = self._require(ownership.pointer_key, PartitionHead)
-            if only_if_epoch is not None and head.epoch != only_if_epoch:
-                return False
-            if head.epoch > epoch or (head.epoch == epoch and head.status == status and head.owner == owner):
-                return False
-            new = PartitionHead(partition=partition, epoch=epoch, owner=owner, status=status, updated_at=now())
-            try:
-                ownership.move_pointer(_encode(new), etag)
-                return True
-            except PreconditionFailed:
-                continue  # someone else moved it; re-read and decide again
+        return self._granter.complete(partition, ownership)
 
     def release(self, token: FencingToken, *, commit_ulid: str | None, source_offset: int) -> ReleaseRecord:
         """Record that the owner at `token.epoch` stopped after committing `commit_ulid`.

@@ -16,17 +16,8 @@ Exactly once, by construction:
   whatever they hold). The loser reads the entry that beat it and skips what
   landed; a commit whose response was lost is found the same way.
 
-A commit is the committer's own, not delta-rs's (whose commit lists the log and
-reads its entry back): one create-only PUT of the batches' Parquet file and one
-of the log entry, after a GET of each entry other committers added since its
-last look (`txns.TableLog`: no listing, no probe of the next name while the
-other committers keep their pace, and a HEAD of log entry 0 only when no entry
-read names the table's id). Every
-`delta.checkpointInterval` (100) versions, the committer of that version has
-delta-rs write a checkpoint, so readers and a restarted committer replay a short
-log. What it writes is plain Delta (protocol 1/2: `add` with statistics, `txn`,
-`commitInfo` naming the batches and transaction versions), which `deltalake`,
-polars, DuckDB and Spark read.
+What one commit writes (plain Delta, the committer's own write, not delta-rs's) and the
+checkpoint every interval are `delta_commit`'s.
 
 One call of `TableCommitter.sync` makes one Delta commit for all the
 partitions it is given (more only for a catch-up longer than
@@ -36,38 +27,32 @@ commit interval, off the batch's critical path.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Schema
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from laminar_orchestration.protocol.capabilities import ReadStore
 from laminar_orchestration.protocol.chain import ManifestVersion
-from laminar_orchestration.protocol.keys import table_node_folder
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import ArtifactRef
 from laminar_orchestration.store import AccessDenied, ObjectStore
 from laminar_orchestration.store.metering import RequestMeter
 from laminar_orchestration.table.batches import (
-    LINEAGE_SCHEMA,
     ChainFollower,
     ChainWalk,
     CommittedBatch,
     ProbeMemo,
-    app_id,
     batch_rows,
     read_output,
 )
+from laminar_orchestration.table.delta_commit import add_action, checkpoint, log_entry, write_data_file
 from laminar_orchestration.table.errors import (
     TableCommitFailed,
     TableError,
@@ -87,7 +72,7 @@ from laminar_orchestration.table.location import (
     table_location,
 )
 from laminar_orchestration.table.objects import TableObjects
-from laminar_orchestration.table.txns import TABLE_ID_FIELD, LogState, TableLog, entry_name
+from laminar_orchestration.table.txns import LogState, TableLog, entry_name
 
 __all__ = [
     "SyncResult",
@@ -114,10 +99,6 @@ def _schema_text(schema: pa.Schema) -> str:
 #: Batches remembered but not synced yet, at most (beyond, they are read back from the store).
 KNOWN_MAX = 10_000
 TABLE_DESCRIPTION = "laminar-orchestration: the committed output of every partition, exactly once"
-#: Versions between two checkpoints unless the table's `delta.checkpointInterval` says otherwise.
-CHECKPOINT_INTERVAL = 100
-#: Written into each commit's `commitInfo` (what `DeltaTable.history()` shows).
-CLIENT_VERSION = "laminar-orchestration"
 
 
 class _CommitRaced(Exception):
@@ -161,21 +142,6 @@ class SyncResult:
 def _before(walks: Mapping[int, ChainWalk], blocked: Mapping[int, int]) -> dict[int, list[CommittedBatch]]:
     """Each partition's walked batches before the one it stopped at (all of them if none)."""
     return {p: [b for b in w.batches if p not in blocked or b.seq < blocked[p]] for p, w in walks.items()}
-
-
-def _stats(data: pa.Table) -> str:
-    """A data file's Delta statistics: its rows, and the lineage columns' bounds (readers skip files by them)."""
-    low: dict[str, int] = {}
-    high: dict[str, int] = {}
-    for f in LINEAGE_SCHEMA:
-        if pa.types.is_integer(f.type) and f.name in data.column_names:
-            bounds = pc.min_max(data[f.name])
-            low[f.name], high[f.name] = bounds["min"].as_py(), bounds["max"].as_py()
-    nulls = {name: 0 for name in low}
-    return json.dumps(
-        {"numRecords": data.num_rows, "minValues": low, "maxValues": high, "nullCount": nulls},
-        separators=(",", ":"),
-    )
 
 
 class TableCommitter:
@@ -402,7 +368,7 @@ class TableCommitter:
             # Never rebased: the commit is the version after the one it was made on.
             result.version = base + 1
             self.log.committed(base + 1, txns)
-            self._checkpoint(state, base + 1)
+            checkpoint(self.location, state, base + 1)
             return not exhausted
         raise TableCommitFailed(self.location.uri, self.max_attempts, last_error)
 
@@ -508,24 +474,10 @@ class TableCommitter:
         key = tuple((b.partition, b.seq) for b in batches)
         written = self._written.get(key)
         if written is None:
-            sink = pa.BufferOutputStream()
-            pq.write_table(data, sink, compression="snappy")
-            raw = sink.getvalue().to_pybytes()
-            folder = table_node_folder(self.node) if self.node is not None else ""
-            name = f"{folder}part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-            if not self.objects.create(name, raw):
-                raise TableStoreFault(self.location.uri, name, "a fresh data file's name was taken")
-            written = (name, len(raw))
+            written = write_data_file(self.objects, data, self.node)
             self._written = {key: written}
         name, size = written
-        return {
-            "path": name,
-            "partitionValues": {},
-            "size": size,
-            "modificationTime": at_ms,
-            "dataChange": True,
-            "stats": _stats(data),
-        }
+        return add_action(name, size, data, at_ms)
 
     def _append(
         self, state: LogState, data: pa.Table | None, txns: dict[int, int], batches: Sequence[CommittedBatch]
@@ -537,37 +489,6 @@ class TableCommitter:
         the outcome is unknown.
         """
         at_ms = int(time.time() * 1000)
-        summary = {str(p): [b.seq for b in batches if b.partition == p] for p in sorted(txns)}
-        versions = {app_id(p): seq for p, seq in sorted(txns.items())}
-        actions: list[dict[str, Any]] = [
-            {
-                "commitInfo": {
-                    "timestamp": at_ms,
-                    "operation": "WRITE",
-                    "operationParameters": {"mode": "Append"},
-                    "clientVersion": CLIENT_VERSION,
-                    "readVersion": state.version,
-                    "laminar.batches": json.dumps(summary, separators=(",", ":")),
-                    "laminar.transactions": json.dumps(versions, separators=(",", ":")),
-                    # Vouches for the table to the other committers reading this entry (`txns.TableLog`).
-                    TABLE_ID_FIELD: state.table_id,
-                }
-            }
-        ]
-        actions += [{"txn": {"appId": a, "version": v, "lastUpdated": at_ms}} for a, v in versions.items()]
-        if data is not None and data.num_rows:
-            actions.append({"add": self._data_file(data, batches, at_ms)})
-        body = "\n".join(json.dumps(a, separators=(",", ":")) for a in actions).encode()
-        if not self.objects.create(entry_name(state.version + 1), body):
+        add = self._data_file(data, batches, at_ms) if data is not None and data.num_rows else None
+        if not self.objects.create(entry_name(state.version + 1), log_entry(state, txns, batches, at_ms, add)):
             raise _CommitRaced()
-
-    def _checkpoint(self, state: LogState, version: int) -> None:
-        """Every `delta.checkpointInterval` versions, a checkpoint at `version` (by delta-rs, which
-        replays the log since the last one): readers and a new committer start there."""
-        interval = state.setting("delta.checkpointInterval", CHECKPOINT_INTERVAL)
-        if interval <= 0 or version % interval:
-            return
-        try:
-            DeltaTable(self.location.uri, version=version, storage_options=self.location.options()).create_checkpoint()
-        except (DeltaError, OSError, ValueError) as exc:  # an optimisation: the log stays complete without it
-            log.warning("output table %s: no checkpoint at version %d: %s", self.location.uri, version, exc)

@@ -33,7 +33,6 @@ from deltalake import DeltaTable
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.table.committer import (
-    CLIENT_VERSION,
     SyncResult,
     TableCommitFailed,
     TableCommitter,
@@ -42,6 +41,7 @@ from laminar_orchestration.table.committer import (
     open_table,
     remove_table,
 )
+from laminar_orchestration.table.delta_commit import CLIENT_VERSION
 from laminar_orchestration.table.location import TableLocation, table_location
 from laminar_orchestration.table.objects import TableObjects
 from laminar_orchestration.table.txns import LAST_CHECKPOINT, TableLog, entry_name

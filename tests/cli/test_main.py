@@ -16,7 +16,7 @@ from laminar_orchestration.dataplane.restore import StateReplica
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.protocol.capabilities import OutputCommitter, ReadStore
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestUpdate
+from laminar_orchestration.protocol.chain_writes import ManifestPublisher, ManifestUpdate
 from laminar_orchestration.protocol.fencing import PartitionGuard
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.store import open_store

@@ -26,7 +26,8 @@ from laminar_orchestration.control.dead_owners import (
 from laminar_orchestration.control.operations import NodeFailoverPlan, fail_over_node
 from laminar_orchestration.control.snapshot import live_node_ids
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
-from laminar_orchestration.protocol.chain import ManifestReader, ManifestUpdate
+from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.chain_writes import ManifestUpdate
 from laminar_orchestration.protocol.desired_states import DesiredStates
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import StaleFencingToken

@@ -21,7 +21,8 @@ import pytest
 
 from laminar_orchestration import cli
 from laminar_orchestration.control.coordinator import MigrationCoordinator
-from laminar_orchestration.control.moves import NoFailoverTarget, must_force, prepare_failover, run_moves
+from laminar_orchestration.control.failover import NoFailoverTarget, prepare_failover
+from laminar_orchestration.control.moves import drive, must_force, run_moves
 from laminar_orchestration.control.operations import (
     NodeFailoverPlan,
     NodeStillAlive,
@@ -388,7 +389,6 @@ def test_a_failed_forced_move_leaves_a_stranded_owner_that_is_failed_over_again(
     coordinator = MigrationCoordinator(ledger, MigrationConfig(checkpoint_transfer_timeout_s=0.1))
     decision = prepare_failover(coordinator, 0)
     assert decision.task is not None
-    from laminar_orchestration.control.moves import drive
     from laminar_orchestration.protocol.migration_errors import MigrationTimeout
 
     with pytest.raises(MigrationTimeout):

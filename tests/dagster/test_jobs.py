@@ -39,7 +39,8 @@ from laminar_orchestration.control.coordinator import MigrationCoordinator
 from laminar_orchestration.dataplane.engine import spark_conf
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.capabilities import OutputCommitter
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate
+from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.chain_writes import ManifestPublisher, ManifestUpdate
 from laminar_orchestration.protocol.keys import desired_state_key, grant_key
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.protocol.manifest import DeltaRef, SnapshotFile, SnapshotRef, artifact_ref

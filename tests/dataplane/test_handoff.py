@@ -28,7 +28,8 @@ from laminar_orchestration.dataplane.handoff import (
 )
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.capabilities import OutputCommitter
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.chain import ManifestReader, ManifestVersion
+from laminar_orchestration.protocol.chain_writes import ManifestPublisher, ManifestUpdate
 from laminar_orchestration.protocol.desired_states import DesiredState
 from laminar_orchestration.protocol.fencing import Ownership
 from laminar_orchestration.protocol.keys import manifest_history_key

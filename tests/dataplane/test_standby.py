@@ -15,7 +15,8 @@ import pytest
 
 from laminar_dev.chaos import ArrowBatchEngine, ArrowNode
 from laminar_orchestration.control.coordinator import MigrationCoordinator
-from laminar_orchestration.control.moves import drive, prepare_failover
+from laminar_orchestration.control.failover import prepare_failover
+from laminar_orchestration.control.moves import drive
 from laminar_orchestration.control.placement import failover_target
 from laminar_orchestration.control.snapshot import warm_copies
 from laminar_orchestration.dataplane.batches import InFlightBatch, ReadAhead, read_ahead
@@ -498,9 +499,7 @@ def _commit_then_hang(
     return committed, epoch
 
 
-def test_a_standby_starts_the_takeover_batch_while_the_owner_looks_dead_and_it_commits_once(
-    tmp_path: Path,
-) -> None:
+def test_a_standby_starts_the_takeover_batch_while_the_owner_looks_dead_and_it_commits_once(tmp_path: Path) -> None:
     """Once the owner's heartbeat is overdue, the standby aggregates the events after its copy at the
     epoch the fence will mint; the failover's first commit is that batch, and the hung owner's own
     batch of the same events is fenced out when it wakes up."""

@@ -23,7 +23,8 @@ from laminar_orchestration.ops.verify import audit_store, reference_batch_aggreg
 from laminar_orchestration.processing.contract import FoldContext
 from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.protocol.capabilities import CheckpointWriter, OutputCommitter, ReadStore
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate
+from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.chain_writes import ManifestPublisher, ManifestUpdate
 from laminar_orchestration.protocol.fencing import PartitionGuard
 from laminar_orchestration.protocol.keys import (
     UnparseableObjectKey,

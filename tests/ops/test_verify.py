@@ -21,7 +21,8 @@ from laminar_orchestration.ops.verify import (
 )
 from laminar_orchestration.processing.keyed import STATE_SCHEMA
 from laminar_orchestration.protocol.capabilities import OutputCommitter
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.chain import ManifestReader, ManifestVersion
+from laminar_orchestration.protocol.chain_writes import ManifestPublisher, ManifestUpdate
 from laminar_orchestration.protocol.fencing import FencingToken
 from laminar_orchestration.protocol.manifest import ArtifactRef
 from laminar_orchestration.protocol.producers import generate_events

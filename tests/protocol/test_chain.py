@@ -23,7 +23,8 @@ from laminar_orchestration.dataplane.worker_state import WorkerState
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.ops.verify import audit_epoch_history
 from laminar_orchestration.protocol.capabilities import OutputCommitter, manifest_key
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.chain import ManifestReader, ManifestVersion
+from laminar_orchestration.protocol.chain_writes import ManifestPublisher, ManifestUpdate
 from laminar_orchestration.protocol.fencing import EpochError, FencingToken
 from laminar_orchestration.protocol.keys import manifest_history_key, manifest_pointer_key
 from laminar_orchestration.protocol.ledger import Ledger

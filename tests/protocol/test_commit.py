@@ -7,7 +7,8 @@ import pytest
 from laminar_dev.faults import FaultInjectingStore
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.capabilities import OutputCommitter
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate
+from laminar_orchestration.protocol.chain import ManifestReader
+from laminar_orchestration.protocol.chain_writes import ManifestPublisher, ManifestUpdate
 from laminar_orchestration.protocol.commit import commit
 from laminar_orchestration.protocol.fencing import FencingToken, StaleEpoch
 from laminar_orchestration.protocol.ledger import Ledger

@@ -11,7 +11,7 @@ import pytest
 
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.protocol.capabilities import CheckpointWriter, OutputCommitter, checkpoint_key
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestUpdate
+from laminar_orchestration.protocol.chain_writes import ManifestPublisher, ManifestUpdate
 from laminar_orchestration.protocol.fencing import ConditionalPutFailed, PartitionGuard, PartitionGuardSet, StaleEpoch
 from laminar_orchestration.protocol.keys import manifest_history_key
 from laminar_orchestration.protocol.ledger import EpochConflict, Ledger

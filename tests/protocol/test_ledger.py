@@ -10,7 +10,8 @@ import pytest
 
 from laminar_orchestration.identity import UNASSIGNED, NodeId, PartitionId
 from laminar_orchestration.protocol.capabilities import OutputCommitter
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.chain import ManifestReader, ManifestVersion
+from laminar_orchestration.protocol.chain_writes import ManifestPublisher, ManifestUpdate
 from laminar_orchestration.protocol.fencing import NotOwned, StaleEpoch, UnknownPartition
 from laminar_orchestration.protocol.keys import grant_key, ownership_head_key
 from laminar_orchestration.protocol.ledger import (

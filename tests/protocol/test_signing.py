@@ -24,7 +24,8 @@ from laminar_orchestration.protocol.capabilities import (
     ledger_key,
     manifest_key,
 )
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.chain import ManifestReader, ManifestVersion
+from laminar_orchestration.protocol.chain_writes import ManifestPublisher, ManifestUpdate
 from laminar_orchestration.protocol.fencing import FencingToken
 from laminar_orchestration.protocol.ledger import Ledger, NotReleased
 from laminar_orchestration.protocol.manifest import ArtifactRef, PartitionManifest, SupersededEntry

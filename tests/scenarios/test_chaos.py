@@ -39,7 +39,7 @@ from laminar_orchestration.ops.verify import audit_epoch_history, reference_fold
 from laminar_orchestration.processing.contract import FoldContext
 from laminar_orchestration.processing.keyed import keyed_aggregation
 from laminar_orchestration.protocol.capabilities import OutputCommitter
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestUpdate
+from laminar_orchestration.protocol.chain_writes import ManifestPublisher, ManifestUpdate
 from laminar_orchestration.protocol.fencing import PartitionGuard, StaleEpoch
 from laminar_orchestration.protocol.keys import manifest_history_key, output_object_key
 from laminar_orchestration.protocol.ledger import Ledger

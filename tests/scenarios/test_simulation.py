@@ -41,7 +41,7 @@ from laminar_dev.sim.soak import search, soak
 from laminar_dev.sim.store import MemoryObjectStore
 from laminar_dev.sim.world import ScenarioResult
 from laminar_orchestration.control.coordinator import MigrationCoordinator
-from laminar_orchestration.control.moves import stranded
+from laminar_orchestration.control.failover import stranded
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ops import sweep as antientropy
 from laminar_orchestration.protocol.ledger import Ledger

@@ -20,7 +20,8 @@ from laminar_orchestration.dataplane.checkpoint import OutputWriter
 from laminar_orchestration.identity import NodeId, PartitionId
 from laminar_orchestration.ops.verify import reference_batch_aggregate
 from laminar_orchestration.protocol.capabilities import OutputCommitter, manifest_key
-from laminar_orchestration.protocol.chain import ManifestPublisher, ManifestReader, ManifestUpdate, ManifestVersion
+from laminar_orchestration.protocol.chain import ManifestReader, ManifestVersion
+from laminar_orchestration.protocol.chain_writes import ManifestPublisher, ManifestUpdate
 from laminar_orchestration.protocol.commit import commit
 from laminar_orchestration.protocol.fencing import FencingToken, PartitionGuard
 from laminar_orchestration.protocol.keys import manifest_history_key

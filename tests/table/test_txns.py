@@ -24,6 +24,7 @@ from deltalake import DeltaTable
 from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.table import TableCommitter, TableLogCorrupt, app_id, rebuild_table, table_location
 from laminar_orchestration.table import committer as committer_module
+from laminar_orchestration.table import delta_commit as delta_commit_module
 from laminar_orchestration.table.objects import TableObjects
 from laminar_orchestration.table.txns import log_entry_txns
 from tests.table.cluster import Cluster, assert_exactly_once, table_counts
@@ -87,7 +88,7 @@ def test_a_sync_reads_the_entries_another_committer_added_and_skips_what_it_land
 def test_a_checkpoint_every_interval_and_a_new_committer_starts_from_it(
     local_store: ObjectStore, monkeypatch: pytest.MonkeyPatch, reads: list[str]
 ) -> None:
-    monkeypatch.setattr(committer_module, "CHECKPOINT_INTERVAL", 3)
+    monkeypatch.setattr(delta_commit_module, "CHECKPOINT_INTERVAL", 3)
     cluster = Cluster(local_store, partitions=1)
     cluster.produce(800)
     token = cluster.acquire(0, 1)
