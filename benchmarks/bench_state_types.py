@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python -m benchmarks.bench_state_types              # 1k, 30k and 2.7M keys, 3 runs each, a few minutes
+    python -m benchmarks.bench_state_types              # 1k and 2.7M keys, 5 runs each, about 4 minutes
     python -m benchmarks.bench_state_types --quick      # 1k, 30k and 300k keys, one run each
     python -m benchmarks.bench_state_types --runs 1 --batches 5 --layouts windowed
     python -m benchmarks.bench_state_types --shape wide # a batch of 10,000 distinct keys
@@ -297,7 +297,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help=f"{_fmt_n(QUICK_LARGE)} keys, one run")
     parser.add_argument("--large", type=int, default=None, help=f"keys of the large store ({_fmt_n(FULL_LARGE)})")
-    parser.add_argument("--runs", type=int, default=None, help="runs per (layout, size), 3 (1 with --quick)")
+    parser.add_argument("--runs", type=int, default=None, help="runs per (layout, size), 5 (1 with --quick)")
     parser.add_argument("--batches", type=int, default=7, help="timed batches per run")
     parser.add_argument("--warmup", type=int, default=2, help="untimed batches per run, first")
     parser.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated: keyed,windowed")
@@ -309,7 +309,8 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()
     large = args.large or (QUICK_LARGE if args.quick else FULL_LARGE)
-    runs = args.runs or (1 if args.quick else 3)
+    # Five: a run's median batch moves by ~20 % between fresh processes on a shared machine.
+    runs = args.runs or (1 if args.quick else 5)
     layouts = [x for x in args.layouts.split(",") if x]
     shape = SHAPES[args.shape]
     sizes = (SMALL, MIDDLE, large) if large > MIDDLE and args.shape == "wide" else (SMALL, large)
