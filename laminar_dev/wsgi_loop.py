@@ -116,7 +116,7 @@ class WsgiLoopServer:
     def __init__(self, app: WsgiApp, host: str, port: int, *, idle_timeout_s: float) -> None:
         self.app = app
         self.idle_timeout_s = idle_timeout_s
-        self.socket = socket.create_server((host, port), reuse_port=False)
+        self.socket = socket.create_server((host, port))
         self.host, self.port = self.socket.getsockname()[:2]
 
     def serve_forever(self) -> None:
@@ -149,12 +149,11 @@ class WsgiLoopServer:
                 code = int(status.split(" ", 1)[0])
                 if request.method == "HEAD" or code in _NO_BODY_STATUSES:
                     payload = b""
-                elif not any(k.lower() == "content-length" for k, _ in headers):
-                    headers.append(("Content-Length", str(len(payload))))
-                writer.write(_response(status, headers, payload, close=not request.keep_alive))
+                keep_alive = request.keep_alive
+                writer.write(_response(status, headers, payload, close=not keep_alive))
                 _log_request(peer, request, code)
                 await writer.drain()
-                if not request.keep_alive:
+                if not keep_alive:
                     return
         except ConnectionError:
             return
@@ -245,7 +244,7 @@ def _response(status: str | int, headers: list[tuple[str, str]], payload: bytes,
     lines += [f"{k}: {v}" for k, v in headers if k.lower() != "connection"]
     if "date" not in names:
         lines.append("Date: " + formatdate(usegmt=True))
-    if "content-length" not in names and "transfer-encoding" not in names:
+    if "content-length" not in names:  # a HEAD answer keeps the length the app gave it
         lines.append(f"Content-Length: {len(payload)}")
     lines.append("Connection: close" if close else "Connection: keep-alive")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload

@@ -80,3 +80,10 @@ def test_the_app_behind_the_server_never_runs_two_requests_at_once(capsys: pytes
     assert bodies == [f"body-{i}".encode() for i in range(32)]
     # A line a request in the log, as the cost benchmarks count billed requests from it.
     assert capsys.readouterr().err.count('"PUT /echo HTTP/1.1" 200 -') == 32
+
+
+def test_metadata_names_with_underscores_come_back_as_written(s3_client: Any, s3_bucket: str) -> None:
+    # WSGI's HTTP_* keys cannot tell `a_b` from `a-b`: the server passes such S3 metadata names as sent.
+    s3_client.put_object(Bucket=s3_bucket, Key="meta/object", Body=b"x", Metadata={"written_by": "node-1"})
+    head = s3_client.head_object(Bucket=s3_bucket, Key="meta/object")
+    assert head["Metadata"] == {"written_by": "node-1"}
