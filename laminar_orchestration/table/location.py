@@ -233,15 +233,20 @@ CREATION_GRACE_S = 1.0
 
 def open_table(location: TableLocation) -> DeltaTable | None:
     """The table at `location` (None: nothing there yet). TableLogCorrupt for a missing or broken log."""
-    deadline = time.monotonic() + CREATION_GRACE_S
+    files_seen_at: float | None = None
     while True:
+        began = time.monotonic()
         try:
             return DeltaTable(location.uri, storage_options=location.options())
         except TableNotFoundError as exc:
+            # Lost only if an open begun after the files were seen (plus the grace) still finds no
+            # log: an open that began before them may have missed a log written meanwhile.
+            if files_seen_at is not None and began >= files_seen_at + CREATION_GRACE_S:
+                raise TableLogCorrupt(location.uri, "data files but no readable _delta_log") from exc
             if not _holds_files(location):
                 return None
-            if time.monotonic() >= deadline:
-                raise TableLogCorrupt(location.uri, "data files but no readable _delta_log") from exc
+            if files_seen_at is None:
+                files_seen_at = time.monotonic()
             time.sleep(0.1)
         except (DeltaError, DeltaProtocolError, OSError, ValueError) as exc:
             raise TableLogCorrupt(location.uri, " ".join(str(exc).split())[:300]) from exc

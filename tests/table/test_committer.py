@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from laminar_orchestration.table import (
     table_location,
     table_status,
 )
+from laminar_orchestration.table import location as location_module
 from tests.table.cluster import Cluster, assert_exactly_once, committed, output_table, table_counts
 
 # --- exactly once: moves, zombies, racing committers -------------------------------------------
@@ -384,6 +386,31 @@ def test_the_log_is_written_before_any_data_file_and_a_staged_commit_is_not_a_lo
     TableCommitter(local_store).sync([0, 1])
     assert seen and "_delta_log/00000000000000000000.json" in seen[0]
     assert not [f for f in seen[0] if not f.startswith("_delta_log/")]  # no data file before the log
+    assert_exactly_once(cluster)
+
+
+def test_a_table_created_while_a_committer_looked_for_files_is_not_a_lost_log(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A committer finds no table, and while it lists the location (slowly, past the grace) another
+    committer creates the table and appends every batch: the files it then sees came with a log, so
+    it opens the table again instead of calling the log lost."""
+    monkeypatch.setattr(location_module, "CREATION_GRACE_S", 0.2)
+    cluster = committed(store)
+    real = location_module._holds_files
+    raced: list[SyncResult] = []
+    listings: list[Any] = []
+
+    def slow_listing(location: Any) -> bool:
+        listings.append(location)
+        if len(listings) == 1:
+            raced.append(TableCommitter(store).sync([0, 1]))  # the other committer, mid-listing
+            time.sleep(location_module.CREATION_GRACE_S * 2)
+        return bool(real(location))
+
+    monkeypatch.setattr(location_module, "_holds_files", slow_listing)
+    result = TableCommitter(store).sync([0, 1])
+    assert raced and raced[0].batches > 0 and result.batches == 0
     assert_exactly_once(cluster)
 
 
