@@ -299,7 +299,8 @@ class Demo:
             "--store", self.store_url, "--node-id", str(node),
             "--spark-master", opts.spark_master,
             "--heartbeat-timeout", str(opts.heartbeat_timeout_s),
-            "--checkpoint-every-batches", "5", "--checkpoint-every-s", "10",
+            # Snapshots at the node's default cadence, as users run nodes (a tighter one cost the
+            # demo ~2 store requests a second for a restore with fewer deltas to replay).
             "--table-sync-interval", f"{opts.table_sync_interval_s:g}",
         ]  # fmt: skip
         if node in self.metrics_ports:
