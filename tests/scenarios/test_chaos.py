@@ -256,6 +256,7 @@ def test_store_fault_scenario_keeps_every_promise(store: ObjectStore, tmp_path: 
 @pytest.mark.spark
 @pytest.mark.processes
 @pytest.mark.slow(seconds=270)  # ~4-5 minutes: the longest test, so the first file to start
+@pytest.mark.timeout(900)  # the profile's budget (720 s) and its last scenario
 def test_short_profile(tmp_path: Path) -> None:
     # The store faults on both backends are the test above: here only the node-process scenarios,
     # so no moto server shares the CPU with the node processes.
