@@ -111,8 +111,10 @@ class CheckpointStore:
         """Upload a local store checkpoint; a file in `known` with the same name and checksum is not sent again.
 
         `known` maps file names of this store's lineage (downloaded or uploaded
-        before) to their objects; RocksDB never rewrites a table file in place,
-        so a name and checksum match is the same content.
+        before) to their objects. A name, size and SHA-256 match is the same
+        content, whatever the file: table files never change, and the small
+        files RocksDB writes again (CURRENT, OPTIONS) are often byte for byte
+        the last snapshot's.
         """
         ulid = next_ulid()  # shared by the snapshot's files
 
@@ -122,7 +124,6 @@ class CheckpointStore:
             previous = known.get(path.name)
             if (
                 previous is not None
-                and path.name.endswith(".sst")
                 and path.stat().st_size == previous.ref.size
                 and _file_sha256(path) == previous.ref.sha256
             ):

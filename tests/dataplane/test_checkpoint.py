@@ -7,6 +7,7 @@ Nodes run in-process (`laminar_dev.chaos.ArrowNode`: the real runtime, batches a
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -103,26 +104,33 @@ def test_node_does_not_take_over_a_partition_with_a_corrupt_checkpoint(
     assert sorted(store.list("sink/")) == sink_before, "output was written"
 
 
-def test_a_snapshot_after_the_first_sends_nothing_for_the_table_files_it_uploaded(
+def test_a_snapshot_after_the_first_sends_only_the_files_that_changed(
     store: ObjectStore, meter: RequestMeter, tmp_path: Path
 ) -> None:
-    """Content-addressed table files this node uploaded are named again from memory: no HEAD, no PUT."""
+    """Files this node uploaded are named again from memory when their name, size and checksum match:
+    no HEAD, no PUT. RocksDB's checkpoint rewrites its MANIFEST; its table files, CURRENT, OPTIONS
+    and empty log come out byte for byte the same, so only the MANIFEST goes again."""
     from laminar_orchestration.dataplane.checkpoint import CheckpointStore
     from laminar_orchestration.protocol.capabilities import CheckpointWriter
     from laminar_orchestration.protocol.fencing import PartitionGuard, _mint_token
 
     guard = PartitionGuard(_mint_token(PartitionId(0), 1, NodeId(1)))
-    files = {name: tmp_path / name for name in ("000007.sst", "000008.sst", "MANIFEST-000009", "CURRENT")}
+    names = ("000004.log", "000007.sst", "000008.sst", "MANIFEST-000009", "CURRENT", "OPTIONS-000005")
+    files = {name: tmp_path / name for name in names}
     for i, path in enumerate(files.values()):
-        path.write_bytes(bytes([i]) * (100 + i))
+        path.write_bytes(bytes([i]) * (100 + i) if not path.name.endswith(".log") else b"")
     checkpoints = CheckpointStore(CheckpointWriter(store))
     first = checkpoints.upload_snapshot(guard, files.values(), 10, {})
+    files["MANIFEST-000009"].write_bytes(bytes([200]) * 103)  # rewritten: same name and size, other bytes
     before = meter.snapshot()
     second = checkpoints.upload_snapshot(guard, files.values(), 20, {f.name: f for f in first.files})
     after = meter.snapshot()
     sent = {m: n - before.by_method.get(m, 0) for m, n in after.by_method.items()}
-    # Only the small files RocksDB rewrites (MANIFEST, CURRENT) go again; no HEAD of anything.
-    assert sent.get("HEAD", 0) == 0 and sent.get("GET", 0) == 0 and sent.get("PUT", 0) == 2
-    assert {f.name: f.ref for f in second.files if f.name.endswith(".sst")} == {
-        f.name: f.ref for f in first.files if f.name.endswith(".sst")
+    assert sent.get("HEAD", 0) == 0 and sent.get("GET", 0) == 0 and sent.get("PUT", 0) == 1
+    refs = {f.name: f.ref for f in first.files}
+    assert {f.name: f.ref for f in second.files if f.name != "MANIFEST-000009"} == {
+        n: r for n, r in refs.items() if n != "MANIFEST-000009"
     }
+    (changed,) = [f for f in second.files if f.name == "MANIFEST-000009"]
+    assert changed.ref != refs["MANIFEST-000009"]
+    assert changed.ref.sha256 == hashlib.sha256(files["MANIFEST-000009"].read_bytes()).hexdigest()
