@@ -149,12 +149,11 @@ class WsgiLoopServer:
                 code = int(status.split(" ", 1)[0])
                 if request.method == "HEAD" or code in _NO_BODY_STATUSES:
                     payload = b""
-                keep_alive = request.keep_alive
                 # Logged before the answer leaves: whoever has the answer finds the request counted.
                 _log_request(peer, request, code)
-                writer.write(_response(status, headers, payload, close=not keep_alive))
+                writer.write(_response(status, headers, payload, close=not request.keep_alive))
                 await writer.drain()
-                if not keep_alive:
+                if not request.keep_alive:
                     return
         except ConnectionError:
             return

@@ -18,15 +18,13 @@ from __future__ import annotations
 
 from laminar_orchestration.table.audit import TableAudit, TableStatus, audit_table, table_status
 from laminar_orchestration.table.batches import CommittedBatch, app_id
-from laminar_orchestration.table.committer import (
-    SyncResult,
+from laminar_orchestration.table.committer import SyncResult, TableCommitter
+from laminar_orchestration.table.errors import (
     TableCommitFailed,
-    TableCommitter,
     TableError,
     TableLogCorrupt,
     TableMismatch,
     TableSchemaMismatch,
-    open_table,
 )
 from laminar_orchestration.table.location import (
     InvalidTableUri,
@@ -34,6 +32,7 @@ from laminar_orchestration.table.location import (
     OutputTableRecordCorrupt,
     TableLocation,
     check_table_uri,
+    open_table,
     recorded_table,
     table_location,
 )

@@ -55,7 +55,6 @@ from laminar_orchestration.table.batches import (
 from laminar_orchestration.table.delta_commit import add_action, checkpoint, log_entry, write_data_file
 from laminar_orchestration.table.errors import (
     TableCommitFailed,
-    TableError,
     TableLogCorrupt,
     TableMismatch,
     TableSchemaMismatch,
@@ -64,30 +63,14 @@ from laminar_orchestration.table.errors import (
 from laminar_orchestration.table.location import (
     TABLE_NAME_PREFIX,
     TableLocation,
-    check_identity,
     check_identity_of,
-    landed_seq,
     open_table,
-    remove_table,
     table_location,
 )
 from laminar_orchestration.table.objects import TableObjects
 from laminar_orchestration.table.txns import LogState, TableLog, entry_name
 
-__all__ = [
-    "SyncResult",
-    "TableCommitFailed",
-    "TableCommitter",
-    "TableError",
-    "TableLogCorrupt",
-    "TableMismatch",
-    "TableSchemaMismatch",
-    "TableStoreFault",
-    "check_identity",
-    "landed_seq",
-    "open_table",
-    "remove_table",
-]
+__all__ = ["SyncResult", "TableCommitter"]
 
 log = logging.getLogger(__name__)
 

@@ -32,17 +32,16 @@ from deltalake import DeltaTable
 
 from laminar_orchestration.protocol.ledger import Ledger
 from laminar_orchestration.store import ObjectStore
-from laminar_orchestration.table.committer import (
-    SyncResult,
-    TableCommitFailed,
-    TableCommitter,
-    TableLogCorrupt,
+from laminar_orchestration.table.committer import SyncResult, TableCommitter
+from laminar_orchestration.table.delta_commit import CLIENT_VERSION
+from laminar_orchestration.table.errors import TableCommitFailed, TableLogCorrupt
+from laminar_orchestration.table.location import (
+    TableLocation,
     check_identity,
     open_table,
     remove_table,
+    table_location,
 )
-from laminar_orchestration.table.delta_commit import CLIENT_VERSION
-from laminar_orchestration.table.location import TableLocation, table_location
 from laminar_orchestration.table.objects import TableObjects
 from laminar_orchestration.table.txns import LAST_CHECKPOINT, TableLog, entry_name
 

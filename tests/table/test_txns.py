@@ -23,8 +23,8 @@ from deltalake import DeltaTable
 
 from laminar_orchestration.store import ObjectStore
 from laminar_orchestration.table import TableCommitter, TableLogCorrupt, app_id, rebuild_table, table_location
-from laminar_orchestration.table import committer as committer_module
 from laminar_orchestration.table import delta_commit as delta_commit_module
+from laminar_orchestration.table.location import remove_table
 from laminar_orchestration.table.objects import TableObjects
 from laminar_orchestration.table.txns import log_entry_txns
 from tests.table.cluster import Cluster, assert_exactly_once, table_counts
@@ -240,7 +240,7 @@ def test_a_remembered_view_of_a_table_removed_and_created_again_is_read_afresh(l
     _in_turn(cluster, nodes, 3)
     stale = nodes[0].log.state
     assert stale is not None and nodes[0].log.expected == 1
-    committer_module.remove_table(table_location(local_store))
+    remove_table(table_location(local_store))
     # A new table holding partition 1 only, its log past node 1's version.
     other = TableCommitter(local_store, node=2)
     while (other.log.state.version if other.log.state else -1) <= stale.version + 1:
